@@ -1,0 +1,53 @@
+// Package errdefs holds the error kinds that crust's domain packages return. Each kind matches one gRPC
+// code; internal/server turns them into status errors at the boundary, and nothing else does.
+//
+// Domain code wraps a kind with context, for example
+//
+//	fmt.Errorf("volume %q: %w", target, errdefs.ErrNotFound)
+//
+// or returns a *FieldError for bad input, so that the message names the field and the reason.
+package errdefs
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel kinds. Test with errors.Is.
+var (
+	// ErrInvalidArgument: the request is malformed; nothing was changed.
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrNotFound: no volume is staged at that target path.
+	ErrNotFound = errors.New("not found")
+	// ErrAlreadyExists: the target path is staged with other parameters.
+	ErrAlreadyExists = errors.New("already exists")
+	// ErrFailedPrecondition: the volume's state does not allow the operation.
+	ErrFailedPrecondition = errors.New("failed precondition")
+	// ErrAborted: another operation on the same target path is in flight.
+	ErrAborted = errors.New("operation already in flight")
+	// ErrPermissionDenied: the caller is not allowed.
+	ErrPermissionDenied = errors.New("permission denied")
+	// ErrUnavailable: the owner of the volume (a runtime handler) cannot be reached.
+	ErrUnavailable = errors.New("unavailable")
+	// ErrUnimplemented: the owner does not support the operation.
+	ErrUnimplemented = errors.New("unimplemented")
+)
+
+// FieldError is bad input in one field of a request. It is an ErrInvalidArgument.
+type FieldError struct {
+	// Field is the request field, in the API's snake_case naming, such as "spec.fs_type".
+	Field string
+	// Reason says what is wrong with it, such as `"vfat" is not one of ext3, ext4, xfs, btrfs`.
+	Reason string
+}
+
+// Error implements error.
+func (e *FieldError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Reason) }
+
+// Is makes errors.Is(err, ErrInvalidArgument) true for a *FieldError.
+func (e *FieldError) Is(target error) bool { return target == ErrInvalidArgument }
+
+// Field returns a *FieldError for field, with a reason formatted like fmt.Sprintf.
+func Field(field, format string, args ...any) error {
+	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
