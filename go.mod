@@ -3,7 +3,7 @@ module crust.dev/crust
 go 1.26.0
 
 require (
-	github.com/container-storage-interface/spec v1.13.0
+	github.com/cavaliergopher/cpio v1.0.1
 	github.com/fsnotify/fsnotify v1.10.1
 	github.com/google/renameio/v2 v2.0.2
 	github.com/prometheus/client_golang v1.25.0

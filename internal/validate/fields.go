@@ -1,0 +1,330 @@
+package validate
+
+import (
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"sort"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"crust.dev/crust/internal/errdefs"
+)
+
+// Limits on a spec's fields.
+const (
+	maxMountFlags       = 32
+	maxMountFlagLen     = 256
+	maxMetadataPairs    = 16
+	maxMetadataKeyLen   = 253
+	maxMetadataValueLen = 4096
+	maxVolumeIDLen      = 256
+	maxCSIDriverLen     = 63
+	maxPodUIDLen        = 36
+	maxSandboxIDLen     = 128
+	maxSocketPathLen    = 107 // sizeof(sun_path) less the terminating NUL
+)
+
+// fsTypes are the file systems a runtime handler is expected to mount, in the order messages list them.
+var fsTypes = []string{"ext4", "ext3", "xfs", "btrfs"}
+
+// bindLike are mount options that would make a mount a bind mount, move it, remount it, or change its
+// propagation; "make-*" is refused as well.
+var bindLike = map[string]bool{
+	"bind": true, "rbind": true, "move": true, "remount": true,
+	"shared": true, "rshared": true, "slave": true, "rslave": true,
+	"private": true, "rprivate": true, "unbindable": true, "runbindable": true,
+}
+
+const metaPodUID = "csi.storage.k8s.io/pod.uid"
+
+// builtinMetadataKeys are always allowed.
+var builtinMetadataKeys = []string{
+	"encryptionKey",
+	"csi.storage.k8s.io/pod.name",
+	"csi.storage.k8s.io/pod.namespace",
+	metaPodUID,
+	"csi.storage.k8s.io/serviceAccount.name",
+	"csi.storage.k8s.io/ephemeral",
+}
+
+// typedMetadataKeys maps Kata metadata keys (lower-cased) that have a typed field to that field; they
+// are refused as metadata whatever their case.
+var typedMetadataKeys = map[string]string{
+	"fsgroup":             "volume_supplemental_group",
+	"fsgroupchangepolicy": "supplemental_group_change_policy",
+	"createfilesystem":    "create_filesystem",
+}
+
+func fsType(field, t string) error {
+	for _, ok := range fsTypes {
+		if t == ok {
+			return nil
+		}
+	}
+	if t == "" {
+		return errdefs.Field(field, "is required; one of %s", strings.Join(fsTypes, ", "))
+	}
+	return errdefs.Field(field, "%q is not one of %s", t, strings.Join(fsTypes, ", "))
+}
+
+// mountFlags checks the mount options: at most maxMountFlags, each one option of printable ASCII without
+// spaces or commas, at most maxMountFlagLen bytes, not bind-like, not "ro"/"rw" against readOnly, and no
+// option twice.
+func mountFlags(field string, flags []string, readOnly bool) error {
+	if len(flags) > maxMountFlags {
+		return errdefs.Field(field, "has %d options; at most %d", len(flags), maxMountFlags)
+	}
+	seen := make(map[string]bool, len(flags))
+	for i, f := range flags {
+		ff := fmt.Sprintf("%s[%d]", field, i)
+		if f == "" {
+			return errdefs.Field(ff, "is empty")
+		}
+		if len(f) > maxMountFlagLen {
+			return errdefs.Field(ff, "is %d bytes long; at most %d", len(f), maxMountFlagLen)
+		}
+		if !utf8.ValidString(f) {
+			return errdefs.Field(ff, "is not valid UTF-8")
+		}
+		if strings.IndexByte(f, ',') >= 0 {
+			return errdefs.Field(ff, "%q contains a comma; give one option per entry", f)
+		}
+		for _, r := range f {
+			if r <= ' ' || r > '~' {
+				return errdefs.Field(ff, "contains %q; an option is printable ASCII without spaces", r)
+			}
+		}
+		name, _, _ := strings.Cut(strings.ToLower(f), "=")
+		if bindLike[name] || strings.HasPrefix(name, "make-") {
+			return errdefs.Field(ff, "%q is a bind, move, remount or propagation option, which is not allowed", f)
+		}
+		if f == "ro" && !readOnly {
+			return errdefs.Field(ff, `"ro" contradicts read_only=false; set read_only instead`)
+		}
+		if f == "rw" && readOnly {
+			return errdefs.Field(ff, `"rw" contradicts read_only=true`)
+		}
+		if seen[f] {
+			return errdefs.Field(ff, "%q is given twice", f)
+		}
+		seen[f] = true
+	}
+	return nil
+}
+
+func volumeID(field, id string) error {
+	if len(id) > maxVolumeIDLen {
+		return errdefs.Field(field, "is %d bytes long; at most %d", len(id), maxVolumeIDLen)
+	}
+	return printable(field, id)
+}
+
+// printable refuses invalid UTF-8 and control characters.
+func printable(field, s string) error {
+	if !utf8.ValidString(s) {
+		return errdefs.Field(field, "is not valid UTF-8")
+	}
+	if i := strings.IndexFunc(s, unicode.IsControl); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(s[i:])
+		return errdefs.Field(field, "contains the control character %q", r)
+	}
+	return nil
+}
+
+// csiDriver accepts an empty name or a CSI plugin name: at most 63 characters, alphanumerics, '-' and
+// '.', beginning and ending with an alphanumeric.
+func csiDriver(field, name string) error {
+	if name == "" {
+		return nil
+	}
+	if len(name) > maxCSIDriverLen {
+		return errdefs.Field(field, "is %d bytes long; at most %d", len(name), maxCSIDriverLen)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !alnum(c) && ((c != '-' && c != '.') || i == 0 || i == len(name)-1) {
+			return errdefs.Field(field, "%q is not a CSI driver name (alphanumerics, '-' and '.', beginning and "+
+				"ending with an alphanumeric)", name)
+		}
+	}
+	return nil
+}
+
+// podUID accepts an empty uid or up to 36 characters of [0-9a-f-], the form of a Kubernetes UID.
+func podUID(field, uid string) error {
+	if len(uid) > maxPodUIDLen {
+		return errdefs.Field(field, "is %d bytes long; at most %d", len(uid), maxPodUIDLen)
+	}
+	for i := 0; i < len(uid); i++ {
+		c := uid[i]
+		lowerHex := '0' <= c && c <= '9' || 'a' <= c && c <= 'f'
+		if !lowerHex && c != '-' {
+			return errdefs.Field(field, "%q is not a pod UID (lower-case hex digits and '-')", uid)
+		}
+	}
+	return nil
+}
+
+// metadata checks the pairs: at most maxMetadataPairs, keys at most maxMetadataKeyLen bytes and on the
+// allow-list (the Kata keys with a typed field never are), values at most maxMetadataValueLen bytes of
+// valid UTF-8. Keys are checked in sorted order so that the same map always gives the same error.
+func (v *Validator) metadata(field string, md map[string]string) error {
+	if len(md) > maxMetadataPairs {
+		return errdefs.Field(field, "has %d pairs; at most %d", len(md), maxMetadataPairs)
+	}
+	keys := make([]string, 0, len(md))
+	for k := range md {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if k == "" {
+			return errdefs.Field(field, "has an empty key")
+		}
+		if len(k) > maxMetadataKeyLen {
+			return errdefs.Field(field, "has a key of %d bytes (%q...); at most %d",
+				len(k), truncate(k, 32), maxMetadataKeyLen)
+		}
+		kf := fmt.Sprintf("%s[%q]", field, k)
+		if typed := typedMetadataKeys[strings.ToLower(k)]; typed != "" {
+			return errdefs.Field(kf, "is not allowed as metadata: set the typed field spec.%s instead", typed)
+		}
+		if !v.metaKeys[k] {
+			return errdefs.Field(kf, "is not an allowed metadata key (allowed: %s)", strings.Join(v.allowedKeys(), ", "))
+		}
+		if val := md[k]; len(val) > maxMetadataValueLen {
+			return errdefs.Field(kf, "has a value of %d bytes; at most %d", len(val), maxMetadataValueLen)
+		} else if !utf8.ValidString(val) {
+			return errdefs.Field(kf, "has a value that is not valid UTF-8")
+		}
+	}
+	return nil
+}
+
+func (v *Validator) allowedKeys() []string {
+	keys := make([]string, 0, len(v.metaKeys))
+	for k := range v.metaKeys {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func alnum(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "")
+}
+
+// SandboxID checks a sandbox id, which becomes a file name in a Kata volume directory: 1 to 128
+// characters of [A-Za-z0-9._-], not beginning with '.', and not "mountInfo.json". A refusal is a
+// *errdefs.FieldError naming field.
+func SandboxID(field, id string) error {
+	switch {
+	case id == "":
+		return errdefs.Field(field, "is required")
+	case len(id) > maxSandboxIDLen:
+		return errdefs.Field(field, "is %d bytes long; at most %d", len(id), maxSandboxIDLen)
+	case id[0] == '.':
+		return errdefs.Field(field, "%q begins with '.'", id)
+	case id == "mountInfo.json":
+		return errdefs.Field(field, `"mountInfo.json" is the name of Kata's descriptor file, not a sandbox id`)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !alnum(c) && c != '.' && c != '_' && c != '-' {
+			return errdefs.Field(field, "%q has a character other than letters, digits, '.', '_' and '-'", id)
+		}
+	}
+	return nil
+}
+
+// HandlerEndpoint checks the address crustd will dial to reach a runtime handler. Empty is accepted (a
+// claim with no endpoint). Otherwise it must be unix:///absolute/path or unix:/absolute/path, where the
+// path is clean, at most 107 bytes (a socket address's limit), and free of control characters and of
+// '%', '?' and '#' (so that gRPC's URL parsing dials exactly that path). Nothing else is accepted, in
+// particular no TCP or DNS target, so that crustd cannot be pointed at the network. A refusal is a
+// *errdefs.FieldError naming field.
+func HandlerEndpoint(field, ep string) error {
+	if ep == "" {
+		return nil
+	}
+	const want = "an endpoint is unix:///absolute/path or unix:/absolute/path"
+	rest, ok := strings.CutPrefix(ep, "unix:")
+	if !ok {
+		return errdefs.Field(field, "%q is not a unix socket address; %s", truncate(ep, 64), want)
+	}
+	path := rest
+	if p, ok := strings.CutPrefix(rest, "//"); ok {
+		if p != "" && !strings.HasPrefix(p, "/") {
+			return errdefs.Field(field, "%q names a host; %s", truncate(ep, 64), want)
+		}
+		path = p
+	}
+	if path == "" {
+		return errdefs.Field(field, "%q has no socket path; %s", ep, want)
+	}
+	if len(path) > maxSocketPathLen {
+		return errdefs.Field(field, "has a socket path of %d bytes; at most %d", len(path), maxSocketPathLen)
+	}
+	if err := printable(field, path); err != nil {
+		return err
+	}
+	if i := strings.IndexAny(path, "%?#"); i >= 0 {
+		return errdefs.Field(field, "%q contains %q", ep, path[i])
+	}
+	if !strings.HasPrefix(path, "/") {
+		return errdefs.Field(field, "%q has a relative socket path; %s", ep, want)
+	}
+	if c := filepath.Clean(path); c != path {
+		return errdefs.Field(field, "%q has a socket path that is not clean (it would be %q)", ep, c)
+	}
+	// Belt and braces: gRPC parses the target as a URL; it must dial exactly this path.
+	u, err := url.Parse(ep)
+	if err != nil || u.Scheme != "unix" || u.Host != "" || u.User != nil || (u.Path != path && u.Opaque != path) {
+		return errdefs.Field(field, "%q does not parse as a unix socket address; %s", ep, want)
+	}
+	return nil
+}
+
+// secretWords make a metadata key secret when its lower-cased form contains one of them.
+var secretWords = []string{"secret", "pass", "token", "key", "credential", "auth", "private", "cert"}
+
+// IsSecretKey reports whether a metadata key's value must not be logged. It errs on the side of secrecy:
+// encryptionKey and any key containing (in any case) secret, pass (password, passphrase, passwd), token
+// (csi.storage.k8s.io/serviceAccount.tokens), key, credential, auth, private or cert are secret.
+func IsSecretKey(key string) bool {
+	k := strings.ToLower(key)
+	for _, w := range secretWords {
+		if strings.Contains(k, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// Redacted is what Redact puts in place of a secret value.
+const Redacted = "<redacted>"
+
+// Redact returns a copy of md, for logging, in which the value of every key IsSecretKey reports is
+// Redacted. A nil map gives nil.
+func Redact(md map[string]string) map[string]string {
+	if md == nil {
+		return nil
+	}
+	out := make(map[string]string, len(md))
+	for k, val := range md {
+		if IsSecretKey(k) {
+			val = Redacted
+		}
+		out[k] = val
+	}
+	return out
+}

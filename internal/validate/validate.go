@@ -1,0 +1,262 @@
+// Package validate holds every check crustd makes on caller input before it writes anything: a volume spec
+// (target path, backing device, fs type, mount options, fsGroup, identifiers, metadata), a sandbox id and a
+// handler endpoint.
+//
+// Every refusal is an *errdefs.FieldError, so errors.Is(err, errdefs.ErrInvalidArgument) holds and the
+// message names the API field (snake_case, with its path, such as "spec.mount_flags[2]") and the reason.
+// The one exception is SameDevice, a claim-time check whose refusals are errdefs.ErrFailedPrecondition.
+// Nothing in this package changes anything on disk.
+//
+// The checks that look at the file system (no symlink in the target path, what the backing path resolves
+// to) hold at the moment they are made; crustd never writes through the target path, and it checks the
+// device again at claim time (SameDevice).
+package validate
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+
+	"crust.dev/crust/internal/errdefs"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+// DefaultDeviceAllow is the device allow-list used when Config.DeviceAllow is empty.
+var DefaultDeviceAllow = []string{"/dev/*"}
+
+// Config says what a Validator accepts. It mirrors crustd's flags.
+type Config struct {
+	// KubeletDir is the kubelet root directory (--kubelet-dir) in the form target paths use, such as
+	// /var/lib/kubelet. It must exist. It may be a symlink or lie under one (/var/lib/kubelet ->
+	// /data/kubelet): New resolves it once, and target paths must still be given under this configured
+	// form.
+	KubeletDir string
+	// DeviceAllow holds filepath.Match patterns (--device-allow); a backing path is accepted only when
+	// its symlink-resolved form matches one of them. This applies to image files too. Empty means
+	// DefaultDeviceAllow. Note that "*" does not match "/": "/dev/*" allows /dev/dm-3 (what /dev/mapper/x
+	// and /dev/vg/lv resolve to) but not a path in a subdirectory of /dev.
+	DeviceAllow []string
+	// AllowFileBacked accepts VOLUME_TYPE_FILE, a raw image in a regular file (--allow-file-backed).
+	AllowFileBacked bool
+	// MetadataKeys are metadata keys accepted besides the built-in ones: encryptionKey and
+	// csi.storage.k8s.io/ pod.name, pod.namespace, pod.uid, serviceAccount.name and ephemeral. The Kata
+	// keys that have a typed field (fsGroup, fsGroupChangePolicy, createFilesystem) cannot be added.
+	MetadataKeys []string
+}
+
+// Validator checks requests against a Config. It is safe for concurrent use.
+type Validator struct {
+	root      string // kubelet root as configured (clean, absolute)
+	realRoot  string // kubelet root with symlinks resolved
+	allow     []string
+	allowFile bool
+	metaKeys  map[string]bool
+}
+
+// Checked is a spec that passed Spec, with what was learnt about its device.
+type Checked struct {
+	// Spec is a normalised copy of the request's spec: volume_type UNSPECIFIED becomes BLOCK, and
+	// supplemental_group_change_policy UNSPECIFIED becomes ALWAYS when a supplemental group is set. The
+	// caller's spec is not modified.
+	Spec *crustv1.VolumeSpec
+	// ResolvedBackingPath is the backing path with every symlink resolved; it matched the allow-list.
+	ResolvedBackingPath string
+	// DeviceNumber identifies the device (or the image file) as it was when checked.
+	DeviceNumber *crustv1.DeviceNumber
+}
+
+// New returns a Validator for cfg. It fails when KubeletDir is not an existing directory (or is "/"),
+// when a DeviceAllow pattern is malformed or not absolute, or when a MetadataKeys entry is empty, too
+// long, or one of the Kata keys that have a typed field.
+func New(cfg Config) (*Validator, error) {
+	if cfg.KubeletDir == "" {
+		return nil, errors.New("validate: kubelet dir is empty")
+	}
+	if !filepath.IsAbs(cfg.KubeletDir) {
+		return nil, fmt.Errorf("validate: kubelet dir %q is not absolute", cfg.KubeletDir)
+	}
+	root := filepath.Clean(cfg.KubeletDir)
+	if root == "/" {
+		return nil, errors.New(`validate: kubelet dir must not be "/"`)
+	}
+	realRoot, err := filepath.EvalSymlinks(root)
+	if err != nil {
+		return nil, fmt.Errorf("validate: kubelet dir: %w", err)
+	}
+	if fi, err := os.Stat(realRoot); err != nil {
+		return nil, fmt.Errorf("validate: kubelet dir: %w", err)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("validate: kubelet dir %q is not a directory", root)
+	}
+
+	allow := cfg.DeviceAllow
+	if len(allow) == 0 {
+		allow = DefaultDeviceAllow
+	}
+	for _, p := range allow {
+		if !strings.HasPrefix(p, "/") {
+			return nil, fmt.Errorf("validate: device allow pattern %q is not absolute", p)
+		}
+		if _, err := filepath.Match(p, ""); err != nil {
+			return nil, fmt.Errorf("validate: device allow pattern %q: %w", p, err)
+		}
+	}
+
+	keys := map[string]bool{}
+	for _, k := range builtinMetadataKeys {
+		keys[k] = true
+	}
+	for _, k := range cfg.MetadataKeys {
+		switch {
+		case k == "":
+			return nil, errors.New("validate: empty metadata key in the allow-list")
+		case len(k) > maxMetadataKeyLen:
+			return nil, fmt.Errorf("validate: metadata key %q is longer than %d bytes", k, maxMetadataKeyLen)
+		case typedMetadataKeys[strings.ToLower(k)] != "":
+			return nil, fmt.Errorf("validate: metadata key %q cannot be allowed: it has the typed field %s",
+				k, typedMetadataKeys[strings.ToLower(k)])
+		}
+		keys[k] = true
+	}
+
+	return &Validator{
+		root:      root,
+		realRoot:  realRoot,
+		allow:     append([]string(nil), allow...),
+		allowFile: cfg.AllowFileBacked,
+		metaKeys:  keys,
+	}, nil
+}
+
+// KubeletDir returns the kubelet root as configured (cleaned): the form target paths must use.
+func (v *Validator) KubeletDir() string { return v.root }
+
+// Spec checks a StageVolume spec and returns its normalised copy with the resolved device. A nil error
+// means every rule held: spec.volume_target_path passes TargetPath; spec.volume_backing_path passes
+// Device for the spec's volume type; fs_type, mount_flags, the supplemental group and its policy,
+// volume_id, csi_driver, pod_uid and metadata are within their allow-lists and limits. Otherwise the
+// error is a *errdefs.FieldError for the first field that failed. Checks that need no file system run
+// first.
+func (v *Validator) Spec(spec *crustv1.VolumeSpec) (*Checked, error) {
+	if spec == nil {
+		return nil, errdefs.Field("spec", "is required")
+	}
+	if err := pathString("spec.volume_target_path", spec.GetVolumeTargetPath()); err != nil {
+		return nil, err
+	}
+	vt := spec.GetVolumeType()
+	if err := v.volumeType("spec.volume_type", vt); err != nil {
+		return nil, err
+	}
+	if err := fsType("spec.fs_type", spec.GetFsType()); err != nil {
+		return nil, err
+	}
+	if err := mountFlags("spec.mount_flags", spec.GetMountFlags(), spec.GetReadOnly()); err != nil {
+		return nil, err
+	}
+	if err := supplementalGroup(spec); err != nil {
+		return nil, err
+	}
+	if err := volumeID("spec.volume_id", spec.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	if err := csiDriver("spec.csi_driver", spec.GetCsiDriver()); err != nil {
+		return nil, err
+	}
+	if err := podUID("spec.pod_uid", spec.GetPodUid()); err != nil {
+		return nil, err
+	}
+	if err := v.metadata("spec.metadata", spec.GetMetadata()); err != nil {
+		return nil, err
+	}
+	if err := v.consistentPodUID(spec); err != nil {
+		return nil, err
+	}
+
+	if err := v.TargetPath("spec.volume_target_path", spec.GetVolumeTargetPath()); err != nil {
+		return nil, err
+	}
+	resolved, dn, err := v.Device("spec.volume_backing_path", spec.GetVolumeBackingPath(), vt)
+	if err != nil {
+		return nil, err
+	}
+
+	out := proto.Clone(spec).(*crustv1.VolumeSpec)
+	if out.VolumeType == crustv1.VolumeType_VOLUME_TYPE_UNSPECIFIED {
+		out.VolumeType = crustv1.VolumeType_VOLUME_TYPE_BLOCK
+	}
+	if out.VolumeSupplementalGroup != nil &&
+		out.SupplementalGroupChangePolicy == crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_UNSPECIFIED {
+		out.SupplementalGroupChangePolicy = crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ALWAYS
+	}
+	return &Checked{Spec: out, ResolvedBackingPath: resolved, DeviceNumber: dn}, nil
+}
+
+// volumeType accepts the known volume types, and FILE only when file-backed volumes are allowed.
+func (v *Validator) volumeType(field string, t crustv1.VolumeType) error {
+	switch t {
+	case crustv1.VolumeType_VOLUME_TYPE_UNSPECIFIED, crustv1.VolumeType_VOLUME_TYPE_BLOCK,
+		crustv1.VolumeType_VOLUME_TYPE_PMEM:
+		return nil
+	case crustv1.VolumeType_VOLUME_TYPE_FILE:
+		if !v.allowFile {
+			return errdefs.Field(field, "VOLUME_TYPE_FILE is refused: crustd runs without --allow-file-backed")
+		}
+		return nil
+	}
+	return errdefs.Field(field, "%d is not a known volume type", int32(t))
+}
+
+// supplementalGroup checks volume_supplemental_group and supplemental_group_change_policy together.
+func supplementalGroup(spec *crustv1.VolumeSpec) error {
+	const gField, pField = "spec.volume_supplemental_group", "spec.supplemental_group_change_policy"
+	if g := spec.VolumeSupplementalGroup; g != nil {
+		if *g < 0 {
+			return errdefs.Field(gField, "%d is negative", *g)
+		}
+		if *g > math.MaxInt32 {
+			return errdefs.Field(gField, "%d is larger than %d", *g, math.MaxInt32)
+		}
+	}
+	switch p := spec.GetSupplementalGroupChangePolicy(); p {
+	case crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_UNSPECIFIED:
+	case crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ALWAYS,
+		crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH:
+		if spec.VolumeSupplementalGroup == nil {
+			return errdefs.Field(pField, "is set but volume_supplemental_group is not")
+		}
+	default:
+		return errdefs.Field(pField, "%d is not a known policy", int32(p))
+	}
+	return nil
+}
+
+// consistentPodUID refuses a pod_uid (or pod.uid metadata) that names another pod than the kubelet pod
+// directory the target path lies in, so that garbage collection by pod cannot be misled.
+func (v *Validator) consistentPodUID(spec *crustv1.VolumeSpec) error {
+	uid := spec.GetPodUid()
+	if mdUID, ok := spec.GetMetadata()[metaPodUID]; ok {
+		if uid != "" && mdUID != uid {
+			return errdefs.Field(fmt.Sprintf("spec.metadata[%q]", metaPodUID),
+				"%q does not match pod_uid %q", mdUID, uid)
+		}
+	}
+	if uid == "" {
+		return nil
+	}
+	rel, ok := v.under(spec.GetVolumeTargetPath())
+	if !ok {
+		return nil // TargetPath reports it
+	}
+	parts := strings.SplitN(rel, "/", 3)
+	if len(parts) >= 2 && parts[0] == "pods" && parts[1] != uid {
+		return errdefs.Field("spec.pod_uid", "%q does not match the pod directory %q of volume_target_path",
+			uid, parts[1])
+	}
+	return nil
+}
