@@ -1,0 +1,353 @@
+// Package store is crustd's crash-safe persistence of volume descriptors (*crustv1.Volume), one record
+// per target path (Volume.Spec.VolumeTargetPath). It knows nothing of gRPC or Kata, and it keeps no index:
+// the caller holds the descriptors in memory, calls Put and Delete to make changes durable, and calls Open
+// once at start to read back what survived.
+//
+// # Promises
+//
+//   - Put and Delete are durable when they return nil: the change survives a crash of the process or of
+//     the machine (given a filesystem that honours fsync).
+//   - A crash at any instant leaves each record wholly old or wholly new, never torn; Open never sees a
+//     half-written record.
+//   - Put and Delete are idempotent. They are safe to call concurrently for different target paths; calls
+//     for one target path must be serialised by the caller.
+//   - Open never fails because of a damaged record: it moves the file aside, logs it and reports it.
+//   - Open deletes the records written under another boot id and reports their target paths.
+//   - Open fails, before it deletes or moves any record, when it finds a record of a newer format version,
+//     so that running an older crustd over a newer one's state loses nothing.
+//
+// Only one process may use a store directory at a time; the store does not lock it.
+//
+// # On-disk format
+//
+// This format is a contract: a change that older code cannot read correctly takes a new record version.
+//
+//	<dir>/                                    created mode 0700 if missing; an existing one is left as it is
+//	<dir>/volumes/                            mode 0700
+//	<dir>/volumes/<key>.json                  one record per target path, mode 0600
+//	<dir>/tmp/                                mode 0700; files of writes in progress; emptied by Open
+//	<dir>/corrupt/                            mode 0700
+//	<dir>/corrupt/<name>.<UTC time>           a file Open moved aside from volumes/, such as
+//	                                          <key>.json.20250102T030405.123456789Z
+//
+// <key> is the lowercase hex SHA-256 of the target path's bytes (a hash, because a target path may be
+// longer than NAME_MAX).
+//
+// A record is one JSON object, written as one line ending in a newline:
+//
+//	{"version":1,"bootId":"<boot id>","sha256":"<hex SHA-256 of the payload>","volume":<payload>}
+//
+// Its members:
+//
+//   - version: the record format version, a JSON integer. This code writes 1 and reads 1. Every future
+//     format keeps a top-level integer "version" member, so that older code recognises a record it must not
+//     touch.
+//   - bootId: the boot id (see ReadBootID) of the boot that wrote the record; a non-empty string.
+//   - sha256: the lowercase hex SHA-256 of the payload bytes exactly as they are in the file, from the first
+//     byte of the value of "volume" to its last.
+//   - volume: the payload, the proto3 JSON encoding (protojson) of crust.v1.Volume. protojson output is not
+//     byte-stable across builds, so the checksum is taken over the stored bytes and verified against them,
+//     never against a re-encoding.
+//
+// Writers write the members in the order shown, without whitespace. Readers accept JSON whitespace and
+// any member order. The checksum covers only the payload: a damaged bootId makes the record look like
+// another boot's (it is dropped and reported), and a damaged version can make Open refuse to start.
+//
+// Put writes the record to a new file in <dir>/tmp (on the same filesystem), fsyncs it, renames it over
+// <dir>/volumes/<key>.json and fsyncs <dir>/volumes. Delete unlinks the record and fsyncs <dir>/volumes.
+//
+// Open first removes everything in <dir>/tmp, then classifies each entry of <dir>/volumes:
+//
+//  1. A record whose version is greater than 1: Open fails naming the file, before it deletes or moves any
+//     record.
+//  2. Not a valid version 1 record: not a regular file, larger than 1 MiB, not JSON, version missing or
+//     below 1, empty bootId, no volume, checksum mismatch, a payload that is not a Volume, an empty target
+//     path, or a file name that is not <key of its target path>.json. The file is moved into
+//     <dir>/corrupt, logged at Warn and reported in LoadReport.Corrupt.
+//  3. A valid record with another bootId: deleted, its target path reported in LoadReport.Dropped.
+//  4. Otherwise the record is loaded into LoadReport.Volumes.
+//
+// Unknown fields and enum names in the payload are ignored: a newer crustd may add fields to Volume within
+// record version 1, and an older crustd must still load the descriptor rather than lose the volume.
+package store
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/renameio/v2"
+
+	"crust.dev/crust/internal/errdefs"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+// bootIDPath is where Linux publishes the boot id.
+const bootIDPath = "/proc/sys/kernel/random/boot_id"
+
+// corruptTimeFormat is the suffix of a file moved into corrupt/.
+const corruptTimeFormat = "20060102T150405.000000000Z"
+
+// ReadBootID returns the id of the running boot, from /proc/sys/kernel/random/boot_id, without the
+// trailing newline. It changes on every boot and never within one.
+func ReadBootID() (string, error) {
+	b, err := os.ReadFile(bootIDPath)
+	if err != nil {
+		return "", fmt.Errorf("read boot id: %w", err)
+	}
+	id := strings.TrimSpace(string(b))
+	if id == "" {
+		return "", fmt.Errorf("read boot id: %s is empty", bootIDPath)
+	}
+	return id, nil
+}
+
+// Store persists descriptors under one directory. Create it with Open.
+type Store struct {
+	bootID  string
+	volumes string // <dir>/volumes
+	tmp     string // <dir>/tmp
+}
+
+// LoadReport is what Open found.
+type LoadReport struct {
+	// Volumes are the valid records of this boot, sorted by target path.
+	Volumes []*crustv1.Volume
+	// Dropped are the target paths of valid records of another boot, sorted; their files were deleted.
+	Dropped []string
+	// Corrupt are the paths, in <dir>/corrupt, of the files moved aside, sorted.
+	Corrupt []string
+}
+
+// Open creates the store's directories in dir as needed, cleans up after a crash and loads the records,
+// as the package documentation describes. bootID is the current boot's id (see ReadBootID); records are
+// written with it, and records with another one are dropped. A nil log means slog.Default().
+//
+// Open fails on a record of a newer format version (before it deletes or moves any record) and on I/O
+// errors; it does not fail because of a damaged record.
+func Open(dir, bootID string, log *slog.Logger) (*Store, *LoadReport, error) {
+	if bootID == "" {
+		return nil, nil, fmt.Errorf("store: empty boot id: %w", errdefs.ErrInvalidArgument)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Store{
+		bootID:  bootID,
+		volumes: filepath.Join(dir, "volumes"),
+		tmp:     filepath.Join(dir, "tmp"),
+	}
+	corrupt := filepath.Join(dir, "corrupt")
+
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, nil, fmt.Errorf("store: %w", err)
+		}
+		if err := syncDir(filepath.Dir(dir)); err != nil {
+			return nil, nil, fmt.Errorf("store: %w", err)
+		}
+	}
+	for _, d := range []string{s.volumes, s.tmp, corrupt} {
+		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, nil, fmt.Errorf("store: %w", err)
+		}
+		// Mkdir is subject to the umask, and the directory may have existed with another mode.
+		if err := os.Chmod(d, 0o700); err != nil {
+			return nil, nil, fmt.Errorf("store: %w", err)
+		}
+	}
+	// Make the subdirectories' entries durable before any record is written into them.
+	if err := syncDir(dir); err != nil {
+		return nil, nil, fmt.Errorf("store: %w", err)
+	}
+
+	if err := removeContents(s.tmp, log); err != nil {
+		return nil, nil, fmt.Errorf("store: clean %s: %w", s.tmp, err)
+	}
+
+	// Classify every record before deleting or moving any, so that a record of a newer version fails Open
+	// with all records where they were.
+	entries, err := os.ReadDir(s.volumes)
+	if err != nil {
+		return nil, nil, fmt.Errorf("store: %w", err)
+	}
+	type damaged struct{ name, reason string }
+	var (
+		report  LoadReport
+		bad     []damaged
+		dropped []string // file names
+	)
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() {
+			bad = append(bad, damaged{name, "not a regular file: " + e.Type().String()})
+			continue
+		}
+		rec, err := readRecord(filepath.Join(s.volumes, name))
+		switch {
+		case errors.Is(err, errNewerVersion):
+			return nil, nil, fmt.Errorf("store: %s: %w; refusing to load anything so that a downgrade loses nothing: %w",
+				filepath.Join(s.volumes, name), err, errdefs.ErrFailedPrecondition)
+		case errors.Is(err, errIO):
+			return nil, nil, fmt.Errorf("store: %w", err)
+		case err != nil:
+			bad = append(bad, damaged{name, err.Error()})
+			continue
+		}
+		target := rec.volume.GetSpec().GetVolumeTargetPath()
+		if want := keyOf(target) + ".json"; name != want {
+			bad = append(bad, damaged{name, fmt.Sprintf("file name does not match target path %q (want %s)", target, want)})
+			continue
+		}
+		if rec.bootID != bootID {
+			log.Info("store: dropping a record of another boot", "target", target, "bootId", rec.bootID)
+			dropped = append(dropped, name)
+			report.Dropped = append(report.Dropped, target)
+			continue
+		}
+		report.Volumes = append(report.Volumes, rec.volume)
+	}
+
+	for _, name := range dropped {
+		if err := os.Remove(filepath.Join(s.volumes, name)); err != nil {
+			return nil, nil, fmt.Errorf("store: drop record of another boot: %w", err)
+		}
+	}
+	now := time.Now().UTC().Format(corruptTimeFormat)
+	for _, b := range bad {
+		to := filepath.Join(corrupt, b.name+"."+now)
+		log.Warn("store: moving a corrupt record aside", "file", filepath.Join(s.volumes, b.name), "to", to, "reason", b.reason)
+		if err := os.Rename(filepath.Join(s.volumes, b.name), to); err != nil {
+			return nil, nil, fmt.Errorf("store: move corrupt record aside: %w", err)
+		}
+		report.Corrupt = append(report.Corrupt, to)
+	}
+	if len(bad) > 0 {
+		if err := syncDir(corrupt); err != nil {
+			return nil, nil, fmt.Errorf("store: %w", err)
+		}
+	}
+	if len(bad) > 0 || len(dropped) > 0 {
+		if err := syncDir(s.volumes); err != nil {
+			return nil, nil, fmt.Errorf("store: %w", err)
+		}
+	}
+
+	slices.SortFunc(report.Volumes, func(a, b *crustv1.Volume) int {
+		return strings.Compare(a.GetSpec().GetVolumeTargetPath(), b.GetSpec().GetVolumeTargetPath())
+	})
+	slices.Sort(report.Dropped)
+	slices.Sort(report.Corrupt)
+	return s, &report, nil
+}
+
+// Put stores v, replacing the record of its target path if there is one. The record is durable when Put
+// returns nil. When it returns an error, the stored record is the old one or the new one; calling Put
+// again is safe. Put does not keep or modify v. It fails with ErrInvalidArgument for a volume without a
+// target path or one whose record would exceed 1 MiB.
+func (s *Store) Put(v *crustv1.Volume) error {
+	target := v.GetSpec().GetVolumeTargetPath()
+	if target == "" {
+		return fmt.Errorf("store: volume has no target path: %w", errdefs.ErrInvalidArgument)
+	}
+	b, err := encodeRecord(s.bootID, v)
+	if err != nil {
+		return fmt.Errorf("store: put %q: %w", target, err)
+	}
+	if len(b) > maxRecordSize {
+		return fmt.Errorf("store: put %q: record is %d bytes, more than %d: %w", target, len(b), maxRecordSize, errdefs.ErrInvalidArgument)
+	}
+	if err := s.write(keyOf(target)+".json", b); err != nil {
+		return fmt.Errorf("store: put %q: %w", target, err)
+	}
+	return nil
+}
+
+func (s *Store) write(name string, b []byte) error {
+	f, err := renameio.NewPendingFile(filepath.Join(s.volumes, name),
+		renameio.WithTempDir(s.tmp), renameio.WithStaticPermissions(0o600))
+	if err != nil {
+		return err
+	}
+	// A no-op after CloseAtomicallyReplace; otherwise it removes the temporary file.
+	defer func() { _ = f.Cleanup() }()
+	if _, err := f.Write(b); err != nil {
+		return err
+	}
+	// Fsyncs the file, then renames it over the record.
+	if err := f.CloseAtomicallyReplace(); err != nil {
+		return err
+	}
+	// renameio does not fsync the directory, and until that is done the rename may be lost on power failure.
+	return syncDir(s.volumes)
+}
+
+// Delete removes the record of target. The removal is durable when Delete returns nil. An unknown target
+// is not an error.
+func (s *Store) Delete(target string) error {
+	if target == "" {
+		return fmt.Errorf("store: empty target path: %w", errdefs.ErrInvalidArgument)
+	}
+	err := os.Remove(filepath.Join(s.volumes, keyOf(target)+".json"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("store: delete %q: %w", target, err)
+	}
+	// Sync even when the file was already gone: an earlier Delete may have unlinked it and then failed to
+	// sync, and this call must not report success for a removal that is not yet durable.
+	if err := syncDir(s.volumes); err != nil {
+		return fmt.Errorf("store: delete %q: %w", target, err)
+	}
+	return nil
+}
+
+// errIO marks a failure to read a record file, as opposed to a damaged record.
+var errIO = errors.New("I/O error")
+
+// readRecord reads and decodes one record file. Reading at most one byte past the size limit keeps a huge
+// file from being loaded into memory.
+func readRecord(path string) (record, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return record{}, fmt.Errorf("%w: %w", errIO, err)
+	}
+	defer func() { _ = f.Close() }() // read-only: nothing to lose
+	data, err := io.ReadAll(io.LimitReader(f, maxRecordSize+1))
+	if err != nil {
+		return record{}, fmt.Errorf("%w: read %s: %w", errIO, path, err)
+	}
+	return decodeRecord(data)
+}
+
+// removeContents removes everything inside dir, leaving dir itself.
+func removeContents(dir string, log *slog.Logger) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		log.Debug("store: removing a leftover temporary file", "file", filepath.Join(dir, e.Name()))
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// syncDir fsyncs a directory, making the creations, renames and removals of its entries durable.
+func syncDir(path string) error {
+	d, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

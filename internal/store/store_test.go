@@ -1,0 +1,623 @@
+package store
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"crust.dev/crust/internal/errdefs"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+const (
+	bootA = "0b5a1e6c-7d0e-4f53-9a43-1f2d3c4b5a61"
+	bootB = "9f8e7d6c-5b4a-4392-8170-6e5d4c3b2a19"
+)
+
+// vol returns a small volume for target.
+func vol(target string) *crustv1.Volume {
+	return &crustv1.Volume{
+		Spec: &crustv1.VolumeSpec{
+			VolumeTargetPath:  target,
+			VolumeBackingPath: "/dev/loop7",
+			FsType:            "ext4",
+		},
+		ResolvedBackingPath: "/dev/loop7",
+		DeviceNumber:        &crustv1.DeviceNumber{Major: 7, Minor: 7},
+	}
+}
+
+// fullVol returns a volume with every field set.
+func fullVol(target string) *crustv1.Volume {
+	group := int64(2000)
+	return &crustv1.Volume{
+		Spec: &crustv1.VolumeSpec{
+			VolumeTargetPath:              target,
+			VolumeBackingPath:             "/dev/disk/by-id/virtio-vol1",
+			VolumeType:                    crustv1.VolumeType_VOLUME_TYPE_BLOCK,
+			FsType:                        "xfs",
+			MountFlags:                    []string{"noatime", "nodiscard"},
+			ReadOnly:                      true,
+			VolumeSupplementalGroup:       &group,
+			SupplementalGroupChangePolicy: crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH,
+			CreateFilesystem:              true,
+			VolumeId:                      "pvc-0d6c",
+			CsiDriver:                     "hostpath.csi.k8s.io",
+			PodUid:                        "6f1c7c2e-1c1f-4a3e-9d55-0c8a3f1e2b7d",
+			Metadata:                      map[string]string{"b": "2", "a": "1", "ünï": "cödé \"quoted\"\n"},
+		},
+		ResolvedBackingPath: "/dev/vdb",
+		DeviceNumber:        &crustv1.DeviceNumber{Major: 254, Minor: 16, Inode: 0},
+		StageTime:           timestamppb.New(time.Date(2025, 1, 2, 3, 4, 5, 6, time.UTC)),
+		Claim: &crustv1.Claim{
+			SandboxId:       "sb-1",
+			HandlerEndpoint: "unix:///run/handler.sock",
+			ClaimTime:       timestamppb.New(time.Date(2025, 1, 2, 3, 4, 6, 0, time.UTC)),
+			Kata:            true,
+		},
+	}
+}
+
+// longTarget is longer than NAME_MAX (255), which is why file names are hashes.
+var longTarget = "/var/lib/kubelet/pods/" + strings.Repeat("x", 300) + "/volumes/kubernetes.io~csi/pv/mount"
+
+func testLogger(buf *bytes.Buffer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func mustOpen(t *testing.T, dir, boot string) (*Store, *LoadReport) {
+	t.Helper()
+	var logs bytes.Buffer
+	s, r, err := Open(dir, boot, testLogger(&logs))
+	if err != nil {
+		t.Fatalf("Open: %v\nlogs:\n%s", err, logs.String())
+	}
+	return s, r
+}
+
+func mustPut(t *testing.T, s *Store, vs ...*crustv1.Volume) {
+	t.Helper()
+	for _, v := range vs {
+		if err := s.Put(v); err != nil {
+			t.Fatalf("Put(%q): %v", v.GetSpec().GetVolumeTargetPath(), err)
+		}
+	}
+}
+
+func targets(vs []*crustv1.Volume) []string {
+	var ts []string
+	for _, v := range vs {
+		ts = append(ts, v.GetSpec().GetVolumeTargetPath())
+	}
+	return ts
+}
+
+func recordPath(dir, target string) string {
+	sum := sha256.Sum256([]byte(target))
+	return filepath.Join(dir, "volumes", hex.EncodeToString(sum[:])+".json")
+}
+
+// rawRecord builds a record by the documented format, independently of encodeRecord.
+func rawRecord(version int, bootID string, payload []byte) []byte {
+	sum := sha256.Sum256(payload)
+	return fmt.Appendf(nil, `{"version":%d,"bootId":%q,"sha256":"%x","volume":%s}`+"\n", version, bootID, sum, payload)
+}
+
+func payloadOf(t *testing.T, v *crustv1.Volume) []byte {
+	t.Helper()
+	b, err := protojson.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func writeFile(t *testing.T, path string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readDirNames(t *testing.T, dir string) []string {
+	t.Helper()
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range es {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		vols []*crustv1.Volume
+	}{
+		{"minimal", []*crustv1.Volume{vol("/k/pods/a/mount")}},
+		{"every field", []*crustv1.Volume{fullVol("/k/pods/b/mount")}},
+		{"target longer than NAME_MAX", []*crustv1.Volume{vol(longTarget)}},
+		{"unicode and odd bytes in target", []*crustv1.Volume{vol("/k/pods/ü n\ti\"c\\o/d\u2028e")}},
+		{"several", []*crustv1.Volume{vol("/k/3"), fullVol("/k/1"), vol("/k/2")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s, r := mustOpen(t, dir, bootA)
+			if len(r.Volumes)+len(r.Dropped)+len(r.Corrupt) != 0 {
+				t.Fatalf("fresh store reported %+v", r)
+			}
+			mustPut(t, s, tc.vols...)
+
+			_, r = mustOpen(t, dir, bootA)
+			if len(r.Dropped)+len(r.Corrupt) != 0 {
+				t.Fatalf("Dropped %v, Corrupt %v; want none", r.Dropped, r.Corrupt)
+			}
+			want := slices.Clone(tc.vols)
+			slices.SortFunc(want, func(a, b *crustv1.Volume) int {
+				return strings.Compare(a.GetSpec().GetVolumeTargetPath(), b.GetSpec().GetVolumeTargetPath())
+			})
+			if len(r.Volumes) != len(want) {
+				t.Fatalf("loaded %v, want %v", targets(r.Volumes), targets(want))
+			}
+			for i := range want {
+				if !proto.Equal(r.Volumes[i], want[i]) {
+					t.Errorf("volume %d:\n got %v\nwant %v", i, r.Volumes[i], want[i])
+				}
+			}
+		})
+	}
+}
+
+// TestRecordFormat pins the documented on-disk format.
+func TestRecordFormat(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, bootA)
+	v := fullVol("/k/pods/p/mount")
+	mustPut(t, s, v)
+
+	path := recordPath(dir, "/k/pods/p/mount")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("record not at the documented path: %v", err)
+	}
+	prefix := `{"version":1,"bootId":"` + bootA + `","sha256":"`
+	if !bytes.HasPrefix(data, []byte(prefix)) || !bytes.HasSuffix(data, []byte("}\n")) || bytes.Count(data, []byte("\n")) != 1 {
+		t.Fatalf("record does not have the documented shape:\n%s", data)
+	}
+	rest := data[len(prefix):]
+	sum, rest, ok := bytes.Cut(rest, []byte(`","volume":`))
+	if !ok {
+		t.Fatalf("no volume member after the checksum:\n%s", data)
+	}
+	payload := rest[:len(rest)-2]
+	if got := sha256.Sum256(payload); hex.EncodeToString(got[:]) != string(sum) {
+		t.Errorf("sha256 %s is not the checksum of the payload bytes", sum)
+	}
+	got := &crustv1.Volume{}
+	if err := protojson.Unmarshal(payload, got); err != nil || !proto.Equal(got, v) {
+		t.Errorf("payload is not the protojson of the volume (err %v):\n%s", err, payload)
+	}
+}
+
+func TestPutIdempotentAndReplaces(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, bootA)
+	const target = "/k/pods/a/mount"
+	v1 := vol(target)
+	v2 := fullVol(target)
+	mustPut(t, s, v1, v1, v2, v2)
+	if names := readDirNames(t, filepath.Join(dir, "volumes")); len(names) != 1 {
+		t.Fatalf("volumes/ holds %v, want one record", names)
+	}
+	if names := readDirNames(t, filepath.Join(dir, "tmp")); len(names) != 0 {
+		t.Fatalf("tmp/ holds %v after successful writes", names)
+	}
+	_, r := mustOpen(t, dir, bootA)
+	if len(r.Volumes) != 1 || !proto.Equal(r.Volumes[0], v2) {
+		t.Fatalf("loaded %v, want the last one put", r.Volumes)
+	}
+}
+
+func TestPutRefuses(t *testing.T) {
+	huge := vol("/k/huge")
+	huge.Spec.Metadata = map[string]string{"x": strings.Repeat("y", maxRecordSize)}
+	for _, tc := range []struct {
+		name string
+		v    *crustv1.Volume
+	}{
+		{"nil volume", nil},
+		{"no spec", &crustv1.Volume{}},
+		{"empty target", vol("")},
+		{"record over 1 MiB", huge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s, _ := mustOpen(t, dir, bootA)
+			if err := s.Put(tc.v); !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Fatalf("Put: %v, want ErrInvalidArgument", err)
+			}
+			if names := readDirNames(t, filepath.Join(dir, "volumes")); len(names) != 0 {
+				t.Fatalf("a refused Put left %v", names)
+			}
+		})
+	}
+}
+
+func TestDelete(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, bootA)
+	mustPut(t, s, vol("/k/a"), vol("/k/b"))
+	for _, target := range []string{"/k/unknown", "/k/a", "/k/a", longTarget} {
+		if err := s.Delete(target); err != nil {
+			t.Fatalf("Delete(%q): %v", target, err)
+		}
+	}
+	if err := s.Delete(""); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf(`Delete(""): %v, want ErrInvalidArgument`, err)
+	}
+	_, r := mustOpen(t, dir, bootA)
+	if got := targets(r.Volumes); !slices.Equal(got, []string{"/k/b"}) {
+		t.Fatalf("loaded %v, want [/k/b]", got)
+	}
+}
+
+func TestOpenSorts(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, bootA)
+	in := []string{"/k/m", "/k/a", "/k/z/1", "/k/b", "/k/z", "/k/A"}
+	for _, target := range in {
+		mustPut(t, s, vol(target))
+	}
+	_, r := mustOpen(t, dir, bootA)
+	want := slices.Sorted(slices.Values(in))
+	if got := targets(r.Volumes); !slices.Equal(got, want) {
+		t.Fatalf("loaded %v, want %v", got, want)
+	}
+}
+
+func TestOtherBootDropped(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, bootA)
+	mustPut(t, s, vol("/k/z"), vol("/k/a"))
+
+	s, r := mustOpen(t, dir, bootB)
+	if len(r.Volumes) != 0 || len(r.Corrupt) != 0 {
+		t.Fatalf("Volumes %v, Corrupt %v; want none", targets(r.Volumes), r.Corrupt)
+	}
+	if want := []string{"/k/a", "/k/z"}; !slices.Equal(r.Dropped, want) {
+		t.Fatalf("Dropped %v, want %v", r.Dropped, want)
+	}
+	if names := readDirNames(t, filepath.Join(dir, "volumes")); len(names) != 0 {
+		t.Fatalf("dropped records are still there: %v", names)
+	}
+
+	mustPut(t, s, vol("/k/new"))
+	_, r = mustOpen(t, dir, bootB)
+	if got := targets(r.Volumes); len(r.Dropped) != 0 || !slices.Equal(got, []string{"/k/new"}) {
+		t.Fatalf("second Open: Volumes %v, Dropped %v", got, r.Dropped)
+	}
+}
+
+func TestCorruptMovedAside(t *testing.T) {
+	const target = "/k/pods/bad/mount"
+	good := func(t *testing.T) []byte { return rawRecord(1, bootA, payloadOf(t, fullVol(target))) }
+	for _, tc := range []struct {
+		name   string
+		reason string // in the warning
+		// damage returns the file name in volumes/ and its content.
+		damage func(t *testing.T) (string, []byte)
+	}{
+		{"truncated", "not a JSON record", func(t *testing.T) (string, []byte) {
+			b := good(t)
+			return filepath.Base(recordPath("", target)), b[:len(b)/2]
+		}},
+		{"flipped byte in payload", "checksum mismatch", func(t *testing.T) (string, []byte) {
+			b := good(t)
+			i := bytes.Index(b, []byte("pvc-0d6c"))
+			b[i] ^= 0x01
+			return filepath.Base(recordPath("", target)), b
+		}},
+		{"flipped byte in checksum", "checksum mismatch", func(t *testing.T) (string, []byte) {
+			b := good(t)
+			i := bytes.Index(b, []byte(`"sha256":"`)) + len(`"sha256":"`)
+			b[i] ^= 0x01
+			return filepath.Base(recordPath("", target)), b
+		}},
+		{"bad JSON", "not a JSON record", func(_ *testing.T) (string, []byte) {
+			return filepath.Base(recordPath("", target)), []byte(`{"version":1,"bootId":`)
+		}},
+		{"trailing garbage", "not a JSON record", func(t *testing.T) (string, []byte) {
+			return filepath.Base(recordPath("", target)), append(good(t), "{}"...)
+		}},
+		{"empty file", "not a JSON record", func(_ *testing.T) (string, []byte) {
+			return filepath.Base(recordPath("", target)), nil
+		}},
+		{"wrong file name", "file name does not match", func(t *testing.T) (string, []byte) {
+			return filepath.Base(recordPath("", "/k/pods/other/mount")), good(t)
+		}},
+		{"not a record name", "file name does not match", func(t *testing.T) (string, []byte) {
+			return "stray.txt", good(t)
+		}},
+		{"version missing", "missing or invalid version 0", func(t *testing.T) (string, []byte) {
+			return filepath.Base(recordPath("", target)), bytes.Replace(good(t), []byte(`"version":1,`), nil, 1)
+		}},
+		{"version zero", "missing or invalid version 0", func(t *testing.T) (string, []byte) {
+			return filepath.Base(recordPath("", target)), rawRecord(0, bootA, payloadOf(t, vol(target)))
+		}},
+		{"empty bootId", "empty bootId", func(t *testing.T) (string, []byte) {
+			return filepath.Base(recordPath("", target)), rawRecord(1, "", payloadOf(t, vol(target)))
+		}},
+		{"payload not a Volume, checksum valid", "bad volume", func(_ *testing.T) (string, []byte) {
+			return filepath.Base(recordPath("", target)), rawRecord(1, bootA, []byte(`{"spec":"nope"}`))
+		}},
+		{"empty target, checksum valid", "no target path", func(_ *testing.T) (string, []byte) {
+			return filepath.Base(recordPath("", "")), rawRecord(1, bootA, []byte(`{}`))
+		}},
+		{"over 1 MiB", "more than 1048576", func(_ *testing.T) (string, []byte) {
+			return filepath.Base(recordPath("", target)), bytes.Repeat([]byte(" "), maxRecordSize+1)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s, _ := mustOpen(t, dir, bootA)
+			keep := vol("/k/good")
+			mustPut(t, s, keep)
+			name, data := tc.damage(t)
+			writeFile(t, filepath.Join(dir, "volumes", name), data)
+
+			var logs bytes.Buffer
+			_, r, err := Open(dir, bootA, testLogger(&logs))
+			if err != nil {
+				t.Fatalf("Open failed on a damaged record: %v", err)
+			}
+			if len(r.Volumes) != 1 || !proto.Equal(r.Volumes[0], keep) || len(r.Dropped) != 0 {
+				t.Fatalf("Volumes %v, Dropped %v; want only the good record", targets(r.Volumes), r.Dropped)
+			}
+			if len(r.Corrupt) != 1 {
+				t.Fatalf("Corrupt %v, want one file", r.Corrupt)
+			}
+			moved := r.Corrupt[0]
+			if filepath.Dir(moved) != filepath.Join(dir, "corrupt") || !strings.HasPrefix(filepath.Base(moved), name+".") {
+				t.Errorf("moved to %s, want %s/corrupt/%s.<time>", moved, dir, name)
+			}
+			if got, err := os.ReadFile(moved); err != nil || !bytes.Equal(got, data) {
+				t.Errorf("moved file does not hold the damaged bytes (err %v)", err)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "volumes", name)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("damaged file still in volumes/: %v", err)
+			}
+			if l := logs.String(); !strings.Contains(l, "level=WARN") || !strings.Contains(l, name) || !strings.Contains(l, tc.reason) {
+				t.Errorf("no warning naming %s for %q; logs:\n%s", name, tc.reason, l)
+			}
+			// Once moved aside it is not reported again.
+			_, r = mustOpen(t, dir, bootA)
+			if len(r.Corrupt) != 0 || len(r.Volumes) != 1 {
+				t.Errorf("second Open: Corrupt %v, Volumes %v", r.Corrupt, targets(r.Volumes))
+			}
+		})
+	}
+}
+
+func TestNonRegularEntryMovedAside(t *testing.T) {
+	dir := t.TempDir()
+	mustOpen(t, dir, bootA)
+	name := filepath.Base(recordPath("", "/k/dir"))
+	if err := os.Mkdir(filepath.Join(dir, "volumes", name), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/etc/passwd", filepath.Join(dir, "volumes", "link.json")); err != nil {
+		t.Fatal(err)
+	}
+	_, r := mustOpen(t, dir, bootA)
+	if len(r.Corrupt) != 2 || len(r.Volumes) != 0 {
+		t.Fatalf("Corrupt %v, Volumes %v; want both entries moved aside", r.Corrupt, targets(r.Volumes))
+	}
+}
+
+func TestUnknownFieldsIgnored(t *testing.T) {
+	dir := t.TempDir()
+	mustOpen(t, dir, bootA)
+	const target = "/k/future"
+	payload := []byte(`{"spec":{"volumeTargetPath":"/k/future","fsType":"ext4","volumeType":"VOLUME_TYPE_FROM_THE_FUTURE",` +
+		`"futureField":{"x":[1,2]}},"futureTopLevel":true}`)
+	writeFile(t, recordPath(dir, target), rawRecord(1, bootA, payload))
+	_, r := mustOpen(t, dir, bootA)
+	if len(r.Corrupt) != 0 || len(r.Volumes) != 1 {
+		t.Fatalf("Corrupt %v, Volumes %v; want the record loaded", r.Corrupt, targets(r.Volumes))
+	}
+	if got := r.Volumes[0].GetSpec(); got.GetVolumeTargetPath() != target || got.GetFsType() != "ext4" {
+		t.Fatalf("loaded %v", got)
+	}
+}
+
+func TestNewerVersionRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		record []byte
+	}{
+		{"version 2", rawRecord(2, bootA, []byte(`{"spec":{"volumeTargetPath":"/k/v2"}}`))},
+		{"version 2 of another boot", rawRecord(2, bootB, []byte(`{"spec":{"volumeTargetPath":"/k/v2"}}`))},
+		{"version 2 with an envelope version 1 cannot parse", []byte(`{"bootId":{"new":"shape"},"version":2,"volumes":[]}`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s, _ := mustOpen(t, dir, bootA)
+			mustPut(t, s, vol("/k/good"))
+			writeFile(t, recordPath(dir, "/k/other-boot"), rawRecord(1, bootB, payloadOf(t, vol("/k/other-boot"))))
+			writeFile(t, filepath.Join(dir, "volumes", "damaged.json"), []byte("garbage"))
+			writeFile(t, filepath.Join(dir, "volumes", "zz.json"), tc.record)
+			before := readDirNames(t, filepath.Join(dir, "volumes"))
+
+			_, _, err := Open(dir, bootA, testLogger(new(bytes.Buffer)))
+			if err == nil {
+				t.Fatal("Open succeeded over a record of a newer version")
+			}
+			if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "zz.json") ||
+				!strings.Contains(err.Error(), "version 2") {
+				t.Errorf("error %q: want ErrFailedPrecondition naming the file and its version", err)
+			}
+			// Neither the record of another boot nor the damaged one was touched.
+			if after := readDirNames(t, filepath.Join(dir, "volumes")); !slices.Equal(before, after) {
+				t.Errorf("volumes/ changed from %v to %v", before, after)
+			}
+			if moved := readDirNames(t, filepath.Join(dir, "corrupt")); len(moved) != 0 {
+				t.Errorf("corrupt/ holds %v; nothing may be moved", moved)
+			}
+		})
+	}
+}
+
+func TestTempLeftoversRemoved(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, bootA)
+	mustPut(t, s, vol("/k/a"))
+	tmp := filepath.Join(dir, "tmp")
+	writeFile(t, filepath.Join(tmp, ".abc.json12345"), []byte(`{"version":1,"boo`))
+	if err := os.MkdirAll(filepath.Join(tmp, "d", "e"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(tmp, "d", "e", "f"), nil)
+
+	s, r := mustOpen(t, dir, bootA)
+	if names := readDirNames(t, tmp); len(names) != 0 {
+		t.Fatalf("tmp/ still holds %v", names)
+	}
+	if len(r.Volumes) != 1 || len(r.Corrupt) != 0 {
+		t.Fatalf("Volumes %v, Corrupt %v", targets(r.Volumes), r.Corrupt)
+	}
+	mustPut(t, s, vol("/k/b"))
+}
+
+func TestPermissions(t *testing.T) {
+	for _, umask := range []int{0, 0o022, 0o277} {
+		t.Run(fmt.Sprintf("umask %03o", umask), func(t *testing.T) {
+			dir := t.TempDir()
+			// A pre-existing subdirectory with a loose mode is tightened.
+			if err := os.Mkdir(filepath.Join(dir, "volumes"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(filepath.Join(dir, "volumes"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+
+			old := syscall.Umask(umask)
+			s, _, err := Open(dir, bootA, nil)
+			if err == nil {
+				err = s.Put(vol("/k/a"))
+			}
+			syscall.Umask(old)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			for path, want := range map[string]os.FileMode{
+				filepath.Join(dir, "volumes"): os.ModeDir | 0o700,
+				filepath.Join(dir, "tmp"):     os.ModeDir | 0o700,
+				filepath.Join(dir, "corrupt"): os.ModeDir | 0o700,
+				recordPath(dir, "/k/a"):       0o600,
+			} {
+				fi, err := os.Stat(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if fi.Mode() != want {
+					t.Errorf("%s: mode %v, want %v", path, fi.Mode(), want)
+				}
+			}
+		})
+	}
+}
+
+func TestOpenCreatesMissingStateDir(t *testing.T) {
+	old := syscall.Umask(0)
+	defer syscall.Umask(old)
+	dir := filepath.Join(t.TempDir(), "a", "b")
+	mustOpen(t, dir, bootA)
+	fi, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode() != os.ModeDir|0o700 {
+		t.Errorf("%s: mode %v, want drwx------", dir, fi.Mode())
+	}
+}
+
+func TestOpenRefusesEmptyBootID(t *testing.T) {
+	if _, _, err := Open(t.TempDir(), "", nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("Open with an empty boot id: %v, want ErrInvalidArgument", err)
+	}
+}
+
+func TestConcurrentTargets(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, bootA)
+	var wg sync.WaitGroup
+	var want []string
+	for i := range 8 {
+		target := fmt.Sprintf("/k/%d", i)
+		want = append(want, target)
+		wg.Go(func() {
+			for range 5 {
+				if err := s.Put(vol(target)); err != nil {
+					t.Error(err)
+				}
+			}
+			if i%2 == 0 {
+				if err := s.Delete(target); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	_, r := mustOpen(t, dir, bootA)
+	want = slices.DeleteFunc(want, func(s string) bool { return (s[len(s)-1]-'0')%2 == 0 })
+	if got := targets(r.Volumes); !slices.Equal(got, want) {
+		t.Fatalf("loaded %v, want %v", got, want)
+	}
+}
+
+func TestReadBootID(t *testing.T) {
+	id, err := ReadBootID()
+	if err != nil {
+		t.Skipf("no boot id here: %v", err)
+	}
+	if id == "" || strings.TrimSpace(id) != id {
+		t.Fatalf("boot id %q is empty or untrimmed", id)
+	}
+	if again, _ := ReadBootID(); again != id {
+		t.Fatalf("boot id changed within a boot: %q, %q", id, again)
+	}
+}
+
+func BenchmarkPut(b *testing.B) {
+	s, _, err := Open(b.TempDir(), bootA, slog.New(slog.DiscardHandler))
+	if err != nil {
+		b.Fatal(err)
+	}
+	v := fullVol("/var/lib/kubelet/pods/6f1c7c2e-1c1f-4a3e-9d55-0c8a3f1e2b7d/volumes/kubernetes.io~csi/pvc-0d6c/mount")
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := s.Put(v); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
