@@ -1,0 +1,267 @@
+package directvolume
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+
+	"crust.dev/crust/pkg/kata"
+	"crust.dev/crust/pkg/kata/katatest"
+)
+
+// The vectors were produced by running Kata's own code; pkg/kata keeps the copy.
+type vector struct{ katatest.Vector }
+
+func loadVectors(t *testing.T) []vector {
+	var vs []vector
+	for _, v := range katatest.Load(t) {
+		vs = append(vs, vector{v})
+	}
+	return vs
+}
+
+// input is the --mount-info Kata was given: the raw JSON, or the encoded MountInfo.
+func (v vector) input(t *testing.T) string {
+	if v.RawInput != nil {
+		return *v.RawInput
+	}
+	var info kata.MountInfo
+	if err := json.Unmarshal(v.MountInfo, &info); err != nil {
+		t.Fatal(err)
+	}
+	return mustJSON(t, &info)
+}
+
+// readBack is the mount info Kata read back.
+func (v vector) readBack(t *testing.T) *kata.MountInfo {
+	t.Helper()
+	var info kata.MountInfo
+	if err := json.Unmarshal(v.ReadBack, &info); err != nil {
+		t.Fatal(err)
+	}
+	return &info
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// run executes the command in-process, as crustctl would, and returns what it printed.
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := NewCommand()
+	var out, stderr bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&stderr)
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	if stderr.Len() > 0 {
+		t.Errorf("wrote to stderr: %s", stderr.String())
+	}
+	return out.String(), err
+}
+
+func mustRun(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := run(t, args...)
+	if err != nil {
+		t.Fatalf("%q: %v", args, err)
+	}
+	return out
+}
+
+// TestVectors: for every vector, add lays down Kata's files, get reads back what Kata reads, and remove
+// deletes the volume with its sandbox file.
+func TestVectors(t *testing.T) {
+	vectors := loadVectors(t)
+	dir := t.TempDir()
+	for _, v := range vectors {
+		t.Run(v.Dir, func(t *testing.T) {
+			mustRun(t, "--kata-dir", dir, "add", "--volume-path", v.VolumePath, "--mount-info", v.input(t))
+			if v.SandboxID != "" {
+				if err := kata.RecordSandbox(dir, v.VolumePath, v.SandboxID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			assertFiles(t, filepath.Join(dir, v.Dir), v.Files)
+
+			wantIDs := []string{}
+			if v.SandboxRead != "" {
+				wantIDs = []string{v.SandboxRead}
+			}
+			for _, format := range []string{"", "json", "yaml"} {
+				args := []string{"get", "--kata-dir", dir, "--volume-path", v.VolumePath}
+				if format != "" {
+					args = append(args, "-o", format)
+				}
+				var got view
+				if err := yaml.Unmarshal([]byte(mustRun(t, args...)), &got); err != nil { // YAML is a superset of JSON
+					t.Fatal(err)
+				}
+				if got.VolumePath != v.VolumePath || !slices.Equal(got.SandboxIDs, wantIDs) ||
+					mustJSON(t, got.MountInfo) != mustJSON(t, v.readBack(t)) {
+					t.Errorf("get -o %q = %+v, want %s and sandboxes %q", format, got, mustJSON(t, v.readBack(t)), wantIDs)
+				}
+			}
+			table := mustRun(t, "get", "--kata-dir", dir, "--volume-path", v.VolumePath, "-o", "table")
+			if !strings.Contains(table, v.VolumePath) || !strings.Contains(table, v.readBack(t).Device) {
+				t.Errorf("get -o table:\n%s", table)
+			}
+		})
+	}
+
+	// list shows them all, in path order.
+	var listed []view
+	if err := json.Unmarshal([]byte(mustRun(t, "list", "--kata-dir", dir, "-o", "json")), &listed); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, v := range vectors {
+		want = append(want, v.VolumePath)
+	}
+	slices.Sort(want)
+	var got []string
+	for _, l := range listed {
+		got = append(got, l.VolumePath)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("list paths %q, want %q", got, want)
+	}
+	table := strings.Split(strings.TrimSpace(mustRun(t, "list", "--kata-dir", dir)), "\n")
+	if len(table) != len(vectors)+1 || !strings.HasPrefix(table[0], "VOLUME PATH") {
+		t.Errorf("list table:\n%s", strings.Join(table, "\n"))
+	}
+
+	for _, v := range vectors {
+		for range 2 { // removing what is gone is not an error
+			mustRun(t, "remove", "--kata-dir", dir, "--volume-path", v.VolumePath)
+		}
+		if _, err := os.Stat(filepath.Join(dir, v.Dir)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s still there: %v", v.Dir, err)
+		}
+		if _, err := run(t, "get", "--kata-dir", dir, "--volume-path", v.VolumePath); !errors.Is(err, kata.ErrNotFound) ||
+			!strings.HasPrefix(err.Error(), "--volume-path: ") {
+			t.Errorf("get after remove: %v", err)
+		}
+	}
+	if out := mustRun(t, "list", "--kata-dir", dir, "-o", "json"); strings.TrimSpace(out) != "[]" {
+		t.Errorf("list of nothing: %s", out)
+	}
+}
+
+// assertFiles checks that volDir (mode 0700) holds exactly files, each mode 0600, byte for byte.
+func assertFiles(t *testing.T, volDir string, files map[string]string) {
+	t.Helper()
+	fi, err := os.Stat(volDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o700 {
+		t.Errorf("%s mode %v", volDir, fi.Mode())
+	}
+	entries, err := os.ReadDir(volDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != len(files) {
+		t.Errorf("%d entries, want %d", len(entries), len(files))
+	}
+	for _, e := range entries {
+		want, ok := files[e.Name()]
+		b, err := os.ReadFile(filepath.Join(volDir, e.Name()))
+		if !ok || err != nil || string(b) != want {
+			t.Errorf("%s = %q (%v), want %q", e.Name(), b, err, want)
+		}
+		if fi, _ := e.Info(); fi.Mode() != 0o600 {
+			t.Errorf("%s mode %v", e.Name(), fi.Mode())
+		}
+	}
+}
+
+func TestAddKeepsSandboxes(t *testing.T) {
+	dir := t.TempDir()
+	mustRun(t, "add", "--kata-dir", dir, "--volume-path", "/v", "--mount-info", `{"device":"/dev/a"}`)
+	if err := kata.RecordSandbox(dir, "/v", "sb"); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "add", "--kata-dir", dir, "--volume-path", "/v", "--mount-info", `{"device":"/dev/b"}`)
+	assertFiles(t, filepath.Join(dir, kata.VolumeDirName("/v")), map[string]string{
+		kata.MountInfoFileName: `{"device":"/dev/b"}`, "sb": "",
+	})
+}
+
+func TestErrorsNameTheFlag(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		args   []string
+		prefix string
+	}{
+		{[]string{"add", "--mount-info", "{}"}, "--volume-path: required"},
+		{[]string{"add", "--volume-path", "/v"}, "--mount-info: required"},
+		{[]string{"add", "--volume-path", "/v", "--mount-info", "{"}, "--mount-info: invalid mount info"},
+		{[]string{"add", "--volume-path", "/v", "--mount-info", `{"options":"ro"}`}, "--mount-info: invalid mount info"},
+		{[]string{"add", "--volume-path", "/" + strings.Repeat("a", 200), "--mount-info", "{}"}, "--volume-path: invalid volume path"},
+		{[]string{"remove"}, "--volume-path: required"},
+		{[]string{"get"}, "--volume-path: required"},
+		{[]string{"get", "--volume-path", "/missing"}, "--volume-path: "},
+		{[]string{"list", "-o", "xml"}, "--output: "},
+		{[]string{"list", "--kata-dir", ""}, "--kata-dir: required"},
+		{[]string{"add", "--kata-dir", "", "--volume-path", "/v", "--mount-info", "{}"}, "--kata-dir: required"},
+	} {
+		args := append([]string{"--kata-dir", dir}, tc.args...)
+		_, err := run(t, args...)
+		if err == nil || !strings.HasPrefix(err.Error(), tc.prefix) {
+			t.Errorf("%q: %v, want an error starting %q", tc.args, err, tc.prefix)
+		}
+	}
+	// A refused add creates nothing.
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("refused commands left %v", entries)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	cmd := NewCommand()
+	if got := cmd.PersistentFlags().Lookup("kata-dir").DefValue; got != kata.DefaultDir {
+		t.Errorf("--kata-dir defaults to %q", got)
+	}
+	var names []string
+	for _, c := range cmd.Commands() {
+		names = append(names, c.Name())
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"add", "get", "list", "remove"}) {
+		t.Errorf("subcommands %q", names)
+	}
+}
+
+// TestUnderCrustctl: mounted under a root that has its own global -o, as crustctl has, the command's -o
+// wins and nothing clashes.
+func TestUnderCrustctl(t *testing.T) {
+	dir := t.TempDir()
+	root := &cobra.Command{Use: "crustctl", SilenceErrors: true, SilenceUsage: true}
+	global := root.PersistentFlags().StringP("output", "o", "", "")
+	root.AddCommand(NewCommand())
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetArgs([]string{"direct-volume", "--kata-dir", dir, "list", "-o", "json"})
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(out.String()) != "[]" || *global != "" {
+		t.Fatalf("printed %q, global -o %q", out.String(), *global)
+	}
+}

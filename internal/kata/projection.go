@@ -1,0 +1,183 @@
+// Package kata keeps crustd's descriptors projected into Kata Containers' direct-assigned volume
+// directory, so that an unmodified Kata runtime finds and mounts the volumes crust holds.
+//
+// For each descriptor, under the Kata directory (--kata-dir, by default
+// /run/kata-containers/shared/direct-volumes), the projection writes exactly:
+//
+//	<base64url(spec.volume_target_path)>/                directory, mode 0700
+//	<base64url(spec.volume_target_path)>/mountInfo.json  file, mode 0600, the MountInfo of the spec
+//
+// and it uses <kata-dir>/.crust-tmp/ to prepare files before renaming them into place. Nothing else is
+// ever created in a volume directory. The Kata shim that uses a volume adds an empty file named by its
+// sandbox id there; the projection keeps such files when it rewrites mountInfo.json, reads them
+// (SandboxIDs), and deletes them with the volume (Remove). Volume directories of targets crustd was not
+// told about are never touched, since other drivers may use `kata-runtime direct-volume add`.
+//
+// The mountInfo.json of a spec (see MountInfo):
+//
+//	volume-type  "directvol" for every volume type (block device, image file, PMEM)
+//	device       spec.volume_backing_path
+//	fstype       spec.fs_type
+//	options      spec.mount_flags, then "ro" when spec.read_only and not already there
+//	metadata     spec.metadata, then fsGroup (decimal) and fsGroupChangePolicy (Always or OnRootMismatch)
+//	             when spec.volume_supplemental_group is set, and createFilesystem "true" when
+//	             spec.create_filesystem; these typed fields win over spec.metadata keys of the same name
+//
+// Why "directvol": Kata's Go runtime does not read volume-type at all, while runtime-rs takes a block
+// device or a raw image file only with volume-type "directvol" and refuses any other value for them.
+//
+// Writes are atomic and durable (see crust.dev/crust/pkg/kata): after a crash each volume directory holds
+// either the old mountInfo.json or the new one.
+package kata
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+
+	"crust.dev/crust/internal/errdefs"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	katafmt "crust.dev/crust/pkg/kata"
+)
+
+// Projection writes descriptors into one Kata direct-volume directory. A disabled Projection (from New
+// with an empty dir) does nothing and reports no sandboxes. The methods may be called concurrently for
+// different target paths; calls for one target path must be serialised by the caller.
+type Projection struct {
+	dir string
+}
+
+// New returns the projection into dir, creating dir (mode 0700, as Kata does) when missing. An empty dir
+// returns a disabled projection.
+func New(dir string) (*Projection, error) {
+	if dir == "" {
+		return &Projection{}, nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("kata directory: %w", err)
+	}
+	return &Projection{dir: dir}, nil
+}
+
+// Enabled says whether the projection writes anything.
+func (p *Projection) Enabled() bool { return p.dir != "" }
+
+// Dir returns the Kata direct-volume directory, or "" when the projection is disabled.
+func (p *Projection) Dir() string { return p.dir }
+
+// Write projects v: it writes the MountInfo of v's spec as the mountInfo.json of its target path,
+// atomically, keeping the sandbox-id files already there. Writing the same descriptor again is a no-op
+// (the file is not rewritten when its content is already right).
+func (p *Projection) Write(v *crustv1.Volume) error {
+	if p.dir == "" {
+		return nil
+	}
+	spec := v.GetSpec()
+	if spec == nil {
+		return errdefs.Field("spec", "is required")
+	}
+	target := spec.GetVolumeTargetPath()
+	if err := katafmt.AddMountInfo(p.dir, target, MountInfo(spec)); err != nil {
+		return wrap(target, err)
+	}
+	return nil
+}
+
+// Remove deletes the projection of target with its sandbox-id files. A target that has none is not an
+// error.
+func (p *Projection) Remove(target string) error {
+	if p.dir == "" {
+		return nil
+	}
+	return wrap(target, katafmt.Remove(p.dir, target))
+}
+
+// SandboxIDs returns the sandboxes a Kata shim recorded in the projection of target, in the order Kata
+// reads them (it uses the first); none is an empty list. A target that has no projection is
+// errdefs.ErrNotFound. A disabled projection returns an empty list.
+func (p *Projection) SandboxIDs(target string) ([]string, error) {
+	if p.dir == "" {
+		return nil, nil
+	}
+	ids, err := katafmt.SandboxIDs(p.dir, target)
+	if err != nil {
+		return nil, wrap(target, err)
+	}
+	return ids, nil
+}
+
+// Sync rebuilds the projection at daemon start: it deletes what interrupted writes left in the temporary
+// directory, writes every descriptor in keep (rewriting a mountInfo.json only when its content differs,
+// keeping sandbox-id files), and removes the projection of every target in drop that is not also in
+// keep. It touches no other volume directory. It goes on past failures and returns them all joined.
+func (p *Projection) Sync(keep []*crustv1.Volume, drop []string) error {
+	if p.dir == "" {
+		return nil
+	}
+	if err := katafmt.CleanTemp(p.dir); err != nil {
+		return fmt.Errorf("clean the kata temporary directory: %w", err)
+	}
+	var errs []error
+	kept := make(map[string]bool, len(keep))
+	for _, v := range keep {
+		kept[v.GetSpec().GetVolumeTargetPath()] = true
+		errs = append(errs, p.Write(v))
+	}
+	for _, target := range drop {
+		if !kept[target] {
+			errs = append(errs, p.Remove(target))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// MountInfo returns what the projection writes for spec (see the package documentation).
+func MountInfo(spec *crustv1.VolumeSpec) *katafmt.MountInfo {
+	info := &katafmt.MountInfo{
+		VolumeType: katafmt.VolumeTypeDirect,
+		Device:     spec.GetVolumeBackingPath(),
+		FsType:     spec.GetFsType(),
+	}
+	opts := slices.Clone(spec.GetMountFlags())
+	if spec.GetReadOnly() && !slices.Contains(opts, "ro") {
+		opts = append(opts, "ro") // Kata attaches the device read-only only when it sees "ro"
+	}
+	if len(opts) > 0 {
+		info.Options = opts
+	}
+
+	md := maps.Clone(spec.GetMetadata())
+	if md == nil {
+		md = map[string]string{}
+	}
+	if spec.VolumeSupplementalGroup != nil {
+		md[katafmt.MetadataFSGroup] = strconv.FormatInt(spec.GetVolumeSupplementalGroup(), 10)
+		md[katafmt.MetadataFSGroupChangePolicy] = katafmt.FSGroupChangeAlways
+		if spec.GetSupplementalGroupChangePolicy() == crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH {
+			md[katafmt.MetadataFSGroupChangePolicy] = katafmt.FSGroupChangeOnRootMismatch
+		}
+	}
+	if spec.GetCreateFilesystem() {
+		md[katafmt.MetadataCreateFilesystem] = "true"
+	}
+	if len(md) > 0 {
+		info.Metadata = md
+	}
+	return info
+}
+
+// wrap names target in err, and turns a target path Kata cannot hold into bad input.
+func wrap(target string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, katafmt.ErrInvalidVolumePath):
+		return errdefs.Field("spec.volume_target_path", "%v", err)
+	case errors.Is(err, katafmt.ErrNotFound):
+		return fmt.Errorf("kata projection of %q: %w", target, errdefs.ErrNotFound)
+	}
+	return fmt.Errorf("kata projection of %q: %w", target, err)
+}

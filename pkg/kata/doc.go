@@ -1,0 +1,21 @@
+// Package kata reads and writes Kata Containers' "direct-assigned volume" files, the format an unmodified
+// Kata runtime reads to mount a block device inside its VM instead of on the host. It depends on nothing
+// else of crust.
+//
+// The layout, under a directory that defaults to DefaultDir:
+//
+//	<dir>/<VolumeDirName(volumePath)>/            mode 0700, one per volume
+//	<dir>/<VolumeDirName(volumePath)>/mountInfo.json   mode 0600, a MountInfo as JSON
+//	<dir>/<VolumeDirName(volumePath)>/<sandbox id>     empty, written by the Kata shim that uses the volume
+//
+// Kata reads every entry of a volume directory other than mountInfo.json as a sandbox id. So this package
+// never puts anything else there: it prepares files and directories in TempDirName, a dot-directory of
+// dir (on the same filesystem, and never a valid volume directory name) and renames them into place.
+//
+// Add, Remove, Get and SandboxIDs behave like `kata-runtime direct-volume` and Kata's runtime on the same
+// files, with two differences that only make them safer: writes are atomic and durable (Kata writes in
+// place), and input is checked before anything is created (Kata creates the volume directory first).
+//
+// A client for the Kata shim's management socket (direct-volume stats and resize) will live in this
+// package too; it is not written yet.
+package kata
