@@ -1,0 +1,104 @@
+// Package forward takes stats and expansion requests for a claimed volume to the runtime handler that
+// claimed it, over the handler's RuntimeHandlerService socket.
+//
+// Promises: a handler that cannot be reached is ErrUnavailable (the descriptor and its claim are kept, so
+// a restarted handler answers again); a handler's own error keeps its gRPC code and message; connections
+// are reused per endpoint and closed by Close.
+package forward
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"crust.dev/crust/internal/errdefs"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+// Forwarder dials handlers. The zero value is ready to use.
+type Forwarder struct {
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+// Stats asks the claiming handler for the volume's usage inside its sandbox.
+func (f *Forwarder) Stats(ctx context.Context, v *crustv1.Volume) (*crustv1.GetVolumeStatsResponse, error) {
+	c, err := f.client(v)
+	if err != nil {
+		return nil, err
+	}
+	r, err := c.GetVolumeStats(ctx, &crustv1.RuntimeHandlerServiceGetVolumeStatsRequest{
+		VolumeTargetPath: v.GetSpec().GetVolumeTargetPath(),
+		SandboxId:        v.GetClaim().GetSandboxId(),
+	})
+	if err != nil {
+		return nil, handlerError(v, err)
+	}
+	return &crustv1.GetVolumeStatsResponse{Usage: r.GetUsage(), VolumeCondition: r.GetVolumeCondition()}, nil
+}
+
+// Expand asks the claiming handler to grow the volume online to at least requiredBytes.
+func (f *Forwarder) Expand(ctx context.Context, v *crustv1.Volume, requiredBytes int64) (int64, error) {
+	c, err := f.client(v)
+	if err != nil {
+		return 0, err
+	}
+	r, err := c.ExpandVolume(ctx, &crustv1.RuntimeHandlerServiceExpandVolumeRequest{
+		VolumeTargetPath: v.GetSpec().GetVolumeTargetPath(),
+		SandboxId:        v.GetClaim().GetSandboxId(),
+		RequiredBytes:    requiredBytes,
+	})
+	if err != nil {
+		return 0, handlerError(v, err)
+	}
+	return r.GetCapacityBytes(), nil
+}
+
+// Close closes every connection.
+func (f *Forwarder) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for ep, c := range f.conns {
+		_ = c.Close()
+		delete(f.conns, ep)
+	}
+	return nil
+}
+
+func (f *Forwarder) client(v *crustv1.Volume) (crustv1.RuntimeHandlerServiceClient, error) {
+	claim := v.GetClaim()
+	if claim.GetKata() || claim.GetHandlerEndpoint() == "" {
+		return nil, fmt.Errorf("volume %q is used by sandbox %q, which gave no handler endpoint: %w",
+			v.GetSpec().GetVolumeTargetPath(), claim.GetSandboxId(), errdefs.ErrFailedPrecondition)
+	}
+	ep := claim.GetHandlerEndpoint()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c, ok := f.conns[ep]; ok {
+		return crustv1.NewRuntimeHandlerServiceClient(c), nil
+	}
+	c, err := grpc.NewClient(ep, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("handler endpoint %q: %v: %w", ep, err, errdefs.ErrUnavailable)
+	}
+	if f.conns == nil {
+		f.conns = map[string]*grpc.ClientConn{}
+	}
+	f.conns[ep] = c
+	return crustv1.NewRuntimeHandlerServiceClient(c), nil
+}
+
+// handlerError keeps the handler's code, except that an unreachable handler is named as such.
+func handlerError(v *crustv1.Volume, err error) error {
+	s := status.Convert(err)
+	if s.Code() == codes.Unavailable {
+		return fmt.Errorf("handler of sandbox %q at %s: %s: %w", v.GetClaim().GetSandboxId(), v.GetClaim().GetHandlerEndpoint(),
+			s.Message(), errdefs.ErrUnavailable)
+	}
+	return status.Errorf(s.Code(), "handler of sandbox %q: %s", v.GetClaim().GetSandboxId(), s.Message())
+}

@@ -1,0 +1,462 @@
+// Package manager is crustd's domain core: it owns the set of descriptors, keeps the store and the Kata
+// projection in step with it, serialises operations per target path and tells watchers what changed.
+//
+// Promises:
+//   - Every operation is idempotent per target path, and operations on one target are serialised by a
+//     per-target lock (keylock), never by one global lock; a caller that waits too long gets ErrAborted.
+//   - A change is acknowledged only after the store made it durable. The store is the commit point: the
+//     Kata projection follows it, and on start it is rebuilt from the store (Open), so a crash at any
+//     instant leaves each descriptor wholly old or wholly new in both.
+//   - A refused request (validation, conflict) changes nothing.
+//   - Watchers see the changes in the order they were made durable, each with a revision one higher than
+//     the previous one.
+//
+// Errors are errdefs kinds; turning them into gRPC status is the server's job.
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/internal/kata"
+	"crust.dev/crust/internal/keylock"
+	"crust.dev/crust/internal/store"
+	"crust.dev/crust/internal/validate"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+// Forwarder reaches the runtime handler that claimed a volume, for stats and expansion.
+type Forwarder interface {
+	// Stats measures the volume inside the sandbox that claimed it.
+	Stats(ctx context.Context, v *crustv1.Volume) (*crustv1.GetVolumeStatsResponse, error)
+	// Expand grows the volume to at least requiredBytes as the sandbox sees it and returns the capacity.
+	Expand(ctx context.Context, v *crustv1.Volume, requiredBytes int64) (int64, error)
+}
+
+// Config is what the manager needs.
+type Config struct {
+	Validator  *validate.Validator
+	Store      *store.Store
+	Projection *kata.Projection
+	Forwarder  Forwarder // nil: stats and expansion fail with FailedPrecondition
+	// KubeletDir is the kubelet root; descriptors under <KubeletDir>/pods/<uid>/ are garbage-collected
+	// once that pod directory is gone.
+	KubeletDir string
+	// LockWait bounds how long an operation waits for another one on the same target.
+	LockWait time.Duration
+	// WatchBuffer bounds how far a watcher may fall behind; 0 means DefaultWatchBuffer.
+	WatchBuffer int
+	Log         *slog.Logger
+}
+
+// Manager holds the descriptors. Create it with Open.
+type Manager struct {
+	cfg   Config
+	log   *slog.Logger
+	locks *keylock.Locker
+
+	mu       sync.RWMutex
+	vols     map[string]*crustv1.Volume // by target path; values are never mutated, only replaced
+	rev      uint64
+	watchers map[*Watcher]struct{}
+}
+
+// Open loads the descriptors the store kept from this boot and rebuilds the Kata projection from them
+// (records of an earlier boot or corrupt ones are gone from the store by then, and their projection is
+// removed).
+func Open(cfg Config, loaded *store.LoadReport) (*Manager, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.WatchBuffer <= 0 {
+		cfg.WatchBuffer = DefaultWatchBuffer
+	}
+	m := &Manager{
+		cfg:      cfg,
+		log:      cfg.Log,
+		locks:    keylock.New(cfg.LockWait),
+		vols:     map[string]*crustv1.Volume{},
+		watchers: map[*Watcher]struct{}{},
+	}
+	for _, v := range loaded.Volumes {
+		m.vols[v.GetSpec().GetVolumeTargetPath()] = v
+	}
+	if err := cfg.Projection.Sync(loaded.Volumes, loaded.Dropped); err != nil {
+		return nil, fmt.Errorf("rebuild the Kata projection: %w", err)
+	}
+	return m, nil
+}
+
+// Stage deposits a descriptor. The same spec again returns the stored volume and changes nothing; another
+// spec for the same target is ErrAlreadyExists.
+func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1.Volume, error) {
+	checked, err := m.cfg.Validator.Spec(spec)
+	if err != nil {
+		return nil, err
+	}
+	target := checked.Spec.GetVolumeTargetPath()
+	unlock, err := m.locks.Lock(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	if old := m.get(target); old != nil {
+		if diff := differingFields(old.GetSpec(), checked.Spec); len(diff) > 0 {
+			return nil, fmt.Errorf("volume %q is staged with other parameters (%s): %w",
+				target, strings.Join(diff, ", "), errdefs.ErrAlreadyExists)
+		}
+		if !proto.Equal(old.GetDeviceNumber(), checked.DeviceNumber) {
+			return nil, fmt.Errorf("volume %q is staged with device number %s but %s is now %s; unstage it first: %w",
+				target, devString(old.GetDeviceNumber()), spec.GetVolumeBackingPath(), devString(checked.DeviceNumber),
+				errdefs.ErrAlreadyExists)
+		}
+		return m.withKataClaim(old), nil
+	}
+
+	v := &crustv1.Volume{
+		Spec:                checked.Spec,
+		ResolvedBackingPath: checked.ResolvedBackingPath,
+		DeviceNumber:        checked.DeviceNumber,
+		StageTime:           timestamppb.Now(),
+	}
+	if err := m.cfg.Store.Put(v); err != nil {
+		return nil, fmt.Errorf("store volume %q: %w", target, err)
+	}
+	if err := m.cfg.Projection.Write(v); err != nil {
+		// Not acknowledged, so take the record back; if that fails too, the next start re-projects it.
+		if derr := m.cfg.Store.Delete(target); derr != nil {
+			m.log.Error("take back a record after a failed projection", "target", target, "err", derr)
+		}
+		return nil, fmt.Errorf("write the Kata projection of %q: %w", target, err)
+	}
+	m.commit(target, v, crustv1.EventType_EVENT_TYPE_STAGED)
+	return v, nil
+}
+
+// Unstage removes a descriptor, with its claim if it has one. An unknown target is not an error.
+func (m *Manager) Unstage(ctx context.Context, target string) error {
+	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
+		return err
+	}
+	unlock, err := m.locks.Lock(ctx, target)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return m.unstageLocked(target)
+}
+
+func (m *Manager) unstageLocked(target string) error {
+	old := m.get(target)
+	if old == nil {
+		return nil
+	}
+	if c := old.GetClaim(); c != nil {
+		m.log.Warn("unstaging a claimed volume; the claim is dropped", "target", target, "sandbox", c.GetSandboxId())
+	}
+	// Projection first: a crash between the two leaves the record, and the next start projects it again.
+	if err := m.cfg.Projection.Remove(target); err != nil {
+		return fmt.Errorf("remove the Kata projection of %q: %w", target, err)
+	}
+	if err := m.cfg.Store.Delete(target); err != nil {
+		return fmt.Errorf("delete the record of %q: %w", target, err)
+	}
+	m.commit(target, nil, crustv1.EventType_EVENT_TYPE_UNSTAGED, old)
+	return nil
+}
+
+// Get returns one descriptor, or ErrNotFound.
+func (m *Manager) Get(_ context.Context, target string) (*crustv1.Volume, error) {
+	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
+		return nil, err
+	}
+	v := m.get(target)
+	if v == nil {
+		return nil, notFound(target)
+	}
+	return m.withKataClaim(v), nil
+}
+
+// List returns every descriptor, ordered by target path.
+func (m *Manager) List(context.Context) []*crustv1.Volume {
+	m.mu.RLock()
+	vols := make([]*crustv1.Volume, 0, len(m.vols))
+	for _, v := range m.vols {
+		vols = append(vols, v)
+	}
+	m.mu.RUnlock()
+	slices.SortFunc(vols, func(a, b *crustv1.Volume) int {
+		return strings.Compare(a.GetSpec().GetVolumeTargetPath(), b.GetSpec().GetVolumeTargetPath())
+	})
+	for i, v := range vols {
+		vols[i] = m.withKataClaim(v)
+	}
+	return vols
+}
+
+// Claim records that sandboxID uses the volume and returns the descriptor. The same sandbox claiming
+// again succeeds (its endpoint is updated); another sandbox is ErrFailedPrecondition until the claim is
+// released. The device must still be the one staged.
+func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string) (*crustv1.Volume, error) {
+	if err := errors.Join(
+		m.cfg.Validator.TargetPath("volume_target_path", target),
+		validate.SandboxID("sandbox_id", sandboxID),
+		validate.HandlerEndpoint("handler_endpoint", endpoint),
+	); err != nil {
+		return nil, err
+	}
+	unlock, err := m.locks.Lock(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	old := m.get(target)
+	if old == nil {
+		return nil, notFound(target)
+	}
+	if c := m.withKataClaim(old).GetClaim(); c != nil && c.GetSandboxId() != sandboxID {
+		return nil, fmt.Errorf("volume %q is claimed by sandbox %q (kata: %t); release that claim first: %w",
+			target, c.GetSandboxId(), c.GetKata(), errdefs.ErrFailedPrecondition)
+	}
+	if c := old.GetClaim(); c != nil && c.GetHandlerEndpoint() == endpoint {
+		return old, nil
+	}
+	if err := m.cfg.Validator.SameDevice(old); err != nil {
+		return nil, fmt.Errorf("volume %q: refusing to hand out its device: %w", target, err)
+	}
+	v := proto.CloneOf(old)
+	v.Claim = &crustv1.Claim{SandboxId: sandboxID, HandlerEndpoint: endpoint, ClaimTime: timestamppb.Now()}
+	if err := m.cfg.Store.Put(v); err != nil {
+		return nil, fmt.Errorf("store the claim on %q: %w", target, err)
+	}
+	m.commit(target, v, crustv1.EventType_EVENT_TYPE_CLAIMED)
+	return v, nil
+}
+
+// Release ends sandboxID's claim. An unknown or unclaimed volume is not an error; another sandbox's claim
+// is ErrFailedPrecondition unless force is set.
+func (m *Manager) Release(ctx context.Context, target, sandboxID string, force bool) error {
+	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
+		return err
+	}
+	if !force || sandboxID != "" {
+		if err := validate.SandboxID("sandbox_id", sandboxID); err != nil {
+			return err
+		}
+	}
+	unlock, err := m.locks.Lock(ctx, target)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	old := m.get(target)
+	if old == nil || old.GetClaim() == nil {
+		return nil
+	}
+	if holder := old.GetClaim().GetSandboxId(); holder != sandboxID && !force {
+		return fmt.Errorf("volume %q is claimed by sandbox %q, not %q: %w", target, holder, sandboxID, errdefs.ErrFailedPrecondition)
+	}
+	v := proto.CloneOf(old)
+	v.Claim = nil
+	if err := m.cfg.Store.Put(v); err != nil {
+		return fmt.Errorf("store the release of %q: %w", target, err)
+	}
+	m.commit(target, v, crustv1.EventType_EVENT_TYPE_RELEASED)
+	return nil
+}
+
+// Stats asks the claiming sandbox's handler for the volume's usage.
+func (m *Manager) Stats(ctx context.Context, target string) (*crustv1.GetVolumeStatsResponse, error) {
+	v, err := m.claimed(target)
+	if err != nil {
+		return nil, err
+	}
+	return m.cfg.Forwarder.Stats(ctx, v)
+}
+
+// Expand asks the claiming sandbox's handler to grow the volume online to at least requiredBytes (and at
+// most limitBytes when that is not zero), and returns the capacity the sandbox then sees.
+func (m *Manager) Expand(ctx context.Context, target string, requiredBytes, limitBytes int64) (int64, error) {
+	if requiredBytes <= 0 {
+		return 0, errdefs.Field("required_bytes", "must be positive, got %d", requiredBytes)
+	}
+	if limitBytes < 0 || (limitBytes > 0 && limitBytes < requiredBytes) {
+		return 0, errdefs.Field("limit_bytes", "must be zero (no limit) or at least required_bytes %d, got %d", requiredBytes, limitBytes)
+	}
+	unlock, err := m.locks.Lock(ctx, target)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	v, err := m.claimed(target)
+	if err != nil {
+		return 0, err
+	}
+	capacity, err := m.cfg.Forwarder.Expand(ctx, v, requiredBytes)
+	if err != nil {
+		return 0, err
+	}
+	if limitBytes > 0 && capacity > limitBytes {
+		m.log.Warn("volume grew past limit_bytes", "target", target, "capacity", capacity, "limit", limitBytes)
+	}
+	return capacity, nil
+}
+
+// claimed returns the volume at target with its claim, or the error that says why stats and expansion
+// cannot be forwarded.
+func (m *Manager) claimed(target string) (*crustv1.Volume, error) {
+	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
+		return nil, err
+	}
+	v := m.get(target)
+	if v == nil {
+		return nil, notFound(target)
+	}
+	v = m.withKataClaim(v)
+	if v.GetClaim() == nil {
+		return nil, fmt.Errorf("volume %q is not claimed by any sandbox: %w", target, errdefs.ErrFailedPrecondition)
+	}
+	if m.cfg.Forwarder == nil {
+		return nil, fmt.Errorf("volume %q: this crustd forwards to no runtime handler: %w", target, errdefs.ErrFailedPrecondition)
+	}
+	return v, nil
+}
+
+// CollectGarbage unstages the descriptors of pods whose kubelet pod directory is gone and returns their
+// target paths. It does nothing when <KubeletDir>/pods does not exist (no kubelet on this node yet).
+func (m *Manager) CollectGarbage(ctx context.Context) []string {
+	pods := filepath.Join(m.cfg.KubeletDir, "pods")
+	if _, err := os.Stat(pods); err != nil {
+		return nil
+	}
+	var gone []string
+	for _, v := range m.List(ctx) {
+		target := v.GetSpec().GetVolumeTargetPath()
+		rel, err := filepath.Rel(pods, target)
+		if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+			continue
+		}
+		uid, _, _ := strings.Cut(rel, string(filepath.Separator))
+		if _, err := os.Lstat(filepath.Join(pods, uid)); !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		unlock, err := m.locks.Lock(ctx, target)
+		if err != nil {
+			continue // busy: the next pass gets it
+		}
+		if err := m.unstageLocked(target); err != nil {
+			m.log.Error("garbage-collect a volume of a deleted pod", "target", target, "err", err)
+		} else {
+			m.log.Info("garbage-collected the volume of a deleted pod", "target", target, "pod_uid", uid)
+			gone = append(gone, target)
+		}
+		unlock()
+	}
+	return gone
+}
+
+// Counts returns how many volumes are staged and how many of them are claimed; for metrics.
+func (m *Manager) Counts() (staged, claimed int) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for _, v := range m.vols {
+		if v.GetClaim() != nil {
+			claimed++
+		}
+	}
+	return len(m.vols), claimed
+}
+
+func (m *Manager) get(target string) *crustv1.Volume {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.vols[target]
+}
+
+// withKataClaim returns v, or a copy carrying the claim that an unmodified Kata shim recorded in the
+// projection when v has no claim of its own.
+func (m *Manager) withKataClaim(v *crustv1.Volume) *crustv1.Volume {
+	if v.GetClaim() != nil {
+		return v
+	}
+	ids, err := m.cfg.Projection.SandboxIDs(v.GetSpec().GetVolumeTargetPath())
+	if err != nil {
+		m.log.Warn("read Kata sandbox ids", "target", v.GetSpec().GetVolumeTargetPath(), "err", err)
+		return v
+	}
+	if len(ids) == 0 {
+		return v
+	}
+	c := proto.CloneOf(v)
+	c.Claim = &crustv1.Claim{SandboxId: ids[0], Kata: true}
+	return c
+}
+
+// commit makes an acknowledged change visible: the in-memory map and the watchers, in one step so that
+// watchers see changes in revision order. v == nil removes target; the event then carries before[0].
+func (m *Manager) commit(target string, v *crustv1.Volume, typ crustv1.EventType, before ...*crustv1.Volume) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ev := v
+	if v == nil {
+		delete(m.vols, target)
+		ev = before[0]
+	} else {
+		m.vols[target] = v
+	}
+	m.rev++
+	m.broadcast(&crustv1.WatchVolumesResponse{Type: typ, Volume: ev, Revision: m.rev})
+}
+
+func notFound(target string) error {
+	return fmt.Errorf("no volume is staged at %q: %w", target, errdefs.ErrNotFound)
+}
+
+func devString(d *crustv1.DeviceNumber) string {
+	if d.GetInode() != 0 {
+		return fmt.Sprintf("%d:%d inode %d", d.GetMajor(), d.GetMinor(), d.GetInode())
+	}
+	return fmt.Sprintf("%d:%d", d.GetMajor(), d.GetMinor())
+}
+
+// differingFields names the top-level spec fields that differ, for an AlreadyExists message.
+func differingFields(a, b *crustv1.VolumeSpec) []string {
+	var diff []string
+	fields := a.ProtoReflect().Descriptor().Fields()
+	for i := range fields.Len() {
+		f := fields.Get(i)
+		if !fieldEqual(a.ProtoReflect(), b.ProtoReflect(), f) {
+			diff = append(diff, string(f.Name()))
+		}
+	}
+	return diff
+}
+
+func fieldEqual(a, b protoreflect.Message, f protoreflect.FieldDescriptor) bool {
+	if a.Has(f) != b.Has(f) {
+		return false
+	}
+	// Compare through single-field messages so that lists and maps use proto's equality.
+	x, y := a.New(), b.New()
+	if a.Has(f) {
+		x.Set(f, a.Get(f))
+		y.Set(f, b.Get(f))
+	}
+	return proto.Equal(x.Interface(), y.Interface())
+}

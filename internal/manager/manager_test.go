@@ -1,0 +1,475 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+
+	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/internal/kata"
+	"crust.dev/crust/internal/store"
+	"crust.dev/crust/internal/validate"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	katafmt "crust.dev/crust/pkg/kata"
+)
+
+// env is a manager on real parts: store, Kata projection and validator in temp dirs, with block device
+// nodes made by mknod (never opened, only stat'ed).
+type env struct {
+	t        *testing.T
+	root     string
+	kubelet  string
+	devDir   string
+	stateDir string
+	kataDir  string
+	m        *Manager
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make block device nodes")
+	}
+	root := t.TempDir()
+	e := &env{
+		t: t, root: root,
+		kubelet:  filepath.Join(root, "kubelet"),
+		devDir:   filepath.Join(root, "dev"),
+		stateDir: filepath.Join(root, "state"),
+		kataDir:  filepath.Join(root, "kata"),
+	}
+	for _, d := range []string{e.kubelet, e.devDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 64 {
+		e.mknod(fmt.Sprintf("disk%d", i), 7, uint32(100+i))
+	}
+	e.reopen()
+	return e
+}
+
+func (e *env) mknod(name string, major, minor uint32) string {
+	p := filepath.Join(e.devDir, name)
+	_ = os.Remove(p)
+	if err := unix.Mknod(p, unix.S_IFBLK|0o600, int(unix.Mkdev(major, minor))); err != nil {
+		e.t.Fatal(err)
+	}
+	return p
+}
+
+// reopen starts a new manager on the same directories, as a restarted crustd would.
+func (e *env) reopen() {
+	e.t.Helper()
+	v, err := validate.New(validate.Config{KubeletDir: e.kubelet, DeviceAllow: []string{e.devDir + "/*"}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	st, loaded, err := store.Open(e.stateDir, "boot-1", log)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	proj, err := kata.New(e.kataDir)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.m, err = Open(Config{Validator: v, Store: st, Projection: proj, KubeletDir: e.kubelet, LockWait: time.Minute, WatchBuffer: 16, Log: log}, loaded)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+func (e *env) target(i int) string {
+	return filepath.Join(e.kubelet, "pods", fmt.Sprintf("pod-%d", i%4), "volumes", "kubernetes.io~csi", fmt.Sprintf("pv%d", i), "mount")
+}
+
+func (e *env) spec(i int, device int) *crustv1.VolumeSpec {
+	return &crustv1.VolumeSpec{
+		VolumeTargetPath:  e.target(i),
+		VolumeBackingPath: filepath.Join(e.devDir, fmt.Sprintf("disk%d", device)),
+		FsType:            "ext4",
+		MountFlags:        []string{"noatime"},
+	}
+}
+
+func code(err error) string {
+	for _, k := range []error{errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists,
+		errdefs.ErrFailedPrecondition, errdefs.ErrAborted, errdefs.ErrUnavailable} {
+		if errors.Is(err, k) {
+			return k.Error()
+		}
+	}
+	if err != nil {
+		return "other: " + err.Error()
+	}
+	return "ok"
+}
+
+func TestStageIsIdempotentAndConflictsAreRefused(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	first, err := e.m.Stage(ctx, e.spec(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := e.m.Stage(ctx, e.spec(0, 0))
+	if err != nil || !proto.Equal(first, again) {
+		t.Fatalf("repeat stage: %v, same volume %t", err, proto.Equal(first, again))
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*crustv1.VolumeSpec)
+		field  string
+	}{
+		{"other device", func(s *crustv1.VolumeSpec) { s.VolumeBackingPath = filepath.Join(e.devDir, "disk1") }, "volume_backing_path"},
+		{"other fs", func(s *crustv1.VolumeSpec) { s.FsType = "xfs" }, "fs_type"},
+		{"read-only", func(s *crustv1.VolumeSpec) { s.ReadOnly = true }, "read_only"},
+		{"options", func(s *crustv1.VolumeSpec) { s.MountFlags = nil }, "mount_flags"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := e.spec(0, 0)
+			tc.mutate(s)
+			_, err := e.m.Stage(ctx, s)
+			if !errors.Is(err, errdefs.ErrAlreadyExists) {
+				t.Fatalf("got %v, want AlreadyExists", err)
+			}
+			if !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("message %q does not name %s", err, tc.field)
+			}
+			got, _ := e.m.Get(ctx, e.target(0))
+			if !proto.Equal(got, first) {
+				t.Fatal("a refused stage changed the volume")
+			}
+		})
+	}
+	// The device node replaced by another device under the same name: same spec, new dev_t.
+	e.mknod("disk0", 7, 250)
+	if _, err := e.m.Stage(ctx, e.spec(0, 0)); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("same spec, other device number: %v, want AlreadyExists", err)
+	}
+}
+
+func TestRefusedRequestsChangeNothing(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	bad := e.spec(0, 0)
+	bad.FsType = "vfat"
+	if _, err := e.m.Stage(ctx, bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Fatalf("got %v", err)
+	}
+	if n := len(e.m.List(ctx)); n != 0 {
+		t.Fatalf("%d volumes after a refused stage", n)
+	}
+	entries, _ := os.ReadDir(e.kataDir)
+	for _, en := range entries {
+		if en.Name() != ".crust-tmp" {
+			t.Fatalf("Kata dir has %s after a refused stage", en.Name())
+		}
+	}
+	e.reopen()
+	if n := len(e.m.List(ctx)); n != 0 {
+		t.Fatalf("%d volumes in the store after a refused stage", n)
+	}
+}
+
+func TestUnstageIsIdempotentAndRemovesProjection(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(e.kataDir, katafmt.VolumeDirName(e.target(0)))
+	if _, err := os.Stat(filepath.Join(dir, katafmt.MountInfoFileName)); err != nil {
+		t.Fatalf("projection missing: %v", err)
+	}
+	for range 2 {
+		if err := e.m.Unstage(ctx, e.target(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("projection dir still there: %v", err)
+	}
+	if _, err := e.m.Get(ctx, e.target(0)); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("get after unstage: %v", err)
+	}
+	e.reopen()
+	if _, err := e.m.Get(ctx, e.target(0)); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("get after restart: %v", err)
+	}
+}
+
+func TestClaimRelease(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	tp := e.target(0)
+	if _, err := e.m.Claim(ctx, tp, "sb1", ""); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("claim of unknown: %v", err)
+	}
+	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		name    string
+		do      func() error
+		want    string
+		sandbox string // holder afterwards
+	}{
+		{"claim", func() error { _, err := e.m.Claim(ctx, tp, "sb1", "unix:///run/h1.sock"); return err }, "ok", "sb1"},
+		{"claim again", func() error { _, err := e.m.Claim(ctx, tp, "sb1", "unix:///run/h1.sock"); return err }, "ok", "sb1"},
+		{"other sandbox", func() error { _, err := e.m.Claim(ctx, tp, "sb2", ""); return err }, "failed precondition", "sb1"},
+		{"bad sandbox id", func() error { _, err := e.m.Claim(ctx, tp, "../x", ""); return err }, "invalid argument", "sb1"},
+		{"tcp endpoint", func() error { _, err := e.m.Claim(ctx, tp, "sb1", "tcp://10.0.0.1:1"); return err }, "invalid argument", "sb1"},
+		{"release by other", func() error { return e.m.Release(ctx, tp, "sb2", false) }, "failed precondition", "sb1"},
+		{"release", func() error { return e.m.Release(ctx, tp, "sb1", false) }, "ok", ""},
+		{"release again", func() error { return e.m.Release(ctx, tp, "sb1", false) }, "ok", ""},
+		{"claim by sb2", func() error { _, err := e.m.Claim(ctx, tp, "sb2", ""); return err }, "ok", "sb2"},
+		{"forced release", func() error { return e.m.Release(ctx, tp, "", true) }, "ok", ""},
+	}
+	for _, s := range steps {
+		if got := code(s.do()); got != s.want {
+			t.Fatalf("%s: %s, want %s", s.name, got, s.want)
+		}
+		e.reopen() // every acknowledged claim survives a restart
+		v, err := e.m.Get(ctx, tp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := v.GetClaim().GetSandboxId(); got != s.sandbox {
+			t.Fatalf("%s: holder %q, want %q", s.name, got, s.sandbox)
+		}
+	}
+}
+
+func TestClaimChecksDeviceNumber(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	e.mknod("disk0", 8, 16) // another device now answers to the staged path
+	_, err := e.m.Claim(ctx, e.target(0), "sb1", "")
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("claim of a swapped device: %v, want FailedPrecondition", err)
+	}
+}
+
+func TestKataSandboxFileIsAClaim(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := katafmt.RecordSandbox(e.kataDir, e.target(0), "katasb"); err != nil {
+		t.Fatal(err)
+	}
+	v, err := e.m.Get(ctx, e.target(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := v.GetClaim(); c.GetSandboxId() != "katasb" || !c.GetKata() {
+		t.Fatalf("claim %v, want the Kata sandbox", c)
+	}
+	if _, err := e.m.Claim(ctx, e.target(0), "other", ""); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("claim over a Kata claim: %v", err)
+	}
+	// A restart rebuilds the projection and keeps Kata's sandbox file.
+	e.reopen()
+	if ids, _ := katafmt.SandboxIDs(e.kataDir, e.target(0)); len(ids) != 1 || ids[0] != "katasb" {
+		t.Fatalf("sandbox ids after restart: %v", ids)
+	}
+}
+
+func TestWatchSeesEventsInOrder(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.m.Stage(ctx, e.spec(9, 9)); err != nil {
+		t.Fatal(err)
+	}
+	w := e.m.Watch(true)
+	defer w.Stop()
+	tp := e.target(0)
+	must := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := e.m.Stage(ctx, e.spec(0, 0))
+	must(err)
+	_, err = e.m.Stage(ctx, e.spec(0, 0)) // a repeat is no change: no event
+	must(err)
+	_, err = e.m.Claim(ctx, tp, "sb1", "")
+	must(err)
+	must(e.m.Release(ctx, tp, "sb1", false))
+	must(e.m.Unstage(ctx, tp))
+	want := []crustv1.EventType{
+		crustv1.EventType_EVENT_TYPE_EXISTING, crustv1.EventType_EVENT_TYPE_SYNCED,
+		crustv1.EventType_EVENT_TYPE_STAGED, crustv1.EventType_EVENT_TYPE_CLAIMED,
+		crustv1.EventType_EVENT_TYPE_RELEASED, crustv1.EventType_EVENT_TYPE_UNSTAGED,
+	}
+	var lastRev uint64
+	for i, typ := range want {
+		ev := <-w.Events()
+		if ev.GetType() != typ {
+			t.Fatalf("event %d: %v, want %v", i, ev.GetType(), typ)
+		}
+		if i >= 2 {
+			if ev.GetRevision() != lastRev+1 || ev.GetVolume().GetSpec().GetVolumeTargetPath() != tp {
+				t.Fatalf("event %d: revision %d after %d, target %q", i, ev.GetRevision(), lastRev, ev.GetVolume().GetSpec().GetVolumeTargetPath())
+			}
+		}
+		lastRev = ev.GetRevision()
+	}
+	select {
+	case ev := <-w.Events():
+		t.Fatalf("unexpected event %v", ev)
+	default:
+	}
+}
+
+func TestSlowWatcherIsCutOffNotBlocking(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	w := e.m.Watch(false)
+	for range e.m.cfg.WatchBuffer/2 + 1 {
+		if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.m.Unstage(ctx, e.target(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := 0
+	for range w.Events() {
+		n++
+	}
+	if n != e.m.cfg.WatchBuffer || !errors.Is(w.Err(), errdefs.ErrAborted) {
+		t.Fatalf("got %d events then %v; want %d then Aborted", n, w.Err(), e.m.cfg.WatchBuffer)
+	}
+}
+
+// TestConcurrentOverlappingTargets runs 64 goroutines against 16 targets at once. For each target some
+// goroutines stage the same spec and some a conflicting one, and some claim it for different sandboxes.
+// Whatever the interleaving, the outcome must be one a serial order gives: exactly one spec wins per
+// target, every caller with that spec succeeds and every other gets AlreadyExists; exactly one sandbox
+// holds each claim; and store and projection agree after a restart.
+func TestConcurrentOverlappingTargets(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const goroutines, targets = 64, 16
+	type result struct {
+		target, device int
+		stageErr       error
+		sandbox        string
+		claimErr       error
+	}
+	results := make([]result, goroutines)
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tg := g % targets
+			dev := tg
+			if g%3 == 0 {
+				dev = 32 + tg // a conflicting spec for the same target
+			}
+			r := result{target: tg, device: dev, sandbox: fmt.Sprintf("sb%d", g%2)}
+			_, r.stageErr = e.m.Stage(ctx, e.spec(tg, dev))
+			if r.stageErr == nil {
+				_, r.claimErr = e.m.Claim(ctx, e.target(tg), r.sandbox, "")
+			}
+			results[g] = r
+		}()
+	}
+	wg.Wait()
+
+	for tg := range targets {
+		v, err := e.m.Get(ctx, e.target(tg))
+		if err != nil {
+			t.Fatalf("target %d: %v", tg, err)
+		}
+		winner := filepath.Base(v.GetSpec().GetVolumeBackingPath())
+		holders := map[string]bool{}
+		for _, r := range results {
+			if r.target != tg {
+				continue
+			}
+			mine := fmt.Sprintf("disk%d", r.device)
+			switch {
+			case mine == winner && r.stageErr != nil:
+				t.Errorf("target %d: the winning spec was refused: %v", tg, r.stageErr)
+			case mine != winner && !errors.Is(r.stageErr, errdefs.ErrAlreadyExists):
+				t.Errorf("target %d: a losing spec got %v, want AlreadyExists", tg, r.stageErr)
+			}
+			if r.stageErr == nil && r.claimErr == nil {
+				holders[r.sandbox] = true
+			} else if r.stageErr == nil && !errors.Is(r.claimErr, errdefs.ErrFailedPrecondition) {
+				t.Errorf("target %d: a losing claim got %v, want FailedPrecondition", tg, r.claimErr)
+			}
+		}
+		if len(holders) != 1 || !holders[v.GetClaim().GetSandboxId()] {
+			t.Errorf("target %d: successful claimers %v, holder %q", tg, holders, v.GetClaim().GetSandboxId())
+		}
+	}
+	before := e.m.List(ctx)
+	e.reopen()
+	after := e.m.List(ctx)
+	if len(before) != targets || len(after) != targets {
+		t.Fatalf("%d volumes before restart, %d after, want %d", len(before), len(after), targets)
+	}
+	for i := range before {
+		if !proto.Equal(before[i], after[i]) {
+			t.Fatalf("volume %d differs after restart:\n%v\n%v", i, before[i], after[i])
+		}
+		got, err := katafmt.Get(e.kataDir, before[i].GetSpec().GetVolumeTargetPath())
+		if err != nil || got.Device != before[i].GetSpec().GetVolumeBackingPath() {
+			t.Fatalf("projection of %d: %v, %v", i, got, err)
+		}
+	}
+	if n := e.m.locks.Len(); n != 0 {
+		t.Fatalf("%d locks left", n)
+	}
+}
+
+func TestGarbageCollectsVolumesOfDeletedPods(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	for i := range 4 { // pods pod-0 .. pod-3
+		if err := os.MkdirAll(e.target(i), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.m.Stage(ctx, e.spec(i, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if gone := e.m.CollectGarbage(ctx); len(gone) != 0 {
+		t.Fatalf("collected %v while every pod exists", gone)
+	}
+	if err := os.RemoveAll(filepath.Join(e.kubelet, "pods", "pod-1")); err != nil {
+		t.Fatal(err)
+	}
+	gone := e.m.CollectGarbage(ctx)
+	if len(gone) != 1 || gone[0] != e.target(1) {
+		t.Fatalf("collected %v, want only %s", gone, e.target(1))
+	}
+	if n := len(e.m.List(ctx)); n != 3 {
+		t.Fatalf("%d volumes left, want 3", n)
+	}
+}
