@@ -1,0 +1,336 @@
+// Package ctl is crustctl: the operator's and scripts' command line for crustd, plus `direct-volume`, an
+// offline drop-in for `kata-runtime direct-volume`.
+//
+// Promises: data goes to stdout in the format chosen with -o (table, json or yaml; json and yaml are the
+// API's protobuf JSON mapping, stable field names); errors go to stderr as "crustctl: CODE: message" with
+// the gRPC code, and the exit status is 1 (2 for a usage error).
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	"crust.dev/crust/internal/cli/directvolume"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/client"
+)
+
+// usageError marks a mistake in the command line.
+type usageError struct{ error }
+
+// Main runs crustctl with args and returns the exit status.
+func Main(args []string, stdout, stderr io.Writer) int {
+	cmd := NewCommand()
+	cmd.SetArgs(args)
+	cmd.SetOut(stdout)
+	cmd.SetErr(stderr)
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	err := cmd.Execute()
+	if err == nil {
+		return 0
+	}
+	if s, ok := status.FromError(err); ok {
+		fmt.Fprintf(stderr, "crustctl: %s: %s\n", s.Code(), s.Message())
+		return 1
+	}
+	fmt.Fprintf(stderr, "crustctl: %v\n", err)
+	var ue usageError
+	if errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "arg(s)") {
+		return 2
+	}
+	return 1
+}
+
+type globals struct {
+	socket  string
+	output  string
+	timeout time.Duration
+}
+
+// NewCommand returns the crustctl command tree.
+func NewCommand() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "crustctl",
+		Short:         "Inspect and drive crustd, the crust node daemon",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.socket, "socket", client.SocketFromEnv(), "crustd's socket (env CRUST_SOCKET)")
+	pf.StringVarP(&g.output, "output", "o", "", "output format: table, json or yaml")
+	pf.DurationVar(&g.timeout, "timeout", 30*time.Second, "how long a call may take")
+	root.AddCommand(
+		g.lsCmd(), g.getCmd(), g.stageCmd(), g.unstageCmd(), g.statsCmd(), g.expandCmd(),
+		g.claimCmd(), g.releaseCmd(), g.watchCmd(), directvolume.NewCommand(),
+	)
+	return root
+}
+
+// call dials crustd and runs fn with a context bounded by --timeout.
+func (g *globals) call(cmd *cobra.Command, fn func(ctx context.Context, conn *grpc.ClientConn) error) error {
+	conn, err := client.Dial(g.socket)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
+	defer cancel()
+	return fn(ctx, conn)
+}
+
+func (g *globals) lsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use: "ls", Short: "List staged volumes", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+				r, err := crustv1.NewVolumeServiceClient(conn).ListVolumes(ctx, &crustv1.ListVolumesRequest{})
+				if err != nil {
+					return err
+				}
+				return g.print(cmd.OutOrStdout(), "table", r, func(t *table) { volumeRows(t, r.GetVolumes()...) })
+			})
+		},
+	}
+}
+
+func (g *globals) getCmd() *cobra.Command {
+	return &cobra.Command{
+		Use: "get TARGET", Short: "Show one volume", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+				r, err := crustv1.NewVolumeServiceClient(conn).GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: args[0]})
+				if err != nil {
+					return err
+				}
+				return g.print(cmd.OutOrStdout(), "json", r.GetVolume(), func(t *table) { volumeRows(t, r.GetVolume()) })
+			})
+		},
+	}
+}
+
+func (g *globals) stageCmd() *cobra.Command {
+	spec := &crustv1.VolumeSpec{}
+	var (
+		volType, policy string
+		fsGroup         int64
+		metadata        map[string]string
+	)
+	cmd := &cobra.Command{
+		Use: "stage", Short: "Deposit a volume's descriptor (what a CSI plugin does in NodePublishVolume)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			t, ok := crustv1.VolumeType_value["VOLUME_TYPE_"+strings.ToUpper(volType)]
+			if !ok {
+				return usageError{fmt.Errorf("--volume-type: %q is not block, file or pmem", volType)}
+			}
+			spec.VolumeType = crustv1.VolumeType(t)
+			if cmd.Flags().Changed("fs-group") {
+				spec.VolumeSupplementalGroup = &fsGroup
+			}
+			if policy != "" {
+				p, ok := crustv1.FSGroupChangePolicy_value["FS_GROUP_CHANGE_POLICY_"+strings.ToUpper(policy)]
+				if !ok {
+					return usageError{fmt.Errorf("--fs-group-policy: %q is not always or on_root_mismatch", policy)}
+				}
+				spec.SupplementalGroupChangePolicy = crustv1.FSGroupChangePolicy(p)
+			}
+			spec.Metadata = metadata
+			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+				r, err := crustv1.NewVolumeServiceClient(conn).StageVolume(ctx, &crustv1.StageVolumeRequest{Spec: spec})
+				if err != nil {
+					return err
+				}
+				return g.print(cmd.OutOrStdout(), "json", r.GetVolume(), func(t *table) { volumeRows(t, r.GetVolume()) })
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&spec.VolumeTargetPath, "target-path", "", "the volume's publish target path (required)")
+	f.StringVar(&spec.VolumeBackingPath, "device", "", "the block device or image file (required)")
+	f.StringVar(&spec.FsType, "fs-type", "", "ext4, ext3, xfs or btrfs (required)")
+	f.StringVar(&volType, "volume-type", "block", "block, file or pmem")
+	f.StringArrayVar(&spec.MountFlags, "mount-option", nil, "mount option, one per flag (repeatable)")
+	f.Int64Var(&fsGroup, "fs-group", 0, "the pod's fsGroup")
+	f.StringVar(&policy, "fs-group-policy", "", "always or on_root_mismatch")
+	f.BoolVar(&spec.ReadOnly, "read-only", false, "mount read-only")
+	f.BoolVar(&spec.CreateFilesystem, "create-filesystem", false, "format the device in the sandbox when it holds no filesystem")
+	f.StringVar(&spec.VolumeId, "volume-id", "", "the CSI volume id")
+	f.StringVar(&spec.CsiDriver, "csi-driver", "", "the CSI driver name")
+	f.StringVar(&spec.PodUid, "pod-uid", "", "the pod UID")
+	f.StringToStringVar(&metadata, "metadata", nil, "key=value for the runtime handler (repeatable)")
+	for _, name := range []string{"target-path", "device", "fs-type"} {
+		_ = cmd.MarkFlagRequired(name)
+	}
+	return cmd
+}
+
+func (g *globals) unstageCmd() *cobra.Command {
+	var target string
+	cmd := &cobra.Command{
+		Use: "unstage", Short: "Remove a volume's descriptor (an unknown target is not an error)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+				_, err := crustv1.NewVolumeServiceClient(conn).UnstageVolume(ctx, &crustv1.UnstageVolumeRequest{VolumeTargetPath: target})
+				return err
+			})
+		},
+	}
+	cmd.Flags().StringVar(&target, "target-path", "", "the volume's publish target path (required)")
+	_ = cmd.MarkFlagRequired("target-path")
+	return cmd
+}
+
+func (g *globals) statsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use: "stats TARGET", Short: "Show usage measured inside the sandbox that claimed the volume", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+				r, err := crustv1.NewVolumeServiceClient(conn).GetVolumeStats(ctx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: args[0]})
+				if err != nil {
+					return err
+				}
+				return g.print(cmd.OutOrStdout(), "table", r, func(t *table) { statsRows(t, r) })
+			})
+		},
+	}
+}
+
+func (g *globals) expandCmd() *cobra.Command {
+	var size string
+	cmd := &cobra.Command{
+		Use: "expand TARGET --size BYTES", Short: "Grow a claimed volume online", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := ParseBytes(size)
+			if err != nil {
+				return usageError{fmt.Errorf("--size: %w", err)}
+			}
+			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+				r, err := crustv1.NewVolumeServiceClient(conn).ExpandVolume(ctx, &crustv1.ExpandVolumeRequest{VolumeTargetPath: args[0], RequiredBytes: n})
+				if err != nil {
+					return err
+				}
+				return g.print(cmd.OutOrStdout(), "table", r, func(t *table) {
+					t.header("CAPACITY_BYTES")
+					t.row(strconv.FormatInt(r.GetCapacityBytes(), 10))
+				})
+			})
+		},
+	}
+	cmd.Flags().StringVar(&size, "size", "", "capacity wanted: bytes, or with a K, M, G or T suffix (powers of 1024) (required)")
+	_ = cmd.MarkFlagRequired("size")
+	return cmd
+}
+
+func (g *globals) claimCmd() *cobra.Command {
+	var sandbox, endpoint string
+	cmd := &cobra.Command{
+		Use: "claim TARGET --sandbox-id ID", Short: "Claim a volume for a sandbox, as a runtime handler does (for testing and recovery)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+				r, err := crustv1.NewRuntimeServiceClient(conn).ClaimVolume(ctx, &crustv1.ClaimVolumeRequest{
+					VolumeTargetPath: args[0], SandboxId: sandbox, HandlerEndpoint: endpoint,
+				})
+				if err != nil {
+					return err
+				}
+				return g.print(cmd.OutOrStdout(), "json", r.GetVolume(), func(t *table) { volumeRows(t, r.GetVolume()) })
+			})
+		},
+	}
+	cmd.Flags().StringVar(&sandbox, "sandbox-id", "", "the claiming sandbox (required)")
+	cmd.Flags().StringVar(&endpoint, "endpoint", "", "the handler's RuntimeHandlerService address, unix:///path")
+	_ = cmd.MarkFlagRequired("sandbox-id")
+	return cmd
+}
+
+func (g *globals) releaseCmd() *cobra.Command {
+	var sandbox string
+	var force bool
+	cmd := &cobra.Command{
+		Use: "release TARGET (--sandbox-id ID | --force)", Short: "End a sandbox's claim on a volume (--force: whoever holds it)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if sandbox == "" && !force {
+				return usageError{errors.New("--sandbox-id or --force is required")}
+			}
+			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+				_, err := crustv1.NewRuntimeServiceClient(conn).ReleaseVolume(ctx, &crustv1.ReleaseVolumeRequest{
+					VolumeTargetPath: args[0], SandboxId: sandbox, Force: force,
+				})
+				return err
+			})
+		},
+	}
+	cmd.Flags().StringVar(&sandbox, "sandbox-id", "", "the sandbox whose claim ends")
+	cmd.Flags().BoolVar(&force, "force", false, "end the claim whoever holds it (for a dead handler)")
+	return cmd
+}
+
+func (g *globals) watchCmd() *cobra.Command {
+	var existing bool
+	cmd := &cobra.Command{
+		Use: "watch", Short: "Print volume events as they happen, one JSON document a line", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			conn, err := client.Dial(g.socket)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			stream, err := crustv1.NewRuntimeServiceClient(conn).WatchVolumes(cmd.Context(), &crustv1.WatchVolumesRequest{SendExisting: existing})
+			if err != nil {
+				return err
+			}
+			for {
+				ev, err := stream.Recv()
+				if err != nil {
+					if errors.Is(err, io.EOF) {
+						return nil
+					}
+					return err
+				}
+				b, err := compactJSON.Marshal(ev)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), string(b))
+			}
+		},
+	}
+	cmd.Flags().BoolVar(&existing, "existing", false, "first list the volumes that exist")
+	return cmd
+}
+
+// ParseBytes reads a size: plain bytes, or a number with a K, M, G or T suffix (optionally followed by
+// "i" or "iB"), meaning powers of 1024.
+func ParseBytes(s string) (int64, error) {
+	t := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSpace(s), "B"), "i")
+	shift := 0
+	if t != "" {
+		switch t[len(t)-1] {
+		case 'K', 'k':
+			shift = 10
+		case 'M':
+			shift = 20
+		case 'G':
+			shift = 30
+		case 'T':
+			shift = 40
+		}
+		if shift > 0 {
+			t = t[:len(t)-1]
+		}
+	}
+	n, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || n <= 0 || n > (1<<62)>>shift {
+		return 0, fmt.Errorf("%q is not a positive size such as 1073741824 or 1G", s)
+	}
+	return n << shift, nil
+}

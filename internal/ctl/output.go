@@ -1,0 +1,96 @@
+package ctl
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"sigs.k8s.io/yaml"
+
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+var (
+	prettyJSON  = protojson.MarshalOptions{Multiline: true, Indent: "  ", UseProtoNames: true}
+	compactJSON = protojson.MarshalOptions{UseProtoNames: true}
+)
+
+// print writes m in the -o format, or def when -o was not given; rows fills the table form.
+func (g *globals) print(w io.Writer, def string, m proto.Message, rows func(*table)) error {
+	format := g.output
+	if format == "" {
+		format = def
+	}
+	switch format {
+	case "json":
+		b, err := prettyJSON.Marshal(m)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(w, string(b))
+		return err
+	case "yaml":
+		b, err := compactJSON.Marshal(m)
+		if err != nil {
+			return err
+		}
+		if b, err = yaml.JSONToYAML(b); err != nil {
+			return err
+		}
+		_, err = w.Write(b)
+		return err
+	case "table":
+		t := &table{w: tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)}
+		rows(t)
+		return t.w.Flush()
+	}
+	return usageError{fmt.Errorf("-o: %q is not table, json or yaml", format)}
+}
+
+type table struct{ w *tabwriter.Writer }
+
+func (t *table) header(cols ...string) { t.row(cols...) }
+func (t *table) row(cols ...string)    { fmt.Fprintln(t.w, strings.Join(cols, "\t")) }
+
+func volumeRows(t *table, vols ...*crustv1.Volume) {
+	t.header("TARGET", "DEVICE", "TYPE", "FSTYPE", "MODE", "SANDBOX", "AGE")
+	for _, v := range vols {
+		s := v.GetSpec()
+		mode := "rw"
+		if s.GetReadOnly() {
+			mode = "ro"
+		}
+		sandbox := "-"
+		if c := v.GetClaim(); c != nil {
+			sandbox = c.GetSandboxId()
+			if c.GetKata() {
+				sandbox += " (kata)"
+			}
+		}
+		typ := strings.ToLower(strings.TrimPrefix(s.GetVolumeType().String(), "VOLUME_TYPE_"))
+		t.row(s.GetVolumeTargetPath(), s.GetVolumeBackingPath(), typ, s.GetFsType(), mode, sandbox, age(v.GetStageTime().AsTime()))
+	}
+}
+
+func statsRows(t *table, r *crustv1.GetVolumeStatsResponse) {
+	t.header("UNIT", "TOTAL", "USED", "AVAILABLE")
+	for _, u := range r.GetUsage() {
+		unit := strings.ToLower(strings.TrimPrefix(u.GetUnit().String(), "UNIT_"))
+		t.row(unit, strconv.FormatInt(u.GetTotal(), 10), strconv.FormatInt(u.GetUsed(), 10), strconv.FormatInt(u.GetAvailable(), 10))
+	}
+	if c := r.GetVolumeCondition(); c.GetAbnormal() {
+		t.row("condition", "abnormal", c.GetMessage(), "")
+	}
+}
+
+func age(t time.Time) string {
+	if t.IsZero() || t.Unix() == 0 {
+		return "-"
+	}
+	return time.Since(t).Round(time.Second).String()
+}

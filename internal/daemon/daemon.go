@@ -1,0 +1,227 @@
+// Package daemon wires crustd together: it loads the store, rebuilds the Kata projection, serves the API
+// on the unix socket and metrics over HTTP, collects garbage, and stops cleanly on a signal.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"crust.dev/crust/internal/forward"
+	"crust.dev/crust/internal/kata"
+	"crust.dev/crust/internal/manager"
+	"crust.dev/crust/internal/metrics"
+	"crust.dev/crust/internal/peercred"
+	"crust.dev/crust/internal/server"
+	"crust.dev/crust/internal/store"
+	"crust.dev/crust/internal/validate"
+	katafmt "crust.dev/crust/pkg/kata"
+)
+
+// Config is crustd's configuration; the flags of NewCommand fill it.
+type Config struct {
+	Socket          string
+	StateDir        string
+	KataDir         string // "" disables the Kata projection
+	KubeletDir      string
+	DeviceAllow     []string
+	AllowFileBacked bool
+	MetadataKeys    []string
+	AllowUIDs       []uint32
+	AllowGIDs       []uint32
+	HTTPAddr        string // "" disables metrics and health over HTTP
+	LockWait        time.Duration
+	GCInterval      time.Duration
+	LogLevel        slog.Level
+	LogFormat       string // text or json
+}
+
+// Defaults returns the configuration DESIGN.md documents.
+func Defaults() Config {
+	return Config{
+		Socket:      "/run/crust/crust.sock",
+		StateDir:    "/run/crust",
+		KataDir:     katafmt.DefaultDir,
+		KubeletDir:  "/var/lib/kubelet",
+		DeviceAllow: []string{"/dev/*"},
+		AllowUIDs:   []uint32{0},
+		HTTPAddr:    "127.0.0.1:9809",
+		LockWait:    2 * time.Second,
+		GCInterval:  time.Minute,
+		LogFormat:   "text",
+	}
+}
+
+// Run serves until ctx ends, then stops gracefully. It returns an error when start-up fails.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	v, err := validate.New(validate.Config{
+		KubeletDir: cfg.KubeletDir, DeviceAllow: cfg.DeviceAllow,
+		AllowFileBacked: cfg.AllowFileBacked, MetadataKeys: cfg.MetadataKeys,
+	})
+	if err != nil {
+		return err
+	}
+	bootID, err := store.ReadBootID()
+	if err != nil {
+		return err
+	}
+	st, loaded, err := store.Open(cfg.StateDir, bootID, log)
+	if err != nil {
+		return err
+	}
+	proj, err := kata.New(cfg.KataDir)
+	if err != nil {
+		return err
+	}
+	fwd := &forward.Forwarder{}
+	defer fwd.Close()
+	m, err := manager.Open(manager.Config{
+		Validator: v, Store: st, Projection: proj, Forwarder: fwd,
+		KubeletDir: cfg.KubeletDir, LockWait: cfg.LockWait, Log: log,
+	}, loaded)
+	if err != nil {
+		return err
+	}
+	log.Info("state loaded", "volumes", len(loaded.Volumes), "dropped_other_boot", len(loaded.Dropped),
+		"corrupt_moved_aside", len(loaded.Corrupt), "state_dir", cfg.StateDir, "kata_dir", cfg.KataDir)
+
+	met := metrics.New()
+	met.VolumeGauges(m.Counts)
+	srv := server.New(server.Config{
+		Manager: m, Policy: peercred.Policy{UIDs: cfg.AllowUIDs, GIDs: cfg.AllowGIDs}, Metrics: met, Log: log,
+	})
+	lis, err := server.Listen(cfg.Socket)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Socket, err)
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- srv.GRPC.Serve(lis) }()
+
+	var httpSrv *http.Server
+	if cfg.HTTPAddr != "" {
+		hl, err := net.Listen("tcp", cfg.HTTPAddr)
+		if err != nil {
+			srv.GRPC.Stop()
+			return fmt.Errorf("listen on --http-addr %s: %w", cfg.HTTPAddr, err)
+		}
+		httpSrv = &http.Server{Handler: met.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := httpSrv.Serve(hl); !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("http: %w", err)
+			}
+		}()
+	}
+	srv.SetServing(true)
+	met.SetReady(true)
+	log.Info("serving", "socket", cfg.Socket, "http", cfg.HTTPAddr)
+
+	gc := time.NewTicker(cfg.GCInterval)
+	defer gc.Stop()
+	m.CollectGarbage(ctx)
+serve:
+	for {
+		select {
+		case <-gc.C:
+			m.CollectGarbage(ctx)
+		case err = <-errc:
+			break serve
+		case <-ctx.Done():
+			break serve
+		}
+	}
+	log.Info("stopping")
+	met.SetReady(false)
+	srv.SetServing(false)
+	stopped := make(chan struct{})
+	go func() { srv.GRPC.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		srv.GRPC.Stop()
+	}
+	if httpSrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = httpSrv.Shutdown(sctx)
+	}
+	return err
+}
+
+// NewCommand returns the crustd command.
+func NewCommand() *cobra.Command {
+	cfg := Defaults()
+	var level, format string
+	var uids, gids []uint
+	cmd := &cobra.Command{
+		Use:          "crustd",
+		Short:        "crust node daemon: holds deferred-mount descriptors for microVM runtimes",
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cfg.LogLevel.UnmarshalText([]byte(level)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			log, err := newLogger(format, cfg.LogLevel)
+			if err != nil {
+				return err
+			}
+			if cfg.AllowUIDs, err = toUint32("--allow-uid", uids); err != nil {
+				return err
+			}
+			if cfg.AllowGIDs, err = toUint32("--allow-gid", gids); err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return Run(ctx, cfg, log)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Socket, "socket", cfg.Socket, "unix socket to serve the API on (created 0600)")
+	f.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the crash-safe descriptor store")
+	f.StringVar(&cfg.KataDir, "kata-dir", cfg.KataDir, `Kata direct-volume directory to project descriptors into ("" disables)`)
+	f.StringVar(&cfg.KubeletDir, "kubelet-dir", cfg.KubeletDir, "kubelet root; target paths must lie under it")
+	f.StringSliceVar(&cfg.DeviceAllow, "device-allow", cfg.DeviceAllow, "glob a device must match after symlinks are resolved (repeatable)")
+	f.BoolVar(&cfg.AllowFileBacked, "allow-file-backed", false, "accept regular image files as volumes (VOLUME_TYPE_FILE)")
+	f.StringSliceVar(&cfg.MetadataKeys, "metadata-key", nil, "extra metadata key to accept (repeatable)")
+	f.UintSliceVar(&uids, "allow-uid", []uint{0}, "peer uid allowed to call (repeatable)")
+	f.UintSliceVar(&gids, "allow-gid", nil, "peer gid allowed to call (repeatable)")
+	f.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, `address for /metrics, /healthz, /readyz ("" disables)`)
+	f.DurationVar(&cfg.LockWait, "lock-wait", cfg.LockWait, "how long a call waits for another on the same target before ABORTED")
+	f.DurationVar(&cfg.GCInterval, "gc-interval", cfg.GCInterval, "how often descriptors of deleted pods are collected")
+	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&format, "log-format", cfg.LogFormat, "text or json")
+	return cmd
+}
+
+func newLogger(format string, level slog.Level) (*slog.Logger, error) {
+	opts := &slog.HandlerOptions{Level: level}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format: %q is not text or json", format)
+}
+
+func toUint32(flag string, in []uint) ([]uint32, error) {
+	out := make([]uint32, len(in))
+	for i, v := range in {
+		if v > math.MaxUint32 {
+			return nil, fmt.Errorf("%s: %d is not a valid id", flag, v)
+		}
+		out[i] = uint32(v)
+	}
+	return out, nil
+}

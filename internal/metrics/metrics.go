@@ -1,0 +1,82 @@
+// Package metrics holds crustd's Prometheus metrics and its HTTP endpoint: /metrics, /healthz (the
+// process is alive) and /readyz (state loaded and the API socket serving).
+//
+// Metric names are a contract for dashboards and alerts; they are listed in the README.
+package metrics
+
+import (
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics is one registry with crust's collectors. Create it with New.
+type Metrics struct {
+	Registry *prometheus.Registry
+	rpcs     *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	ready    atomic.Bool
+}
+
+// New returns a registry with the RPC metrics and the Go and process collectors.
+func New() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		rpcs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "crust_rpc_requests_total",
+			Help: "gRPC calls served, by method and status code.",
+		}, []string{"method", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "crust_rpc_duration_seconds",
+			Help:    "Time to serve a gRPC call, by method.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+		}, []string{"method"}),
+	}
+	m.Registry.MustRegister(m.rpcs, m.duration, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// ObserveRPC counts one finished call.
+func (m *Metrics) ObserveRPC(method, code string, d time.Duration) {
+	m.rpcs.WithLabelValues(method, code).Inc()
+	m.duration.WithLabelValues(method).Observe(d.Seconds())
+}
+
+// VolumeGauges registers crust_volumes{state="staged"|"claimed"}, read from counts at scrape time.
+func (m *Metrics) VolumeGauges(counts func() (staged, claimed int)) {
+	for _, st := range []string{"staged", "claimed"} {
+		m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "crust_volumes",
+			Help:        "Descriptors held, by state (claimed volumes are counted in staged too).",
+			ConstLabels: prometheus.Labels{"state": st},
+		}, func() float64 {
+			s, c := counts()
+			if st == "claimed" {
+				return float64(c)
+			}
+			return float64(s)
+		}))
+	}
+}
+
+// SetReady flips /readyz.
+func (m *Metrics) SetReady(ready bool) { m.ready.Store(ready) }
+
+// Handler serves /metrics, /healthz and /readyz.
+func (m *Metrics) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !m.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
+}

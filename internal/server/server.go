@@ -1,0 +1,228 @@
+// Package server serves crust's gRPC API on a unix socket: VolumeService, RuntimeService and the standard
+// health service. It is the one place where domain errors become gRPC status codes, where callers are
+// authorised (SO_PEERCRED against an allow-list) and where requests are logged (one interceptor, secrets
+// redacted) and counted.
+//
+// Promises: the socket is created with mode 0600 (through the umask, so it never exists with a wider
+// mode); a caller whose uid and gid are both off the allow-list gets PERMISSION_DENIED for every call
+// except health checks; a panic in a handler is answered with INTERNAL and does not bring the daemon down.
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/proto"
+
+	"crust.dev/crust/internal/manager"
+	"crust.dev/crust/internal/metrics"
+	"crust.dev/crust/internal/peercred"
+	"crust.dev/crust/internal/validate"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+// MaxMessageBytes bounds a request; a descriptor is a few hundred bytes, so this is generous.
+const MaxMessageBytes = 256 << 10
+
+// Config is what the server needs.
+type Config struct {
+	Manager *manager.Manager
+	Policy  peercred.Policy
+	Metrics *metrics.Metrics // nil: not counted
+	Log     *slog.Logger
+}
+
+// Server is a configured gRPC server with its health service.
+type Server struct {
+	GRPC   *grpc.Server
+	Health *health.Server
+}
+
+// New builds the server. Health reports SERVING for "" and every crust service once Serve is called by
+// the caller; use Health to flip it.
+func New(cfg Config) *Server {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	ic := &interceptors{policy: cfg.Policy, metrics: cfg.Metrics, log: cfg.Log}
+	g := grpc.NewServer(
+		grpc.Creds(peercred.New()),
+		grpc.MaxRecvMsgSize(MaxMessageBytes),
+		grpc.ChainUnaryInterceptor(ic.unary),
+		grpc.ChainStreamInterceptor(ic.stream),
+	)
+	crustv1.RegisterVolumeServiceServer(g, &volumes{m: cfg.Manager})
+	crustv1.RegisterRuntimeServiceServer(g, &runtime{m: cfg.Manager})
+	h := health.NewServer()
+	healthpb.RegisterHealthServer(g, h)
+	return &Server{GRPC: g, Health: h}
+}
+
+// SetServing marks the server and every crust service as serving (true) or not (false).
+func (s *Server) SetServing(serving bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if serving {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	for _, name := range []string{"", crustv1.VolumeService_ServiceDesc.ServiceName, crustv1.RuntimeService_ServiceDesc.ServiceName} {
+		s.Health.SetServingStatus(name, st)
+	}
+}
+
+var umaskMu sync.Mutex
+
+// Listen creates the unix socket at path with mode 0600. A stale socket left by a dead daemon is replaced;
+// a live one (something answers on it) or a non-socket file at path is an error.
+func Listen(path string) (net.Listener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != os.ModeSocket {
+			return nil, fmt.Errorf("%s exists and is not a socket; refusing to replace it", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("%s: another daemon is serving on it", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("remove stale socket: %w", err)
+		}
+	}
+	if err := os.MkdirAll(dirOf(path), 0o700); err != nil {
+		return nil, err
+	}
+	// The umask is process-wide; hold it only around the bind.
+	umaskMu.Lock()
+	old := syscall.Umask(0o177)
+	l, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	umaskMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(true)
+	return l, nil
+}
+
+func dirOf(path string) string {
+	if i := strings.LastIndexByte(path, '/'); i > 0 {
+		return path[:i]
+	}
+	return "."
+}
+
+type interceptors struct {
+	policy  peercred.Policy
+	metrics *metrics.Metrics
+	log     *slog.Logger
+}
+
+func (ic *interceptors) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	start := time.Now()
+	defer func() {
+		if r := recover(); r != nil {
+			ic.log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+			err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
+		}
+		ic.done(ctx, info.FullMethod, req, err, start)
+	}()
+	if err := ic.authorise(ctx, info.FullMethod); err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+func (ic *interceptors) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+	start := time.Now()
+	defer func() {
+		if r := recover(); r != nil {
+			ic.log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+			err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
+		}
+		ic.done(ss.Context(), info.FullMethod, nil, err, start)
+	}()
+	if err := ic.authorise(ss.Context(), info.FullMethod); err != nil {
+		return err
+	}
+	return handler(srv, ss)
+}
+
+func (ic *interceptors) authorise(ctx context.Context, method string) error {
+	if strings.HasPrefix(method, "/grpc.health.v1.Health/") {
+		return nil // reveals nothing; probes run as anyone
+	}
+	cred, ok := peercred.FromContext(ctx)
+	if !ok {
+		return status.Error(codes.PermissionDenied, "caller credentials unknown: crust serves only unix sockets")
+	}
+	if !ic.policy.Allowed(cred) {
+		return status.Errorf(codes.PermissionDenied, "caller uid %d gid %d is not allowed (crustd --allow-uid/--allow-gid)", cred.Uid, cred.Gid)
+	}
+	return nil
+}
+
+// done logs and counts one finished call. Requests are logged at debug level only, with secret metadata
+// values redacted; the info line carries the method, target, code and duration.
+func (ic *interceptors) done(ctx context.Context, method string, req any, err error, start time.Time) {
+	code := status.Code(err)
+	elapsed := time.Since(start)
+	if ic.metrics != nil {
+		ic.metrics.ObserveRPC(method, code.String(), elapsed)
+	}
+	if strings.HasPrefix(method, "/grpc.health.v1.Health/") && err == nil {
+		return
+	}
+	attrs := []any{"method", method, "code", code.String(), "duration", elapsed}
+	if t := targetOf(req); t != "" {
+		attrs = append(attrs, "target", t)
+	}
+	if cred, ok := peercred.FromContext(ctx); ok {
+		attrs = append(attrs, "uid", cred.Uid, "pid", cred.Pid)
+	}
+	switch {
+	case err == nil:
+		ic.log.Info("rpc", attrs...)
+	case code == codes.Internal || code == codes.Unknown:
+		ic.log.Error("rpc", append(attrs, "err", err)...)
+	default:
+		ic.log.Warn("rpc", append(attrs, "err", status.Convert(err).Message())...)
+	}
+	if ic.log.Enabled(ctx, slog.LevelDebug) {
+		if m, ok := req.(proto.Message); ok {
+			ic.log.Debug("rpc request", "method", method, "request", prototext.MarshalOptions{}.Format(Redact(m)))
+		}
+	}
+}
+
+func targetOf(req any) string {
+	switch r := req.(type) {
+	case interface{ GetVolumeTargetPath() string }:
+		return r.GetVolumeTargetPath()
+	case *crustv1.StageVolumeRequest:
+		return r.GetSpec().GetVolumeTargetPath()
+	}
+	return ""
+}
+
+// Redact returns a copy of m safe to log: values of secret-looking metadata keys are replaced.
+func Redact(m proto.Message) proto.Message {
+	r, ok := m.(*crustv1.StageVolumeRequest)
+	if !ok || len(r.GetSpec().GetMetadata()) == 0 {
+		return m
+	}
+	c := proto.CloneOf(r)
+	c.Spec.Metadata = validate.Redact(c.Spec.Metadata)
+	return c
+}

@@ -1,0 +1,98 @@
+package server
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+
+	"crust.dev/crust/internal/manager"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+// volumes serves VolumeService for CSI node plugins.
+type volumes struct {
+	crustv1.UnimplementedVolumeServiceServer
+	m *manager.Manager
+}
+
+func (s *volumes) StageVolume(ctx context.Context, r *crustv1.StageVolumeRequest) (*crustv1.StageVolumeResponse, error) {
+	v, err := s.m.Stage(ctx, r.GetSpec())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &crustv1.StageVolumeResponse{Volume: v}, nil
+}
+
+func (s *volumes) UnstageVolume(ctx context.Context, r *crustv1.UnstageVolumeRequest) (*crustv1.UnstageVolumeResponse, error) {
+	if err := s.m.Unstage(ctx, r.GetVolumeTargetPath()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &crustv1.UnstageVolumeResponse{}, nil
+}
+
+func (s *volumes) GetVolume(ctx context.Context, r *crustv1.GetVolumeRequest) (*crustv1.GetVolumeResponse, error) {
+	v, err := s.m.Get(ctx, r.GetVolumeTargetPath())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &crustv1.GetVolumeResponse{Volume: v}, nil
+}
+
+func (s *volumes) ListVolumes(ctx context.Context, _ *crustv1.ListVolumesRequest) (*crustv1.ListVolumesResponse, error) {
+	return &crustv1.ListVolumesResponse{Volumes: s.m.List(ctx)}, nil
+}
+
+func (s *volumes) GetVolumeStats(ctx context.Context, r *crustv1.GetVolumeStatsRequest) (*crustv1.GetVolumeStatsResponse, error) {
+	resp, err := s.m.Stats(ctx, r.GetVolumeTargetPath())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return resp, nil
+}
+
+func (s *volumes) ExpandVolume(ctx context.Context, r *crustv1.ExpandVolumeRequest) (*crustv1.ExpandVolumeResponse, error) {
+	capacity, err := s.m.Expand(ctx, r.GetVolumeTargetPath(), r.GetRequiredBytes(), r.GetLimitBytes())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &crustv1.ExpandVolumeResponse{CapacityBytes: capacity}, nil
+}
+
+// runtime serves RuntimeService for runtime handlers.
+type runtime struct {
+	crustv1.UnimplementedRuntimeServiceServer
+	m *manager.Manager
+}
+
+func (s *runtime) ClaimVolume(ctx context.Context, r *crustv1.ClaimVolumeRequest) (*crustv1.ClaimVolumeResponse, error) {
+	v, err := s.m.Claim(ctx, r.GetVolumeTargetPath(), r.GetSandboxId(), r.GetHandlerEndpoint())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &crustv1.ClaimVolumeResponse{Volume: v}, nil
+}
+
+func (s *runtime) ReleaseVolume(ctx context.Context, r *crustv1.ReleaseVolumeRequest) (*crustv1.ReleaseVolumeResponse, error) {
+	if err := s.m.Release(ctx, r.GetVolumeTargetPath(), r.GetSandboxId(), r.GetForce()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &crustv1.ReleaseVolumeResponse{}, nil
+}
+
+func (s *runtime) WatchVolumes(r *crustv1.WatchVolumesRequest, stream grpc.ServerStreamingServer[crustv1.WatchVolumesResponse]) error {
+	w := s.m.Watch(r.GetSendExisting())
+	defer w.Stop()
+	for {
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case ev, ok := <-w.Events():
+			if !ok {
+				return toStatus(w.Err())
+			}
+			if err := stream.Send(ev); err != nil {
+				return err
+			}
+		}
+	}
+}
