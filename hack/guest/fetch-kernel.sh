@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# fetch-kernel.sh gathers the host-independent assets of the crust guest VM:
+# a Debian kernel with the modules the guest needs, busybox, and the
+# filesystem tools (with their shared libraries) that crust-guest runs.
+#
+# usage: hack/guest/fetch-kernel.sh [--with-9p] [OUTDIR]    (OUTDIR defaults to _output/guest)
+#
+# It is idempotent: packages are cached under OUTDIR/debs and each part is
+# redone only when its package version changed or its files are missing.
+# Layout it produces (read by runtimehooks/microvm/initramfs.LoadAssets):
+#
+#   OUTDIR/cloud/vmlinuz        linux-image-cloud-amd64's kernel
+#   OUTDIR/cloud/modules/*.ko   the modules the guest needs, dependencies included
+#                               (some may not load on every CPU, e.g. crc32c-intel
+#                               without SSE4.2: the agent logs and goes on)
+#   OUTDIR/cloud/modules.load   their file names, one a line, in load order
+#   OUTDIR/tools/               a root tree merged into the initramfs: busybox and
+#                               its applet links, mkfs.ext4, resize2fs, e2fsck,
+#                               mkfs.xfs, xfs_growfs, blkid and their libraries
+#   OUTDIR/generic/...          with --with-9p: linux-image-amd64's kernel, laid out
+#                               like cloud/, with the 9p modules as well
+set -euo pipefail
+
+with_9p=false
+out=""
+for arg in "$@"; do
+	case "$arg" in
+	--with-9p) with_9p=true ;;
+	-h | --help)
+		sed -n '2,21p' "$0"
+		exit 0
+		;;
+	-*)
+		echo "fetch-kernel.sh: unknown flag $arg" >&2
+		exit 2
+		;;
+	*) out="$arg" ;;
+	esac
+done
+out="${out:-_output/guest}"
+mkdir -p "$out/debs"
+out="$(cd "$out" && pwd)"
+
+log() { echo "fetch-kernel: $*" >&2; }
+
+# layout is part of every stamp: bump it when this script changes what it
+# produces, so that caches are redone.
+layout=2
+
+# Host tools this script runs, and the host packages whose binaries are copied.
+need_pkgs=()
+command -v modprobe >/dev/null && command -v depmod >/dev/null || need_pkgs+=(kmod)
+command -v dpkg-deb >/dev/null || need_pkgs+=(dpkg)
+command -v mkfs.ext4 >/dev/null || need_pkgs+=(e2fsprogs)
+command -v mkfs.xfs >/dev/null || need_pkgs+=(xfsprogs)
+command -v blkid >/dev/null || need_pkgs+=(util-linux)
+command -v ldd >/dev/null || need_pkgs+=(libc-bin)
+apt_updated=false
+apt_update() {
+	if ! $apt_updated; then
+		apt-get update -qq
+		apt_updated=true
+	fi
+}
+if ((${#need_pkgs[@]})); then
+	log "installing ${need_pkgs[*]}"
+	apt_update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+
+# candidate PKG prints the version apt would install.
+candidate() {
+	local v
+	v="$(apt-cache policy "$1" 2>/dev/null | awk '/Candidate:/ {print $2}')"
+	if [[ -z "$v" || "$v" == "(none)" ]]; then
+		apt_update
+		v="$(apt-cache policy "$1" 2>/dev/null | awk '/Candidate:/ {print $2}')"
+	fi
+	[[ -n "$v" && "$v" != "(none)" ]] || {
+		echo "fetch-kernel: no candidate for package $1" >&2
+		return 1
+	}
+	echo "$v"
+}
+
+# kernel_pkg META resolves a meta package (linux-image-cloud-amd64) to the
+# versioned kernel package it depends on (linux-image-6.1.0-NN-cloud-amd64).
+kernel_pkg() {
+	local p
+	candidate "$1" >/dev/null
+	p="$(apt-cache depends "$1" | awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9]/ {print $2; exit}')"
+	[[ -n "$p" ]] || {
+		echo "fetch-kernel: cannot resolve the kernel package of $1" >&2
+		return 1
+	}
+	echo "$p"
+}
+
+# fetch_deb PKG prints the path of PKG's .deb in the cache, downloading it if
+# the cached one is missing or not the candidate version.
+fetch_deb() {
+	local pkg="$1" ver deb
+	ver="$(candidate "$pkg")"
+	for deb in "$out/debs/${pkg}_"*.deb; do
+		[[ -e "$deb" ]] || continue
+		if [[ "$(dpkg-deb -f "$deb" Version)" == "$ver" ]]; then
+			echo "$deb"
+			return
+		fi
+		rm -f "$deb"
+	done
+	log "downloading $pkg $ver"
+	(cd "$out/debs" && apt-get download -qq "$pkg=$ver" 2>/dev/null) || {
+		apt_update
+		(cd "$out/debs" && apt-get download -qq "$pkg=$ver")
+	}
+	for deb in "$out/debs/${pkg}_"*.deb; do
+		echo "$deb"
+		return
+	done
+	echo "fetch-kernel: download of $pkg left no .deb" >&2
+	return 1
+}
+
+# kernel META DEST MODULE... extracts META's kernel into DEST: vmlinuz, the
+# named modules and everything they need, dependencies and soft dependencies
+# ("pre:" ones, such as libcrc32c's crc32c) included, and modules.load listing
+# them in the order modprobe would load them. Built-in modules are skipped.
+kernel() {
+	local meta="$1" dest="$2"
+	shift 2
+	local pkg deb stamp
+	pkg="$(kernel_pkg "$meta")"
+	deb="$(fetch_deb "$pkg")"
+	stamp="layout=$layout $pkg $(dpkg-deb -f "$deb" Version) $*"
+	if [[ -f "$dest/.stamp" && "$(cat "$dest/.stamp")" == "$stamp" && -f "$dest/vmlinuz" && -f "$dest/modules.load" ]]; then
+		log "$dest is up to date ($pkg)"
+		return
+	fi
+	log "extracting $pkg into $dest"
+	local tmp
+	tmp="$(mktemp -d)"
+	# shellcheck disable=SC2064
+	trap "rm -rf '$tmp'" RETURN
+	dpkg-deb -x "$deb" "$tmp"
+	local kver
+	kver="$(ls "$tmp/lib/modules")"
+	# The package ships no modules.dep: make one for modprobe to read.
+	depmod -b "$tmp" "$kver"
+	rm -rf "$dest"
+	mkdir -p "$dest/modules"
+	cp "$tmp/boot/vmlinuz-$kver" "$dest/vmlinuz"
+
+	local order=() m kind path base name
+	for m in "$@"; do
+		while read -r kind path _; do
+			[[ "$kind" == insmod ]] || continue # "builtin NAME"
+			base="$(basename "$path")"
+			name="${base%.ko*}.ko"
+			[[ " ${order[*]} " == *" $name "* ]] && continue
+			case "$base" in
+			*.ko.xz) xz -dc "$path" >"$dest/modules/$name" ;;
+			*.ko.zst) zstd -qdc "$path" >"$dest/modules/$name" ;;
+			*.ko.gz) gzip -dc "$path" >"$dest/modules/$name" ;;
+			*) cp "$path" "$dest/modules/$name" ;;
+			esac
+			order+=("$name")
+		done < <(modprobe -d "$tmp" -S "$kver" --show-depends "$m")
+	done
+	printf '%s\n' "${order[@]}" >"$dest/modules.load"
+	echo "$stamp" >"$dest/.stamp"
+	log "$dest: $kver, modules: ${order[*]}"
+}
+
+# copy_with_libs ROOT BIN copies BIN to the same path under ROOT, with the
+# shared libraries and the dynamic loader ldd reports for it.
+copy_with_libs() {
+	local root="$1" bin="$2" lib
+	install -D -m 0755 "$bin" "$root$bin"
+	for lib in $(ldd "$bin" | awk '/=> \// {print $3} /^\t\/[^ ]+ \(/ {print $1}'); do
+		[[ -e "$root$lib" ]] || install -D -m 0755 "$(readlink -f "$lib")" "$root$lib"
+	done
+}
+
+tools() {
+	local dest="$out/tools" deb stamp bins=() b
+	deb="$(fetch_deb busybox-static)"
+	for b in mkfs.ext4 resize2fs e2fsck mkfs.xfs xfs_growfs blkid; do
+		bins+=("$(readlink -f "$(command -v "$b")")")
+	done
+	stamp="layout=$layout busybox-static $(dpkg-deb -f "$deb" Version)"
+	for b in "${bins[@]}"; do
+		stamp+=" $b:$(stat -c %Y "$b")"
+	done
+	if [[ -f "$dest/.stamp" && "$(cat "$dest/.stamp")" == "$stamp" && -x "$dest/bin/busybox" ]]; then
+		log "$dest is up to date"
+		return
+	fi
+	log "assembling $dest"
+	local tmp
+	tmp="$(mktemp -d)"
+	# shellcheck disable=SC2064
+	trap "rm -rf '$tmp'" RETURN
+	dpkg-deb -x "$deb" "$tmp"
+	rm -rf "$dest"
+	mkdir -p "$dest"
+	install -D -m 0755 "$tmp/bin/busybox" "$dest/bin/busybox"
+	local applet
+	for applet in $("$dest/bin/busybox" --list-full); do
+		[[ "$applet" == bin/busybox ]] && continue
+		mkdir -p "$dest/$(dirname "$applet")"
+		ln -sf /bin/busybox "$dest/$applet"
+	done
+	# The real tools win over busybox applets of the same name.
+	for b in mkfs.ext4 resize2fs e2fsck mkfs.xfs xfs_growfs blkid; do
+		local path
+		path="$(command -v "$b")"
+		rm -f "$dest$path"
+		copy_with_libs "$dest" "$(readlink -f "$path")"
+		if [[ "$(readlink -f "$path")" != "$path" ]]; then
+			ln -sf "$(readlink -f "$path")" "$dest$path"
+		fi
+	done
+	if [[ -f /etc/mke2fs.conf ]]; then
+		install -D -m 0644 /etc/mke2fs.conf "$dest/etc/mke2fs.conf"
+	fi
+	echo "$stamp" >"$dest/.stamp"
+}
+
+guest_modules=(virtio_pci virtio_blk virtio_console xfs ext4)
+kernel linux-image-cloud-amd64 "$out/cloud" "${guest_modules[@]}"
+tools
+if $with_9p; then
+	kernel linux-image-amd64 "$out/generic" "${guest_modules[@]}" 9pnet_virtio 9p
+fi
+log "assets are in $out"
