@@ -7,7 +7,10 @@ BIN     := $(CURDIR)/bin
 OUT     := $(CURDIR)/_output
 BUF     := $(GO) tool -modfile=tools/buf/go.mod buf
 LINT    := $(GO) tool -modfile=tools/lint/go.mod golangci-lint
-GOTEST  ?= $(GO) test -count=1
+GOTEST  ?= $(GO) test -count=1 -timeout 40m
+GUEST   := $(OUT)/guest
+# The VM tests find the guest kernel and initramfs here.
+export CRUST_GUEST_ASSETS := $(GUEST)
 # Debian packages the tests and the demo use (installed only when missing).
 DEB_PKGS := e2fsprogs xfsprogs btrfs-progs lvm2 util-linux kmod cpio busybox-static qemu-system-x86
 
@@ -27,6 +30,12 @@ deps: ## Install the Debian packages the tests need (as root; skipped when prese
 build: ## Build every binary into bin/
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+.PHONY: guest
+guest: deps ## Fetch the guest kernel (Debian's cloud kernel) and build the guest initramfs, cached in _output/guest
+	hack/guest/fetch-kernel.sh $(GUEST)
+	CGO_ENABLED=0 $(GO) build -o $(GUEST)/crust-guest ./cmd/crust-guest
+	$(GO) run ./hack/guest/mkinitramfs -assets $(GUEST) -flavour cloud -agent $(GUEST)/crust-guest
+
 .PHONY: generate
 generate: ## Regenerate the Go code from proto/ (buf, pinned local plugins)
 	$(BUF) generate
@@ -42,11 +51,11 @@ lint: ## buf lint and format, golangci-lint, go vet
 	$(LINT) run ./...
 
 .PHONY: test
-test: deps build ## Run every test tier (unit, root on loop devices, e2e); does its own set-up
+test: deps build guest ## Run every test tier (unit, root on loop devices, e2e); does its own set-up
 	$(GOTEST) ./...
 
 .PHONY: bench
-bench: deps build ## Run the benchmarks (side-by-side comparisons print ratios)
+bench: deps build guest ## Run the benchmarks (side-by-side comparisons print ratios)
 	$(GOTEST) -run='^$$' -bench=. -benchmem ./...
 
 .PHONY: fuzz

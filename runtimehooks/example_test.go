@@ -14,7 +14,7 @@ import (
 // appears, of the sandbox that uses it, and of its removal.
 func ExampleWatchKataDir() {
 	dir, _ := os.MkdirTemp("", "kata-direct-volumes")
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }()
 	target := "/var/lib/kubelet/pods/p1/volumes/kubernetes.io~csi/pv1/mount"
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

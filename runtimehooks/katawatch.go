@@ -35,7 +35,7 @@ func WatchKataDir(ctx context.Context, dir string, fn func(KataEvent) error) err
 	if err != nil {
 		return err
 	}
-	defer w.Close()
+	defer func() { _ = w.Close() }()
 	if err := w.Add(dir); err != nil {
 		return err
 	}

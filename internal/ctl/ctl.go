@@ -82,7 +82,7 @@ func (g *globals) call(cmd *cobra.Command, fn func(ctx context.Context, conn *gr
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	ctx, cancel := context.WithTimeout(cmd.Context(), g.timeout)
 	defer cancel()
 	return fn(ctx, conn)
@@ -283,7 +283,7 @@ func (g *globals) watchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			defer conn.Close()
+			defer func() { _ = conn.Close() }()
 			stream, err := crustv1.NewRuntimeServiceClient(conn).WatchVolumes(cmd.Context(), &crustv1.WatchVolumesRequest{SendExisting: existing})
 			if err != nil {
 				return err

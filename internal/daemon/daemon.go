@@ -84,7 +84,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	fwd := &forward.Forwarder{}
-	defer fwd.Close()
+	defer func() { _ = fwd.Close() }()
 	m, err := manager.Open(manager.Config{
 		Validator: v, Store: st, Projection: proj, Forwarder: fwd,
 		KubeletDir: cfg.KubeletDir, LockWait: cfg.LockWait, Log: log,

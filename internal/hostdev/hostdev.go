@@ -1,0 +1,47 @@
+// Package hostdev makes the host's view of a volume's device current before a runtime grows the guest's.
+//
+// A CSI driver grows the backing storage in ControllerExpandVolume (lvextend, or a larger image file). A
+// logical volume's block device sees the new size at once; a loop device does not until it is told to
+// re-read its backing file's size. Refresh does that, and reports the size the host now sees.
+package hostdev
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"crust.dev/crust/internal/errdefs"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+// Refresh makes the device at resolvedPath report its backing's current size (for a loop device, the
+// equivalent of `losetup -c`) and returns its size in bytes. For an image file (VOLUME_TYPE_FILE) it returns
+// the file's size. Refreshing a device whose size did not change changes nothing.
+func Refresh(resolvedPath string, t crustv1.VolumeType) (int64, error) {
+	if t == crustv1.VolumeType_VOLUME_TYPE_FILE {
+		fi, err := os.Stat(resolvedPath)
+		if err != nil {
+			return 0, fmt.Errorf("image file %s: %v: %w", resolvedPath, err, errdefs.ErrFailedPrecondition)
+		}
+		return fi.Size(), nil
+	}
+	f, err := os.OpenFile(resolvedPath, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("device %s: %v: %w", resolvedPath, err, errdefs.ErrFailedPrecondition)
+	}
+	defer func() { _ = f.Close() }()
+	fd := int(f.Fd())
+	if strings.HasPrefix(filepath.Base(resolvedPath), "loop") {
+		if err := unix.IoctlSetInt(fd, unix.LOOP_SET_CAPACITY, 0); err != nil {
+			return 0, fmt.Errorf("refresh the size of loop device %s: %w", resolvedPath, err)
+		}
+	}
+	var size uint64
+	if err := ioctlGetSize(fd, &size); err != nil {
+		return 0, fmt.Errorf("size of %s: %w", resolvedPath, err)
+	}
+	return int64(size), nil
+}

@@ -1,0 +1,56 @@
+package hostdev
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+func TestRefreshSeesAGrownLoopDevice(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a loop device")
+	}
+	img := filepath.Join(t.TempDir(), "disk.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup: %v %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
+
+	for _, tc := range []struct {
+		name  string
+		grow  int64
+		want  int64
+		vtype crustv1.VolumeType
+		path  string
+	}{
+		{"unchanged", 0, 8 << 20, crustv1.VolumeType_VOLUME_TYPE_BLOCK, dev},
+		{"backing file grown", 16 << 20, 16 << 20, crustv1.VolumeType_VOLUME_TYPE_BLOCK, dev},
+		{"again is a no-op", 0, 16 << 20, crustv1.VolumeType_VOLUME_TYPE_BLOCK, dev},
+		{"image file", 0, 16 << 20, crustv1.VolumeType_VOLUME_TYPE_FILE, img},
+	} {
+		if tc.grow > 0 {
+			if err := os.Truncate(img, tc.grow); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := Refresh(tc.path, tc.vtype)
+		if err != nil || got != tc.want {
+			t.Fatalf("%s: %d, %v; want %d", tc.name, got, err, tc.want)
+		}
+	}
+	if _, err := Refresh(filepath.Join(t.TempDir(), "gone"), crustv1.VolumeType_VOLUME_TYPE_BLOCK); err == nil {
+		t.Fatal("a missing device refreshed")
+	}
+}
