@@ -32,7 +32,8 @@ import (
 type Config struct {
 	Socket          string
 	StateDir        string
-	KataDir         string // "" disables the Kata projection
+	KataDir         string   // "" disables the Kata projection
+	KataShimDirs    []string // where Kata shims serve stats and resize, tried in order; empty: Kata's defaults
 	KubeletDir      string
 	DeviceAllow     []string
 	AllowFileBacked bool
@@ -49,16 +50,17 @@ type Config struct {
 // Defaults returns the configuration DESIGN.md documents.
 func Defaults() Config {
 	return Config{
-		Socket:      "/run/crust/crust.sock",
-		StateDir:    "/run/crust",
-		KataDir:     katafmt.DefaultDir,
-		KubeletDir:  "/var/lib/kubelet",
-		DeviceAllow: []string{"/dev/*"},
-		AllowUIDs:   []uint32{0},
-		HTTPAddr:    "127.0.0.1:9809",
-		LockWait:    2 * time.Second,
-		GCInterval:  time.Minute,
-		LogFormat:   "text",
+		Socket:       "/run/crust/crust.sock",
+		StateDir:     "/run/crust",
+		KataDir:      katafmt.DefaultDir,
+		KataShimDirs: katafmt.DefaultShimDirs(),
+		KubeletDir:   "/var/lib/kubelet",
+		DeviceAllow:  []string{"/dev/*"},
+		AllowUIDs:    []uint32{0},
+		HTTPAddr:     "127.0.0.1:9809",
+		LockWait:     2 * time.Second,
+		GCInterval:   time.Minute,
+		LogFormat:    "text",
 	}
 }
 
@@ -83,7 +85,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	fwd := &forward.Forwarder{}
+	fwd := &forward.Forwarder{KataShimDirs: cfg.KataShimDirs}
 	defer func() { _ = fwd.Close() }()
 	m, err := manager.Open(manager.Config{
 		Validator: v, Store: st, Projection: proj, Forwarder: fwd,
@@ -190,6 +192,8 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&cfg.Socket, "socket", cfg.Socket, "unix socket to serve the API on (created 0600)")
 	f.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the crash-safe descriptor store")
 	f.StringVar(&cfg.KataDir, "kata-dir", cfg.KataDir, `Kata direct-volume directory to project descriptors into ("" disables)`)
+	f.StringSliceVar(&cfg.KataShimDirs, "kata-shim-dirs", cfg.KataShimDirs,
+		"directories of Kata sandboxes, tried in order for <dir>/<sandbox id>/shim-monitor.sock (stats and resize of volumes a Kata shim uses)")
 	f.StringVar(&cfg.KubeletDir, "kubelet-dir", cfg.KubeletDir, "kubelet root; target paths must lie under it")
 	f.StringSliceVar(&cfg.DeviceAllow, "device-allow", cfg.DeviceAllow, "glob a device must match after symlinks are resolved (repeatable)")
 	f.BoolVar(&cfg.AllowFileBacked, "allow-file-backed", false, "accept regular image files as volumes (VOLUME_TYPE_FILE)")

@@ -1,9 +1,24 @@
 // Package forward takes stats and expansion requests for a claimed volume to the runtime handler that
-// claimed it, over the handler's RuntimeHandlerService socket.
+// claimed it: over the handler's RuntimeHandlerService socket, or, for a claim read from a Kata sandbox-id
+// file (claim.kata), over that Kata shim's management socket.
 //
-// Promises: a handler that cannot be reached is ErrUnavailable (the descriptor and its claim are kept, so
-// a restarted handler answers again); a handler's own error keeps its gRPC code and message; connections
-// are reused per endpoint and closed by Close.
+// Promises for handlers: a handler that cannot be reached is ErrUnavailable (the descriptor and its claim
+// are kept, so a restarted handler answers again); a handler's own error keeps its gRPC code and message;
+// connections are reused per endpoint and closed by Close.
+//
+// Promises for Kata shims: the request goes to the shim of claim.sandbox_id, found under KataShimDirs
+// (the Go runtime's socket first, then runtime-rs's), and names the volume by spec.volume_backing_path,
+// the host device its mountInfo.json holds, as Kata's shim expects. Stats are Kata's numbers (absent ones
+// are zero); ExpandVolume answers required_bytes on success, since Kata reports no capacity. Failures map
+// to kinds, and the message always carries the shim's own text:
+//
+//	no socket answers                                ErrUnavailable
+//	HTTP 400                                         ErrInvalidArgument
+//	HTTP 500 whose text says unimplemented or        ErrUnimplemented (a real Kata answers every resize
+//	  not implemented, HTTP 501, HTTP 404 or 405       so today; runtime-rs answers a stats GET with 404)
+//	the context ends first                           the context's error
+//	a sandbox id that is no file name                ErrFailedPrecondition
+//	any other answer                                 a plain error (INTERNAL)
 package forward
 
 import (
@@ -20,14 +35,22 @@ import (
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
-// Forwarder dials handlers. The zero value is ready to use.
+// Forwarder dials handlers and Kata shims. The zero value is ready to use.
 type Forwarder struct {
+	// KataShimDirs are the directories holding one directory per Kata sandbox, searched in order for
+	// <dir>/<sandbox id>/shim-monitor.sock; empty means kata.DefaultShimDirs (/run/vc/sbs, /run/kata).
+	// Set it before the first call.
+	KataShimDirs []string
+
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
 }
 
 // Stats asks the claiming handler for the volume's usage inside its sandbox.
 func (f *Forwarder) Stats(ctx context.Context, v *crustv1.Volume) (*crustv1.GetVolumeStatsResponse, error) {
+	if v.GetClaim().GetKata() {
+		return f.kataStats(ctx, v)
+	}
 	c, err := f.client(v)
 	if err != nil {
 		return nil, err
@@ -43,7 +66,10 @@ func (f *Forwarder) Stats(ctx context.Context, v *crustv1.Volume) (*crustv1.GetV
 }
 
 // Expand asks the claiming handler to grow the volume online to at least requiredBytes.
-func (f *Forwarder) Expand(ctx context.Context, v *crustv1.Volume, requiredBytes int64) (int64, error) {
+func (f *Forwarder) Expand(ctx context.Context, v *crustv1.Volume, requiredBytes, deviceBytes int64) (int64, error) {
+	if v.GetClaim().GetKata() {
+		return f.kataExpand(ctx, v, requiredBytes)
+	}
 	c, err := f.client(v)
 	if err != nil {
 		return 0, err
@@ -52,6 +78,7 @@ func (f *Forwarder) Expand(ctx context.Context, v *crustv1.Volume, requiredBytes
 		VolumeTargetPath: v.GetSpec().GetVolumeTargetPath(),
 		SandboxId:        v.GetClaim().GetSandboxId(),
 		RequiredBytes:    requiredBytes,
+		DeviceBytes:      deviceBytes,
 	})
 	if err != nil {
 		return 0, handlerError(v, err)
@@ -72,7 +99,7 @@ func (f *Forwarder) Close() error {
 
 func (f *Forwarder) client(v *crustv1.Volume) (crustv1.RuntimeHandlerServiceClient, error) {
 	claim := v.GetClaim()
-	if claim.GetKata() || claim.GetHandlerEndpoint() == "" {
+	if claim.GetHandlerEndpoint() == "" {
 		return nil, fmt.Errorf("volume %q is used by sandbox %q, which gave no handler endpoint: %w",
 			v.GetSpec().GetVolumeTargetPath(), claim.GetSandboxId(), errdefs.ErrFailedPrecondition)
 	}

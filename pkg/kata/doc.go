@@ -16,6 +16,8 @@
 // files, with two differences that only make them safer: writes are atomic and durable (Kata writes in
 // place), and input is checked before anything is created (Kata creates the volume directory first).
 //
-// A client for the Kata shim's management socket (direct-volume stats and resize) will live in this
-// package too; it is not written yet.
+// ShimClient speaks the other half of the format: the direct-volume part of a Kata shim's management API
+// (HTTP over a unix socket per sandbox), to ask the sandbox that uses a volume for its stats or to resize
+// it, as `kata-runtime direct-volume stats|resize` do. The sandbox is the first of SandboxIDs; the device
+// named in the requests is the MountInfo's Device, the host path, not the volume path.
 package kata

@@ -1,19 +1,23 @@
 // Package directvolume is `crustctl direct-volume`, an offline drop-in for `kata-runtime direct-volume`
 // for drivers written as shell scripts. add and remove work on the same files, with the same meaning, as
 // Kata's commands (see crust.dev/crust/pkg/kata), in the directory given by --kata-dir; get and list,
-// which Kata lacks, print what Kata reads back. Nothing here talks to crustd.
+// which Kata lacks, print what Kata reads back. stats and resize, like Kata's, ask the Kata shim of the
+// sandbox that uses the volume (the first sandbox id in its directory) about the volume's device (the
+// device of its mountInfo.json), over the shim's management socket. Nothing here talks to crustd.
 //
 // Errors are returned to the caller, never printed here; a message about bad input starts with the flag
 // it is about, such as "--mount-info: invalid mount info: ...".
 package directvolume
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
@@ -27,9 +31,13 @@ type options struct {
 	volumePath string
 	mountInfo  string
 	output     string
+	shimDirs   []string
+	timeout    time.Duration
+	size       uint64
 }
 
-// NewCommand returns the direct-volume command with its subcommands add, remove, get and list.
+// NewCommand returns the direct-volume command with its subcommands add, remove, get, list, stats and
+// resize.
 func NewCommand() *cobra.Command {
 	o := &options{}
 	cmd := &cobra.Command{
@@ -40,8 +48,7 @@ func NewCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	cmd.PersistentFlags().StringVar(&o.kataDir, "kata-dir", kata.DefaultDir, "Kata direct-volume directory")
-	// stats and resize join these once crust can talk to the Kata shim's management socket.
-	cmd.AddCommand(o.addCmd(), o.removeCmd(), o.getCmd(), o.listCmd())
+	cmd.AddCommand(o.addCmd(), o.removeCmd(), o.getCmd(), o.listCmd(), o.statsCmd(), o.resizeCmd())
 	return cmd
 }
 
@@ -129,6 +136,90 @@ func (o *options) listCmd() *cobra.Command {
 	}
 	o.outputFlag(cmd)
 	return cmd
+}
+
+func (o *options) statsCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "stats --volume-path PATH",
+		Short: "Print a volume's usage inside the Kata sandbox that uses it, as the shim's JSON",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sandbox, device, err := o.shimTarget()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
+			defer cancel()
+			st, err := (&kata.ShimClient{Dirs: o.shimDirs}).Stats(ctx, sandbox, device)
+			if err != nil {
+				return err
+			}
+			b, err := json.Marshal(st)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s\n", b)
+			return err
+		},
+	}
+	o.volumePathFlag(cmd)
+	o.shimFlags(cmd)
+	return cmd
+}
+
+func (o *options) resizeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "resize --volume-path PATH --size BYTES",
+		Short: "Ask the Kata sandbox that uses a volume to grow it to --size bytes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !cmd.Flags().Changed("size") {
+				return errors.New("--size: required")
+			}
+			if o.size == 0 {
+				return errors.New("--size: must be positive")
+			}
+			sandbox, device, err := o.shimTarget()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
+			defer cancel()
+			return (&kata.ShimClient{Dirs: o.shimDirs}).Resize(ctx, sandbox, device, o.size)
+		},
+	}
+	o.volumePathFlag(cmd)
+	o.shimFlags(cmd)
+	cmd.Flags().Uint64Var(&o.size, "size", 0, "the size wanted, in bytes (required)")
+	return cmd
+}
+
+// shimTarget returns what stats and resize send to a shim: the sandbox that uses the volume, the first
+// of its sandbox ids as Kata takes it, and the device of its mount info.
+func (o *options) shimTarget() (sandbox, device string, err error) {
+	if err := o.check(); err != nil {
+		return "", "", err
+	}
+	ids, err := kata.SandboxIDs(o.kataDir, o.volumePath)
+	if err != nil {
+		return "", "", flagError(err)
+	}
+	info, err := kata.Get(o.kataDir, o.volumePath)
+	if err != nil {
+		return "", "", flagError(err)
+	}
+	if len(ids) == 0 {
+		return "", "", fmt.Errorf("--volume-path: direct volume %q is used by no sandbox (no sandbox id is recorded)", o.volumePath)
+	}
+	return ids[0], info.Device, nil
+}
+
+// shimFlags are where stats and resize look for the shim, and how long they wait. --timeout shadows
+// crustctl's global flag of the same name and meaning.
+func (o *options) shimFlags(cmd *cobra.Command) {
+	cmd.Flags().StringSliceVar(&o.shimDirs, "kata-shim-dirs", kata.DefaultShimDirs(),
+		"directories of Kata sandboxes, tried in order for <dir>/<sandbox id>/shim-monitor.sock")
+	cmd.Flags().DurationVar(&o.timeout, "timeout", 30*time.Second, "how long to wait for the shim")
 }
 
 func (o *options) volumePathFlag(cmd *cobra.Command) {

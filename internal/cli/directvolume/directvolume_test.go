@@ -243,7 +243,7 @@ func TestDefaults(t *testing.T) {
 		names = append(names, c.Name())
 	}
 	slices.Sort(names)
-	if !slices.Equal(names, []string{"add", "get", "list", "remove"}) {
+	if !slices.Equal(names, []string{"add", "get", "list", "remove", "resize", "stats"}) {
 		t.Errorf("subcommands %q", names)
 	}
 }

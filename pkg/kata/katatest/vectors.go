@@ -1,6 +1,12 @@
-// Package katatest gives tests the Kata direct-volume vectors: volume paths, mount infos, and the exact
-// files and read-back values that Kata's own code produced for them. Use it to check that code which
-// writes or reads Kata's files does so exactly as Kata does.
+// Package katatest gives tests two things to check crust against Kata Containers:
+//
+//   - the Kata direct-volume vectors (Load): volume paths, mount infos, and the exact files and read-back
+//     values that Kata's own code produced for them, to check that code which writes or reads Kata's files
+//     does so exactly as Kata does;
+//   - Shim, a stand-in for a Kata shim's management server on a unix socket, serving direct-volume stats
+//     and resize as Kata's shim does, to check code that talks to it.
+//
+// It depends on nothing else of crust, so crust.dev/crust/pkg/kata's own tests can use it.
 package katatest
 
 import (
