@@ -31,6 +31,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/internal/hostdev"
 	"crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/keylock"
 	"crust.dev/crust/internal/store"
@@ -43,7 +44,8 @@ type Forwarder interface {
 	// Stats measures the volume inside the sandbox that claimed it.
 	Stats(ctx context.Context, v *crustv1.Volume) (*crustv1.GetVolumeStatsResponse, error)
 	// Expand grows the volume to at least requiredBytes as the sandbox sees it and returns the capacity.
-	Expand(ctx context.Context, v *crustv1.Volume, requiredBytes int64) (int64, error)
+	// deviceBytes is the size of the device as the host now sees it.
+	Expand(ctx context.Context, v *crustv1.Volume, requiredBytes, deviceBytes int64) (int64, error)
 }
 
 // Config is what the manager needs.
@@ -308,7 +310,16 @@ func (m *Manager) Expand(ctx context.Context, target string, requiredBytes, limi
 	if err != nil {
 		return 0, err
 	}
-	capacity, err := m.cfg.Forwarder.Expand(ctx, v, requiredBytes)
+	// The host's view first: a loop device learns that its backing file grew only when told.
+	deviceBytes, err := hostdev.Refresh(v.GetResolvedBackingPath(), v.GetSpec().GetVolumeType())
+	if err != nil {
+		return 0, err
+	}
+	if deviceBytes < requiredBytes {
+		return 0, fmt.Errorf("volume %q: its device %s holds %d bytes, less than the %d asked for; grow the backing volume first (ControllerExpandVolume): %w",
+			target, v.GetResolvedBackingPath(), deviceBytes, requiredBytes, errdefs.ErrFailedPrecondition)
+	}
+	capacity, err := m.cfg.Forwarder.Expand(ctx, v, requiredBytes, deviceBytes)
 	if err != nil {
 		return 0, err
 	}
