@@ -7,6 +7,7 @@
 //
 // A VM's files (sockets, console log, QEMU's own log) live in its StateDir.
 // Stop leaves no process and no socket behind; the logs stay for debugging.
+// QEMU is killed when the process that started it dies, however it dies.
 package vm
 
 import (
@@ -20,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"crust.dev/crust/runtimehooks/microvm/agentproto"
@@ -155,6 +157,9 @@ type disk struct {
 
 // Start boots a VM and returns once its agent answers, or with an error
 // (after killing QEMU) when it does not within the timeouts or ctx ends.
+// QEMU is killed when the OS thread that started it ends, which in Go is
+// when the process ends, unless the caller's goroutine is locked to its
+// thread (runtime.LockOSThread) and returns: do not call Start from one.
 func Start(ctx context.Context, cfg Config) (*VM, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
@@ -260,6 +265,14 @@ func boot(ctx context.Context, cfg Config, accel Accel, timeout time.Duration) (
 	}
 	v.cmd = exec.Command(cfg.QEMU, cfg.args(accel)...)
 	v.cmd.Stdout, v.cmd.Stderr = logf, logf
+	v.cmd.SysProcAttr = &syscall.SysProcAttr{
+		// QEMU dies with the process that started it, even by SIGKILL, so a
+		// crashed handler leaves no VM holding its devices (see Start).
+		Pdeathsig: syscall.SIGKILL,
+		// Its own process group: a ^C at the handler's terminal goes to the
+		// handler, which then stops the VM in order, not to QEMU directly.
+		Setpgid: true,
+	}
 	start := time.Now()
 	if err := v.cmd.Start(); err != nil {
 		_ = logf.Close()

@@ -1,0 +1,242 @@
+// Package handler is crust-microvm, crust's reference runtime handler. One run process serves one sandbox:
+// it boots a QEMU microVM (package vm), claims the sandbox's volumes from crustd, hot-plugs each device into
+// the VM and mounts it in the guest, and answers the stats and expansion requests crustd forwards to it.
+// Other processes reach a running sandbox through Exec and Stop.
+//
+// A sandbox's files live in StateDir/NAME:
+//
+//	lock          flock'ed by the run process for its whole life: a free lock means nobody runs NAME
+//	handler.sock  RuntimeHandlerService, for crustd (the endpoint given to ClaimVolume)
+//	control.sock  exec and stop, for other crust-microvm processes
+//	qemu.pid      QEMU's pid, to clean up after a run that was killed
+//	qmp.sock, agent.sock, console.log, qemu.log: the VM's own (package vm)
+//
+// What Run promises:
+//   - Each volume is claimed for sandbox NAME; its device is checked against the descriptor's device number,
+//     hot-plugged (read-only when the descriptor says so) as a virtio-blk disk whose serial is
+//     DiskID(target), and mounted at its guest path with the descriptor's fs type, mount flags, read-only
+//     flag, fsGroup and policy, and create_filesystem.
+//   - A target with nothing staged is waited for and attached as soon as it is staged, however long after
+//     boot. A volume that fails (claimed by another sandbox, device changed, mount refused) is logged, left
+//     unclaimed, and tried again when its descriptor next changes; the other volumes carry on.
+//   - On Stop, or when Run's context ends (crust-microvm run ends it on SIGTERM and SIGINT), each volume
+//     is unmounted, detached and released, the VM stopped and the sockets removed: no process and no
+//     socket are left; the lock file and the logs stay. A sandbox still booting just stops booting.
+//   - If the run process is killed outright, QEMU dies with it. Its claims stay in crustd (whose stats
+//     then answer UNAVAILABLE) until released, and a later run with the same name cleans the stale files
+//     and starts afresh.
+package handler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"crust.dev/crust/runtimehooks"
+	"crust.dev/crust/runtimehooks/microvm/vm"
+)
+
+// Defaults of Config.
+const (
+	// DefaultStateDir is the parent of the sandboxes' state directories.
+	DefaultStateDir = "/run/crust-microvm"
+	// DefaultAssets is where the guest's kernel and initramfs are looked for (see Config.Assets).
+	DefaultAssets = "/usr/share/crust/guest"
+)
+
+// Config describes one sandbox.
+type Config struct {
+	// Name is the sandbox id given to crustd and the name of the state directory: a letter or digit, then
+	// up to 62 letters, digits, '.', '_' or '-'.
+	Name string
+	// CrustSocket is crustd's socket; "" means runtimehooks.DefaultSocket.
+	CrustSocket string
+	// Volumes are the volumes to claim and mount; targets and guest paths must be distinct.
+	Volumes []Volume
+	// Accel is QEMU's accelerator; "" means vm.AccelAuto.
+	Accel vm.Accel
+	// StateDir is the parent of the sandbox's state directory; "" means DefaultStateDir.
+	StateDir string
+	// Assets holds the guest, in the layout hack/guest/fetch-kernel.sh and mkinitramfs write:
+	// Assets/cloud/vmlinuz and Assets/initramfs-cloud.cpio.gz. "" means DefaultAssets.
+	Assets string
+	// Log receives the handler's log; nil means slog.Default().
+	Log *slog.Logger
+}
+
+// Volume is a volume the sandbox uses: the target path it was staged with and where it is mounted in the
+// guest.
+type Volume struct {
+	Target    string
+	GuestPath string
+}
+
+// ParseVolume parses TARGET:GUEST_PATH (split at the last ':'); both must be clean absolute paths, and the
+// guest path not "/".
+func ParseVolume(s string) (Volume, error) {
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return Volume{}, fmt.Errorf("volume %q: want TARGET:GUEST_PATH", s)
+	}
+	v := Volume{Target: s[:i], GuestPath: s[i+1:]}
+	for _, p := range []string{v.Target, v.GuestPath} {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
+			return Volume{}, fmt.Errorf("volume %q: %q is not a clean absolute path below /", s, p)
+		}
+	}
+	return v, nil
+}
+
+var validName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+func checkName(name string) error {
+	if !validName.MatchString(name) {
+		return fmt.Errorf("sandbox name %q: want a letter or digit, then up to 62 letters, digits, '.', '_', '-'", name)
+	}
+	return nil
+}
+
+func (c *Config) setDefaults() error {
+	if err := checkName(c.Name); err != nil {
+		return err
+	}
+	if c.CrustSocket == "" {
+		c.CrustSocket = runtimehooks.DefaultSocket
+	}
+	if c.Accel == "" {
+		c.Accel = vm.AccelAuto
+	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if c.Assets == "" {
+		c.Assets = DefaultAssets
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	targets, paths := map[string]bool{}, map[string]bool{}
+	for _, v := range c.Volumes {
+		if _, err := ParseVolume(v.Target + ":" + v.GuestPath); err != nil {
+			return err
+		}
+		if targets[v.Target] || paths[v.GuestPath] {
+			return fmt.Errorf("volume %s:%s: target or guest path given twice", v.Target, v.GuestPath)
+		}
+		targets[v.Target], paths[v.GuestPath] = true, true
+	}
+	return nil
+}
+
+// teardownTimeout bounds Run's clean-up after it was told to stop.
+const teardownTimeout = 2 * time.Minute
+
+// Run runs the sandbox until ctx ends, Stop is called for it or its VM exits, then tears it down (see the
+// package documentation). It returns nil after a stop that left everything clean (a stop while booting
+// included), and an error when the sandbox could not start, its VM died, or the teardown failed somewhere
+// (it still does every other step).
+func Run(ctx context.Context, cfg Config) (err error) {
+	if err := cfg.setDefaults(); err != nil {
+		return err
+	}
+	log := cfg.Log.With("sandbox", cfg.Name)
+	st, err := lockState(cfg.StateDir, cfg.Name, log)
+	if err != nil {
+		return err
+	}
+	defer st.unlock()
+	crust, err := runtimehooks.Dial(cfg.CrustSocket)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = crust.Close() }()
+	kernel, initrd := filepath.Join(cfg.Assets, "cloud", "vmlinuz"), filepath.Join(cfg.Assets, "initramfs-cloud.cpio.gz")
+	for _, f := range []string{kernel, initrd} {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("guest assets: %w (build them with make guest, or hack/guest/fetch-kernel.sh and hack/guest/mkinitramfs)", err)
+		}
+	}
+
+	// The control socket comes first, so that a stop reaches a sandbox that is still booting.
+	l, err := listenControl(st.path(controlSocket))
+	if err != nil {
+		return err
+	}
+	ctl := newControl()
+	waitControl := ctl.serve(l)
+	defer func() {
+		_ = l.Close()
+		ctl.finish(err)
+		waitControl(5 * time.Second) // let stop callers have their answer before the process exits
+	}()
+	// A stop request ends ctx as a signal does.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-ctl.stopReq:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+
+	machine, err := vm.Start(ctx, vm.Config{Kernel: kernel, Initramfs: initrd, Accel: cfg.Accel, StateDir: st.dir})
+	if err != nil {
+		if ctx.Err() != nil {
+			log.Info("stopped while booting")
+			return nil
+		}
+		return err
+	}
+	boot := machine.Boot()
+	log.Info("VM up", "accel", boot.Accel, "boot", boot.Took.Round(time.Millisecond), "kernel", boot.Kernel, "fallback", boot.Fallback)
+	if err := os.WriteFile(st.path(pidFile), []byte(strconv.Itoa(machine.Pid())+"\n"), 0o600); err != nil {
+		log.Warn("cannot record QEMU's pid", "err", err)
+	}
+	defer func() { _ = os.Remove(st.path(pidFile)) }()
+
+	s := newSandbox(cfg.Name, crust, machine, cfg.Volumes, log)
+	stopHandler, endpoint, err := runtimehooks.ServeHandler(st.path(handlerSocket), s)
+	if err != nil {
+		return errors.Join(err, machine.Stop(context.Background()))
+	}
+	s.endpoint = endpoint
+	ctl.agent.Store(machine.Agent())
+
+	// The volumes are worked on until the teardown starts.
+	work, endWork := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, v := range s.order {
+		wg.Go(func() { s.keepAttached(work, v) })
+	}
+	wg.Go(func() { s.watch(work) })
+	log.Info("ready", "handler", endpoint, "volumes", len(s.order))
+
+	var why error
+	select {
+	case <-ctx.Done():
+		log.Info("stopping")
+	case <-machine.Done():
+		why = fmt.Errorf("the VM exited unexpectedly (console log: %s)", machine.ConsoleLog())
+		log.Error("VM exited unexpectedly", "console", machine.ConsoleLog())
+	}
+	_ = l.Close()
+	endWork()
+	wg.Wait()
+	stopHandler() // crustd gets UNAVAILABLE from now on
+	tctx, tcancel := context.WithTimeout(context.Background(), teardownTimeout)
+	defer tcancel()
+	if err := errors.Join(why, s.teardown(tctx)); err != nil {
+		return err
+	}
+	log.Info("stopped")
+	return nil
+}

@@ -1,0 +1,136 @@
+package handler
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Files of a sandbox's state directory.
+const (
+	lockFile      = "lock"
+	pidFile       = "qemu.pid"
+	handlerSocket = "handler.sock"
+	controlSocket = "control.sock"
+)
+
+// stale are the files a run process that was killed may leave behind (the VM's sockets included).
+var stale = []string{handlerSocket, controlSocket, "qmp.sock", "agent.sock", pidFile}
+
+// state is a sandbox's state directory, locked by this process.
+type state struct {
+	dir  string
+	lock *os.File
+}
+
+func (s *state) path(name string) string { return filepath.Join(s.dir, name) }
+
+// lockState creates (0700) and locks parent/name for a run process. A lock held by another process means
+// the sandbox is running; a free one with files in it means an earlier run died, and they are cleaned.
+func lockState(parent, name string, log *slog.Logger) (*state, error) {
+	dir, err := filepath.Abs(filepath.Join(parent, name))
+	if err != nil {
+		return nil, err
+	}
+	// sun_path holds 108 bytes with its terminating NUL.
+	if n := len(filepath.Join(dir, controlSocket)); n > 107 {
+		return nil, fmt.Errorf("state directory %s is too long for unix sockets in it (%d bytes)", dir, n)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	st, locked, err := tryLock(dir)
+	if err != nil {
+		return nil, err
+	}
+	if !locked {
+		return nil, fmt.Errorf("sandbox %s is already running (%s is locked)", name, st.path(lockFile))
+	}
+	// The lock file names the process holding it, for Stop to wait for its exit.
+	if err := st.lock.Truncate(0); err == nil {
+		_, _ = st.lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	if cleaned := cleanStale(dir); len(cleaned) > 0 {
+		log.Warn("cleaned up after an earlier run that did not stop", "removed", cleaned)
+	}
+	return st, nil
+}
+
+// tryLock opens dir's lock file and tries to lock it without waiting.
+func tryLock(dir string) (*state, bool, error) {
+	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		_ = f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return &state{dir: dir}, false, nil
+		}
+		return nil, false, fmt.Errorf("locking %s: %w", f.Name(), err)
+	}
+	return &state{dir: dir, lock: f}, true, nil
+}
+
+func (s *state) unlock() {
+	if s.lock != nil {
+		_ = s.lock.Close()
+	}
+}
+
+// cleanStale kills a QEMU left by a dead run of this state directory (QEMU normally dies with it) and
+// removes the stale files; it returns what it cleaned. The caller holds the lock.
+func cleanStale(dir string) []string {
+	var cleaned []string
+	if b, err := os.ReadFile(filepath.Join(dir, pidFile)); err == nil {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && isOurQEMU(pid, dir) {
+			_ = unix.Kill(pid, unix.SIGKILL)
+			for i := 0; i < 100 && isOurQEMU(pid, dir); i++ {
+				time.Sleep(50 * time.Millisecond)
+			}
+			cleaned = append(cleaned, "qemu pid "+strconv.Itoa(pid))
+		}
+	}
+	for _, name := range stale {
+		if err := os.Remove(filepath.Join(dir, name)); err == nil {
+			cleaned = append(cleaned, name)
+		}
+	}
+	return cleaned
+}
+
+// isOurQEMU reports whether pid is a live QEMU whose command line names dir's QMP socket.
+func isOurQEMU(pid int, dir string) bool {
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && strings.Contains(string(cmdline), filepath.Join(dir, "qmp.sock")) && alive(pid)
+}
+
+// alive reports whether process pid exists and has not exited (a zombie has).
+func alive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses and may hold anything.
+	if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && i+2 < len(stat) {
+		return stat[i+2] != 'Z' && stat[i+2] != 'X'
+	}
+	return true
+}
+
+// lockHolder is the pid a run process wrote in dir's lock file, or 0.
+func lockHolder(dir string) int {
+	b, err := os.ReadFile(filepath.Join(dir, lockFile))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
