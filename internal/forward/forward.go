@@ -60,7 +60,7 @@ func (f *Forwarder) Stats(ctx context.Context, v *crustv1.Volume) (*crustv1.GetV
 		SandboxId:        v.GetClaim().GetSandboxId(),
 	})
 	if err != nil {
-		return nil, handlerError(v, err)
+		return nil, f.handlerError(v, err)
 	}
 	return &crustv1.GetVolumeStatsResponse{Usage: r.GetUsage(), VolumeCondition: r.GetVolumeCondition()}, nil
 }
@@ -81,7 +81,7 @@ func (f *Forwarder) Expand(ctx context.Context, v *crustv1.Volume, requiredBytes
 		DeviceBytes:      deviceBytes,
 	})
 	if err != nil {
-		return 0, handlerError(v, err)
+		return 0, f.handlerError(v, err)
 	}
 	return r.GetCapacityBytes(), nil
 }
@@ -120,12 +120,20 @@ func (f *Forwarder) client(v *crustv1.Volume) (crustv1.RuntimeHandlerServiceClie
 	return crustv1.NewRuntimeHandlerServiceClient(c), nil
 }
 
-// handlerError keeps the handler's code, except that an unreachable handler is named as such.
-func handlerError(v *crustv1.Volume, err error) error {
+// handlerError keeps the handler's code, except that an unreachable handler is named as such and its
+// connection dropped, so that the next call dials afresh instead of waiting out a reconnect backoff (a
+// restarted handler answers at once).
+func (f *Forwarder) handlerError(v *crustv1.Volume, err error) error {
 	s := status.Convert(err)
 	if s.Code() == codes.Unavailable {
-		return fmt.Errorf("handler of sandbox %q at %s: %s: %w", v.GetClaim().GetSandboxId(), v.GetClaim().GetHandlerEndpoint(),
-			s.Message(), errdefs.ErrUnavailable)
+		ep := v.GetClaim().GetHandlerEndpoint()
+		f.mu.Lock()
+		if c, ok := f.conns[ep]; ok {
+			_ = c.Close()
+			delete(f.conns, ep)
+		}
+		f.mu.Unlock()
+		return fmt.Errorf("handler of sandbox %q at %s: %s: %w", v.GetClaim().GetSandboxId(), ep, s.Message(), errdefs.ErrUnavailable)
 	}
 	return status.Errorf(s.Code(), "handler of sandbox %q: %s", v.GetClaim().GetSandboxId(), s.Message())
 }

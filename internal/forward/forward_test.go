@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -85,5 +86,32 @@ func TestHandler(t *testing.T) {
 	}
 	if _, err := f.Stats(ctx, handlerVolume("", "vm1")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("no endpoint: %v", err)
+	}
+}
+
+// TestRestartedHandlerAnswersAtOnce: while the handler is down, calls are Unavailable; once a new handler
+// listens on the same endpoint, the very next call reaches it (no reconnect backoff to wait out).
+func TestRestartedHandlerAnswersAtOnce(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "h.sock")
+	ep := "unix://" + sock
+	f := &Forwarder{}
+	defer func() { _ = f.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for range 3 {
+		if _, err := f.Stats(ctx, handlerVolume(ep, "vm1")); !errors.Is(err, errdefs.ErrUnavailable) {
+			t.Fatalf("handler down: %v, want Unavailable", err)
+		}
+	}
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	crustv1.RegisterRuntimeHandlerServiceServer(srv, handler{})
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Stop()
+	if _, err := f.Stats(ctx, handlerVolume(ep, "vm1")); err != nil {
+		t.Fatalf("first call after the handler came back: %v", err)
 	}
 }
