@@ -67,8 +67,8 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 10s)
 	done
 
 .PHONY: demo
-demo: deps build ## Run the demo: a volume staged, mounted in a real microVM, measured and grown
-	@echo "The demo comes with the runtime side (crust-microvm); see the README."
+demo: deps build guest ## Run the demo: a volume staged, mounted in a real microVM, measured and grown (root)
+	BIN=$(BIN) bash hack/demo.sh
 
 .PHONY: clean
 clean: ## Remove build output
