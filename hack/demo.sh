@@ -77,13 +77,13 @@ say "crust-microvm: boots a QEMU microVM, claims the volumes, hot-plugs and moun
 	2> >(sed 's/^/  [crust-microvm] /' >&2) &
 vm_pid=$!
 for _ in $(seq 600); do
-	"$BIN/crust-microvm" exec --state-dir "$work/vms" demo -- sh -c 'mountpoint -q /mnt/loop' >/dev/null 2>&1 && break
+	"$BIN/crust-microvm" exec --state-dir "$work/vms" demo -- grep -q ' /mnt/loop ' /proc/mounts >/dev/null 2>&1 && break
 	kill -0 "$vm_pid" || { echo "crust-microvm exited" >&2; exit 1; }
 	sleep 0.2
 done
 if [ -n "$lvm_ok" ]; then
 	for _ in $(seq 600); do
-		"$BIN/crust-microvm" exec --state-dir "$work/vms" demo -- sh -c 'mountpoint -q /mnt/lvm' >/dev/null 2>&1 && break
+		"$BIN/crust-microvm" exec --state-dir "$work/vms" demo -- grep -q ' /mnt/lvm ' /proc/mounts >/dev/null 2>&1 && break
 		sleep 0.2
 	done
 fi
