@@ -1,0 +1,337 @@
+package client
+
+import (
+	"context"
+	"strconv"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+// Client makes CSI node calls into crust calls. It is safe for concurrent use. Create it with New.
+type Client struct {
+	conn    *grpc.ClientConn
+	volumes crustv1.VolumeServiceClient
+	driver  string
+}
+
+// Option configures New.
+type Option func(*clientOptions)
+
+type clientOptions struct {
+	driver string
+	dial   []grpc.DialOption
+}
+
+// WithDriverName records the CSI driver's name in every descriptor Publish deposits (csi_driver), for
+// operators. It must be a CSI plugin name.
+func WithDriverName(name string) Option { return func(o *clientOptions) { o.driver = name } }
+
+// WithDialOptions adds gRPC dial options, such as interceptors.
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(o *clientOptions) { o.dial = append(o.dial, opts...) }
+}
+
+// New returns a client of crustd at socket (a path or a unix:// address; SocketFromEnv gives the usual
+// one). It does not wait for crustd: each call does, within its context, so a driver may create its
+// client before crustd is up.
+func New(socket string, opts ...Option) (*Client, error) {
+	var o clientOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	conn, err := Dial(socket, o.dial...)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{conn: conn, volumes: crustv1.NewVolumeServiceClient(conn), driver: o.driver}, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Volumes returns the raw VolumeService client, for calls this package does not wrap (GetVolume,
+// ListVolumes).
+func (c *Client) Volumes() crustv1.VolumeServiceClient { return c.volumes }
+
+// Publish deposits the descriptor StageRequest builds from req and device, and answers NodePublishVolume.
+// It is idempotent: publishing the same target with the same parameters again succeeds, with other
+// parameters it fails with AlreadyExists. When it returns nil the descriptor is durable in crustd.
+//
+// Publish does not touch the file system: kubelet expects the target directory to exist after
+// NodePublishVolume, so the driver creates it (mode 0750) before or after the call.
+func (c *Client) Publish(ctx context.Context, req *csi.NodePublishVolumeRequest, device string, opts ...PublishOption) (*csi.NodePublishVolumeResponse, error) {
+	if c.driver != "" {
+		opts = append([]PublishOption{DriverName(c.driver)}, opts...)
+	}
+	sreq, err := StageRequest(req, device, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.volumes.StageVolume(ctx, sreq); err != nil {
+		return nil, err
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// Unpublish removes the descriptor at req's target path and answers NodeUnpublishVolume. A target crustd
+// does not hold is a success, as CSI wants a repeated NodeUnpublishVolume to be. It does not remove the
+// target directory; the driver does (CSI: the plugin deletes what it created at the target path).
+func (c *Client) Unpublish(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	if err := required("volume_id", req.GetVolumeId(), "target_path", req.GetTargetPath()); err != nil {
+		return nil, err
+	}
+	if _, err := c.volumes.UnstageVolume(ctx, &crustv1.UnstageVolumeRequest{VolumeTargetPath: req.GetTargetPath()}); err != nil {
+		return nil, err
+	}
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// Stats answers NodeGetVolumeStats for the deferred volume at req's volume_path with the usage (bytes and
+// inodes) measured inside the sandbox that uses it (the volume's condition is Health's). It fails with NotFound when crustd holds
+// nothing at that path and FailedPrecondition while no sandbox uses the volume.
+func (c *Client) Stats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+	if err := required("volume_id", req.GetVolumeId(), "volume_path", req.GetVolumePath()); err != nil {
+		return nil, err
+	}
+	r, err := c.volumes.GetVolumeStats(ctx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: req.GetVolumePath()})
+	if err != nil {
+		return nil, err
+	}
+	out := &csi.NodeGetVolumeStatsResponse{}
+	for _, u := range r.GetUsage() {
+		unit := csi.VolumeUsage_UNKNOWN
+		switch u.GetUnit() {
+		case crustv1.VolumeUsage_UNIT_BYTES:
+			unit = csi.VolumeUsage_BYTES
+		case crustv1.VolumeUsage_UNIT_INODES:
+			unit = csi.VolumeUsage_INODES
+		}
+		out.Usage = append(out.Usage, &csi.VolumeUsage{
+			Available: u.GetAvailable(), Total: u.GetTotal(), Used: u.GetUsed(), Unit: unit,
+		})
+	}
+	return out, nil
+}
+
+// HealthReason is the reason of the health entry Health reports for a volume the sandbox finds abnormal.
+const HealthReason = "AbnormalInSandbox"
+
+// Health answers NodeGetVolumeHealth (alpha in CSI 1.13, which dropped the volume condition from
+// NodeGetVolumeStats) for the deferred volume at req's volume_publish_path: no entry while the sandbox finds
+// the volume healthy, one DEGRADED entry with reason HealthReason and the sandbox's message otherwise.
+// Errors are those of Stats.
+func (c *Client) Health(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
+	if err := required("volume_id", req.GetVolumeId(), "volume_publish_path", req.GetVolumePublishPath()); err != nil {
+		return nil, err
+	}
+	r, err := c.volumes.GetVolumeStats(ctx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: req.GetVolumePublishPath()})
+	if err != nil {
+		return nil, err
+	}
+	h := &csi.VolumeHealth{VolumeId: req.GetVolumeId()}
+	if vc := r.GetVolumeCondition(); vc.GetAbnormal() {
+		h.HealthStatuses = append(h.HealthStatuses, &csi.VolumeHealth_VolumeHealthEntry{
+			Status: csi.VolumeHealthErrorType_DEGRADED, Reason: HealthReason, Message: vc.GetMessage(),
+		})
+	}
+	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
+}
+
+// Expand answers NodeExpandVolume for the deferred volume at req's volume_path: the sandbox that uses it
+// grows the filesystem online to at least capacity_range.required_bytes, and the response carries the
+// capacity the sandbox then sees. The device must already be grown (ControllerExpandVolume). A volume
+// already that large is a success. It fails with InvalidArgument when the request has no required_bytes
+// (there is no size to grow to), NotFound when crustd holds nothing at that path and FailedPrecondition
+// while no sandbox uses the volume.
+func (c *Client) Expand(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	if err := required("volume_id", req.GetVolumeId(), "volume_path", req.GetVolumePath()); err != nil {
+		return nil, err
+	}
+	cr := req.GetCapacityRange()
+	if cr.GetRequiredBytes() <= 0 {
+		return nil, status.Error(codes.InvalidArgument,
+			"capacity_range.required_bytes: a deferred volume is grown to a size, so it must be positive")
+	}
+	r, err := c.volumes.ExpandVolume(ctx, &crustv1.ExpandVolumeRequest{
+		VolumeTargetPath: req.GetVolumePath(), RequiredBytes: cr.GetRequiredBytes(), LimitBytes: cr.GetLimitBytes(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &csi.NodeExpandVolumeResponse{CapacityBytes: r.GetCapacityBytes()}, nil
+}
+
+// Holds reports whether crustd holds a descriptor at targetPath, that is, whether the volume published
+// there was deferred. Requests after NodePublishVolume carry no volume context, so a driver asks this
+// before it unpublishes, measures or expands on the host. A path crustd would refuse (empty, relative,
+// outside its kubelet root) is not held.
+func (c *Client) Holds(ctx context.Context, targetPath string) (bool, error) {
+	if targetPath == "" {
+		return false, nil
+	}
+	_, err := c.volumes.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: targetPath})
+	switch status.Code(err) {
+	case codes.OK:
+		return true, nil
+	case codes.NotFound, codes.InvalidArgument:
+		return false, nil
+	}
+	return false, err
+}
+
+// PublishOption adjusts the descriptor Publish and StageRequest build.
+type PublishOption func(*crustv1.VolumeSpec)
+
+// CreateFilesystem lets the runtime format the device inside the sandbox when it holds no filesystem.
+// Without it a blank device fails to mount there: use it when the driver does not format volumes itself.
+func CreateFilesystem() PublishOption {
+	return func(s *crustv1.VolumeSpec) { s.CreateFilesystem = true }
+}
+
+// DefaultFSType is the filesystem type used when the volume capability names none (CSI leaves the
+// default to the plugin). Without it the default is DefaultFS.
+func DefaultFSType(fsType string) PublishOption {
+	return func(s *crustv1.VolumeSpec) {
+		if s.FsType == "" {
+			s.FsType = fsType
+		}
+	}
+}
+
+// DefaultFS is the filesystem type of a volume whose capability names none and that no DefaultFSType
+// option sets.
+const DefaultFS = "ext4"
+
+// VolumeType says what the device is (default VOLUME_TYPE_BLOCK; VOLUME_TYPE_FILE for a raw image file,
+// which crustd accepts only with --allow-file-backed).
+func VolumeType(t crustv1.VolumeType) PublishOption {
+	return func(s *crustv1.VolumeSpec) { s.VolumeType = t }
+}
+
+// FSGroupChangePolicy says how the fsGroup (the capability's volume_mount_group) is applied in the
+// sandbox; it has an effect only when a group is given.
+func FSGroupChangePolicy(p crustv1.FSGroupChangePolicy) PublishOption {
+	return func(s *crustv1.VolumeSpec) {
+		if s.VolumeSupplementalGroup != nil {
+			s.SupplementalGroupChangePolicy = p
+		}
+	}
+}
+
+// DriverName records the CSI driver's name (csi_driver); Client sets it from WithDriverName.
+func DriverName(name string) PublishOption {
+	return func(s *crustv1.VolumeSpec) { s.CsiDriver = name }
+}
+
+// Metadata adds pairs for the runtime handler; keys must be on crustd's allow-list. The pod information
+// StageRequest takes from the volume context is added without it.
+func Metadata(md map[string]string) PublishOption {
+	return func(s *crustv1.VolumeSpec) {
+		for k, v := range md {
+			if s.Metadata == nil {
+				s.Metadata = map[string]string{}
+			}
+			s.Metadata[k] = v
+		}
+	}
+}
+
+// StageRequest builds the StageVolumeRequest that defers req's volume, on device, to the runtime:
+//
+//   - volume_target_path is req's target_path, volume_backing_path is device, volume_id is req's;
+//   - fs_type is the mount capability's (else the DefaultFSType option's, else DefaultFS);
+//   - mount_flags are the capability's, split at commas, trimmed, without empties and repeats; a "ro" flag
+//     becomes read_only (crust carries it in the typed field) and a "rw" flag is dropped unless req is
+//     read-only, which crustd then refuses as a contradiction;
+//   - read_only is req's readonly (or a "ro" flag);
+//   - volume_supplemental_group is the capability's volume_mount_group (the pod's fsGroup, sent by kubelet
+//     when the driver has the VOLUME_MOUNT_GROUP node capability);
+//   - pod_uid and metadata come from the pod information in the volume context (PodInfo).
+//
+// Options apply in order after that. It fails with InvalidArgument, naming the CSI field, when req has no
+// volume_id, target_path or volume_capability, when the capability is not a mount (a raw block volume is
+// used by the sandbox as a device and needs no deferral), when the group is not a number, or when device
+// is empty.
+func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...PublishOption) (*crustv1.StageVolumeRequest, error) {
+	if err := required("volume_id", req.GetVolumeId(), "target_path", req.GetTargetPath()); err != nil {
+		return nil, err
+	}
+	vc := req.GetVolumeCapability()
+	if vc == nil {
+		return nil, status.Error(codes.InvalidArgument, "volume_capability: is required")
+	}
+	mnt := vc.GetMount()
+	if mnt == nil {
+		return nil, status.Error(codes.InvalidArgument,
+			"volume_capability: only a mount volume is deferred; publish a block volume on the host")
+	}
+	if device == "" {
+		return nil, status.Error(codes.InvalidArgument, "device: is required (the block device to defer)")
+	}
+	spec := &crustv1.VolumeSpec{
+		VolumeTargetPath:  req.GetTargetPath(),
+		VolumeBackingPath: device,
+		VolumeType:        crustv1.VolumeType_VOLUME_TYPE_BLOCK,
+		FsType:            mnt.GetFsType(),
+		ReadOnly:          req.GetReadonly(),
+		VolumeId:          req.GetVolumeId(),
+	}
+	seen := map[string]bool{}
+	for _, f := range mnt.GetMountFlags() {
+		for _, one := range strings.Split(f, ",") {
+			one = strings.TrimSpace(one)
+			if one == "" || seen[one] {
+				continue
+			}
+			seen[one] = true
+			spec.MountFlags = append(spec.MountFlags, one)
+		}
+	}
+	if seen["ro"] {
+		spec.ReadOnly = true
+	}
+	flags := spec.MountFlags[:0]
+	for _, f := range spec.MountFlags {
+		if f == "ro" || (f == "rw" && !spec.ReadOnly) {
+			continue
+		}
+		flags = append(flags, f)
+	}
+	spec.MountFlags = flags
+	if g := mnt.GetVolumeMountGroup(); g != "" {
+		gid, err := strconv.ParseInt(g, 10, 64)
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument,
+				"volume_capability.mount.volume_mount_group: %q is not a group id", g)
+		}
+		spec.VolumeSupplementalGroup = &gid
+	}
+	pod := PodInfo(req.GetVolumeContext())
+	spec.PodUid = pod.UID
+	if md := pod.Metadata(); len(md) > 0 {
+		spec.Metadata = md
+	}
+	for _, opt := range opts {
+		opt(spec)
+	}
+	if spec.FsType == "" {
+		spec.FsType = DefaultFS
+	}
+	return &crustv1.StageVolumeRequest{Spec: spec}, nil
+}
+
+// required fails with InvalidArgument naming the first empty field of the name, value pairs.
+func required(pairs ...string) error {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if pairs[i+1] == "" {
+			return status.Errorf(codes.InvalidArgument, "%s: is required", pairs[i])
+		}
+	}
+	return nil
+}

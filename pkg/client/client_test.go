@@ -1,0 +1,353 @@
+package client_test
+
+import (
+	"context"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/runtimehooks"
+)
+
+func mountCap(fs string, flags []string, group string) *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{
+			FsType: fs, MountFlags: flags, VolumeMountGroup: group,
+		}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+}
+
+func publishReq(targetPath string, vc *csi.VolumeCapability, ctx map[string]string) *csi.NodePublishVolumeRequest {
+	return &csi.NodePublishVolumeRequest{VolumeId: "vol-1", TargetPath: targetPath, VolumeCapability: vc, VolumeContext: ctx}
+}
+
+func TestStageRequest(t *testing.T) {
+	gid := int64(2000)
+	for _, tc := range []struct {
+		name string
+		req  *csi.NodePublishVolumeRequest
+		opts []client.PublishOption
+		want *crustv1.VolumeSpec
+	}{{
+		name: "everything from the request",
+		req: &csi.NodePublishVolumeRequest{
+			VolumeId: "vol-1", TargetPath: "/k/pods/u/volumes/kubernetes.io~csi/pv/mount", Readonly: true,
+			VolumeCapability: mountCap("xfs", []string{"noatime,nodiscard", " noatime ", "", "rw"}, "2000"),
+			VolumeContext: map[string]string{
+				client.DeferKey: "true", client.PodUIDKey: "u", client.PodNameKey: "p", client.PodNamespaceKey: "ns",
+				client.ServiceAccountKey: "sa", client.EphemeralKey: "true",
+				"csi.storage.k8s.io/serviceAccount.tokens": "secret", "other": "x",
+			},
+		},
+		want: &crustv1.VolumeSpec{
+			VolumeTargetPath: "/k/pods/u/volumes/kubernetes.io~csi/pv/mount", VolumeBackingPath: "/dev/vg/lv",
+			VolumeType: crustv1.VolumeType_VOLUME_TYPE_BLOCK, FsType: "xfs",
+			MountFlags: []string{"noatime", "nodiscard", "rw"}, ReadOnly: true, VolumeSupplementalGroup: &gid,
+			VolumeId: "vol-1", PodUid: "u",
+			Metadata: map[string]string{
+				client.PodUIDKey: "u", client.PodNameKey: "p", client.PodNamespaceKey: "ns",
+				client.ServiceAccountKey: "sa", client.EphemeralKey: "true",
+			},
+		},
+	}, {
+		name: "defaults, a ro flag, options",
+		req:  publishReq("/t", mountCap("", []string{"ro", "rw"}, "2000"), nil),
+		opts: []client.PublishOption{
+			client.DefaultFSType("btrfs"), client.CreateFilesystem(), client.DriverName("d.example.com"),
+			client.FSGroupChangePolicy(crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH),
+			client.Metadata(map[string]string{"encryptionKey": "k"}),
+			client.VolumeType(crustv1.VolumeType_VOLUME_TYPE_PMEM),
+		},
+		want: &crustv1.VolumeSpec{
+			VolumeTargetPath: "/t", VolumeBackingPath: "/dev/vg/lv", VolumeType: crustv1.VolumeType_VOLUME_TYPE_PMEM,
+			FsType: "btrfs", MountFlags: []string{"rw"}, ReadOnly: true, VolumeSupplementalGroup: &gid,
+			SupplementalGroupChangePolicy: crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH,
+			CreateFilesystem:              true, VolumeId: "vol-1", CsiDriver: "d.example.com",
+			Metadata: map[string]string{"encryptionKey": "k"},
+		},
+	}, {
+		name: "no fs type anywhere, no group so no policy",
+		req:  publishReq("/t", mountCap("", nil, ""), nil),
+		opts: []client.PublishOption{client.FSGroupChangePolicy(crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ALWAYS)},
+		want: &crustv1.VolumeSpec{
+			VolumeTargetPath: "/t", VolumeBackingPath: "/dev/vg/lv", VolumeType: crustv1.VolumeType_VOLUME_TYPE_BLOCK,
+			FsType: client.DefaultFS, VolumeId: "vol-1",
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := client.StageRequest(tc.req, "/dev/vg/lv", tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !proto.Equal(got.GetSpec(), tc.want) {
+				t.Errorf("got  %v\nwant %v", got.GetSpec(), tc.want)
+			}
+		})
+	}
+}
+
+func TestStageRequestRefusals(t *testing.T) {
+	block := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}}
+	for _, tc := range []struct {
+		name, device, field string
+		req                 *csi.NodePublishVolumeRequest
+	}{
+		{"nil request", "/dev/x", "volume_id", nil},
+		{"no volume id", "/dev/x", "volume_id", &csi.NodePublishVolumeRequest{TargetPath: "/t", VolumeCapability: mountCap("", nil, "")}},
+		{"no target", "/dev/x", "target_path", &csi.NodePublishVolumeRequest{VolumeId: "v", VolumeCapability: mountCap("", nil, "")}},
+		{"no capability", "/dev/x", "volume_capability", publishReq("/t", nil, nil)},
+		{"block", "/dev/x", "volume_capability", publishReq("/t", block, nil)},
+		{"bad group", "/dev/x", "volume_mount_group", publishReq("/t", mountCap("", nil, "wheel"), nil)},
+		{"no device", "", "device", publishReq("/t", mountCap("", nil, ""), nil)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := client.StageRequest(tc.req, tc.device)
+			s := status.Convert(err)
+			if s.Code() != codes.InvalidArgument || !contains(s.Message(), tc.field) {
+				t.Fatalf("got %v, want InvalidArgument naming %s", err, tc.field)
+			}
+		})
+	}
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+func TestDeferredAndPodInfo(t *testing.T) {
+	for v, want := range map[string]bool{"true": true, "True": true, " 1 ": true, "false": false, "yes": false, "": false} {
+		if got := client.Deferred(map[string]string{client.DeferKey: v}); got != want {
+			t.Errorf("Deferred(%q) = %v, want %v", v, got, want)
+		}
+	}
+	if client.Deferred(nil) {
+		t.Error("Deferred(nil) is true")
+	}
+	p := client.PodInfo(map[string]string{client.PodNameKey: "p", client.EphemeralKey: "false"})
+	if p != (client.Pod{Name: "p"}) {
+		t.Errorf("PodInfo = %+v", p)
+	}
+	if md := p.Metadata(); !reflect.DeepEqual(md, map[string]string{client.PodNameKey: "p"}) {
+		t.Errorf("Metadata = %v", md)
+	}
+	if md := (client.Pod{}).Metadata(); md != nil {
+		t.Errorf("empty Metadata = %v", md)
+	}
+}
+
+func newClient(t *testing.T) *client.Client {
+	t.Helper()
+	c, err := client.New(socket, client.WithDriverName("lvm.test.crust.dev"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+var fileType = client.VolumeType(crustv1.VolumeType_VOLUME_TYPE_FILE)
+
+// Publish deposits, a repeat is a success, other parameters are AlreadyExists, Unpublish removes and is
+// idempotent; crustd's refusals keep their codes.
+func TestPublishUnpublish(t *testing.T) {
+	c, ctx := newClient(t), ctxT(t)
+	const uid = "aaaaaaaa-0000-4000-8000-000000000001"
+	tp := target(t, uid, "pv-a")
+	dev := image(t, "a.img")
+	req := publishReq(tp, mountCap("ext4", []string{"noatime"}, "3000"), map[string]string{client.DeferKey: "true", client.PodUIDKey: uid})
+
+	if held, err := c.Holds(ctx, tp); err != nil || held {
+		t.Fatalf("Holds before = %v, %v", held, err)
+	}
+	if _, err := c.Publish(ctx, req, dev, fileType); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Publish(ctx, req, dev, fileType); err != nil {
+		t.Fatalf("repeat: %v", err)
+	}
+	v, err := c.Volumes().GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := v.GetVolume().GetSpec(); s.GetCsiDriver() != "lvm.test.crust.dev" || s.GetPodUid() != uid ||
+		s.GetVolumeSupplementalGroup() != 3000 || s.GetVolumeId() != "vol-1" {
+		t.Errorf("stored spec %v", s)
+	}
+	if held, err := c.Holds(ctx, tp); err != nil || !held {
+		t.Fatalf("Holds after publish = %v, %v", held, err)
+	}
+	other := proto.Clone(req).(*csi.NodePublishVolumeRequest)
+	other.Readonly = true
+	if _, err := c.Publish(ctx, other, dev, fileType); status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("publish with other parameters: %v, want AlreadyExists", err)
+	}
+	bad := publishReq(target(t, "aaaaaaaa-0000-4000-8000-000000000002", "pv-b"), mountCap("vfat", nil, ""), nil)
+	if _, err := c.Publish(ctx, bad, dev, fileType); status.Code(err) != codes.InvalidArgument || !contains(status.Convert(err).Message(), "fs_type") {
+		t.Fatalf("vfat: %v, want InvalidArgument naming fs_type", err)
+	}
+	outside := publishReq("/elsewhere/mount", mountCap("", nil, ""), nil)
+	if _, err := c.Publish(ctx, outside, dev, fileType); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("target outside the kubelet dir: %v, want InvalidArgument", err)
+	}
+
+	ureq := &csi.NodeUnpublishVolumeRequest{VolumeId: "vol-1", TargetPath: tp}
+	for i := 0; i < 2; i++ {
+		if _, err := c.Unpublish(ctx, ureq); err != nil {
+			t.Fatalf("unpublish %d: %v", i, err)
+		}
+	}
+	if held, err := c.Holds(ctx, tp); err != nil || held {
+		t.Fatalf("Holds after unpublish = %v, %v", held, err)
+	}
+	for _, p := range []string{"", "relative/path", "/elsewhere"} {
+		if held, err := c.Holds(ctx, p); err != nil || held {
+			t.Errorf("Holds(%q) = %v, %v; want false, nil", p, held, err)
+		}
+	}
+	if _, err := c.Unpublish(ctx, &csi.NodeUnpublishVolumeRequest{TargetPath: tp}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("unpublish without volume id: %v", err)
+	}
+}
+
+// handler is a runtime handler that answers from fixed numbers.
+type handler struct {
+	crustv1.UnimplementedRuntimeHandlerServiceServer
+	abnormal bool
+	capacity int64
+}
+
+func (h *handler) GetVolumeStats(context.Context, *crustv1.RuntimeHandlerServiceGetVolumeStatsRequest) (*crustv1.RuntimeHandlerServiceGetVolumeStatsResponse, error) {
+	r := &crustv1.RuntimeHandlerServiceGetVolumeStatsResponse{Usage: []*crustv1.VolumeUsage{
+		{Available: 70, Total: 100, Used: 30, Unit: crustv1.VolumeUsage_UNIT_BYTES},
+		{Available: 9, Total: 10, Used: 1, Unit: crustv1.VolumeUsage_UNIT_INODES},
+	}}
+	if h.abnormal {
+		r.VolumeCondition = &crustv1.VolumeCondition{Abnormal: true, Message: "remounted read-only"}
+	}
+	return r, nil
+}
+
+func (h *handler) ExpandVolume(_ context.Context, r *crustv1.RuntimeHandlerServiceExpandVolumeRequest) (*crustv1.RuntimeHandlerServiceExpandVolumeResponse, error) {
+	if r.GetRequiredBytes() > 48<<20 {
+		return nil, status.Error(codes.OutOfRange, "the sandbox refuses")
+	}
+	h.capacity = max(h.capacity, r.GetRequiredBytes())
+	return &crustv1.RuntimeHandlerServiceExpandVolumeResponse{CapacityBytes: h.capacity}, nil
+}
+
+// Stats, Health and Expand reach the runtime handler that claimed the volume, and their answers and
+// errors come back in CSI's shapes and codes.
+func TestStatsHealthExpandForwarded(t *testing.T) {
+	c, ctx := newClient(t), ctxT(t)
+	const uid = "bbbbbbbb-0000-4000-8000-000000000001"
+	tp := target(t, uid, "pv-s")
+	if _, err := c.Publish(ctx, publishReq(tp, mountCap("xfs", nil, ""), nil), image(t, "s.img"), fileType); err != nil {
+		t.Fatal(err)
+	}
+	sreq := &csi.NodeGetVolumeStatsRequest{VolumeId: "vol-1", VolumePath: tp}
+	ereq := &csi.NodeExpandVolumeRequest{VolumeId: "vol-1", VolumePath: tp, CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}}
+	if _, err := c.Stats(ctx, sreq); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("stats before a claim: %v, want FailedPrecondition", err)
+	}
+	if _, err := c.Expand(ctx, ereq); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("expand before a claim: %v, want FailedPrecondition", err)
+	}
+
+	h := &handler{capacity: 16 << 20}
+	stop, endpoint, err := runtimehooks.ServeHandler(filepath.Join(t.TempDir(), "h.sock"), h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	rt, err := runtimehooks.Dial(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = rt.Close() }()
+	if _, err := rt.Claim(ctx, tp, "sandbox-1", endpoint); err != nil {
+		t.Fatal(err)
+	}
+
+	st, err := c.Stats(ctx, sreq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
+		{Available: 70, Total: 100, Used: 30, Unit: csi.VolumeUsage_BYTES},
+		{Available: 9, Total: 10, Used: 1, Unit: csi.VolumeUsage_INODES},
+	}}
+	if !proto.Equal(st, want) {
+		t.Errorf("stats %v, want %v", st, want)
+	}
+	hreq := &csi.NodeGetVolumeHealthRequest{VolumeId: "vol-1", VolumePublishPath: tp}
+	if hr, err := c.Health(ctx, hreq); err != nil || len(hr.GetVolumeHealth().GetHealthStatuses()) != 0 || hr.GetVolumeHealth().GetVolumeId() != "vol-1" {
+		t.Errorf("health when normal: %v, %v", hr, err)
+	}
+	h.abnormal = true
+	hr, err := c.Health(ctx, hreq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := hr.GetVolumeHealth().GetHealthStatuses(); len(e) != 1 || e[0].GetStatus() != csi.VolumeHealthErrorType_DEGRADED ||
+		e[0].GetReason() != client.HealthReason || e[0].GetMessage() != "remounted read-only" {
+		t.Errorf("health when abnormal: %v", hr)
+	}
+
+	er, err := c.Expand(ctx, ereq)
+	if err != nil || er.GetCapacityBytes() != 32<<20 {
+		t.Fatalf("expand: %v, %v", er, err)
+	}
+	big := proto.Clone(ereq).(*csi.NodeExpandVolumeRequest)
+	big.CapacityRange.RequiredBytes = 60 << 20 // within the 64 MiB image, past what the handler accepts
+	if _, err := c.Expand(ctx, big); status.Code(err) != codes.OutOfRange {
+		t.Errorf("handler's refusal: %v, want its OutOfRange", err)
+	}
+	noSize := proto.Clone(ereq).(*csi.NodeExpandVolumeRequest)
+	noSize.CapacityRange = nil
+	if _, err := c.Expand(ctx, noSize); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("expand without a size: %v, want InvalidArgument", err)
+	}
+
+	stop()
+	if _, err := c.Stats(ctx, sreq); status.Code(err) != codes.Unavailable {
+		t.Errorf("stats with the handler gone: %v, want Unavailable", err)
+	}
+	if _, err := c.Stats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: "vol-1", VolumePath: tp + "x"}); status.Code(err) != codes.NotFound {
+		t.Errorf("stats of a path crustd does not hold: %v, want NotFound", err)
+	}
+	if _, err := c.Stats(ctx, &csi.NodeGetVolumeStatsRequest{VolumePath: tp}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("stats without volume id: %v, want InvalidArgument", err)
+	}
+	if _, err := c.Unpublish(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "vol-1", TargetPath: tp}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A client made before crustd answers waits within each call's context, and a call on a dead socket
+// fails with Unavailable, a code CSI drivers return as it is.
+func TestUnavailable(t *testing.T) {
+	c, err := client.New(filepath.Join(t.TempDir(), "none.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := c.Holds(ctx, "/var/lib/kubelet/pods/x/volumes/kubernetes.io~csi/pv/mount"); status.Code(err) != codes.Unavailable {
+		t.Fatalf("got %v, want Unavailable", err)
+	}
+}

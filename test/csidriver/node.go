@@ -1,0 +1,524 @@
+package csidriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	mount "k8s.io/mount-utils"
+
+	"crust.dev/crust/pkg/client"
+)
+
+// NodeGetCapabilities returns STAGE_UNSTAGE_VOLUME, GET_VOLUME_STATS, EXPAND_VOLUME and VOLUME_MOUNT_GROUP (the
+// driver applies the pod's fsGroup itself, on the host or, deferred, through crust in the sandbox).
+func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	var caps []*csi.NodeServiceCapability
+	for _, c := range []csi.NodeServiceCapability_RPC_Type{
+		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
+		csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
+		csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP,
+	} {
+		caps = append(caps, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{
+			Rpc: &csi.NodeServiceCapability_RPC{Type: c}}})
+	}
+	return &csi.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// NodeGetInfo returns the node id; volumes have no topology.
+func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{NodeId: d.cfg.NodeID}, nil
+}
+
+// deferred reports whether a mount volume with this context is deferred to crust.
+func (d *Driver) deferred(volCtx map[string]string, c *csi.VolumeCapability) bool {
+	return d.crust != nil && c.GetMount() != nil && client.Deferred(volCtx)
+}
+
+// held reports whether crustd holds a descriptor at path (false when deferral is off).
+func (d *Driver) held(ctx context.Context, path string) (bool, error) {
+	if d.crust == nil {
+		return false, nil
+	}
+	return d.crust.Holds(ctx, path)
+}
+
+// device returns the active device of a volume, activating it when needed.
+func (d *Driver) device(ctx context.Context, id string) (string, error) {
+	lv, err := d.lookup(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	dev, err := d.act.activate(ctx, lv, false)
+	if err != nil {
+		return "", status.Errorf(codes.Internal, "activate %s: %v", id, err)
+	}
+	return dev, nil
+}
+
+// NodeStageVolume formats a blank mount volume and mounts it at the staging path; a block volume, or a
+// deferred mount volume, needs nothing on the host. Staging again at the same path is a success; another
+// device mounted there is AlreadyExists.
+func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+	id, staging, c := req.GetVolumeId(), req.GetStagingTargetPath(), req.GetVolumeCapability()
+	if err := required("volume_id", id, "staging_target_path", staging); err != nil {
+		return nil, err
+	}
+	if c == nil {
+		return nil, status.Error(codes.InvalidArgument, "volume_capability: is required")
+	}
+	if err := checkCapability("volume_capability", c); err != nil {
+		return nil, err
+	}
+	unlock, err := d.busy.tryLock(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	dev, err := d.device(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if c.GetBlock() != nil || d.deferred(req.GetVolumeContext(), c) {
+		return &csi.NodeStageVolumeResponse{}, nil
+	}
+	if ok, err := mountedDevice(staging, dev); err != nil {
+		return nil, err
+	} else if ok {
+		return &csi.NodeStageVolumeResponse{}, nil
+	}
+	if err := os.MkdirAll(staging, 0o750); err != nil {
+		return nil, status.Errorf(codes.Internal, "staging_target_path: %v", err)
+	}
+	fsType := c.GetMount().GetFsType()
+	if fsType == "" {
+		fsType = d.cfg.DefaultFSType
+	}
+	opts := slices.Clone(c.GetMount().GetMountFlags())
+	if c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY {
+		opts = append(opts, "ro")
+	}
+	if err := d.mounter.FormatAndMount(dev, staging, fsType, opts); err != nil {
+		return nil, status.Errorf(codes.Internal, "format and mount %s at %s: %v", dev, staging, err)
+	}
+	return &csi.NodeStageVolumeResponse{}, nil
+}
+
+// NodeUnstageVolume unmounts the staging path; nothing mounted there is a success. The directory stays
+// (the CO owns it).
+func (d *Driver) NodeUnstageVolume(_ context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
+	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
+	if err := required("volume_id", id, "staging_target_path", staging); err != nil {
+		return nil, err
+	}
+	unlock, err := d.busy.tryLock(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err := d.unmount(staging); err != nil {
+		return nil, err
+	}
+	return &csi.NodeUnstageVolumeResponse{}, nil
+}
+
+// NodePublishVolume bind-mounts the staged filesystem (a mount volume) or the device node (a block volume)
+// at the target path, read-only when asked, and applies the fsGroup to a mount volume; a deferred mount
+// volume is deposited with crustd instead. Publishing again with the same parameters is a success; with
+// others (another volume, another read-only flag) AlreadyExists.
+func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	id, target, staging, c := req.GetVolumeId(), req.GetTargetPath(), req.GetStagingTargetPath(), req.GetVolumeCapability()
+	if err := required("volume_id", id, "target_path", target); err != nil {
+		return nil, err
+	}
+	if c == nil {
+		return nil, status.Error(codes.InvalidArgument, "volume_capability: is required")
+	}
+	if err := checkCapability("volume_capability", c); err != nil {
+		return nil, err
+	}
+	if c.GetMount() != nil && staging == "" {
+		return nil, status.Error(codes.InvalidArgument, "staging_target_path: is required (the driver stages volumes)")
+	}
+	unlock, err := d.busy.tryLock(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	dev, err := d.device(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	ro := req.GetReadonly() || c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
+
+	if d.deferred(req.GetVolumeContext(), c) {
+		created, err := mkdir(target)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "target_path: %v", err)
+		}
+		resp, err := d.crust.Publish(ctx, req, dev, client.CreateFilesystem(), client.DefaultFSType(d.cfg.DefaultFSType))
+		if err != nil && created {
+			_ = os.Remove(target)
+		}
+		return resp, err
+	}
+
+	if c.GetBlock() != nil {
+		return d.publishBlock(dev, target, ro)
+	}
+	if ok, err := mountedDevice(staging, dev); err != nil {
+		return nil, err
+	} else if !ok {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not staged at %s", id, staging)
+	}
+	if ok, err := sameMount(target, staging, ro); err != nil {
+		return nil, err
+	} else if ok {
+		return &csi.NodePublishVolumeResponse{}, nil
+	}
+	created, err := mkdir(target)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "target_path: %v", err)
+	}
+	opts := []string{"bind"}
+	if ro {
+		opts = append(opts, "ro")
+	}
+	if err := d.mounter.Mount(staging, target, "", opts); err != nil {
+		if created {
+			_ = os.Remove(target)
+		}
+		return nil, status.Errorf(codes.Internal, "bind %s at %s: %v", staging, target, err)
+	}
+	if g := c.GetMount().GetVolumeMountGroup(); g != "" && !ro {
+		if err := applyGroup(target, g); err != nil {
+			_ = d.unmount(target)
+			return nil, err
+		}
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+func (d *Driver) publishBlock(dev, target string, ro bool) (*csi.NodePublishVolumeResponse, error) {
+	var devSt, tSt unix.Stat_t
+	if err := unix.Stat(dev, &devSt); err != nil {
+		return nil, status.Errorf(codes.Internal, "stat %s: %v", dev, err)
+	}
+	if mp, err := isMountPoint(target); err != nil {
+		return nil, err
+	} else if mp {
+		if err := unix.Stat(target, &tSt); err == nil && tSt.Mode&unix.S_IFMT == unix.S_IFBLK && tSt.Rdev == devSt.Rdev {
+			if readOnlyMount(target) == ro {
+				return &csi.NodePublishVolumeResponse{}, nil
+			}
+		}
+		return nil, status.Errorf(codes.AlreadyExists, "target_path %s is published with another volume or read-only flag", target)
+	}
+	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
+		return nil, status.Errorf(codes.Internal, "target_path: %v", err)
+	}
+	f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o640)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "target_path: %v", err)
+	}
+	_ = f.Close()
+	opts := []string{"bind"}
+	if ro {
+		opts = append(opts, "ro")
+	}
+	if err := d.mounter.Mount(dev, target, "", opts); err != nil {
+		_ = os.Remove(target)
+		return nil, status.Errorf(codes.Internal, "bind %s at %s: %v", dev, target, err)
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// NodeUnpublishVolume unmounts the target path and removes it (a target crustd holds is unpublished
+// through crust); a target that is gone already is a success.
+func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	id, target := req.GetVolumeId(), req.GetTargetPath()
+	if err := required("volume_id", id, "target_path", target); err != nil {
+		return nil, err
+	}
+	unlock, err := d.busy.tryLock(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if held, err := d.held(ctx, target); err != nil {
+		return nil, err
+	} else if held {
+		if _, err := d.crust.Unpublish(ctx, req); err != nil {
+			return nil, err
+		}
+	} else if err := d.unmount(target); err != nil {
+		return nil, err
+	}
+	if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, status.Errorf(codes.Internal, "remove target_path: %v", err)
+	}
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// NodeGetVolumeStats reports statfs bytes and inodes of a mount volume, the device size of a block
+// volume, and what the sandbox measures for a deferred one. NotFound when the volume does not exist or is
+// not at that path.
+func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+	id, path := req.GetVolumeId(), req.GetVolumePath()
+	if err := required("volume_id", id, "volume_path", path); err != nil {
+		return nil, err
+	}
+	dev, err := d.device(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if held, err := d.held(ctx, path); err != nil {
+		return nil, err
+	} else if held {
+		return d.crust.Stats(ctx, req)
+	}
+	kind, err := volumeAt(path, dev)
+	if err != nil {
+		return nil, err
+	}
+	if kind == blockVolume {
+		size, err := deviceSize(path)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "size of %s: %v", path, err)
+		}
+		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Total: size, Unit: csi.VolumeUsage_BYTES}}}, nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return nil, status.Errorf(codes.Internal, "statfs %s: %v", path, err)
+	}
+	bs := st.Bsize
+	return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
+		{Unit: csi.VolumeUsage_BYTES, Total: int64(st.Blocks) * bs, Available: int64(st.Bavail) * bs,
+			Used: int64(st.Blocks-st.Bfree) * bs},
+		{Unit: csi.VolumeUsage_INODES, Total: int64(st.Files), Available: int64(st.Ffree), Used: int64(st.Files - st.Ffree)},
+	}}, nil
+}
+
+// NodeExpandVolume grows the filesystem of a mount volume online to fill its device (resize2fs,
+// xfs_growfs); a block volume needs nothing; a deferred volume is grown by its sandbox through crust.
+// The device must already have the size asked (ControllerExpandVolume), or it is OutOfRange.
+func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	id, path := req.GetVolumeId(), req.GetVolumePath()
+	if err := required("volume_id", id, "volume_path", path); err != nil {
+		return nil, err
+	}
+	if c := req.GetVolumeCapability(); c != nil {
+		if err := checkCapability("volume_capability", c); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkRange("capacity_range", req.GetCapacityRange()); err != nil {
+		return nil, err
+	}
+	unlock, err := d.busy.tryLock(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	lv, err := d.lookup(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if r := req.GetCapacityRange().GetRequiredBytes(); r > lv.Size {
+		return nil, status.Errorf(codes.OutOfRange, "capacity_range: volume %s has %d bytes; expand it on the controller first", id, lv.Size)
+	}
+	dev, err := d.act.activate(ctx, lv, false)
+	if err == nil {
+		err = d.act.refresh(ctx, lv)
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "activate %s: %v", id, err)
+	}
+	if held, err := d.held(ctx, path); err != nil {
+		return nil, err
+	} else if held {
+		return d.crust.Expand(ctx, req)
+	}
+	kind, err := volumeAt(path, dev)
+	if err != nil {
+		return nil, err
+	}
+	if kind == mountVolume {
+		if _, err := d.resizer.Resize(dev, path); err != nil {
+			return nil, status.Errorf(codes.Internal, "grow the filesystem at %s: %v", path, err)
+		}
+	}
+	return &csi.NodeExpandVolumeResponse{CapacityBytes: lv.Size}, nil
+}
+
+// --- host helpers ---
+
+func required(pairs ...string) error {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if pairs[i+1] == "" {
+			return status.Errorf(codes.InvalidArgument, "%s: is required", pairs[i])
+		}
+	}
+	return nil
+}
+
+// unmount unmounts path when something is mounted there.
+func (d *Driver) unmount(path string) error {
+	mp, err := isMountPoint(path)
+	if err != nil || !mp {
+		return err
+	}
+	if err := d.mounter.Unmount(path); err != nil {
+		return status.Errorf(codes.Internal, "unmount %s: %v", path, err)
+	}
+	return nil
+}
+
+// isMountPoint reports whether something is mounted at path; a missing path is not.
+func isMountPoint(path string) (bool, error) {
+	mp, err := mount.New("").IsMountPoint(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, status.Errorf(codes.Internal, "%s: %v", path, err)
+	}
+	return mp, nil
+}
+
+// mountedDevice reports whether dev's filesystem is mounted at path; another one mounted there is
+// AlreadyExists.
+func mountedDevice(path, dev string) (bool, error) {
+	mp, err := isMountPoint(path)
+	if err != nil || !mp {
+		return false, err
+	}
+	var pSt, dSt unix.Stat_t
+	if err := unix.Stat(path, &pSt); err != nil {
+		return false, status.Errorf(codes.Internal, "stat %s: %v", path, err)
+	}
+	if err := unix.Stat(dev, &dSt); err != nil {
+		return false, status.Errorf(codes.Internal, "stat %s: %v", dev, err)
+	}
+	if pSt.Dev != dSt.Rdev {
+		return false, status.Errorf(codes.AlreadyExists, "another filesystem is mounted at %s", path)
+	}
+	return true, nil
+}
+
+// sameMount reports whether target already shows staging's filesystem with the read-only flag ro;
+// another mount there is AlreadyExists.
+func sameMount(target, staging string, ro bool) (bool, error) {
+	mp, err := isMountPoint(target)
+	if err != nil || !mp {
+		return false, err
+	}
+	var tSt, sSt unix.Stat_t
+	if err := unix.Stat(target, &tSt); err != nil {
+		return false, status.Errorf(codes.Internal, "stat %s: %v", target, err)
+	}
+	if err := unix.Stat(staging, &sSt); err != nil {
+		return false, status.Errorf(codes.Internal, "stat %s: %v", staging, err)
+	}
+	if tSt.Dev != sSt.Dev || readOnlyMount(target) != ro {
+		return false, status.Errorf(codes.AlreadyExists, "target_path %s is published with another volume or read-only flag", target)
+	}
+	return true, nil
+}
+
+// readOnlyMount reports whether the mount at path is read-only.
+func readOnlyMount(path string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(path, &st) == nil && st.Flags&unix.ST_RDONLY != 0
+}
+
+type volumeKind int
+
+const (
+	mountVolume volumeKind = iota
+	blockVolume
+)
+
+// volumeAt says how the volume on dev is at path, or NotFound when it is not there.
+func volumeAt(path, dev string) (volumeKind, error) {
+	var pSt, dSt unix.Stat_t
+	if err := unix.Stat(path, &pSt); err != nil {
+		return 0, status.Errorf(codes.NotFound, "volume_path %s: %v", path, err)
+	}
+	if err := unix.Stat(dev, &dSt); err != nil {
+		return 0, status.Errorf(codes.Internal, "stat %s: %v", dev, err)
+	}
+	switch {
+	case pSt.Mode&unix.S_IFMT == unix.S_IFBLK && pSt.Rdev == dSt.Rdev:
+		return blockVolume, nil
+	case pSt.Mode&unix.S_IFMT == unix.S_IFDIR && pSt.Dev == dSt.Rdev:
+		return mountVolume, nil
+	}
+	return 0, status.Errorf(codes.NotFound, "the volume is not at %s", path)
+}
+
+func deviceSize(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = f.Close() }()
+	return f.Seek(0, io.SeekEnd)
+}
+
+// mkdir makes dir (mode 0750) and says whether it made it.
+func mkdir(dir string) (bool, error) {
+	if _, err := os.Stat(dir); err == nil {
+		return false, nil
+	}
+	return true, os.MkdirAll(dir, 0o750)
+}
+
+// applyGroup gives the filesystem at root to group gid as kubelet does for fsGroup: every file's group
+// becomes gid, with group read and write (and execute where the owner has it), and directories get the
+// setgid bit.
+func applyGroup(root, g string) error {
+	gid, err := strconv.Atoi(g)
+	if err != nil || gid < 0 {
+		return status.Errorf(codes.InvalidArgument, "volume_capability.mount.volume_mount_group: %q is not a group id", g)
+	}
+	err = filepath.WalkDir(root, func(p string, de fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if de.Type()&fs.ModeSymlink != 0 {
+			return os.Lchown(p, -1, gid)
+		}
+		info, err := de.Info()
+		if err != nil {
+			return err
+		}
+		if err := os.Lchown(p, -1, gid); err != nil {
+			return err
+		}
+		mode := info.Mode() | 0o060
+		if info.Mode()&0o100 != 0 {
+			mode |= 0o010
+		}
+		if de.IsDir() {
+			mode |= fs.ModeSetgid
+		}
+		return os.Chmod(p, mode)
+	})
+	if err != nil {
+		return status.Errorf(codes.Internal, "apply fsGroup %d at %s: %v", gid, root, fmt.Errorf("%w", err))
+	}
+	return nil
+}
