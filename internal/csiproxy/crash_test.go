@@ -1,0 +1,266 @@
+package csiproxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/client"
+)
+
+// child is a proxy process (this test binary, see TestMain).
+type child struct {
+	t   testing.TB
+	cmd *exec.Cmd
+	out *bytes.Buffer
+	cc  *grpc.ClientConn
+}
+
+// startChild starts a proxy that kills itself at (kind, phase) (never, for an empty phase), and waits
+// until it serves.
+func (e *env) startChild(kind Kind, phase Phase, pods map[string]Pod) *child {
+	e.t.Helper()
+	cfg := e.config()
+	cfg.MicroVMHandlers, cfg.NodeName = []string{"kata"}, "n1"
+	b, err := json.Marshal(childSpec{Config: cfg, CrashKind: kind, CrashPhase: phase, Pods: pods})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c := &child{t: e.t, out: &bytes.Buffer{}}
+	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	c.cmd.Env = append(os.Environ(), childEnv+"="+string(b))
+	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
+	if err := c.cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	// A new connection per attempt: one connection's reconnect back-off would cost a second or more.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if c.cc, err = client.Dial(e.proxySock); err != nil {
+			e.t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := csi.NewIdentityClient(c.cc).GetPluginInfo(ctx, &csi.GetPluginInfoRequest{}, grpc.WaitForReady(false))
+		cancel()
+		if err == nil {
+			break
+		}
+		_ = c.cc.Close()
+		if time.Now().After(deadline) {
+			c.stop()
+			e.t.Fatalf("child proxy did not serve: %v\n%s", err, c.out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return c
+}
+
+func (c *child) node() csi.NodeClient { return csi.NewNodeClient(c.cc) }
+
+// killed waits for the child to die of its own SIGKILL.
+func (c *child) killed() {
+	c.t.Helper()
+	_ = c.cc.Close()
+	err := c.cmd.Wait()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		c.t.Fatalf("child ended with %v, want SIGKILL\n%s", err, c.out)
+	}
+}
+
+// stop ends the child with SIGTERM.
+func (c *child) stop() {
+	_ = c.cc.Close()
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = c.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// TestCrashRecovery kills the proxy (SIGKILL) right after each durable step of each call, deferred and
+// host-mounted, restarts it, and checks that kubelet's retry of the same call converges, or that kubelet
+// giving up (unpublishing instead) undoes everything; and in every case that nothing leaks at the end:
+// no mount (private bind mount, host mount), no descriptor in crustd, no record, no private path.
+func TestCrashRecovery(t *testing.T) {
+	e := newEnv(t)
+	pods := map[string]Pod{
+		"ns/web": {Namespace: "ns", Name: "web", UID: "0e0e0e0e-0000-4000-8000-0000000000a1"},
+		"ns/vm":  {Namespace: "ns", Name: "vm", UID: "0e0e0e0e-0000-4000-8000-0000000000a2", RuntimeClassName: "kata"},
+	}
+	vol := e.createVolume("pvc-crash", 64<<20, true)
+	ctx := context.Background()
+
+	type tc struct {
+		op     string // the call that is killed: stage, publish, unpublish, unstage
+		mode   Mode
+		kind   Kind
+		phase  Phase
+		giveUp bool // after a killed publish or stage, kubelet undoes instead of retrying
+	}
+	var cases []tc
+	for _, mode := range []Mode{ModeDeferred, ModeHost} {
+		mid, undoMid := PhaseDeposited, PhaseUndeposited
+		if mode == ModeHost {
+			mid, undoMid = PhaseMounted, PhaseUnmounted
+		}
+		for _, ph := range []Phase{PhasePublishing, PhaseDriverPublished, mid, PhasePublished} {
+			cases = append(cases, tc{"publish", mode, KindPublish, ph, false}, tc{"publish", mode, KindPublish, ph, true})
+		}
+		for _, ph := range []Phase{PhaseUnpublishing, undoMid, PhaseDriverUnpublished, PhaseForgotten} {
+			cases = append(cases, tc{"unpublish", mode, KindPublish, ph, false})
+		}
+	}
+	for _, ph := range []Phase{PhaseStaging, PhaseStaged} {
+		cases = append(cases, tc{"stage", ModeDeferred, KindStage, ph, false}, tc{"stage", ModeDeferred, KindStage, ph, true})
+	}
+	cases = append(cases, tc{"unstage", ModeDeferred, KindStage, PhaseUnstaging, false},
+		tc{"unstage", ModeDeferred, KindStage, PhaseForgotten, false})
+
+	for _, c := range cases {
+		name := fmt.Sprintf("%s/%s/%s", c.op, c.mode, c.phase)
+		if c.giveUp {
+			name += "/give-up"
+		}
+		t.Run(name, func(t *testing.T) {
+			e.t = t
+			pod := pods["ns/vm"]
+			if c.mode == ModeHost {
+				pod = pods["ns/web"]
+			}
+			staging, target := e.staging("pv-crash"), e.target(pod.UID, "pv-crash")
+			stage := &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+				VolumeCapability: mountCap(), VolumeContext: vol.GetVolumeContext()}
+			pub := &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging, TargetPath: target,
+				VolumeCapability: mountCap(), VolumeContext: podContext(vol, "ns", pod.Name, pod.UID)}
+			unpub := &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: target}
+			unstage := &csi.NodeUnstageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging}
+			must := func(what string, err error) {
+				t.Helper()
+				if err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+			}
+			crashing := e.startChild(c.kind, c.phase, pods)
+			n := crashing.node()
+			var killedErr error
+			switch c.op {
+			case "stage":
+				_, killedErr = n.NodeStageVolume(ctx, stage)
+			case "publish":
+				_, err := n.NodeStageVolume(ctx, stage)
+				must("stage", err)
+				_, killedErr = n.NodePublishVolume(ctx, pub)
+			case "unpublish":
+				_, err := n.NodeStageVolume(ctx, stage)
+				must("stage", err)
+				_, err = n.NodePublishVolume(ctx, pub)
+				must("publish", err)
+				_, killedErr = n.NodeUnpublishVolume(ctx, unpub)
+			case "unstage":
+				_, err := n.NodeStageVolume(ctx, stage)
+				must("stage", err)
+				_, err = n.NodePublishVolume(ctx, pub)
+				must("publish", err)
+				_, err = n.NodeUnpublishVolume(ctx, unpub)
+				must("unpublish", err)
+				_, killedErr = n.NodeUnstageVolume(ctx, unstage)
+			}
+			if killedErr == nil {
+				crashing.stop()
+				t.Fatalf("the %s call succeeded: phase %s was never reached", c.op, c.phase)
+			}
+			crashing.killed()
+
+			p := e.startChild("", "", pods)
+			defer p.stop()
+			n = p.node()
+			switch {
+			case c.op == "stage" && c.giveUp:
+				_, err := n.NodeUnstageVolume(ctx, unstage)
+				must("unstage after a killed stage", err)
+			case c.op == "stage":
+				_, err := n.NodeStageVolume(ctx, stage)
+				must("retried stage", err)
+				_, err = n.NodePublishVolume(ctx, pub)
+				must("publish", err)
+				e.assertPublished(c.mode, target)
+				_, err = n.NodeUnpublishVolume(ctx, unpub)
+				must("unpublish", err)
+				_, err = n.NodeUnstageVolume(ctx, unstage)
+				must("unstage", err)
+			case c.op == "publish" && c.giveUp:
+				_, err := n.NodeUnpublishVolume(ctx, unpub)
+				must("unpublish after a killed publish", err)
+				_, err = n.NodeUnstageVolume(ctx, unstage)
+				must("unstage", err)
+			case c.op == "publish":
+				_, err := n.NodePublishVolume(ctx, pub)
+				must("retried publish", err)
+				e.assertPublished(c.mode, target)
+				_, err = n.NodeUnpublishVolume(ctx, unpub)
+				must("unpublish", err)
+				_, err = n.NodeUnstageVolume(ctx, unstage)
+				must("unstage", err)
+			case c.op == "unpublish":
+				_, err := n.NodeUnpublishVolume(ctx, unpub)
+				must("retried unpublish", err)
+				_, err = n.NodeUnstageVolume(ctx, unstage)
+				must("unstage", err)
+			case c.op == "unstage":
+				_, err := n.NodeUnstageVolume(ctx, unstage)
+				must("retried unstage", err)
+			}
+			e.assertClean()
+			if _, err := os.Stat(target); !os.IsNotExist(err) {
+				t.Errorf("target path left: %v", err)
+			}
+		})
+	}
+}
+
+// assertPublished checks a published volume: deferred, a descriptor in crustd on the private path's
+// device, an empty unmounted target and one private bind mount; host-mounted, a mounted target and no
+// descriptor.
+func (e *env) assertPublished(mode Mode, target string) {
+	e.t.Helper()
+	v, err := e.crust.GetVolume(context.Background(), &crustv1.GetVolumeRequest{VolumeTargetPath: target})
+	priv := mountsUnder(e.state)
+	switch mode {
+	case ModeDeferred:
+		if err != nil {
+			e.t.Fatalf("no descriptor for %s: %v", target, err)
+		}
+		if len(priv) != 1 {
+			e.t.Fatalf("private mounts %v, want one", priv)
+		}
+		dev, derr := resolveDevice(priv[0])
+		if derr != nil || v.GetVolume().GetResolvedBackingPath() != dev {
+			e.t.Fatalf("descriptor device %s, private path's %s (%v)", v.GetVolume().GetResolvedBackingPath(), dev, derr)
+		}
+		if m := mountsUnder(target); len(m) != 0 {
+			e.t.Fatalf("deferred target mounted: %v", m)
+		}
+	case ModeHost:
+		if err == nil {
+			e.t.Fatalf("a host-mounted volume has a descriptor: %v", v)
+		}
+		if m := mountsUnder(target); len(m) != 1 {
+			e.t.Fatalf("host target mounts %v, want one", m)
+		}
+	}
+}

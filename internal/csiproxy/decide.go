@@ -1,0 +1,135 @@
+package csiproxy
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"crust.dev/crust/pkg/client"
+)
+
+// Volume context keys the proxy reads.
+const (
+	// DeferKey in a volume context (from the StorageClass, through the driver's CreateVolume) asks for
+	// deferral; a true value (strconv.ParseBool: "true", "True", "1", ...) turns it on.
+	DeferKey = client.DeferKey
+
+	podNameKey      = client.PodNameKey
+	podNamespaceKey = client.PodNamespaceKey
+	podUIDKey       = client.PodUIDKey
+)
+
+// Decision is what the proxy does with a NodePublishVolume.
+type Decision int
+
+// Decisions.
+const (
+	PassThrough Decision = iota // forward to the driver unchanged
+	Defer                       // raw block publish, descriptor deposited with crustd
+	HostMount                   // raw block publish, formatted and mounted on the host by the proxy
+)
+
+func (d Decision) String() string {
+	switch d {
+	case Defer:
+		return "defer"
+	case HostMount:
+		return "host-mount"
+	default:
+		return "pass-through"
+	}
+}
+
+// Pod is what the proxy needs to know of a pod.
+type Pod struct {
+	Namespace, Name, UID string
+	RuntimeClassName     string
+}
+
+// PodSource answers pod and RuntimeClass look-ups from a cache. Pod reports found=false for a pod it
+// does not hold; RuntimeHandler reports found=false for a RuntimeClass it does not hold.
+type PodSource interface {
+	Pod(namespace, name string) (p Pod, found bool)
+	RuntimeHandler(runtimeClass string) (handler string, found bool)
+}
+
+// errPodNotSeen is returned when the pod named in the volume context is not (yet) in the cache.
+var errPodNotSeen = errors.New("pod not yet in the proxy's cache")
+
+// DeferRequested reports whether a volume context asks for deferral (client.Deferred).
+func DeferRequested(volumeContext map[string]string) bool { return client.Deferred(volumeContext) }
+
+// isMount reports whether a capability is a mount (filesystem) capability.
+func isMount(c *csi.VolumeCapability) bool { return c.GetMount() != nil }
+
+// DecideInput is what Decide looks at.
+type DecideInput struct {
+	Capability    *csi.VolumeCapability
+	VolumeContext map[string]string
+	// StagingPath is the request's staging path; StagedAsBlock whether the proxy staged it as raw block.
+	StagingPath   string
+	StagedAsBlock bool
+	// Pods is nil without --kubeconfig.
+	Pods PodSource
+	// Handlers are the microVM runtime handler names.
+	Handlers map[string]bool
+}
+
+// Decide applies the deferral rules of the package documentation. It fails (wrapping errPodNotSeen)
+// only when a pod source is configured, the volume context names a pod and the cache does not hold it,
+// or holds another pod of that name.
+func Decide(in DecideInput) (Decision, string, error) {
+	if !isMount(in.Capability) {
+		return PassThrough, "not a mount capability", nil
+	}
+	if !DeferRequested(in.VolumeContext) {
+		return PassThrough, "volume context does not ask for deferral", nil
+	}
+	if in.StagingPath != "" && !in.StagedAsBlock {
+		return PassThrough, "staging path was not staged as raw block by the proxy", nil
+	}
+	if in.Pods == nil {
+		return Defer, "deferral asked, no pod source", nil
+	}
+	pod := client.PodInfo(in.VolumeContext)
+	ns, name := pod.Namespace, pod.Name
+	if ns == "" || name == "" {
+		return Defer, "deferral asked, no pod info in the volume context", nil
+	}
+	p, ok := in.Pods.Pod(ns, name)
+	if !ok {
+		return PassThrough, "", errPodNotSeen
+	}
+	if pod.UID != "" && p.UID != "" && pod.UID != p.UID {
+		return PassThrough, "", errPodNotSeen
+	}
+	if p.RuntimeClassName == "" {
+		return HostMount, "pod has no runtimeClassName", nil
+	}
+	handler, ok := in.Pods.RuntimeHandler(p.RuntimeClassName)
+	if !ok {
+		handler = p.RuntimeClassName
+	}
+	if in.Handlers[handler] {
+		return Defer, "pod's runtime handler " + handler + " is a microVM handler", nil
+	}
+	return HostMount, "pod's runtime handler " + handler + " is not a microVM handler", nil
+}
+
+// decideWaiting is Decide, retried while the pod is not yet in the cache, for at most wait.
+func decideWaiting(ctx context.Context, in DecideInput, wait time.Duration) (Decision, string, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		d, why, err := Decide(in)
+		if !errors.Is(err, errPodNotSeen) || time.Now().After(deadline) {
+			return d, why, err
+		}
+		select {
+		case <-ctx.Done():
+			return d, why, err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

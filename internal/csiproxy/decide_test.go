@@ -1,0 +1,148 @@
+package csiproxy
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// fakePods is a PodSource from maps.
+type fakePods struct {
+	pods    map[string]Pod    // by namespace/name
+	classes map[string]string // RuntimeClass name to handler
+}
+
+func (f fakePods) Pod(ns, name string) (Pod, bool) { p, ok := f.pods[ns+"/"+name]; return p, ok }
+func (f fakePods) RuntimeHandler(c string) (string, bool) {
+	h, ok := f.classes[c]
+	return h, ok
+}
+
+func mountCap() *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+}
+
+func blockCap() *csi.VolumeCapability { return blockCapability(mountCap()) }
+
+func TestDecide(t *testing.T) {
+	pods := fakePods{
+		pods: map[string]Pod{
+			"ns/runc":      {Namespace: "ns", Name: "runc", UID: "u-runc"},
+			"ns/kata":      {Namespace: "ns", Name: "kata", UID: "u-kata", RuntimeClassName: "kata"},
+			"ns/kata-rc":   {Namespace: "ns", Name: "kata-rc", UID: "u-kata-rc", RuntimeClassName: "fast-vm"},
+			"ns/gvisor":    {Namespace: "ns", Name: "gvisor", UID: "u-gvisor", RuntimeClassName: "gvisor"},
+			"ns/renamedrc": {Namespace: "ns", Name: "renamedrc", UID: "u-r", RuntimeClassName: "kata"},
+		},
+		// fast-vm's handler is kata-qemu; "kata" is not in the cache, so its name is the handler.
+		classes: map[string]string{"fast-vm": "kata-qemu", "gvisor": "runsc"},
+	}
+	handlers := map[string]bool{"kata": true, "kata-qemu": true}
+	on := map[string]string{DeferKey: "true"}
+	withPod := func(name, uid string) map[string]string {
+		m := map[string]string{DeferKey: "True", podNamespaceKey: "ns", podNameKey: name}
+		if uid != "" {
+			m[podUIDKey] = uid
+		}
+		return m
+	}
+	tests := []struct {
+		name    string
+		in      DecideInput
+		want    Decision
+		wantErr bool
+	}{
+		{"no flag", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{}}, PassThrough, false},
+		{"flag false", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{DeferKey: "false"}}, PassThrough, false},
+		{"flag garbage", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{DeferKey: "yes"}}, PassThrough, false},
+		{"flag 1", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{DeferKey: "1"}}, Defer, false},
+		{"flag with spaces and case", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{DeferKey: " TRUE "}}, Defer, false},
+		{"block capability", DecideInput{Capability: blockCap(), VolumeContext: on}, PassThrough, false},
+		{"nil capability", DecideInput{VolumeContext: on}, PassThrough, false},
+		{"no pod source", DecideInput{Capability: mountCap(), VolumeContext: on}, Defer, false},
+		{"no pod source, pod info ignored", DecideInput{Capability: mountCap(), VolumeContext: withPod("runc", "")}, Defer, false},
+		{"staged as filesystem", DecideInput{Capability: mountCap(), VolumeContext: on, StagingPath: "/s"}, PassThrough, false},
+		{"staged as block", DecideInput{Capability: mountCap(), VolumeContext: on, StagingPath: "/s", StagedAsBlock: true}, Defer, false},
+		{"pod source, no pod info", DecideInput{Capability: mountCap(), VolumeContext: on, Pods: pods, Handlers: handlers}, Defer, false},
+		{"runc pod", DecideInput{Capability: mountCap(), VolumeContext: withPod("runc", "u-runc"), Pods: pods, Handlers: handlers}, HostMount, false},
+		{"microVM pod, class name is the handler", DecideInput{Capability: mountCap(), VolumeContext: withPod("kata", ""), Pods: pods, Handlers: handlers}, Defer, false},
+		{"microVM pod through RuntimeClass.handler", DecideInput{Capability: mountCap(), VolumeContext: withPod("kata-rc", "u-kata-rc"), Pods: pods, Handlers: handlers}, Defer, false},
+		{"other sandbox runtime", DecideInput{Capability: mountCap(), VolumeContext: withPod("gvisor", ""), Pods: pods, Handlers: handlers}, HostMount, false},
+		{"pod not in cache", DecideInput{Capability: mountCap(), VolumeContext: withPod("nope", ""), Pods: pods, Handlers: handlers}, PassThrough, true},
+		{"pod recreated under the same name", DecideInput{Capability: mountCap(), VolumeContext: withPod("kata", "u-old"), Pods: pods, Handlers: handlers}, PassThrough, true},
+		{"no flag beats pod", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{podNamespaceKey: "ns", podNameKey: "kata"}, Pods: pods, Handlers: handlers}, PassThrough, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, why, err := Decide(tc.in)
+			if (err != nil) != tc.wantErr || got != tc.want {
+				t.Fatalf("Decide = %v (%q), %v; want %v, error %v", got, why, err, tc.want, tc.wantErr)
+			}
+			if tc.wantErr && !errors.Is(err, errPodNotSeen) {
+				t.Fatalf("error %v is not errPodNotSeen", err)
+			}
+		})
+	}
+}
+
+// TestInformerPods runs the real informer code on client-go's fake clientset (no API server runs here).
+// The fake ignores field selectors, so the spec.nodeName restriction itself is not exercised; the test
+// checks that pods and RuntimeClasses reach the cache, that late pods are waited for, and the decisions.
+func TestInformerPods(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kata := "kata-fast"
+	cs := fake.NewClientset(
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: types.UID("u1")},
+			Spec: corev1.PodSpec{NodeName: "node-a", RuntimeClassName: &kata}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "plain", UID: types.UID("u2")},
+			Spec: corev1.PodSpec{NodeName: "node-a"}},
+		&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: kata}, Handler: "kata-qemu"},
+	)
+	ip, err := newInformerPods(ctx, cs, "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+	defer scancel()
+	if !ip.waitSynced(sctx) {
+		t.Fatal("informers did not sync")
+	}
+	in := func(name string) DecideInput {
+		return DecideInput{Capability: mountCap(), Pods: ip, Handlers: map[string]bool{"kata-qemu": true},
+			VolumeContext: map[string]string{DeferKey: "true", podNamespaceKey: "ns", podNameKey: name}}
+	}
+	if d, why, err := Decide(in("vm")); err != nil || d != Defer {
+		t.Fatalf("vm pod: %v (%s), %v; want defer", d, why, err)
+	}
+	if d, why, err := Decide(in("plain")); err != nil || d != HostMount {
+		t.Fatalf("plain pod: %v (%s), %v; want host-mount", d, why, err)
+	}
+	// A pod created while a publish waits for it is picked up within the wait.
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		_, _ = cs.CoreV1().Pods("ns").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "late", UID: "u3"},
+			Spec: corev1.PodSpec{NodeName: "node-a", RuntimeClassName: &kata}}, metav1.CreateOptions{})
+	}()
+	if d, why, err := decideWaiting(ctx, in("late"), 5*time.Second); err != nil || d != Defer {
+		t.Fatalf("late pod: %v (%s), %v; want defer", d, why, err)
+	}
+	if _, _, err := decideWaiting(ctx, in("never"), 300*time.Millisecond); !errors.Is(err, errPodNotSeen) {
+		t.Fatalf("missing pod: %v; want errPodNotSeen", err)
+	}
+	// The cache holds only what Decide reads.
+	p, err := ip.pods.Pods("ns").Get("vm")
+	if err != nil || len(p.Labels) != 0 || p.Spec.Containers != nil || p.Spec.RuntimeClassName == nil {
+		t.Fatalf("cached pod %+v, %v: want a trimmed pod with its runtimeClassName", p, err)
+	}
+}

@@ -1,0 +1,100 @@
+// Package csiproxy is crust-csi-proxy, the CO-mediated variant of crust: a CSI Identity and Node service
+// served on the socket kubelet dials, in front of an unmodified CSI driver on another socket. For most
+// calls it is a pass-through; for volumes that must be deferred it makes the driver publish a raw block
+// device and deposits the descriptor with crustd itself, so that a microVM runtime mounts the volume
+// inside the sandbox.
+//
+// # Pass-through
+//
+// Every Identity and Node call that is not deferred is forwarded to the driver as it came (metadata
+// included), and the driver's answer (response, or status with code, message and details) is returned as
+// it came. Calls to any other service or method (the Controller service, when the driver serves it on the
+// same socket, and methods newer than this build) are forwarded as raw frames. Requests are logged through
+// one interceptor; fields CSI marks csi_secret are replaced by "***stripped***" before anything is logged,
+// and the bodies of raw-forwarded calls are never logged.
+//
+// # Deferral rules
+//
+// NodeStageVolume is deferrable when its capability is a mount (not block) capability and the volume
+// context holds crust.dev/defer with a true value (strconv.ParseBool, as pkg/client's Deferred). The proxy then asks the driver for a raw
+// block stage (the capability rewritten to Block, same access mode) and records the staging path.
+//
+// NodePublishVolume with a mount capability and crust.dev/defer true is decided as follows (Decide):
+//
+//   - When a staging path is given and the proxy has no stage record for it, the volume was staged as a
+//     filesystem (before the proxy was there, or by another route): pass-through.
+//   - Without a pod source (no --kubeconfig), or without pod info in the volume context
+//     (csi.storage.k8s.io/pod.name and pod.namespace, sent when the CSIDriver has podInfoOnMount): deferred.
+//   - Otherwise the pod is looked up in an informer cache restricted to this node (field selector
+//     spec.nodeName); a pod not (yet) in the cache, or whose UID differs from pod.uid, fails the call with
+//     UNAVAILABLE so that kubelet retries. A pod without runtimeClassName is not a microVM pod. A pod with
+//     one is a microVM pod when the RuntimeClass's handler (read from a RuntimeClass informer; the
+//     RuntimeClass name itself when it is not in the cache) is one of --microvm-handlers.
+//   - A microVM pod: deferred. Any other pod: host-mounted.
+//
+// Deferred: the driver publishes raw block to a private path under the state directory; the proxy finds
+// the device behind it (the bind-mounted node's rdev, named /dev/block/MAJ:MIN, or /dev/<DEVNAME> from
+// /sys/dev/block/MAJ:MIN/uevent, or the private node itself), creates kubelet's target path as an empty
+// directory and deposits the descriptor through crustd's StageVolume (built by pkg/client's StageRequest):
+// the target path, the device, fs type from the original capability (ext4 when empty), its mount flags,
+// read-only (the request's readonly, a "ro" flag or a reader-only access mode), fsGroup from
+// volume_mount_group, the pod's info as metadata, the driver's name, create_filesystem=true. NodeUnpublishVolume
+// unstages at crustd, has the driver unpublish the private path, removes it and the target directory.
+// NodeGetVolumeStats, NodeGetVolumeHealth and NodeExpandVolume of a deferred volume go to crustd
+// (GetVolumeStats, ExpandVolume), which forwards them to the runtime handler that claimed the volume; for expansion the
+// driver's NodeExpandVolume is called first on the private block path when the driver has EXPAND_VOLUME.
+//
+// Host-mounted: the same raw block publish to the private path, then the proxy formats the device when it
+// holds no filesystem and mounts it on kubelet's target path (k8s.io/mount-utils SafeFormatAndMount), so
+// one StorageClass serves microVM and other pods. Stats are measured with statfs on the target path;
+// expansion resizes the filesystem on the host after the driver's NodeExpandVolume on the private path.
+//
+// Everything else (no flag, a block capability, no record) passes through.
+//
+// A repeated NodePublishVolume of a published path runs the steps again; asked with another volume, fs type
+// or read-only flag it fails with ALREADY_EXISTS and the volume stays published. When a first
+// deferred or host-mounted publish fails with a final code (anything but CANCELLED,
+// DEADLINE_EXCEEDED, UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED: after those kubelet keeps the volume as
+// uncertain and calls again) the proxy undoes what it did before returning, because kubelet will not call
+// NodeUnpublishVolume for it. If that undo fails, the call fails with ABORTED instead and the record stays.
+//
+// # State
+//
+// The proxy keeps one record per path it acted on: a publish target path (deferred or host-mounted) or a
+// staging path (staged as raw block). A record is written before the first side effect of a call and
+// after each step, and deleted after the last undo step. All steps and undo steps are idempotent, so after
+// a crash at any instant kubelet's retry of the same call finishes it (every step is run again), and
+// NodeUnpublishVolume or NodeUnstageVolume undoes whatever the record says may have been done. A record
+// of an earlier boot is kept (the driver's own state may outlive a boot) and treated as incomplete: its
+// mounts are gone, so the next publish runs every step again and the next unpublish undoes every step.
+//
+// The on-disk format is a contract; a change older code cannot read takes a new version:
+//
+//	<state-dir>/                       created mode 0700 when missing
+//	<state-dir>/records/<key>.json     one record, mode 0600
+//	<state-dir>/tmp/                   files being written; emptied at start
+//	<state-dir>/corrupt/<name>.<time>  damaged records moved aside at start (and logged)
+//	<state-dir>/block/<key>/dev        the private path the driver publishes raw block to
+//
+// <key> is the lowercase hex SHA-256 of "<kind>:<path>" (kind "publish" or "stage"). A record is one line
+// of JSON:
+//
+//	{"version":1,"bootId":"<boot id>","sha256":"<hex SHA-256 of the payload bytes>","record":<payload>}
+//
+// and the payload is an object with the members of Record: kind, path, volumeId, mode ("deferred",
+// "host" or "block-stage"), phase, stagingPath, privatePath, device, fsType, readOnly, updated. Phases, in
+// order: for a publish "publishing", "driver-published", "deposited" (deferred) or "mounted" (host),
+// "published"; while undoing "unpublishing", "undeposited" or "unmounted", "driver-unpublished"; for a
+// stage "staging", "staged", "unstaging". Writes go to tmp/, are fsynced, renamed over the record and the
+// records directory is fsynced; a delete unlinks and fsyncs the directory. At start, a record of a newer
+// version makes the proxy refuse to start (before anything is moved); a record that does not decode or
+// whose checksum or file name does not match is moved to corrupt/.
+//
+// # Deployment
+//
+// The private block paths must be visible to the driver and the proxy alike, and the devices to crustd: the
+// default state directory lies under kubelet's root (which a containerised driver mounts with bidirectional
+// propagation), and the proxy needs the host's /dev and /sys to name a device crustd accepts (with neither,
+// the private node itself is deposited, which crustd's --device-allow must then admit). The driver must
+// support raw block volumes.
+package csiproxy

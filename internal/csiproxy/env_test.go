@@ -1,0 +1,225 @@
+package csiproxy
+
+import (
+	"bufio"
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+
+	"crust.dev/crust/internal/daemon"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/test/csidriver"
+	"crust.dev/crust/test/csidriver/lvmtest"
+)
+
+// env is a node for integration tests: a throw-away volume group, the reference LVM driver (deferral
+// off: it is the unmodified driver behind the proxy) on its socket, crustd in this process, and a
+// kubelet-shaped directory tree. It needs root.
+type env struct {
+	t                                testing.TB
+	root, kubelet, state             string
+	driverSock, crustSock, proxySock string
+	driverName                       string
+	driverConn                       *grpc.ClientConn
+	ctrl                             csi.ControllerClient
+	crust                            crustv1.VolumeServiceClient
+	log                              *slog.Logger
+}
+
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: LVM, loop devices, mounts")
+	}
+}
+
+// quietLog is where the components' logs go unless CSIPROXY_TEST_LOG=1.
+func quietLog() *slog.Logger {
+	if os.Getenv("CSIPROXY_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	requireRoot(t)
+	root, err := os.MkdirTemp("", "csiproxy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, root: root, kubelet: filepath.Join(root, "kubelet"), state: filepath.Join(root, "proxy-state"),
+		driverSock: filepath.Join(root, "driver.sock"), crustSock: filepath.Join(root, "crust.sock"),
+		proxySock: filepath.Join(root, "csi.sock"), log: quietLog()}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	if err := os.MkdirAll(filepath.Join(e.kubelet, "pods"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	vg := lvmtest.New(t, 1<<30)
+	stop, err := csidriver.Start(e.driverSock, csidriver.Config{VG: vg.Name, Devices: []string{vg.Device},
+		StateDir: filepath.Join(root, "driver"), Log: e.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("stop driver: %v", err)
+		}
+	})
+	e.startCrustd()
+	if e.driverConn, err = client.Dial(e.driverSock); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.driverConn.Close() })
+	e.ctrl = csi.NewControllerClient(e.driverConn)
+	info, err := csi.NewIdentityClient(e.driverConn).GetPluginInfo(context.Background(), &csi.GetPluginInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.driverName = info.GetName()
+	return e
+}
+
+// startCrustd runs crustd in this process until the test ends.
+func (e *env) startCrustd() {
+	cfg := daemon.Defaults()
+	cfg.Socket, cfg.StateDir, cfg.KataDir, cfg.KubeletDir = e.crustSock, filepath.Join(e.root, "crustd"), "", e.kubelet
+	cfg.HTTPAddr, cfg.GCInterval = "", time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- daemon.Run(ctx, cfg, e.log) }()
+	e.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("crustd: %v", err)
+		}
+	})
+	cc, err := client.Dial(e.crustSock)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = cc.Close() })
+	e.crust = crustv1.NewVolumeServiceClient(cc)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := e.crust.ListVolumes(context.Background(), &crustv1.ListVolumesRequest{})
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("crustd did not come up: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (e *env) config() Config {
+	return Config{CSIAddress: e.proxySock, DriverAddress: e.driverSock, CrustSocket: e.crustSock, StateDir: e.state,
+		PodWait: time.Second, LockWait: 5 * time.Second}
+}
+
+// createVolume makes a volume through the driver's controller; deferrable volumes carry crust.dev/defer.
+func (e *env) createVolume(name string, size int64, deferrable bool) *csi.Volume {
+	e.t.Helper()
+	params := map[string]string{}
+	if deferrable {
+		params[DeferKey] = "true"
+	}
+	r, err := e.ctrl.CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: name,
+		CapacityRange:      &csi.CapacityRange{RequiredBytes: size},
+		VolumeCapabilities: []*csi.VolumeCapability{mountCap()}, Parameters: params})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	v := r.GetVolume()
+	e.t.Cleanup(func() {
+		if _, err := e.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: v.GetVolumeId()}); err != nil {
+			e.t.Errorf("delete volume %s: %v", v.GetVolumeId(), err)
+		}
+	})
+	return v
+}
+
+// target returns a kubelet-shaped publish target path, with its parent made (kubelet makes it).
+func (e *env) target(podUID, pv string) string {
+	e.t.Helper()
+	dir := filepath.Join(e.kubelet, "pods", podUID, "volumes", "kubernetes.io~csi", pv)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		e.t.Fatal(err)
+	}
+	return filepath.Join(dir, "mount")
+}
+
+// staging returns a kubelet-shaped staging path, made (kubelet makes it).
+func (e *env) staging(pv string) string {
+	e.t.Helper()
+	dir := filepath.Join(e.kubelet, "plugins", "kubernetes.io", "csi", e.driverName, pv, "globalmount")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		e.t.Fatal(err)
+	}
+	return dir
+}
+
+// mountsUnder lists the mount points under any of dirs, from this process's mountinfo.
+func mountsUnder(dirs ...string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return []string{err.Error()}
+	}
+	defer func() { _ = f.Close() }()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := fields[4]
+		for _, d := range dirs {
+			if mp == d || strings.HasPrefix(mp, d+"/") {
+				out = append(out, mp)
+			}
+		}
+	}
+	return out
+}
+
+// assertClean fails unless nothing of the proxy's is left: no mount under the kubelet tree or the
+// proxy's state, no descriptor in crustd, no record, no private path.
+func (e *env) assertClean() {
+	e.t.Helper()
+	if m := mountsUnder(e.kubelet, e.state); len(m) > 0 {
+		e.t.Errorf("mounts left: %v", m)
+	}
+	l, err := e.crust.ListVolumes(context.Background(), &crustv1.ListVolumesRequest{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if len(l.GetVolumes()) > 0 {
+		e.t.Errorf("descriptors left in crustd: %v", l.GetVolumes())
+	}
+	for _, d := range []string{"records", "block", "tmp"} {
+		if names, _ := os.ReadDir(filepath.Join(e.state, d)); len(names) > 0 {
+			e.t.Errorf("%s/ left: %v", d, names)
+		}
+	}
+}
+
+// run runs a command and fails the test on error.
+func sh(t testing.TB, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+	return string(out)
+}

@@ -1,0 +1,262 @@
+package csiproxy
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/test/csiproxy/sandbox"
+)
+
+func xfsCap(group string) *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "xfs",
+			MountFlags: []string{"noatime"}, VolumeMountGroup: group}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+}
+
+// podContext is a volume context as kubelet sends it with podInfoOnMount.
+func podContext(vol *csi.Volume, ns, name, uid string) map[string]string {
+	vc := map[string]string{podNamespaceKey: ns, podNameKey: name, podUIDKey: uid}
+	for k, v := range vol.GetVolumeContext() {
+		vc[k] = v
+	}
+	return vc
+}
+
+// TestDeferredAndHostMount is one StorageClass (crust.dev/defer: "true") serving both kinds of pod, with
+// pod look-ups through the informer code on client-go's fake clientset (no API server runs here): a runc
+// pod gets the volume formatted and mounted on the host by the proxy and writes data; a microVM pod then
+// gets it deferred (the descriptor in crustd, the target an empty directory), and the sandbox stand-in
+// claims it, sees the runc pod's data, writes its own; stats and online expansion go through crustd to the
+// sandbox; then the runc pod sees the sandbox's data. Nothing is left at the end.
+func TestDeferredAndHostMount(t *testing.T) {
+	e := newEnv(t)
+	kataClass := "kata-qemu-class"
+	cs := fake.NewClientset(
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "0e0e0e0e-0000-4000-8000-000000000001"}, Spec: corev1.PodSpec{NodeName: "n1"}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "0e0e0e0e-0000-4000-8000-000000000002"},
+			Spec: corev1.PodSpec{NodeName: "n1", RuntimeClassName: &kataClass}},
+		&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: kataClass}, Handler: "kata-qemu"},
+	)
+	cfg := e.config()
+	cfg.MicroVMHandlers, cfg.NodeName = []string{"kata-qemu"}, "n1"
+	cc := startProxy(t, cfg, e.log, withClientset(cs))
+	node := csi.NewNodeClient(cc)
+	ctx := context.Background()
+
+	vol := e.createVolume("pvc-both", 320<<20, true)
+	if vol.GetVolumeContext()[DeferKey] != "true" {
+		t.Fatalf("the driver's volume context %v lacks %s", vol.GetVolumeContext(), DeferKey)
+	}
+	staging := e.staging("pv-both")
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		VolumeCapability: xfsCap(""), VolumeContext: vol.GetVolumeContext()}); err != nil {
+		t.Fatal(err)
+	}
+	if m := mountsUnder(staging); len(m) != 0 {
+		t.Fatalf("staged for deferral, yet the staging path is mounted: %v", m)
+	}
+
+	// 1. The runc pod: formatted and mounted on the host by the proxy, fsGroup applied.
+	runcTarget := e.target("0e0e0e0e-0000-4000-8000-000000000001", "pv-both")
+	pub := &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging, TargetPath: runcTarget,
+		VolumeCapability: xfsCap("2000"), VolumeContext: podContext(vol, "ns", "web", "0e0e0e0e-0000-4000-8000-000000000001")}
+	for range 2 { // the second call is a repeat and changes nothing
+		if _, err := node.NodePublishVolume(ctx, pub); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := mountsUnder(runcTarget); len(m) != 1 {
+		t.Fatalf("runc pod's target mounts: %v, want one", m)
+	}
+	if fs := strings.TrimSpace(sh(t, "findmnt", "-n", "-o", "FSTYPE", runcTarget)); fs != "xfs" {
+		t.Fatalf("runc pod's target holds %q, want xfs", fs)
+	}
+	var st os.FileInfo
+	if err := os.WriteFile(filepath.Join(runcTarget, "from-runc"), []byte("hello from runc"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ = os.Stat(runcTarget); st == nil || st.Sys() == nil {
+		t.Fatal("stat target")
+	}
+	stats, err := node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: vol.GetVolumeId(), VolumePath: runcTarget})
+	if err != nil || len(stats.GetUsage()) != 2 || stats.GetUsage()[0].GetTotal() < 200<<20 {
+		t.Fatalf("host-mounted stats: %v, %v", stats, err)
+	}
+	if l, _ := e.crust.ListVolumes(ctx, &crustv1.ListVolumesRequest{}); len(l.GetVolumes()) != 0 {
+		t.Fatalf("a runc pod's volume reached crustd: %v", l.GetVolumes())
+	}
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: runcTarget}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(runcTarget); !os.IsNotExist(err) {
+		t.Fatalf("runc target left behind: %v", err)
+	}
+
+	// 2. The microVM pod: deferred.
+	vmTarget := e.target("0e0e0e0e-0000-4000-8000-000000000002", "pv-both")
+	pub.TargetPath, pub.VolumeContext, pub.VolumeCapability = vmTarget, podContext(vol, "ns", "vm", "0e0e0e0e-0000-4000-8000-000000000002"), xfsCap("3000")
+	if _, err := node.NodePublishVolume(ctx, pub); err != nil {
+		t.Fatal(err)
+	}
+	if entries, err := os.ReadDir(vmTarget); err != nil || len(entries) != 0 {
+		t.Fatalf("deferred target: %v, %v; want an empty directory", entries, err)
+	}
+	if m := mountsUnder(vmTarget); len(m) != 0 {
+		t.Fatalf("deferred target is mounted: %v", m)
+	}
+	got, err := e.crust.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: vmTarget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := got.GetVolume().GetSpec()
+	if spec.GetFsType() != "xfs" || !spec.GetCreateFilesystem() || spec.GetVolumeSupplementalGroup() != 3000 ||
+		spec.GetVolumeId() != vol.GetVolumeId() || spec.GetPodUid() != "0e0e0e0e-0000-4000-8000-000000000002" || spec.GetCsiDriver() != e.driverName ||
+		len(spec.GetMountFlags()) != 1 || spec.GetMountFlags()[0] != "noatime" || spec.GetReadOnly() {
+		t.Fatalf("descriptor %v", got.GetVolume())
+	}
+	// The same target asked read-only: ALREADY_EXISTS, and the volume stays as it was.
+	ro := proto.Clone(pub).(*csi.NodePublishVolumeRequest)
+	ro.Readonly = true
+	if _, err := node.NodePublishVolume(ctx, ro); status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("read-only publish over a published target: %v, want ALREADY_EXISTS", err)
+	}
+	if _, err := e.crust.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: vmTarget}); err != nil {
+		t.Fatalf("the descriptor is gone after a refused repeat: %v", err)
+	}
+	// Before a sandbox claims it, stats say so.
+	if _, err := node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: vol.GetVolumeId(), VolumePath: vmTarget}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("stats of an unclaimed deferred volume: %v, want FAILED_PRECONDITION", err)
+	}
+	sb := sandbox.New(t, e.crustSock, "sandbox-1")
+	guest := sb.Start(vmTarget)
+	if b, err := os.ReadFile(filepath.Join(guest, "from-runc")); err != nil || string(b) != "hello from runc" {
+		t.Fatalf("the sandbox does not see the runc pod's data: %q, %v", b, err)
+	}
+	if err := os.WriteFile(filepath.Join(guest, "from-vm"), make([]byte, 8<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stats, err = node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: vol.GetVolumeId(), VolumePath: vmTarget})
+	if err != nil || len(stats.GetUsage()) != 2 || stats.GetUsage()[0].GetUsed() < 8<<20 {
+		t.Fatalf("deferred stats through crustd: %v, %v", stats, err)
+	}
+	before := stats.GetUsage()[0].GetTotal()
+	// Online expansion: the controller grows the volume, the node call goes to the sandbox.
+	if _, err := e.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol.GetVolumeId(),
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 400 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	exp, err := node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: vol.GetVolumeId(), VolumePath: vmTarget,
+		StagingTargetPath: staging, VolumeCapability: xfsCap(""), CapacityRange: &csi.CapacityRange{RequiredBytes: 400 << 20}})
+	if err != nil || exp.GetCapacityBytes() <= before {
+		t.Fatalf("deferred expansion: %v, %v (before %d)", exp, err, before)
+	}
+	sb.Stop(vmTarget)
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: vmTarget}); err != nil {
+		t.Fatal(err)
+	}
+
+	// 3. The runc pod again: the sandbox's data, and the grown filesystem.
+	pub.TargetPath, pub.VolumeContext, pub.VolumeCapability = runcTarget, podContext(vol, "ns", "web", "0e0e0e0e-0000-4000-8000-000000000001"), xfsCap("")
+	if _, err := node.NodePublishVolume(ctx, pub); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Join(runcTarget, "from-vm")); err != nil || fi.Size() != 8<<20 {
+		t.Fatalf("the runc pod does not see the sandbox's data: %v, %v", fi, err)
+	}
+	stats, err = node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: vol.GetVolumeId(), VolumePath: runcTarget})
+	if err != nil || stats.GetUsage()[0].GetTotal() != exp.GetCapacityBytes() {
+		t.Fatalf("host stats after the sandbox grew it: %v, %v; want total %d", stats, err, exp.GetCapacityBytes())
+	}
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: runcTarget}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	e.assertClean()
+}
+
+// TestNotDeferredStaysOnTheDriver: a volume without the flag is the driver's business alone.
+func TestNotDeferredStaysOnTheDriver(t *testing.T) {
+	e := newEnv(t)
+	cc := startProxy(t, e.config(), e.log)
+	node := csi.NewNodeClient(cc)
+	ctx := context.Background()
+	vol := e.createVolume("pvc-plain", 64<<20, false)
+	staging, target := e.staging("pv-plain"), e.target("0e0e0e0e-0000-4000-8000-000000000003", "pv-plain")
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		VolumeCapability: mountCap(), VolumeContext: vol.GetVolumeContext()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		TargetPath: target, VolumeCapability: mountCap(), VolumeContext: vol.GetVolumeContext()}); err != nil {
+		t.Fatal(err)
+	}
+	if len(mountsUnder(staging)) != 1 || len(mountsUnder(target)) != 1 {
+		t.Fatalf("the driver's own mounts are missing: %v", mountsUnder(e.kubelet))
+	}
+	if recs := e.stateRecords(); len(recs) != 0 {
+		t.Fatalf("the proxy recorded a pass-through volume: %v", recs)
+	}
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	e.assertClean()
+}
+
+func (e *env) stateRecords() []string {
+	names, _ := os.ReadDir(filepath.Join(e.state, "records"))
+	var out []string
+	for _, n := range names {
+		out = append(out, n.Name())
+	}
+	return out
+}
+
+// TestFinalErrorUndoes: when a deferred publish fails with a final code (crustd refuses the fs type),
+// kubelet will not unpublish, so the proxy undoes the driver's raw block publish and its record itself.
+func TestFinalErrorUndoes(t *testing.T) {
+	e := newEnv(t)
+	node := csi.NewNodeClient(startProxy(t, e.config(), e.log))
+	ctx := context.Background()
+	vol := e.createVolume("pvc-refused", 64<<20, true)
+	staging, target := e.staging("pv-refused"), e.target("0e0e0e0e-0000-4000-8000-0000000000c1", "pv-refused")
+	capVfat := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "vfat"}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		VolumeCapability: capVfat, VolumeContext: vol.GetVolumeContext()}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		TargetPath: target, VolumeCapability: capVfat, VolumeContext: vol.GetVolumeContext()})
+	if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "crustd") {
+		t.Fatalf("publish with an fs type crustd refuses: %v, want crustd's INVALID_ARGUMENT", err)
+	}
+	if _, err := os.Stat(target); !os.IsNotExist(err) {
+		t.Fatalf("target left after a refused publish: %v", err)
+	}
+	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	e.assertClean()
+}

@@ -1,0 +1,109 @@
+package csiproxy
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/mount-utils"
+)
+
+// hostMount formats rec.Device when it holds no filesystem and mounts it on the target path, unless the
+// target already is a mount point; with gid it then gives the group the volume as kubelet does for fsGroup.
+func (p *Proxy) hostMount(rec *Record, flags []string, gid *int64) error {
+	notMnt, err := p.mounter.IsLikelyNotMountPoint(rec.Path)
+	if err != nil {
+		return status.Errorf(codes.Internal, "check target path: %v", err)
+	}
+	if notMnt {
+		opts := append([]string(nil), flags...)
+		if rec.ReadOnly {
+			opts = append(opts, "ro")
+		}
+		if err := p.mounter.FormatAndMount(rec.Device, rec.Path, rec.FsType, opts); err != nil {
+			return status.Errorf(codes.Internal, "format and mount %s on %s: %v", rec.Device, rec.Path, err)
+		}
+	}
+	if gid != nil && !rec.ReadOnly {
+		if err := setGroup(rec.Path, int(*gid)); err != nil {
+			return status.Errorf(codes.Internal, "apply fsGroup %d: %v", *gid, err)
+		}
+	}
+	return nil
+}
+
+// hostUnmount unmounts the target path if it is mounted; it leaves the directory for removeTarget.
+func (p *Proxy) hostUnmount(target string) error {
+	for {
+		notMnt, err := p.mounter.IsLikelyNotMountPoint(target)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			if mount.IsCorruptedMnt(err) {
+				if uerr := p.mounter.Unmount(target); uerr != nil {
+					return status.Errorf(codes.Internal, "unmount %s: %v", target, uerr)
+				}
+				continue
+			}
+			return status.Errorf(codes.Internal, "check target path: %v", err)
+		}
+		if notMnt {
+			return nil
+		}
+		if err := p.mounter.Unmount(target); err != nil {
+			return status.Errorf(codes.Internal, "unmount %s: %v", target, err)
+		}
+	}
+}
+
+// setGroup gives gid every file under root, group read/write (and execute where the owner has it), and
+// setgid on directories, as kubelet does for a pod's fsGroup.
+func setGroup(root string, gid int) error {
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type()&fs.ModeSymlink != 0 {
+			return os.Lchown(path, -1, gid)
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if err := os.Lchown(path, -1, gid); err != nil {
+			return err
+		}
+		mode := info.Mode() | 0o060
+		if info.IsDir() {
+			mode |= os.ModeSetgid | 0o010
+		} else if info.Mode()&0o100 != 0 {
+			mode |= 0o010
+		}
+		if mode != info.Mode() {
+			return os.Chmod(path, mode)
+		}
+		return nil
+	})
+}
+
+// statfsUsage measures a mounted filesystem: bytes and inodes.
+func statfsUsage(path string) (*csi.NodeGetVolumeStatsResponse, error) {
+	var s unix.Statfs_t
+	if err := unix.Statfs(path, &s); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, status.Errorf(codes.NotFound, "%s: %v", path, err)
+		}
+		return nil, status.Errorf(codes.Internal, "statfs %s: %v", path, err)
+	}
+	bs := int64(s.Bsize)
+	return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
+		{Unit: csi.VolumeUsage_BYTES, Total: int64(s.Blocks) * bs, Available: int64(s.Bavail) * bs, Used: int64(s.Blocks-s.Bfree) * bs},
+		{Unit: csi.VolumeUsage_INODES, Total: int64(s.Files), Available: int64(s.Ffree), Used: int64(s.Files - s.Ffree)},
+	}}, nil
+}

@@ -1,0 +1,431 @@
+package csiproxy
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/client"
+)
+
+// undoTimeout bounds the undo of a publish that failed with a final code.
+const undoTimeout = 2 * time.Minute
+
+// NodeStageVolume stages a deferrable volume (mount capability, crust.dev/defer: "true") as raw block
+// and records it; everything else is forwarded unchanged.
+func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+	path := r.GetStagingTargetPath()
+	if !isMount(r.GetVolumeCapability()) || !DeferRequested(r.GetVolumeContext()) || r.GetVolumeId() == "" || path == "" {
+		return p.node.NodeStageVolume(outgoing(ctx), r)
+	}
+	unlock, err := p.lock(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	prev := p.state.get(KindStage, path)
+	rec := &Record{Kind: KindStage, Path: path, VolumeID: r.GetVolumeId(), Mode: ModeBlockStage}
+	if err := p.put(rec, PhaseStaging); err != nil {
+		return nil, err
+	}
+	br := proto.Clone(r).(*csi.NodeStageVolumeRequest)
+	br.VolumeCapability = blockCapability(r.GetVolumeCapability())
+	resp, err := p.node.NodeStageVolume(outgoing(ctx), br)
+	if err != nil {
+		if isFinal(err) && (prev == nil || prev.Phase != PhaseStaged) {
+			if derr := p.state.delete(KindStage, path); derr != nil {
+				p.log.Error("forget a failed stage", "path", path, "err", derr)
+			}
+		}
+		return nil, err
+	}
+	if err := p.put(rec, PhaseStaged); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// NodeUnstageVolume forwards to the driver and, for a path the proxy staged as raw block, forgets it
+// once the driver has unstaged.
+func (p *Proxy) NodeUnstageVolume(ctx context.Context, r *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
+	path := r.GetStagingTargetPath()
+	if path == "" || r.GetVolumeId() == "" || p.state.get(KindStage, path) == nil {
+		return p.node.NodeUnstageVolume(outgoing(ctx), r)
+	}
+	unlock, err := p.lock(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	rec := p.state.get(KindStage, path)
+	if rec == nil {
+		return p.node.NodeUnstageVolume(outgoing(ctx), r)
+	}
+	if err := p.put(rec, PhaseUnstaging); err != nil {
+		return nil, err
+	}
+	resp, err := p.node.NodeUnstageVolume(outgoing(ctx), r)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.state.delete(KindStage, path); err != nil {
+		return nil, status.Errorf(codes.Internal, "forget stage of %s: %v", path, err)
+	}
+	p.hook(KindStage, PhaseForgotten)
+	return resp, nil
+}
+
+// NodePublishVolume decides (see Decide) and either forwards, or publishes deferred or host-mounted.
+func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	target := r.GetTargetPath()
+	if r.GetVolumeId() == "" || target == "" || r.GetVolumeCapability() == nil ||
+		((!isMount(r.GetVolumeCapability()) || !DeferRequested(r.GetVolumeContext())) && p.state.get(KindPublish, target) == nil) {
+		return p.node.NodePublishVolume(outgoing(ctx), r)
+	}
+	unlock, err := p.lock(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	rec := p.state.get(KindPublish, target)
+	if rec == nil {
+		stage := p.state.get(KindStage, r.GetStagingTargetPath())
+		d, why, err := decideWaiting(ctx, DecideInput{
+			Capability: r.GetVolumeCapability(), VolumeContext: r.GetVolumeContext(),
+			StagingPath: r.GetStagingTargetPath(), StagedAsBlock: stage != nil && stage.Phase == PhaseStaged && !stage.Stale,
+			Pods: p.pods, Handlers: p.handlers,
+		}, p.cfg.PodWait)
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "pod %s/%s: %v; retry",
+				r.GetVolumeContext()[podNamespaceKey], r.GetVolumeContext()[podNameKey], err)
+		}
+		p.log.Info("publish decision", "target", target, "volume_id", r.GetVolumeId(), "decision", d.String(), "why", why)
+		if d == PassThrough {
+			return p.node.NodePublishVolume(outgoing(ctx), r)
+		}
+		mode := ModeDeferred
+		if d == HostMount {
+			mode = ModeHost
+		}
+		rec = &Record{Kind: KindPublish, Path: target, VolumeID: r.GetVolumeId(), Mode: mode}
+	} else if rec.VolumeID != r.GetVolumeId() {
+		return nil, status.Errorf(codes.AlreadyExists, "%s is published for volume %s, not %s", target, rec.VolumeID, r.GetVolumeId())
+	} else if rec.Phase == PhasePublished && !rec.Stale &&
+		(rec.ReadOnly != readOnly(r) || rec.FsType != fsType(r.GetVolumeCapability())) {
+		return nil, status.Errorf(codes.AlreadyExists, "%s is published %s, read-only %v; asked %s, read-only %v",
+			target, rec.FsType, rec.ReadOnly, fsType(r.GetVolumeCapability()), readOnly(r))
+	}
+	return p.publish(ctx, r, rec)
+}
+
+// readOnly reports whether a publish is read-only: the request says so, or the access mode is a reader one.
+func readOnly(r *csi.NodePublishVolumeRequest) bool {
+	switch r.GetVolumeCapability().GetAccessMode().GetMode() {
+	case csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY, csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
+		return true
+	}
+	return r.GetReadonly()
+}
+
+// fsType is the capability's filesystem type, ext4 when empty.
+func fsType(c *csi.VolumeCapability) string {
+	if t := c.GetMount().GetFsType(); t != "" {
+		return t
+	}
+	return "ext4"
+}
+
+// publish runs every step of a deferred or host-mounted publish; each is idempotent, so a retry after a
+// crash runs them all again.
+func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, rec *Record) (*csi.NodePublishVolumeResponse, error) {
+	target := r.GetTargetPath()
+	var gid *int64
+	if g := r.GetVolumeCapability().GetMount().GetVolumeMountGroup(); g != "" {
+		n, err := strconv.ParseInt(g, 10, 64)
+		if err != nil || n < 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "volume_mount_group %q is not a group id", g)
+		}
+		gid = &n
+	}
+	// A repeat of a publish that completed must not tear it down when it fails (say, with ALREADY_EXISTS
+	// for other parameters): it stays published, as it was.
+	wasPublished := rec.Phase == PhasePublished && !rec.Stale
+	rec.StagingPath = r.GetStagingTargetPath()
+	rec.PrivatePath = filepath.Join(p.state.privateDir(target), "dev")
+	rec.FsType = fsType(r.GetVolumeCapability())
+	rec.ReadOnly = readOnly(r)
+	if err := p.put(rec, PhasePublishing); err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*csi.NodePublishVolumeResponse, error) {
+		if wasPublished {
+			if perr := p.put(rec, PhasePublished); perr != nil {
+				p.log.Error("restore a published record", "target", target, "err", perr)
+			}
+			return nil, err
+		}
+		if !isFinal(err) {
+			return nil, err // kubelet keeps the volume as uncertain: it retries or unpublishes
+		}
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+		defer cancel()
+		if uerr := p.undoPublish(uctx, rec); uerr != nil {
+			p.log.Error("undo a failed publish", "target", target, "err", uerr)
+			return nil, status.Errorf(codes.Aborted, "%v (and undoing what was done failed: %v; retry)",
+				status.Convert(err).Message(), status.Convert(uerr).Message())
+		}
+		return nil, err
+	}
+
+	if err := os.MkdirAll(filepath.Dir(rec.PrivatePath), 0o700); err != nil {
+		return fail(status.Errorf(codes.Internal, "private path: %v", err))
+	}
+	br := proto.Clone(r).(*csi.NodePublishVolumeRequest)
+	br.TargetPath = rec.PrivatePath
+	br.VolumeCapability = blockCapability(r.GetVolumeCapability())
+	if _, err := p.node.NodePublishVolume(outgoing(ctx), br); err != nil {
+		return fail(err)
+	}
+	dev, err := resolveDevice(rec.PrivatePath)
+	if err != nil {
+		return fail(status.Errorf(codes.Internal, "the driver's raw block publish at %s: %v", rec.PrivatePath, err))
+	}
+	rec.Device = dev
+	if err := p.put(rec, PhaseDriverPublished); err != nil {
+		return fail(err)
+	}
+	if err := os.Mkdir(target, 0o750); err != nil && !errors.Is(err, os.ErrExist) {
+		return fail(status.Errorf(codes.Internal, "create target path: %v", err))
+	}
+	switch rec.Mode {
+	case ModeDeferred:
+		ro := rec.ReadOnly
+		if _, err := p.crust.Publish(ctx, r, dev, client.CreateFilesystem(), client.DriverName(p.driverNameFor(ctx)),
+			func(s *crustv1.VolumeSpec) {
+				s.ReadOnly = s.ReadOnly || ro
+				if s.PodUid == "" {
+					s.PodUid = podUIDFromPath(target)
+				}
+			}); err != nil {
+			st := status.Convert(err)
+			return fail(status.Errorf(st.Code(), "crustd: %s", st.Message()))
+		}
+		if err := p.put(rec, PhaseDeposited); err != nil {
+			return fail(err)
+		}
+	case ModeHost:
+		if err := p.hostMount(rec, r.GetVolumeCapability().GetMount().GetMountFlags(), gid); err != nil {
+			return fail(err)
+		}
+		if err := p.put(rec, PhaseMounted); err != nil {
+			return fail(err)
+		}
+	}
+	if err := p.put(rec, PhasePublished); err != nil {
+		return fail(err)
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// podUIDFromPath is the pod UID in a kubelet-shaped target path (.../pods/<uid>/volumes/...), or "".
+func podUIDFromPath(target string) string {
+	parts := strings.Split(target, "/")
+	for i := 0; i+2 < len(parts); i++ {
+		if parts[i] == "pods" && parts[i+2] == "volumes" {
+			return parts[i+1]
+		}
+	}
+	return ""
+}
+
+// undoPublish undoes every step a publish record may stand for, in reverse, and forgets the record.
+func (p *Proxy) undoPublish(ctx context.Context, rec *Record) error {
+	target := rec.Path
+	if err := p.put(rec, PhaseUnpublishing); err != nil {
+		return err
+	}
+	switch rec.Mode {
+	case ModeDeferred:
+		if _, err := p.crust.Unpublish(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: rec.VolumeID, TargetPath: target}); err != nil &&
+			status.Code(err) != codes.NotFound {
+			st := status.Convert(err)
+			return status.Errorf(st.Code(), "crustd: %s", st.Message())
+		}
+		if err := p.put(rec, PhaseUndeposited); err != nil {
+			return err
+		}
+	case ModeHost:
+		if err := p.hostUnmount(target); err != nil {
+			return err
+		}
+		if err := p.put(rec, PhaseUnmounted); err != nil {
+			return err
+		}
+	}
+	if _, err := p.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{
+		VolumeId: rec.VolumeID, TargetPath: rec.PrivatePath,
+	}); err != nil && status.Code(err) != codes.NotFound {
+		return err
+	}
+	if err := p.put(rec, PhaseDriverUnpublished); err != nil {
+		return err
+	}
+	if err := removePrivate(rec.PrivatePath); err != nil {
+		return status.Errorf(codes.Internal, "remove private path: %v", err)
+	}
+	if err := p.removeTarget(target); err != nil {
+		return err
+	}
+	if err := p.state.delete(KindPublish, target); err != nil {
+		return status.Errorf(codes.Internal, "forget %s: %v", target, err)
+	}
+	p.hook(KindPublish, PhaseForgotten)
+	return nil
+}
+
+// removeTarget removes the target directory the proxy created; it must not be a mount point.
+func (p *Proxy) removeTarget(target string) error {
+	if _, err := os.Lstat(target); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	notMnt, err := p.mounter.IsLikelyNotMountPoint(target)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return status.Errorf(codes.Internal, "check target path: %v", err)
+	}
+	if err == nil && !notMnt {
+		return status.Errorf(codes.FailedPrecondition, "target path %s is a mount point; not removing it", target)
+	}
+	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return status.Errorf(codes.Internal, "remove target path: %v", err)
+	}
+	return nil
+}
+
+// NodeUnpublishVolume undoes a deferred or host-mounted publish; anything else is forwarded.
+func (p *Proxy) NodeUnpublishVolume(ctx context.Context, r *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	target := r.GetTargetPath()
+	if r.GetVolumeId() == "" || target == "" || p.state.get(KindPublish, target) == nil {
+		return p.node.NodeUnpublishVolume(outgoing(ctx), r)
+	}
+	unlock, err := p.lock(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	rec := p.state.get(KindPublish, target)
+	if rec == nil {
+		return p.node.NodeUnpublishVolume(outgoing(ctx), r)
+	}
+	if err := p.undoPublish(ctx, rec); err != nil {
+		return nil, err
+	}
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// NodeGetVolumeStats answers a deferred volume through crustd (measured in the sandbox), a host-mounted
+// one with statfs, and forwards everything else.
+func (p *Proxy) NodeGetVolumeStats(ctx context.Context, r *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+	rec := p.state.get(KindPublish, r.GetVolumePath())
+	if r.GetVolumeId() == "" || rec == nil {
+		return p.node.NodeGetVolumeStats(outgoing(ctx), r)
+	}
+	if rec.Phase != PhasePublished || rec.Stale {
+		return nil, status.Errorf(codes.NotFound, "%s is not published (%s)", rec.Path, rec.Phase)
+	}
+	switch rec.Mode {
+	case ModeDeferred:
+		resp, err := p.crust.Stats(ctx, r)
+		if err != nil {
+			st := status.Convert(err)
+			return nil, status.Errorf(st.Code(), "crustd: %s", st.Message())
+		}
+		return resp, nil
+	default:
+		return statfsUsage(rec.Path)
+	}
+}
+
+// NodeExpandVolume expands a deferred volume through crustd (in the sandbox) and a host-mounted one on
+// the host, after the driver's NodeExpandVolume on the private raw block path. For a path the proxy
+// staged as raw block, the capability is rewritten to Block before forwarding; anything else is
+// forwarded unchanged.
+func (p *Proxy) NodeExpandVolume(ctx context.Context, r *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	rec := p.state.get(KindPublish, r.GetVolumePath())
+	if r.GetVolumeId() == "" || rec == nil {
+		if r.GetVolumeId() != "" && isMount(r.GetVolumeCapability()) &&
+			(p.state.get(KindStage, r.GetVolumePath()) != nil || p.state.get(KindStage, r.GetStagingTargetPath()) != nil) {
+			br := proto.Clone(r).(*csi.NodeExpandVolumeRequest)
+			br.VolumeCapability = blockCapability(r.GetVolumeCapability())
+			return p.node.NodeExpandVolume(outgoing(ctx), br)
+		}
+		return p.node.NodeExpandVolume(outgoing(ctx), r)
+	}
+	unlock, err := p.lock(ctx, rec.Path)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if rec = p.state.get(KindPublish, r.GetVolumePath()); rec == nil || rec.Phase != PhasePublished || rec.Stale {
+		return nil, status.Errorf(codes.NotFound, "%s is not published", r.GetVolumePath())
+	}
+	br := proto.Clone(r).(*csi.NodeExpandVolumeRequest)
+	br.VolumePath = rec.PrivatePath
+	br.VolumeCapability = blockCapability(r.GetVolumeCapability())
+	if _, err := p.node.NodeExpandVolume(outgoing(ctx), br); err != nil {
+		return nil, err
+	}
+	switch rec.Mode {
+	case ModeDeferred:
+		cr := proto.Clone(r).(*csi.NodeExpandVolumeRequest)
+		if cr.GetCapacityRange().GetRequiredBytes() <= 0 { // optional in CSI; crustd grows to a size: the device's
+			size, err := deviceSize(rec.Device)
+			if err != nil {
+				return nil, status.Errorf(codes.Internal, "%v", err)
+			}
+			cr.CapacityRange = &csi.CapacityRange{RequiredBytes: size, LimitBytes: r.GetCapacityRange().GetLimitBytes()}
+		}
+		resp, err := p.crust.Expand(ctx, cr)
+		if err != nil {
+			st := status.Convert(err)
+			return nil, status.Errorf(st.Code(), "crustd: %s", st.Message())
+		}
+		return resp, nil
+	default:
+		if _, err := p.resizer.Resize(rec.Device, rec.Path); err != nil {
+			return nil, status.Errorf(codes.Internal, "resize the filesystem on %s: %v", rec.Device, err)
+		}
+		size, err := deviceSize(rec.Device)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "%v", err)
+		}
+		return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
+	}
+}
+
+// NodeGetVolumeHealth answers a deferred volume through crustd (its condition as the sandbox sees it) and
+// forwards everything else.
+func (p *Proxy) NodeGetVolumeHealth(ctx context.Context, r *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
+	rec := p.state.get(KindPublish, r.GetVolumePublishPath())
+	if r.GetVolumeId() == "" || rec == nil || rec.Mode != ModeDeferred {
+		return p.node.NodeGetVolumeHealth(outgoing(ctx), r)
+	}
+	if rec.Phase != PhasePublished || rec.Stale {
+		return nil, status.Errorf(codes.NotFound, "%s is not published (%s)", rec.Path, rec.Phase)
+	}
+	resp, err := p.crust.Health(ctx, r)
+	if err != nil {
+		st := status.Convert(err)
+		return nil, status.Errorf(st.Code(), "crustd: %s", st.Message())
+	}
+	return resp, nil
+}

@@ -1,0 +1,371 @@
+package csiproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/mount-utils"
+	utilexec "k8s.io/utils/exec"
+
+	"crust.dev/crust/internal/keylock"
+	"crust.dev/crust/internal/store"
+	"crust.dev/crust/pkg/client"
+)
+
+// Config is crust-csi-proxy's configuration; the flags of NewCommand fill it.
+type Config struct {
+	// CSIAddress is the unix socket the proxy serves (the one kubelet dials): a path or unix:// address.
+	CSIAddress string
+	// DriverAddress is the driver's unix socket.
+	DriverAddress string
+	// CrustSocket is crustd's API socket.
+	CrustSocket string
+	// MicroVMHandlers are the runtime handler names whose pods get deferred volumes (with Kubeconfig).
+	MicroVMHandlers []string
+	// Kubeconfig, when set, turns on pod look-ups; empty means: defer whenever the volume context asks.
+	Kubeconfig string
+	// StateDir holds the proxy's records and private block paths.
+	StateDir string
+	// NodeName restricts the pod informer to this node (needed with Kubeconfig).
+	NodeName string
+	// PodWait is how long a publish waits for a pod to appear in the cache before UNAVAILABLE.
+	PodWait time.Duration
+	// LockWait is how long a call waits for another on the same path before ABORTED.
+	LockWait time.Duration
+}
+
+// DefaultStateDir lies under kubelet's root on purpose: a containerised driver sees (and mounts with
+// bidirectional propagation) only that tree, and the driver must be able to publish to the proxy's
+// private block paths.
+const DefaultStateDir = "/var/lib/kubelet/plugins/crust.dev/csi-proxy"
+
+// Defaults returns the defaults of the flags.
+func Defaults() Config {
+	return Config{
+		CrustSocket: client.DefaultSocket,
+		StateDir:    DefaultStateDir,
+		PodWait:     2 * time.Second,
+		LockWait:    5 * time.Second,
+	}
+}
+
+// Proxy is the CSI Identity and Node service in front of a driver. Create it with New.
+type Proxy struct {
+	csi.UnimplementedIdentityServer
+	csi.UnimplementedNodeServer
+
+	cfg      Config
+	log      *slog.Logger
+	driver   *grpc.ClientConn
+	ident    csi.IdentityClient
+	node     csi.NodeClient
+	crust    *client.Client
+	state    *state
+	locks    *keylock.Locker
+	pods     PodSource
+	handlers map[string]bool
+	mounter  *mount.SafeFormatAndMount
+	resizer  *mount.ResizeFs
+	codec    rawCodec
+	hook     func(Kind, Phase)
+
+	nameMu     sync.Mutex
+	driverName string
+}
+
+// option changes what New builds; for tests.
+type option func(*Proxy)
+
+// withPods makes the proxy use ps for pod look-ups instead of informers built from a kubeconfig.
+func withPods(ps PodSource) option { return func(p *Proxy) { p.pods = ps } }
+
+// withHook makes the proxy call h after each durable state change; tests kill the process there.
+func withHook(h func(Kind, Phase)) option { return func(p *Proxy) { p.hook = h } }
+
+// withClientset makes the proxy build its informers on cs instead of a kubeconfig.
+func withClientset(cs kubernetes.Interface) option {
+	return func(p *Proxy) { p.pods = &pendingClientset{cs} }
+}
+
+// pendingClientset carries a clientset from withClientset to New, which starts the informers.
+type pendingClientset struct{ cs kubernetes.Interface }
+
+func (*pendingClientset) Pod(string, string) (Pod, bool)       { return Pod{}, false }
+func (*pendingClientset) RuntimeHandler(string) (string, bool) { return "", false }
+
+// New connects to the driver and crustd (lazily: neither needs to be up yet), opens the state and, with
+// a kubeconfig, starts the pod and RuntimeClass informers, which run until ctx ends.
+func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) (*Proxy, error) {
+	if cfg.DriverAddress == "" {
+		return nil, errors.New("--driver-address is required")
+	}
+	if cfg.CrustSocket == "" {
+		return nil, errors.New("--crust-socket is required")
+	}
+	if cfg.StateDir == "" {
+		return nil, errors.New("--state-dir is required")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	p := &Proxy{
+		cfg: cfg, log: log, codec: newRawCodec(), hook: func(Kind, Phase) {},
+		locks:    keylock.New(cfg.LockWait),
+		handlers: map[string]bool{},
+		mounter:  mount.NewSafeFormatAndMount(mount.New(""), utilexec.New()),
+		resizer:  mount.NewResizeFs(utilexec.New()),
+	}
+	for _, h := range cfg.MicroVMHandlers {
+		if h != "" {
+			p.handlers[h] = true
+		}
+	}
+	for _, o := range opts {
+		o(p)
+	}
+	_, pending := p.pods.(*pendingClientset)
+	if pending || (p.pods == nil && cfg.Kubeconfig != "") {
+		if len(p.handlers) == 0 {
+			return nil, errors.New("--kubeconfig needs --microvm-handlers: without them no pod would get a deferred volume")
+		}
+		if cfg.NodeName == "" {
+			return nil, errors.New("--kubeconfig needs --node-name (or $NODE_NAME)")
+		}
+		var cs kubernetes.Interface
+		if pc, ok := p.pods.(*pendingClientset); ok {
+			cs = pc.cs
+		} else {
+			var err error
+			if cs, err = kubeClient(cfg.Kubeconfig); err != nil {
+				return nil, err
+			}
+		}
+		ip, err := newInformerPods(ctx, cs, cfg.NodeName)
+		if err != nil {
+			return nil, err
+		}
+		p.pods = ip
+	}
+	bootID, err := store.ReadBootID()
+	if err != nil {
+		return nil, err
+	}
+	if p.state, err = openState(cfg.StateDir, bootID, log); err != nil {
+		return nil, err
+	}
+	if p.driver, err = client.Dial(cfg.DriverAddress); err != nil {
+		return nil, fmt.Errorf("--driver-address: %w", err)
+	}
+	if p.crust, err = client.New(cfg.CrustSocket); err != nil {
+		_ = p.driver.Close()
+		return nil, fmt.Errorf("--crust-socket: %w", err)
+	}
+	p.ident, p.node = csi.NewIdentityClient(p.driver), csi.NewNodeClient(p.driver)
+	for _, r := range p.state.list() {
+		log.Info("state: record", "kind", r.Kind, "path", r.Path, "mode", r.Mode, "phase", r.Phase, "stale", r.Stale)
+	}
+	return p, nil
+}
+
+// Close closes the connections to the driver and crustd.
+func (p *Proxy) Close() {
+	_ = p.driver.Close()
+	_ = p.crust.Close()
+}
+
+// NewServer returns a gRPC server serving the proxy: Identity and Node typed, everything else forwarded
+// raw, all of it through the logging interceptors.
+func (p *Proxy) NewServer() *grpc.Server {
+	s := grpc.NewServer(
+		grpc.ForceServerCodecV2(p.codec),
+		grpc.UnknownServiceHandler(p.forwardUnknown),
+		grpc.ChainUnaryInterceptor(unaryLog(p.log)),
+		grpc.ChainStreamInterceptor(streamLog(p.log)),
+	)
+	csi.RegisterIdentityServer(s, p)
+	csi.RegisterNodeServer(s, p)
+	return s
+}
+
+// Listen removes a stale socket at address and listens there, mode 0600.
+func Listen(address string) (net.Listener, error) {
+	path := address
+	if u, ok := cutUnix(address); ok {
+		path = u
+	}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		if err := os.Remove(path); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+func cutUnix(a string) (string, bool) {
+	for _, pfx := range []string{"unix://", "unix:"} {
+		if len(a) > len(pfx) && a[:len(pfx)] == pfx {
+			return a[len(pfx):], true
+		}
+	}
+	return "", false
+}
+
+// Run serves cfg.CSIAddress until ctx ends, then stops gracefully.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	return run(ctx, cfg, log)
+}
+
+func run(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) error {
+	if cfg.CSIAddress == "" {
+		return errors.New("--csi-address is required")
+	}
+	p, err := New(ctx, cfg, log, opts...)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	if ip, ok := p.pods.(*informerPods); ok {
+		go func() {
+			if ip.waitSynced(ctx) {
+				log.Info("pod and RuntimeClass caches synced", "node", cfg.NodeName)
+			}
+		}()
+	}
+	lis, err := Listen(cfg.CSIAddress)
+	if err != nil {
+		return fmt.Errorf("listen on --csi-address %s: %w", cfg.CSIAddress, err)
+	}
+	srv := p.NewServer()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	log.Info("serving", "csi_address", cfg.CSIAddress, "driver_address", cfg.DriverAddress,
+		"crust_socket", cfg.CrustSocket, "microvm_handlers", cfg.MicroVMHandlers, "pod_lookups", p.pods != nil)
+	select {
+	case err = <-errc:
+	case <-ctx.Done():
+	}
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		srv.Stop()
+	}
+	return err
+}
+
+// ---- Identity: pass-through ----
+
+// GetPluginInfo forwards to the driver.
+func (p *Proxy) GetPluginInfo(ctx context.Context, r *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return p.ident.GetPluginInfo(outgoing(ctx), r)
+}
+
+// GetPluginCapabilities forwards to the driver.
+func (p *Proxy) GetPluginCapabilities(ctx context.Context, r *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+	return p.ident.GetPluginCapabilities(outgoing(ctx), r)
+}
+
+// Probe forwards to the driver.
+func (p *Proxy) Probe(ctx context.Context, r *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	return p.ident.Probe(outgoing(ctx), r)
+}
+
+// ---- Node: pass-through ----
+
+// NodeGetCapabilities forwards to the driver; the capabilities are the driver's, unchanged.
+func (p *Proxy) NodeGetCapabilities(ctx context.Context, r *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	return p.node.NodeGetCapabilities(outgoing(ctx), r)
+}
+
+// NodeGetInfo forwards to the driver.
+func (p *Proxy) NodeGetInfo(ctx context.Context, r *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return p.node.NodeGetInfo(outgoing(ctx), r)
+}
+
+// NodeGetStorageHealth forwards to the driver.
+func (p *Proxy) NodeGetStorageHealth(ctx context.Context, r *csi.NodeGetStorageHealthRequest) (*csi.NodeGetStorageHealthResponse, error) {
+	return p.node.NodeGetStorageHealth(outgoing(ctx), r)
+}
+
+// ---- helpers ----
+
+// blockCapability returns c with its access type replaced by Block (same access mode); nil for nil.
+func blockCapability(c *csi.VolumeCapability) *csi.VolumeCapability {
+	if c == nil {
+		return nil
+	}
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: proto.Clone(c.GetAccessMode()).(*csi.VolumeCapability_AccessMode),
+	}
+}
+
+// isFinal reports whether kubelet takes err as final, that is, it will not treat the volume as possibly
+// published and so will not call NodeUnpublishVolume or NodeUnstageVolume for it.
+func isFinal(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	switch st.Code() {
+	case codes.Canceled, codes.DeadlineExceeded, codes.Unavailable, codes.ResourceExhausted, codes.Aborted:
+		return false
+	}
+	return true
+}
+
+// lock takes path's lock, or fails with ABORTED.
+func (p *Proxy) lock(ctx context.Context, path string) (func(), error) {
+	unlock, err := p.locks.Lock(ctx, path)
+	if err != nil {
+		return nil, status.Errorf(codes.Aborted, "an operation on %s is in flight", path)
+	}
+	return unlock, nil
+}
+
+// put stores r at phase ph and calls the hook.
+func (p *Proxy) put(r *Record, ph Phase) error {
+	r.Phase = ph
+	if err := p.state.put(r); err != nil {
+		return status.Errorf(codes.Internal, "recording %s of %s: %v", ph, r.Path, err)
+	}
+	p.hook(r.Kind, ph)
+	return nil
+}
+
+// driverNameFor returns the driver's name from GetPluginInfo, cached once known; "" when unknown.
+func (p *Proxy) driverNameFor(ctx context.Context) string {
+	p.nameMu.Lock()
+	defer p.nameMu.Unlock()
+	if p.driverName == "" {
+		if r, err := p.ident.GetPluginInfo(ctx, &csi.GetPluginInfoRequest{}); err == nil {
+			p.driverName = r.GetName()
+		}
+	}
+	return p.driverName
+}

@@ -1,0 +1,326 @@
+package csiproxy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/google/renameio/v2"
+)
+
+// recordVersion is the record format this code writes and the newest it reads.
+const recordVersion = 1
+
+// maxRecordSize bounds a record file.
+const maxRecordSize = 64 << 10
+
+// Kind says what kind of path a record is about.
+type Kind string
+
+// Record kinds.
+const (
+	KindPublish Kind = "publish" // a NodePublishVolume target path
+	KindStage   Kind = "stage"   // a NodeStageVolume staging path
+)
+
+// Mode says what the proxy does with a path.
+type Mode string
+
+// Modes.
+const (
+	ModeDeferred   Mode = "deferred"    // descriptor deposited with crustd, target left an empty directory
+	ModeHost       Mode = "host"        // formatted and mounted on the host by the proxy
+	ModeBlockStage Mode = "block-stage" // staged by the driver as raw block
+)
+
+// Phase is how far a call got. See the package documentation for the order.
+type Phase string
+
+// Phases.
+const (
+	PhasePublishing        Phase = "publishing"
+	PhaseDriverPublished   Phase = "driver-published"
+	PhaseDeposited         Phase = "deposited"
+	PhaseMounted           Phase = "mounted"
+	PhasePublished         Phase = "published"
+	PhaseUnpublishing      Phase = "unpublishing"
+	PhaseUndeposited       Phase = "undeposited"
+	PhaseUnmounted         Phase = "unmounted"
+	PhaseDriverUnpublished Phase = "driver-unpublished"
+	PhaseStaging           Phase = "staging"
+	PhaseStaged            Phase = "staged"
+	PhaseUnstaging         Phase = "unstaging"
+	// PhaseForgotten is never stored: it names the instant after a record was deleted, for the hook.
+	PhaseForgotten Phase = "forgotten"
+)
+
+// Record is what the proxy remembers of one path.
+type Record struct {
+	Kind        Kind      `json:"kind"`
+	Path        string    `json:"path"`
+	VolumeID    string    `json:"volumeId"`
+	Mode        Mode      `json:"mode"`
+	Phase       Phase     `json:"phase"`
+	StagingPath string    `json:"stagingPath,omitempty"`
+	PrivatePath string    `json:"privatePath,omitempty"`
+	Device      string    `json:"device,omitempty"`
+	FsType      string    `json:"fsType,omitempty"`
+	ReadOnly    bool      `json:"readOnly,omitempty"`
+	Updated     time.Time `json:"updated"`
+
+	// Stale is true for a record written under another boot id (not stored).
+	Stale bool `json:"-"`
+}
+
+// envelope is a record file as read back; Record is raw so the checksum is verified over the stored bytes.
+type envelope struct {
+	Version int             `json:"version"`
+	BootID  string          `json:"bootId"`
+	SHA256  string          `json:"sha256"`
+	Record  json.RawMessage `json:"record"`
+}
+
+var errNewerVersion = errors.New("written by a newer crust-csi-proxy")
+
+// recordKey is the file name key of a record.
+func recordKey(k Kind, path string) string {
+	sum := sha256.Sum256([]byte(string(k) + ":" + path))
+	return hex.EncodeToString(sum[:])
+}
+
+// state is the crash-safe record store with an in-memory index. Calls for one path must be serialised by
+// the caller; different paths may be used concurrently.
+type state struct {
+	dir, records, tmp, corrupt, block string
+	bootID                            string
+
+	mu  sync.Mutex
+	idx map[string]*Record // by recordKey
+}
+
+// openState creates the directories, empties tmp/, and loads the records as the package doc describes.
+func openState(dir, bootID string, log *slog.Logger) (*state, error) {
+	s := &state{
+		dir: dir, bootID: bootID,
+		records: filepath.Join(dir, "records"), tmp: filepath.Join(dir, "tmp"),
+		corrupt: filepath.Join(dir, "corrupt"), block: filepath.Join(dir, "block"),
+		idx: map[string]*Record{},
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("state: %w", err)
+	}
+	for _, d := range []string{s.records, s.tmp, s.corrupt, s.block} {
+		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("state: %w", err)
+		}
+	}
+	if err := syncDir(dir); err != nil {
+		return nil, fmt.Errorf("state: %w", err)
+	}
+	tmps, err := os.ReadDir(s.tmp)
+	if err != nil {
+		return nil, fmt.Errorf("state: %w", err)
+	}
+	for _, e := range tmps {
+		_ = os.RemoveAll(filepath.Join(s.tmp, e.Name()))
+	}
+	entries, err := os.ReadDir(s.records)
+	if err != nil {
+		return nil, fmt.Errorf("state: %w", err)
+	}
+	type bad struct{ name, reason string }
+	var damaged []bad
+	for _, e := range entries {
+		name := e.Name()
+		r, err := readRecordFile(filepath.Join(s.records, name), bootID)
+		switch {
+		case errors.Is(err, errNewerVersion):
+			return nil, fmt.Errorf("state: %s: %w; refusing to start so that a downgrade loses nothing",
+				filepath.Join(s.records, name), err)
+		case err != nil:
+			damaged = append(damaged, bad{name, err.Error()})
+			continue
+		}
+		if want := recordKey(r.Kind, r.Path) + ".json"; name != want {
+			damaged = append(damaged, bad{name, "file name does not match kind and path"})
+			continue
+		}
+		if r.Stale {
+			log.Info("state: record of an earlier boot; its mounts are gone, the next call on the path redoes or undoes it",
+				"kind", r.Kind, "path", r.Path, "phase", r.Phase)
+		}
+		s.idx[recordKey(r.Kind, r.Path)] = r
+	}
+	now := time.Now().UTC().Format("20060102T150405.000000000Z")
+	for _, b := range damaged {
+		to := filepath.Join(s.corrupt, b.name+"."+now)
+		log.Error("state: moving a damaged record aside; what it recorded may need cleaning up by hand",
+			"file", filepath.Join(s.records, b.name), "to", to, "reason", b.reason)
+		if err := os.Rename(filepath.Join(s.records, b.name), to); err != nil {
+			return nil, fmt.Errorf("state: %w", err)
+		}
+	}
+	if len(damaged) > 0 {
+		if err := syncDir(s.records); err != nil {
+			return nil, fmt.Errorf("state: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// readRecordFile reads and verifies one record file.
+func readRecordFile(path, bootID string) (*Record, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	b, err := io.ReadAll(io.LimitReader(f, maxRecordSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxRecordSize {
+		return nil, fmt.Errorf("larger than %d bytes", maxRecordSize)
+	}
+	var v struct {
+		Version *int `json:"version"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return nil, fmt.Errorf("not JSON: %w", err)
+	}
+	if v.Version == nil || *v.Version < 1 {
+		return nil, errors.New("no valid version")
+	}
+	if *v.Version > recordVersion {
+		return nil, fmt.Errorf("version %d: %w", *v.Version, errNewerVersion)
+	}
+	var env envelope
+	if err := json.Unmarshal(b, &env); err != nil {
+		return nil, err
+	}
+	if env.BootID == "" || len(env.Record) == 0 {
+		return nil, errors.New("no boot id or no record")
+	}
+	sum := sha256.Sum256(env.Record)
+	if hex.EncodeToString(sum[:]) != env.SHA256 {
+		return nil, errors.New("checksum mismatch")
+	}
+	var r Record
+	dec := json.NewDecoder(bytes.NewReader(env.Record))
+	if err := dec.Decode(&r); err != nil {
+		return nil, fmt.Errorf("payload: %w", err)
+	}
+	if r.Path == "" || (r.Kind != KindPublish && r.Kind != KindStage) {
+		return nil, errors.New("payload has no path or an unknown kind")
+	}
+	r.Stale = env.BootID != bootID
+	return &r, nil
+}
+
+// get returns a copy of the record of (k, path), or nil.
+func (s *state) get(k Kind, path string) *Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.idx[recordKey(k, path)]
+	if r == nil {
+		return nil
+	}
+	c := *r
+	return &c
+}
+
+// list returns copies of every record, sorted by kind and path.
+func (s *state) list() []Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Record, 0, len(s.idx))
+	for _, r := range s.idx {
+		out = append(out, *r)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Kind != out[j].Kind {
+			return out[i].Kind < out[j].Kind
+		}
+		return out[i].Path < out[j].Path
+	})
+	return out
+}
+
+// put makes r durable (with this boot's id) and indexes it. r.Updated is set.
+func (s *state) put(r *Record) error {
+	r.Updated = time.Now().UTC()
+	r.Stale = false
+	payload, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(payload)
+	var buf bytes.Buffer
+	fmt.Fprintf(&buf, `{"version":%d,"bootId":%q,"sha256":%q,"record":`, recordVersion, s.bootID, hex.EncodeToString(sum[:]))
+	buf.Write(payload)
+	buf.WriteString("}\n")
+	key := recordKey(r.Kind, r.Path)
+	f, err := renameio.NewPendingFile(filepath.Join(s.records, key+".json"),
+		renameio.WithTempDir(s.tmp), renameio.WithStaticPermissions(0o600))
+	if err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	defer func() { _ = f.Cleanup() }()
+	if _, err := f.Write(buf.Bytes()); err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	if err := f.CloseAtomicallyReplace(); err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	if err := syncDir(s.records); err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	c := *r
+	s.mu.Lock()
+	s.idx[key] = &c
+	s.mu.Unlock()
+	return nil
+}
+
+// delete removes the record of (k, path) durably; an unknown one is not an error.
+func (s *state) delete(k Kind, path string) error {
+	key := recordKey(k, path)
+	if err := os.Remove(filepath.Join(s.records, key+".json")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("state: %w", err)
+	}
+	if err := syncDir(s.records); err != nil {
+		return fmt.Errorf("state: %w", err)
+	}
+	s.mu.Lock()
+	delete(s.idx, key)
+	s.mu.Unlock()
+	return nil
+}
+
+// privateDir is the directory holding the private block path of a target path.
+func (s *state) privateDir(target string) string {
+	return filepath.Join(s.block, recordKey(KindPublish, target))
+}
+
+// syncDir fsyncs a directory so that its entries' creations, renames and removals are durable.
+func syncDir(path string) error {
+	d, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

@@ -1,0 +1,133 @@
+package csiproxy
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func testLog(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
+func TestStateRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	s, err := openState(dir, "boot-1", testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Record{Kind: KindPublish, Path: "/k/pods/u/volumes/x/mount", VolumeID: "v1", Mode: ModeDeferred,
+		PrivatePath: s.privateDir("/k/pods/u/volumes/x/mount") + "/dev", Device: "/dev/loop3", FsType: "xfs"}
+	if err := s.put(r); err != nil {
+		t.Fatal(err)
+	}
+	r.Phase = PhaseDeposited
+	if err := s.put(r); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.put(&Record{Kind: KindStage, Path: "/k/staging/x", VolumeID: "v1", Mode: ModeBlockStage, Phase: PhaseStaged}); err != nil {
+		t.Fatal(err)
+	}
+	// A leftover temporary file is removed at the next open.
+	if err := os.WriteFile(filepath.Join(dir, "tmp", "leftover"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	s2, err := openState(dir, "boot-1", testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := s2.get(KindPublish, r.Path)
+	if got == nil || got.Phase != PhaseDeposited || got.Device != "/dev/loop3" || got.Stale || !got.Updated.Equal(r.Updated) {
+		t.Fatalf("reloaded %+v, want %+v", got, r)
+	}
+	if len(s2.list()) != 2 {
+		t.Fatalf("list = %v", s2.list())
+	}
+	if names, _ := os.ReadDir(filepath.Join(dir, "tmp")); len(names) != 0 {
+		t.Fatalf("tmp not emptied: %v", names)
+	}
+	// The file is one line in the documented shape.
+	b, err := os.ReadFile(filepath.Join(dir, "records", recordKey(KindPublish, r.Path)+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(b, []byte(`{"version":1,"bootId":"boot-1","sha256":"`)) || bytes.Count(b, []byte("\n")) != 1 {
+		t.Fatalf("record file:\n%s", b)
+	}
+
+	// Another boot: the records are kept, marked stale.
+	s3, err := openState(dir, "boot-2", testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s3.get(KindPublish, r.Path); got == nil || !got.Stale {
+		t.Fatalf("after a reboot: %+v, want a stale record", got)
+	}
+	if err := s3.delete(KindPublish, r.Path); err != nil {
+		t.Fatal(err)
+	}
+	if err := s3.delete(KindPublish, r.Path); err != nil {
+		t.Fatalf("second delete: %v", err)
+	}
+	if s3.get(KindPublish, r.Path) != nil {
+		t.Fatal("deleted record still there")
+	}
+}
+
+func TestStateDamagedAndNewer(t *testing.T) {
+	dir := t.TempDir()
+	s, err := openState(dir, "b", testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Record{Kind: KindPublish, Path: "/t", VolumeID: "v", Mode: ModeHost, Phase: PhasePublished}
+	if err := s.put(r); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "records", recordKey(KindPublish, "/t")+".json")
+	b, _ := os.ReadFile(file)
+
+	// A flipped payload byte: moved aside.
+	bad := bytes.Replace(b, []byte(`"volumeId":"v"`), []byte(`"volumeId":"w"`), 1)
+	if err := os.WriteFile(file, bad, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A file under the wrong name: moved aside.
+	if err := os.WriteFile(filepath.Join(dir, "records", "other.json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := openState(dir, "b", testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s2.list()) != 0 {
+		t.Fatalf("damaged records loaded: %v", s2.list())
+	}
+	if moved, _ := os.ReadDir(filepath.Join(dir, "corrupt")); len(moved) != 2 {
+		t.Fatalf("corrupt/ holds %v, want 2 files", moved)
+	}
+
+	// A newer version: refuse to start, and move nothing.
+	newer := bytes.Replace(b, []byte(`"version":1`), []byte(`"version":2`), 1)
+	if err := os.WriteFile(file, newer, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openState(dir, "b", testLog(t)); err == nil || !strings.Contains(err.Error(), "newer") {
+		t.Fatalf("open over a newer record: %v", err)
+	}
+	if _, err := os.Stat(file); err != nil {
+		t.Fatalf("the newer record was touched: %v", err)
+	}
+}

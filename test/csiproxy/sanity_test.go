@@ -1,0 +1,504 @@
+// Package csiproxy_test runs csi-sanity (pinned in tools/csisanity) against crust-csi-proxy, the real
+// binary, in front of crust's reference LVM driver (deferral off in the driver: it is the unmodified
+// driver), with a real crustd binary:
+//
+//   - driver: csi-sanity straight at the driver, the baseline;
+//   - proxy: csi-sanity at the proxy, volumes without crust.dev/defer: everything passes through, and the
+//     result must be the baseline's, test for test;
+//   - deferred: csi-sanity at the proxy with crust.dev/defer: "true" in the test volume parameters (the
+//     driver copies it into the volume context), so every mount volume is staged as raw block and published
+//     deferred. Between csi-sanity and the proxy sits a stand-in for the runtime: after a NodePublishVolume
+//     that crustd now holds, a sandbox claims the volume and mounts it (test/csiproxy/sandbox), and before
+//     NodeUnpublishVolume it lets go, as a pod's sandbox starts after kubelet publishes and stops before
+//     kubelet unpublishes. Stats and expansion of those volumes go proxy, crustd, sandbox. The Controller
+//     service goes to the proxy directly, through its raw forwarding.
+//
+// A test that passes against the driver and does not pass in a proxied run fails the test unless
+// deferralExceptions lists it with its reason. It needs root and lvm2; other users skip it.
+package csiproxy_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/xml"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/test/csidriver"
+	"crust.dev/crust/test/csidriver/lvmtest"
+	"crust.dev/crust/test/csiproxy/sandbox"
+)
+
+// deferralExceptions lists csi-sanity tests that pass against the driver but are expected not to pass in
+// the deferred run, each with its reason. Empty: under deferral every test that passes against the driver
+// passes too (csi-sanity checks the target path's existence and kind, never a mounted filesystem, and the
+// sandbox stand-in answers stats and expansion).
+var deferralExceptions = map[string]string{}
+
+const (
+	volumeSize = 64 << 20
+	expandSize = 128 << 20
+	vgSize     = 8 << 30
+)
+
+var binDir, moduleRoot string
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		fmt.Println("csiproxy: skipped, needs root (LVM on loop devices, mounts)")
+		return 0
+	}
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		fmt.Println("go env GOMOD:", err)
+		return 1
+	}
+	moduleRoot = filepath.Dir(strings.TrimSpace(string(out)))
+	dir, err := os.MkdirTemp("", "csiproxy-bin")
+	if err != nil {
+		panic(err)
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	build := exec.Command("go", "build", "-o", dir+"/", "crust.dev/crust/cmd/crustd", "crust.dev/crust/cmd/crust-csi-proxy")
+	build.Dir, build.Stdout, build.Stderr = moduleRoot, os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Println("build:", err)
+		return 1
+	}
+	binDir = dir
+	// Build csi-sanity now, so that its build does not count in a run's time; `go tool` caches it.
+	sanity := exec.Command("go", "tool", "-modfile="+filepath.Join(moduleRoot, "tools", "csisanity", "go.mod"), "csi-sanity", "-h")
+	sanity.Dir = moduleRoot
+	if out, _ := sanity.CombinedOutput(); !strings.Contains(string(out), "csi.endpoint") {
+		fmt.Printf("build csi-sanity:\n%s\n", out)
+		return 1
+	}
+	return m.Run()
+}
+
+// proc is a started binary.
+type proc struct {
+	cmd *exec.Cmd
+	log *bytes.Buffer
+}
+
+func start(t *testing.T, bin string, args ...string) *proc {
+	t.Helper()
+	p := &proc{log: &bytes.Buffer{}}
+	p.cmd = exec.Command(filepath.Join(binDir, bin), args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = p.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-done
+			t.Errorf("%s did not stop on SIGTERM", bin)
+		}
+		if t.Failed() {
+			t.Logf("%s log (tail):\n%s", bin, tail(p.log.Bytes(), 60))
+		}
+	})
+	return p
+}
+
+// waitCSI waits until a CSI endpoint answers GetPluginInfo.
+func waitCSI(t *testing.T, sock string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		cc, err := client.Dial(sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err = csi.NewIdentityClient(cc).GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
+		cancel()
+		_ = cc.Close()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s does not answer: %v", sock, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func waitHealthy(t *testing.T, sock string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		cc, err := client.Dial(sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		r, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		_ = cc.Close()
+		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("crustd does not serve: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// outcome is one csi-sanity run: test name to "passed", "failed" or "skipped: <reason>".
+type outcome map[string]string
+
+func TestCSISanityThroughProxy(t *testing.T) {
+	base := runSanity(t, "driver")
+	t.Run("proxy", func(t *testing.T) {
+		got := runSanity(t, "proxy")
+		compare(t, base, got, nil)
+	})
+	t.Run("deferred", func(t *testing.T) {
+		got := runSanity(t, "deferred")
+		compare(t, base, got, deferralExceptions)
+	})
+}
+
+// compare fails t unless got has the baseline's result for every test (exceptions aside, with reasons).
+func compare(t *testing.T, base, got outcome, exceptions map[string]string) {
+	t.Helper()
+	names := make([]string, 0, len(base))
+	for n := range base {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if got[n] == base[n] {
+			continue
+		}
+		if why, ok := exceptions[n]; ok {
+			t.Logf("expected difference (%s): %s: %s alone, %s here", why, n, base[n], got[n])
+			continue
+		}
+		t.Errorf("%s: %q against the driver, %q through the proxy", n, base[n], got[n])
+	}
+	for n, r := range got {
+		if _, ok := base[n]; !ok {
+			t.Errorf("%s: %q through the proxy, not run against the driver", n, r)
+		}
+	}
+}
+
+// runSanity sets up a node for one mode and runs csi-sanity against it.
+func runSanity(t *testing.T, mode string) outcome {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "csiproxy-sanity")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	kubelet := filepath.Join(dir, "kubelet")
+	if err := os.MkdirAll(kubelet, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	vg := lvmtest.New(t, vgSize)
+	driverSock := filepath.Join(dir, "driver.sock")
+	driverLog, err := os.Create(filepath.Join(dir, "driver.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := csidriver.Start(driverSock, csidriver.Config{VG: vg.Name, Devices: []string{vg.Device}, NodeID: "sanity-node",
+		StateDir: filepath.Join(dir, "driver"), Log: slog.New(slog.NewTextHandler(driverLog, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("stop driver: %v", err)
+		}
+		if left, err := vg.LVs(); err != nil || len(left) > 0 {
+			t.Errorf("volumes left in the volume group: %v (%v)", left, err)
+		}
+	})
+
+	endpoint, controller := driverSock, driverSock
+	var params string
+	var crust crustv1.VolumeServiceClient
+	var proxy *proc
+	if mode != "driver" {
+		crustSock, proxySock := filepath.Join(dir, "crust.sock"), filepath.Join(dir, "csi.sock")
+		start(t, "crustd", "--socket", crustSock, "--state-dir", filepath.Join(dir, "crustd"), "--kata-dir", "",
+			"--kubelet-dir", kubelet, "--http-addr", "")
+		waitHealthy(t, crustSock)
+		proxy = start(t, "crust-csi-proxy", "--csi-address", proxySock, "--driver-address", driverSock, "--crust-socket", crustSock,
+			"--state-dir", filepath.Join(dir, "proxy"), "--log-level", "debug")
+		waitCSI(t, proxySock)
+		cc, err := client.Dial(crustSock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cc.Close() })
+		crust = crustv1.NewVolumeServiceClient(cc)
+		endpoint, controller = proxySock, proxySock
+		if mode == "deferred" {
+			params = filepath.Join(dir, "params.yaml")
+			if err := os.WriteFile(params, []byte(`crust.dev/defer: "true"`+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			endpoint = serveRuntimeStandIn(t, filepath.Join(dir, "kubelet-side.sock"), proxySock, crustSock, crust)
+		}
+	}
+
+	junit := filepath.Join(dir, "junit.xml")
+	args := []string{"tool", "-modfile=" + filepath.Join(moduleRoot, "tools", "csisanity", "go.mod"), "csi-sanity",
+		"--csi.endpoint", "unix://" + endpoint, "--csi.controllerendpoint", "unix://" + controller,
+		"--csi.stagingdir", filepath.Join(kubelet, "staging"), "--csi.mountdir", filepath.Join(kubelet, "mount"),
+		"--csi.testvolumesize", strconv.Itoa(volumeSize), "--csi.testvolumeexpandsize", strconv.Itoa(expandSize),
+		"--ginkgo.junit-report", junit, "--ginkgo.no-color", "--ginkgo.timeout", "20m"}
+	if params != "" {
+		args = append(args, "--csi.testvolumeparameters", params)
+	}
+	cmd := exec.Command("go", args...)
+	cmd.Dir = moduleRoot
+	begin := time.Now()
+	out, runErr := cmd.CombinedOutput()
+	elapsed := time.Since(begin)
+	res, err := readJUnit(junit)
+	if err != nil {
+		t.Fatalf("csi-sanity: %v (run: %v)\n%s", err, runErr, tail(out, 60))
+	}
+	var passed, failed, skipped int
+	reasons := map[string]int{}
+	for n, r := range res {
+		switch {
+		case r == "passed":
+			passed++
+		case strings.HasPrefix(r, "skipped"):
+			skipped++
+			reasons[strings.TrimPrefix(strings.TrimPrefix(r, "skipped: "), "skipped - ")]++
+		default:
+			failed++
+			t.Logf("failed: %s", n)
+		}
+	}
+	t.Logf("csi-sanity %s: %d passed, %d failed, %d skipped in %s", mode, passed, failed, skipped, elapsed.Round(100*time.Millisecond))
+	if mode == "driver" {
+		// The driver's own skips: capabilities it does not advertise. A proxied run must skip the same.
+		keys := make([]string, 0, len(reasons))
+		for k := range reasons {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			t.Logf("  skipped %2d: %s", reasons[k], k)
+		}
+	}
+	if passed == 0 {
+		t.Errorf("csi-sanity passed nothing (exit %v):\n%s", runErr, tail(out, 60))
+	}
+	if mode == "deferred" {
+		deferredVolumesSeen(t, dir)
+		if n := strings.Count(proxy.log.String(), "decision=defer"); n == 0 {
+			t.Errorf("the proxy deferred no publish in the deferred run")
+		} else {
+			t.Logf("the proxy deferred %d publishes", n)
+		}
+	}
+	if crust != nil {
+		l, err := crust.ListVolumes(context.Background(), &crustv1.ListVolumesRequest{})
+		if err != nil || len(l.GetVolumes()) != 0 {
+			t.Errorf("descriptors left in crustd: %v (%v)", l.GetVolumes(), err)
+		}
+		if names, _ := os.ReadDir(filepath.Join(dir, "proxy", "records")); len(names) != 0 {
+			t.Errorf("proxy records left: %v", names)
+		}
+	}
+	if t.Failed() {
+		b, _ := os.ReadFile(driverLog.Name())
+		t.Logf("driver log (tail):\n%s", tail(b, 40))
+	}
+	return res
+}
+
+// deferredVolumesSeen checks that the deferred run really deferred: the stand-in claimed volumes.
+func deferredVolumesSeen(t *testing.T, dir string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "claims"))
+	if err != nil || len(bytes.TrimSpace(b)) == 0 {
+		t.Errorf("no volume was deferred and claimed in the deferred run (%v)", err)
+		return
+	}
+	t.Logf("the runtime stand-in claimed %d deferred volumes", len(strings.Split(strings.TrimSpace(string(b)), "\n")))
+}
+
+// standIn is what kubelet and the runtime do around the proxy, for csi-sanity: Identity and Node calls are
+// forwarded to the proxy; after a NodePublishVolume whose target crustd holds, a sandbox claims and mounts
+// the volume; before a NodeUnpublishVolume, the sandbox lets go of it.
+type standIn struct {
+	csi.UnimplementedIdentityServer
+	csi.UnimplementedNodeServer
+	ident  csi.IdentityClient
+	node   csi.NodeClient
+	crust  crustv1.VolumeServiceClient
+	sb     *sandbox.Sandbox
+	claims *os.File
+}
+
+func serveRuntimeStandIn(t *testing.T, sock, proxySock, crustSock string, crust crustv1.VolumeServiceClient) string {
+	t.Helper()
+	cc, err := client.Dial(proxySock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims, err := os.Create(filepath.Join(filepath.Dir(sock), "claims"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &standIn{ident: csi.NewIdentityClient(cc), node: csi.NewNodeClient(cc), crust: crust,
+		sb: sandbox.New(t, crustSock, "sanity-sandbox"), claims: claims}
+	l, err := listenUnix(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	csi.RegisterIdentityServer(srv, s)
+	csi.RegisterNodeServer(srv, s)
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { srv.Stop(); _ = cc.Close(); _ = claims.Close() })
+	return sock
+}
+
+func (s *standIn) GetPluginInfo(ctx context.Context, r *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return s.ident.GetPluginInfo(ctx, r)
+}
+
+func (s *standIn) GetPluginCapabilities(ctx context.Context, r *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+	return s.ident.GetPluginCapabilities(ctx, r)
+}
+
+func (s *standIn) Probe(ctx context.Context, r *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	return s.ident.Probe(ctx, r)
+}
+
+func (s *standIn) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+	return s.node.NodeStageVolume(ctx, r)
+}
+
+func (s *standIn) NodeUnstageVolume(ctx context.Context, r *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
+	return s.node.NodeUnstageVolume(ctx, r)
+}
+
+func (s *standIn) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	resp, err := s.node.NodePublishVolume(ctx, r)
+	if err != nil || s.sb.Holds(r.GetTargetPath()) {
+		return resp, err
+	}
+	if _, gerr := s.crust.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: r.GetTargetPath()}); gerr == nil {
+		s.sb.Start(r.GetTargetPath())
+		_, _ = fmt.Fprintln(s.claims, r.GetTargetPath())
+	}
+	return resp, nil
+}
+
+func (s *standIn) NodeUnpublishVolume(ctx context.Context, r *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	s.sb.Stop(r.GetTargetPath())
+	return s.node.NodeUnpublishVolume(ctx, r)
+}
+
+func (s *standIn) NodeGetVolumeStats(ctx context.Context, r *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+	return s.node.NodeGetVolumeStats(ctx, r)
+}
+
+func (s *standIn) NodeExpandVolume(ctx context.Context, r *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	return s.node.NodeExpandVolume(ctx, r)
+}
+
+func (s *standIn) NodeGetCapabilities(ctx context.Context, r *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	return s.node.NodeGetCapabilities(ctx, r)
+}
+
+func (s *standIn) NodeGetInfo(ctx context.Context, r *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return s.node.NodeGetInfo(ctx, r)
+}
+
+// readJUnit reads ginkgo's JUnit report into an outcome; suite set-up and tear-down count only when they
+// fail.
+func readJUnit(path string) (outcome, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var suites struct {
+		Suites []struct {
+			Cases []struct {
+				Name    string `xml:"name,attr"`
+				Status  string `xml:"status,attr"`
+				Skipped *struct {
+					Message string `xml:"message,attr"`
+				} `xml:"skipped"`
+				Failure *struct {
+					Message string `xml:"message,attr"`
+				} `xml:"failure"`
+				Error *struct {
+					Message string `xml:"message,attr"`
+				} `xml:"error"`
+			} `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	if err := xml.Unmarshal(b, &suites); err != nil {
+		return nil, fmt.Errorf("parse %s: %w", path, err)
+	}
+	res := outcome{}
+	for _, s := range suites.Suites {
+		for _, c := range s.Cases {
+			suiteNode := strings.Contains(c.Name, "BeforeSuite]") || strings.Contains(c.Name, "AfterSuite]")
+			switch {
+			case c.Failure != nil || c.Error != nil:
+				res[c.Name] = "failed"
+			case suiteNode:
+			case c.Status == "pending":
+				res[c.Name] = "skipped: pending in csi-sanity"
+			case c.Skipped != nil || c.Status == "skipped":
+				msg := ""
+				if c.Skipped != nil {
+					msg = c.Skipped.Message
+				}
+				res[c.Name] = "skipped: " + strings.TrimSpace(msg)
+			default:
+				res[c.Name] = "passed"
+			}
+		}
+	}
+	return res, nil
+}
+
+func tail(b []byte, lines int) string {
+	l := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(l) > lines {
+		l = l[len(l)-lines:]
+	}
+	return strings.Join(l, "\n")
+}
