@@ -50,7 +50,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&cfg.DriverAddress, "driver-address", "", "unix socket of the CSI driver behind the proxy")
 	f.StringVar(&cfg.CrustSocket, "crust-socket", cfg.CrustSocket, "crustd's API socket")
 	f.StringSliceVar(&cfg.MicroVMHandlers, "microvm-handlers", nil, "runtime handlers whose pods get deferred volumes (comma-separated; with --kubeconfig)")
-	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig for pod and RuntimeClass look-ups; without it every volume whose context asks for deferral is deferred")
+	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig for pod and RuntimeClass look-ups (\"in-cluster\": the pod's service account); without it every volume whose context asks for deferral is deferred")
 	f.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the proxy's crash-safe records and private block paths")
 	f.StringVar(&cfg.NodeName, "node-name", "", "this node's name, for the pod informer (default $NODE_NAME)")
 	f.DurationVar(&cfg.PodWait, "pod-wait", cfg.PodWait, "how long a publish waits for its pod to appear in the cache before UNAVAILABLE")

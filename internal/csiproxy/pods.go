@@ -84,9 +84,16 @@ func (ip *informerPods) RuntimeHandler(runtimeClass string) (string, bool) {
 	return rc.Handler, true
 }
 
-// kubeClient builds a clientset from a kubeconfig file.
+// InCluster is the --kubeconfig value that means: use the pod's service account.
+const InCluster = "in-cluster"
+
+// kubeClient builds a clientset from a kubeconfig file, or from the service account for InCluster.
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	path := kubeconfig
+	if path == InCluster {
+		path = "" // clientcmd then takes the in-cluster configuration
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
 	}
