@@ -3,7 +3,9 @@
 // reached over a virtio-serial port. It hot-plugs host block devices into the
 // VM as virtio-blk disks (whose serial is the caller's id, which the agent's
 // mount looks for) and resizes them; the agent, from Agent, mounts and grows
-// them inside.
+// them inside. It can also share host directories over virtio-9p (Config.Shares),
+// which the guest mounts itself; crust does not use them for volumes, they are
+// there to compare the two data paths (test/bench).
 //
 // A VM's files (sockets, console log, QEMU's own log) live in its StateDir.
 // Stop leaves no process and no socket behind; the logs stay for debugging.
@@ -18,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,7 +73,30 @@ type Config struct {
 	BootTimeout time.Duration
 	// KVMTimeout bounds the KVM attempt of AccelAuto; 0 means 10 s.
 	KVMTimeout time.Duration
+	// Shares are host directories exported to the guest over virtio-9p, one
+	// virtio-9p-pci device each, present from boot (not hot-plugged). The
+	// guest mounts one with
+	//	mount -t 9p -o trans=virtio,version=9p2000.L TAG DIR
+	// which needs a kernel with 9p (the generic flavour of the guest assets).
+	Shares []Share
 }
+
+// Share is a host directory exported to the guest over virtio-9p (QEMU's
+// -fsdev local with security_model=passthrough: QEMU, which runs as the
+// caller, creates files with the guest's owners and modes).
+type Share struct {
+	// Tag is the name the guest mounts it by: a letter or digit, then up to
+	// 30 letters, digits, '.', '_' or '-'; distinct among the shares.
+	Tag string
+	// Path is the host directory; it must exist.
+	Path string
+	// ReadOnly exports it read-only.
+	ReadOnly bool
+}
+
+// validTag is what a share's tag may look like: safe in a QEMU option value
+// and within the 31 bytes older QEMUs accept as a mount_tag.
+var validTag = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,30}$`)
 
 func (c *Config) setDefaults() error {
 	if c.Kernel == "" || c.Initramfs == "" || c.StateDir == "" {
@@ -112,11 +138,45 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("vm: %w", err)
 	}
 	c.StateDir = abs
+	if err := c.checkShares(); err != nil {
+		return err
+	}
 	// sun_path holds 108 bytes with its terminating NUL.
 	if n := len(filepath.Join(c.StateDir, "agent.sock")); n > 107 {
 		return fmt.Errorf("vm: StateDir %s is too long for a unix socket path (%d bytes)", c.StateDir, n)
 	}
 	return os.MkdirAll(c.StateDir, 0o700)
+}
+
+// checkShares validates the shares and makes their paths absolute (in a copy:
+// the caller's slice is not changed).
+func (c *Config) checkShares() error {
+	shares := make([]Share, 0, len(c.Shares))
+	tags := map[string]bool{}
+	for _, sh := range c.Shares {
+		if !validTag.MatchString(sh.Tag) {
+			return fmt.Errorf("vm: share tag %q: want a letter or digit, then up to 30 letters, digits, '.', '_', '-'", sh.Tag)
+		}
+		if tags[sh.Tag] {
+			return fmt.Errorf("vm: share tag %q given twice", sh.Tag)
+		}
+		tags[sh.Tag] = true
+		abs, err := filepath.Abs(sh.Path)
+		if err != nil {
+			return fmt.Errorf("vm: share %s: %w", sh.Tag, err)
+		}
+		fi, err := os.Stat(abs)
+		if err != nil {
+			return fmt.Errorf("vm: share %s: %w", sh.Tag, err)
+		}
+		if !fi.IsDir() {
+			return fmt.Errorf("vm: share %s: %s is not a directory", sh.Tag, abs)
+		}
+		sh.Path = abs
+		shares = append(shares, sh)
+	}
+	c.Shares = shares
+	return nil
 }
 
 // BootInfo tells how a VM came up.
@@ -209,6 +269,8 @@ const (
 	portPrefix   = "crust-rp"
 	nodePrefix   = "crust-node-"
 	diskPrefix   = "crust-disk-"
+	fsdevPrefix  = "crust-fs"
+	sharePrefix  = "crust-9p"
 )
 
 func (c *Config) args(accel Accel) []string {
@@ -241,6 +303,14 @@ func (c *Config) args(accel Accel) []string {
 	}
 	for i := range c.HotplugPorts {
 		args = append(args, "-device", fmt.Sprintf("pcie-root-port,id=%s%d,chassis=%d", portPrefix, i, i+1))
+	}
+	for i, sh := range c.Shares {
+		fsdev := fmt.Sprintf("local,id=%s%d,path=%s,security_model=passthrough", fsdevPrefix, i, qemuPath(sh.Path))
+		if sh.ReadOnly {
+			fsdev += ",readonly=on"
+		}
+		args = append(args, "-fsdev", fsdev,
+			"-device", fmt.Sprintf("virtio-9p-pci,id=%s%d,fsdev=%s%d,mount_tag=%s", sharePrefix, i, fsdevPrefix, i, sh.Tag))
 	}
 	return args
 }

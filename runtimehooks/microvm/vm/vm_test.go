@@ -468,3 +468,49 @@ func TestAutoAccel(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestShares checks the QEMU arguments of 9p shares and the refusal of bad
+// ones, without booting a VM.
+func TestShares(t *testing.T) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, "img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	share := filepath.Join(dir, "a,b")
+	if err := os.Mkdir(share, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := func(shares ...Share) Config {
+		return Config{Kernel: img, Initramfs: img, StateDir: filepath.Join(dir, "state"), Shares: shares}
+	}
+	c := cfg(Share{Tag: "data", Path: share}, Share{Tag: "ro.1", Path: share, ReadOnly: true})
+	if err := c.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(c.args(AccelTCG), " ")
+	esc := strings.ReplaceAll(share, ",", ",,")
+	for _, want := range []string{
+		"-fsdev local,id=crust-fs0,path=" + esc + ",security_model=passthrough -device virtio-9p-pci,id=crust-9p0,fsdev=crust-fs0,mount_tag=data",
+		"-fsdev local,id=crust-fs1,path=" + esc + ",security_model=passthrough,readonly=on -device virtio-9p-pci,id=crust-9p1,fsdev=crust-fs1,mount_tag=ro.1",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("args lack %q:\n%s", want, got)
+		}
+	}
+	if c := cfg(); c.setDefaults() != nil || strings.Contains(strings.Join(c.args(AccelTCG), " "), "9p") {
+		t.Error("a VM without shares has a 9p device")
+	}
+	for name, bad := range map[string][]Share{
+		"empty tag":   {{Tag: "", Path: share}},
+		"comma":       {{Tag: "a,b", Path: share}},
+		"long tag":    {{Tag: strings.Repeat("a", 32), Path: share}},
+		"twice":       {{Tag: "x", Path: share}, {Tag: "x", Path: dir}},
+		"missing dir": {{Tag: "x", Path: filepath.Join(dir, "nope")}},
+		"not a dir":   {{Tag: "x", Path: img}},
+	} {
+		if c := cfg(bad...); c.setDefaults() == nil {
+			t.Errorf("%s: accepted %+v", name, bad)
+		}
+	}
+}

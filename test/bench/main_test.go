@@ -1,0 +1,354 @@
+// Package bench holds crust's end-to-end benchmarks, each a side-by-side comparison made within one run and
+// reported as a ratio, since the machines they run on are too noisy for absolute figures to mean much:
+//
+//   - BenchmarkStageToMounted: StageVolume on crustd until the volume is mounted in the guest of a running
+//     crust-microvm handler (in process), against the bare hot-plug and mount (vm.AttachBlock and the
+//     agent's mount) on another VM; the ratio is crust's overhead.
+//   - BenchmarkGuestThroughput: sequential write and read in one guest (generic kernel) on an ext4 volume
+//     attached as a virtio-blk disk, against an ext4 of the same size mounted on the host and shared into
+//     the same guest over virtio-9p, through the guest's page cache (buffered) and around it (o_direct);
+//     the ratios are what the direct path gains.
+//
+// They boot QEMU guests, need root (loop devices, mounts), and skip with the reason when not root or when
+// QEMU or the guest assets (hack/guest/fetch-kernel.sh --with-9p into CRUST_GUEST_ASSETS, else
+// _output/guest) are missing. They build crustd, crust-guest and the guests' initramfs from this tree
+// themselves. The guests run under TCG, as everywhere in crust's tests (KVM guests hang on the machines
+// crust is developed on); CRUST_BENCH_ACCEL=kvm or auto asks for KVM where it works. Each op takes up to
+// seconds, so run them with a fixed count:
+//
+//	go test -run '^$' -bench . -benchtime 7x ./test/bench
+//
+// which is what `make bench` does (BENCH_OPS=N for another count). Nothing here runs without -bench.
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/runtimehooks/microvm/initramfs"
+	"crust.dev/crust/runtimehooks/microvm/vm"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if build.dir != "" {
+		_ = os.RemoveAll(build.dir)
+	}
+	os.Exit(code)
+}
+
+// build holds what is built once per process: crustd and the guest initramfs of each flavour.
+var build struct {
+	once   sync.Once
+	dir    string
+	err    error
+	crustd string
+	mu     sync.Mutex
+	guests map[string]guestImages // by flavour
+}
+
+// guestImages are a kernel and an initramfs with this tree's crust-guest, and a directory laid out as
+// crust-microvm's --assets wants (FLAVOUR/vmlinuz, initramfs-FLAVOUR.cpio.gz).
+type guestImages struct {
+	kernel, initrd, assets string
+}
+
+func assetsDir() string {
+	if d := os.Getenv("CRUST_GUEST_ASSETS"); d != "" {
+		return d
+	}
+	return filepath.Join(moduleRoot(), "_output", "guest")
+}
+
+func moduleRoot() string {
+	dir, _ := os.Getwd()
+	for ; dir != "/"; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+	}
+	return "."
+}
+
+// needVMs skips b unless it runs as root with QEMU installed.
+func needVMs(b *testing.B) {
+	b.Helper()
+	if os.Geteuid() != 0 {
+		b.Skip("skipping: needs root (loop devices, mounts, QEMU guests)")
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		b.Skip("skipping: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86, or make deps)")
+	}
+}
+
+// buildBinaries builds crustd and crust-guest into the process's build directory, once.
+func buildBinaries(b *testing.B) {
+	b.Helper()
+	build.once.Do(func() {
+		build.dir, build.err = os.MkdirTemp("", "crust-bench-")
+		if build.err != nil {
+			return
+		}
+		root := moduleRoot()
+		for _, c := range []*exec.Cmd{
+			exec.Command("go", "build", "-o", build.dir+"/", "crust.dev/crust/cmd/crustd"),
+			exec.Command("go", "build", "-o", build.dir+"/", "crust.dev/crust/cmd/crust-guest"),
+		} {
+			c.Dir = root
+			c.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := c.CombinedOutput(); err != nil {
+				build.err = fmt.Errorf("%s: %v\n%s", strings.Join(c.Args, " "), err, out)
+				return
+			}
+		}
+		build.crustd = filepath.Join(build.dir, "crustd")
+		build.guests = map[string]guestImages{}
+	})
+	if build.err != nil {
+		b.Fatal(build.err)
+	}
+}
+
+// guest returns the images of flavour ("cloud", or "generic" for 9p), skipping b when the kernel assets
+// are missing.
+func guest(b *testing.B, flavour string) guestImages {
+	b.Helper()
+	needVMs(b)
+	src := assetsDir()
+	a, err := initramfs.LoadAssets(src, flavour)
+	if err != nil {
+		fetch := "hack/guest/fetch-kernel.sh " + src
+		if flavour != "cloud" {
+			fetch = "hack/guest/fetch-kernel.sh --with-9p " + src
+		}
+		b.Skipf("skipping: no %s guest assets (make bench fetches them; or %s): %v", flavour, fetch, err)
+	}
+	buildBinaries(b)
+	build.mu.Lock()
+	defer build.mu.Unlock()
+	if g, ok := build.guests[flavour]; ok {
+		return g
+	}
+	dir := filepath.Join(build.dir, "assets-"+flavour)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	g := guestImages{kernel: a.Kernel, initrd: filepath.Join(dir, "initramfs-"+flavour+".cpio.gz"), assets: dir}
+	err = initramfs.Guest{Agent: filepath.Join(build.dir, "crust-guest"), Modules: a.Modules, Tools: a.Tools}.WriteFile(g.initrd)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(src, flavour), filepath.Join(dir, flavour)); err != nil {
+		b.Fatal(err)
+	}
+	build.guests[flavour] = g
+	return g
+}
+
+func run(b *testing.B, name string, args ...string) string {
+	b.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		b.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// loop is a loop device on an image file.
+type loop struct{ dev, file string }
+
+// newLoop makes a sparse image file of size bytes in dir, formats it ext4 and attaches it to a loop
+// device.
+func newLoop(b *testing.B, dir string, size int64) loop {
+	b.Helper()
+	f, err := os.CreateTemp(dir, "disk-*.img")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := f.Truncate(size); err != nil {
+		b.Fatal(err)
+	}
+	_ = f.Close()
+	run(b, "mkfs.ext4", "-q", "-F", f.Name())
+	return loop{dev: run(b, "losetup", "--find", "--show", f.Name()), file: f.Name()}
+}
+
+// free detaches the loop device and removes its file.
+func (l loop) free(b *testing.B) {
+	b.Helper()
+	if out, err := exec.Command("losetup", "-d", l.dev).CombinedOutput(); err != nil {
+		b.Errorf("losetup -d %s: %v: %s", l.dev, err, out)
+	}
+	_ = os.Remove(l.file)
+}
+
+// daemon is a crustd process on temp dirs, stopped at cleanup.
+type daemon struct {
+	socket, kubelet string
+	conn            *grpc.ClientConn
+}
+
+func startCrustd(b *testing.B) *daemon {
+	b.Helper()
+	buildBinaries(b)
+	root := b.TempDir()
+	d := &daemon{socket: filepath.Join(root, "crust.sock"), kubelet: filepath.Join(root, "kubelet")}
+	if err := os.MkdirAll(filepath.Join(d.kubelet, "pods"), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	var log bytes.Buffer
+	cmd := exec.Command(build.crustd, "--socket", d.socket, "--state-dir", filepath.Join(root, "state"),
+		"--kata-dir", "", "--kubelet-dir", d.kubelet, "--http-addr", "", "--device-allow", "/dev/loop*",
+		"--log-level", "warn")
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	b.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	conn, err := client.Dial(d.socket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close() })
+	d.conn = conn
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return d
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("crustd did not come up: %v\n%s", err, log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// target returns a kubelet-shaped publish target path for volume pv of pod, with the pod's directories made.
+func (d *daemon) target(b *testing.B, pod, pv string) string {
+	b.Helper()
+	dir := filepath.Join(d.kubelet, "pods", pod, "volumes", "kubernetes.io~csi", pv)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		b.Fatal(err)
+	}
+	return filepath.Join(dir, "mount")
+}
+
+// hook is a slog.Handler that keeps the text log (for failures) and tells, on events, of the records
+// whose message is one of the watched ones, with their attributes (those given through With included).
+type hook struct {
+	inner slog.Handler
+	attrs map[string]slog.Value
+	out   *hookOut
+}
+
+type hookOut struct {
+	mu     sync.Mutex
+	text   bytes.Buffer
+	watch  map[string]bool
+	events chan logEvent
+}
+
+// logEvent is a watched record: when it was logged, its message and its attributes.
+type logEvent struct {
+	at    time.Time
+	msg   string
+	attrs map[string]slog.Value
+}
+
+func (o *hookOut) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.text.Write(p)
+}
+
+func (o *hookOut) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.text.String()
+}
+
+func newHook(watch ...string) (*slog.Logger, *hookOut) {
+	o := &hookOut{watch: map[string]bool{}, events: make(chan logEvent, 256)}
+	for _, m := range watch {
+		o.watch[m] = true
+	}
+	h := &hook{inner: slog.NewTextHandler(o, &slog.HandlerOptions{Level: slog.LevelDebug}), attrs: map[string]slog.Value{}, out: o}
+	return slog.New(h), o
+}
+
+func (h *hook) Enabled(ctx context.Context, l slog.Level) bool { return h.inner.Enabled(ctx, l) }
+
+func (h *hook) Handle(ctx context.Context, r slog.Record) error {
+	if h.out.watch[r.Message] {
+		ev := logEvent{at: time.Now(), msg: r.Message, attrs: map[string]slog.Value{}}
+		for k, v := range h.attrs {
+			ev.attrs[k] = v
+		}
+		r.Attrs(func(a slog.Attr) bool { ev.attrs[a.Key] = a.Value.Resolve(); return true })
+		select {
+		case h.out.events <- ev:
+		default: // nobody reads: drop rather than block the handler
+		}
+	}
+	return h.inner.Handle(ctx, r)
+}
+
+func (h *hook) WithAttrs(as []slog.Attr) slog.Handler {
+	n := &hook{inner: h.inner.WithAttrs(as), attrs: map[string]slog.Value{}, out: h.out}
+	for k, v := range h.attrs {
+		n.attrs[k] = v
+	}
+	for _, a := range as {
+		n.attrs[a.Key] = a.Value.Resolve()
+	}
+	return n
+}
+
+func (h *hook) WithGroup(name string) slog.Handler {
+	return &hook{inner: h.inner.WithGroup(name), attrs: h.attrs, out: h.out}
+}
+
+// accel is the guests' accelerator: CRUST_BENCH_ACCEL, or TCG.
+func accel() vm.Accel {
+	if a := os.Getenv("CRUST_BENCH_ACCEL"); a != "" {
+		return vm.Accel(a)
+	}
+	return vm.AccelTCG
+}
+
+// ms is d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func mean(ds []time.Duration) time.Duration {
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return sum / time.Duration(max(1, len(ds)))
+}
