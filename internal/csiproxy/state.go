@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -15,14 +14,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/renameio/v2"
+	"crust.dev/crust/internal/recordfile"
 )
 
 // recordVersion is the record format this code writes and the newest it reads.
 const recordVersion = 1
 
-// maxRecordSize bounds a record file.
-const maxRecordSize = 64 << 10
+// payloadField is the envelope's key for the record.
+const payloadField = "record"
 
 // Kind says what kind of path a record is about.
 type Kind string
@@ -82,15 +81,7 @@ type Record struct {
 	Stale bool `json:"-"`
 }
 
-// envelope is a record file as read back; Record is raw so the checksum is verified over the stored bytes.
-type envelope struct {
-	Version int             `json:"version"`
-	BootID  string          `json:"bootId"`
-	SHA256  string          `json:"sha256"`
-	Record  json.RawMessage `json:"record"`
-}
-
-var errNewerVersion = errors.New("written by a newer crust-csi-proxy")
+var errNewerVersion = recordfile.ErrNewerVersion
 
 // recordKey is the file name key of a record.
 func recordKey(k Kind, path string) string {
@@ -124,7 +115,7 @@ func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 			return nil, fmt.Errorf("state: %w", err)
 		}
 	}
-	if err := syncDir(dir); err != nil {
+	if err := recordfile.SyncDir(dir); err != nil {
 		return nil, fmt.Errorf("state: %w", err)
 	}
 	tmps, err := os.ReadDir(s.tmp)
@@ -171,7 +162,7 @@ func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 		}
 	}
 	if len(damaged) > 0 {
-		if err := syncDir(s.records); err != nil {
+		if err := recordfile.SyncDir(s.records); err != nil {
 			return nil, fmt.Errorf("state: %w", err)
 		}
 	}
@@ -180,50 +171,28 @@ func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 
 // readRecordFile reads and verifies one record file.
 func readRecordFile(path, bootID string) (*Record, error) {
-	f, err := os.Open(path)
+	b, err := recordfile.Read(path)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = f.Close() }()
-	b, err := io.ReadAll(io.LimitReader(f, maxRecordSize+1))
+	return decodeRecord(b, bootID)
+}
+
+// decodeRecord verifies and decodes the bytes of one record file; a record of another boot is marked
+// stale.
+func decodeRecord(b []byte, bootID string) (*Record, error) {
+	recBoot, payload, err := recordfile.Decode(b, recordVersion, payloadField)
 	if err != nil {
 		return nil, err
-	}
-	if len(b) > maxRecordSize {
-		return nil, fmt.Errorf("larger than %d bytes", maxRecordSize)
-	}
-	var v struct {
-		Version *int `json:"version"`
-	}
-	if err := json.Unmarshal(b, &v); err != nil {
-		return nil, fmt.Errorf("not JSON: %w", err)
-	}
-	if v.Version == nil || *v.Version < 1 {
-		return nil, errors.New("no valid version")
-	}
-	if *v.Version > recordVersion {
-		return nil, fmt.Errorf("version %d: %w", *v.Version, errNewerVersion)
-	}
-	var env envelope
-	if err := json.Unmarshal(b, &env); err != nil {
-		return nil, err
-	}
-	if env.BootID == "" || len(env.Record) == 0 {
-		return nil, errors.New("no boot id or no record")
-	}
-	sum := sha256.Sum256(env.Record)
-	if hex.EncodeToString(sum[:]) != env.SHA256 {
-		return nil, errors.New("checksum mismatch")
 	}
 	var r Record
-	dec := json.NewDecoder(bytes.NewReader(env.Record))
-	if err := dec.Decode(&r); err != nil {
+	if err := json.NewDecoder(bytes.NewReader(payload)).Decode(&r); err != nil {
 		return nil, fmt.Errorf("payload: %w", err)
 	}
 	if r.Path == "" || (r.Kind != KindPublish && r.Kind != KindStage) {
 		return nil, errors.New("payload has no path or an unknown kind")
 	}
-	r.Stale = env.BootID != bootID
+	r.Stale = recBoot != bootID
 	return &r, nil
 }
 
@@ -264,25 +233,12 @@ func (s *state) put(r *Record) error {
 	if err != nil {
 		return err
 	}
-	sum := sha256.Sum256(payload)
-	var buf bytes.Buffer
-	fmt.Fprintf(&buf, `{"version":%d,"bootId":%q,"sha256":%q,"record":`, recordVersion, s.bootID, hex.EncodeToString(sum[:]))
-	buf.Write(payload)
-	buf.WriteString("}\n")
-	key := recordKey(r.Kind, r.Path)
-	f, err := renameio.NewPendingFile(filepath.Join(s.records, key+".json"),
-		renameio.WithTempDir(s.tmp), renameio.WithStaticPermissions(0o600))
+	data, err := recordfile.Encode(recordVersion, s.bootID, payloadField, payload)
 	if err != nil {
-		return fmt.Errorf("state: %w", err)
+		return err
 	}
-	defer func() { _ = f.Cleanup() }()
-	if _, err := f.Write(buf.Bytes()); err != nil {
-		return fmt.Errorf("state: %w", err)
-	}
-	if err := f.CloseAtomicallyReplace(); err != nil {
-		return fmt.Errorf("state: %w", err)
-	}
-	if err := syncDir(s.records); err != nil {
+	key := recordKey(r.Kind, r.Path)
+	if err := recordfile.Write(s.records, s.tmp, key+".json", data); err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
 	c := *r
@@ -298,7 +254,7 @@ func (s *state) delete(k Kind, path string) error {
 	if err := os.Remove(filepath.Join(s.records, key+".json")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("state: %w", err)
 	}
-	if err := syncDir(s.records); err != nil {
+	if err := recordfile.SyncDir(s.records); err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
 	s.mu.Lock()
@@ -310,17 +266,4 @@ func (s *state) delete(k Kind, path string) error {
 // privateDir is the directory holding the private block path of a target path.
 func (s *state) privateDir(target string) string {
 	return filepath.Join(s.block, recordKey(KindPublish, target))
-}
-
-// syncDir fsyncs a directory so that its entries' creations, renames and removals are durable.
-func syncDir(path string) error {
-	d, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }

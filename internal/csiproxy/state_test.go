@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"crust.dev/crust/internal/recordfile"
 )
 
 func testLog(t *testing.T) *slog.Logger {
@@ -130,4 +132,23 @@ func TestStateDamagedAndNewer(t *testing.T) {
 	if _, err := os.Stat(file); err != nil {
 		t.Fatalf("the newer record was touched: %v", err)
 	}
+}
+
+// FuzzDecodeRecord: a record file with any content is decoded or refused without a panic, and an
+// accepted one names a path and a known kind.
+func FuzzDecodeRecord(f *testing.F) {
+	payload := []byte(`{"kind":"publish","path":"/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/pv/mount","phase":"published"}`)
+	good, _ := recordfile.Encode(recordVersion, "boot", payloadField, payload)
+	f.Add(good, "boot")
+	f.Add(good, "other-boot")
+	f.Add([]byte(`{"version":9}`), "boot")
+	f.Fuzz(func(t *testing.T, data []byte, boot string) {
+		r, err := decodeRecord(data, boot)
+		if err != nil {
+			return
+		}
+		if r.Path == "" || (r.Kind != KindPublish && r.Kind != KindStage) {
+			t.Fatalf("accepted %q as %+v", data, r)
+		}
+	})
 }

@@ -74,7 +74,6 @@ package store
 import (
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -82,9 +81,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/renameio/v2"
-
 	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/internal/recordfile"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
@@ -149,7 +147,7 @@ func Open(dir, bootID string, log *slog.Logger) (*Store, *LoadReport, error) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, nil, fmt.Errorf("store: %w", err)
 		}
-		if err := syncDir(filepath.Dir(dir)); err != nil {
+		if err := recordfile.SyncDir(filepath.Dir(dir)); err != nil {
 			return nil, nil, fmt.Errorf("store: %w", err)
 		}
 	}
@@ -163,7 +161,7 @@ func Open(dir, bootID string, log *slog.Logger) (*Store, *LoadReport, error) {
 		}
 	}
 	// Make the subdirectories' entries durable before any record is written into them.
-	if err := syncDir(dir); err != nil {
+	if err := recordfile.SyncDir(dir); err != nil {
 		return nil, nil, fmt.Errorf("store: %w", err)
 	}
 
@@ -229,12 +227,12 @@ func Open(dir, bootID string, log *slog.Logger) (*Store, *LoadReport, error) {
 		report.Corrupt = append(report.Corrupt, to)
 	}
 	if len(bad) > 0 {
-		if err := syncDir(corrupt); err != nil {
+		if err := recordfile.SyncDir(corrupt); err != nil {
 			return nil, nil, fmt.Errorf("store: %w", err)
 		}
 	}
 	if len(bad) > 0 || len(dropped) > 0 {
-		if err := syncDir(s.volumes); err != nil {
+		if err := recordfile.SyncDir(s.volumes); err != nil {
 			return nil, nil, fmt.Errorf("store: %w", err)
 		}
 	}
@@ -270,22 +268,7 @@ func (s *Store) Put(v *crustv1.Volume) error {
 }
 
 func (s *Store) write(name string, b []byte) error {
-	f, err := renameio.NewPendingFile(filepath.Join(s.volumes, name),
-		renameio.WithTempDir(s.tmp), renameio.WithStaticPermissions(0o600))
-	if err != nil {
-		return err
-	}
-	// A no-op after CloseAtomicallyReplace; otherwise it removes the temporary file.
-	defer func() { _ = f.Cleanup() }()
-	if _, err := f.Write(b); err != nil {
-		return err
-	}
-	// Fsyncs the file, then renames it over the record.
-	if err := f.CloseAtomicallyReplace(); err != nil {
-		return err
-	}
-	// renameio does not fsync the directory, and until that is done the rename may be lost on power failure.
-	return syncDir(s.volumes)
+	return recordfile.Write(s.volumes, s.tmp, name, b)
 }
 
 // Delete removes the record of target. The removal is durable when Delete returns nil. An unknown target
@@ -300,7 +283,7 @@ func (s *Store) Delete(target string) error {
 	}
 	// Sync even when the file was already gone: an earlier Delete may have unlinked it and then failed to
 	// sync, and this call must not report success for a removal that is not yet durable.
-	if err := syncDir(s.volumes); err != nil {
+	if err := recordfile.SyncDir(s.volumes); err != nil {
 		return fmt.Errorf("store: delete %q: %w", target, err)
 	}
 	return nil
@@ -309,17 +292,11 @@ func (s *Store) Delete(target string) error {
 // errIO marks a failure to read a record file, as opposed to a damaged record.
 var errIO = errors.New("I/O error")
 
-// readRecord reads and decodes one record file. Reading at most one byte past the size limit keeps a huge
-// file from being loaded into memory.
+// readRecord reads and decodes one record file.
 func readRecord(path string) (record, error) {
-	f, err := os.Open(path)
+	data, err := recordfile.Read(path)
 	if err != nil {
 		return record{}, fmt.Errorf("%w: %w", errIO, err)
-	}
-	defer func() { _ = f.Close() }() // read-only: nothing to lose
-	data, err := io.ReadAll(io.LimitReader(f, maxRecordSize+1))
-	if err != nil {
-		return record{}, fmt.Errorf("%w: read %s: %w", errIO, path, err)
 	}
 	return decodeRecord(data)
 }
@@ -337,17 +314,4 @@ func removeContents(dir string, log *slog.Logger) error {
 		}
 	}
 	return nil
-}
-
-// syncDir fsyncs a directory, making the creations, renames and removals of its entries durable.
-func syncDir(path string) error {
-	d, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }

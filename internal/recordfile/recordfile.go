@@ -1,0 +1,145 @@
+// Package recordfile writes and reads the small state files of crust's daemons: one JSON document per
+// file, with a format version, the boot id of the writer and a checksum of the payload,
+//
+//	{"version":V,"bootId":"<boot id>","sha256":"<hex sha256 of the payload bytes>","<field>":<payload>}\n
+//
+// written atomically and durably: a temporary file in a directory of the caller's on the same filesystem,
+// fsync, rename over the final name, fsync of the directory. A reader sees the old file or the new one,
+// never a torn one, and a record a crash cut short fails its checksum.
+//
+// The payload is any JSON the caller encodes; the checksum is over its bytes exactly as stored, which is
+// why the envelope is assembled here rather than by json.Marshal (that would re-compact the payload).
+package recordfile
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/google/renameio/v2"
+)
+
+// MaxSize bounds a record file; Read refuses to load more.
+const MaxSize = 1 << 20
+
+// ErrNewerVersion marks a record written in a newer format than the reader knows. A reader must not treat
+// it as damage: a downgrade must not lose state.
+var ErrNewerVersion = errors.New("written by a newer version")
+
+// Encode returns the file content of payload (a JSON value) under field, with version and bootID.
+func Encode(version int, bootID, field string, payload []byte) ([]byte, error) {
+	id, err := json.Marshal(bootID)
+	if err != nil {
+		return nil, err
+	}
+	name, err := json.Marshal(field)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(payload)
+	b := make([]byte, 0, len(payload)+len(id)+len(name)+96)
+	b = fmt.Appendf(b, `{"version":%d,"bootId":`, version)
+	b = append(b, id...)
+	b = append(b, `,"sha256":"`...)
+	b = hex.AppendEncode(b, sum[:])
+	b = append(b, `",`...)
+	b = append(b, name...)
+	b = append(b, ':')
+	b = append(b, payload...)
+	b = append(b, "}\n"...)
+	return b, nil
+}
+
+// Decode verifies data as a record of exactly version and returns its boot id and the payload under field,
+// byte for byte as stored. A newer version is an error wrapping ErrNewerVersion; anything else that is not
+// a valid record (bad JSON, older or missing version, empty boot id, no payload, checksum mismatch) is
+// another error saying what is wrong.
+func Decode(data []byte, version int, field string) (bootID string, payload []byte, err error) {
+	if len(data) > MaxSize {
+		return "", nil, fmt.Errorf("record is %d bytes, more than %d", len(data), MaxSize)
+	}
+	// The version first, alone, so that a newer format is recognised even if the rest of its envelope
+	// would not parse as this one.
+	var head struct {
+		Version int `json:"version"`
+	}
+	if err := json.Unmarshal(data, &head); err != nil {
+		return "", nil, fmt.Errorf("not a JSON record: %w", err)
+	}
+	switch {
+	case head.Version > version:
+		return "", nil, fmt.Errorf("record version %d, newer than %d which this code reads: %w", head.Version, version, ErrNewerVersion)
+	case head.Version < version:
+		return "", nil, fmt.Errorf("missing or invalid version %d", head.Version)
+	}
+	var env map[string]json.RawMessage
+	if err := json.Unmarshal(data, &env); err != nil {
+		return "", nil, fmt.Errorf("bad envelope: %w", err)
+	}
+	var sumHex string
+	if err := json.Unmarshal(env["bootId"], &bootID); err != nil || bootID == "" {
+		return "", nil, errors.New("empty bootId")
+	}
+	if err := json.Unmarshal(env["sha256"], &sumHex); err != nil {
+		return "", nil, errors.New("no sha256")
+	}
+	payload = env[field]
+	if len(payload) == 0 {
+		return "", nil, fmt.Errorf("no %s", field)
+	}
+	sum := sha256.Sum256(payload)
+	if got := hex.EncodeToString(sum[:]); sumHex != got {
+		return "", nil, fmt.Errorf("checksum mismatch: recorded %q, payload has %q", sumHex, got)
+	}
+	return bootID, payload, nil
+}
+
+// Write puts data at dir/name atomically and durably, preparing it in tmpDir (same filesystem). The file
+// has mode 0600.
+func Write(dir, tmpDir, name string, data []byte) error {
+	f, err := renameio.NewPendingFile(filepath.Join(dir, name),
+		renameio.WithTempDir(tmpDir), renameio.WithStaticPermissions(0o600))
+	if err != nil {
+		return err
+	}
+	// A no-op after CloseAtomicallyReplace; otherwise it removes the temporary file.
+	defer func() { _ = f.Cleanup() }()
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	// Fsyncs the file, then renames it over the record.
+	if err := f.CloseAtomicallyReplace(); err != nil {
+		return err
+	}
+	// renameio does not fsync the directory, and until that is done the rename may be lost on power failure.
+	return SyncDir(dir)
+}
+
+// Read returns the content of the record file at path, reading at most one byte past MaxSize so that a
+// huge file is never loaded whole (Decode then refuses it).
+func Read(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }() // read-only: nothing to lose
+	return io.ReadAll(io.LimitReader(f, MaxSize+1))
+}
+
+// SyncDir fsyncs a directory, making the creations, renames and removals of its entries durable.
+func SyncDir(path string) error {
+	d, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

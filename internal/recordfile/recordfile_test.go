@@ -1,0 +1,95 @@
+package recordfile
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestRoundTripAndRefusals(t *testing.T) {
+	payload := []byte(`{"a": [1, 2], "b":"x"}`) // spaces kept: the checksum is over the stored bytes
+	rec, err := Encode(1, "boot-1", "thing", payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"version":1,"bootId":"boot-1","sha256":"`; !strings.HasPrefix(string(rec), want) {
+		t.Fatalf("record %s does not start with %s", rec, want)
+	}
+	boot, got, err := Decode(rec, 1, "thing")
+	if err != nil || boot != "boot-1" || !bytes.Equal(got, payload) {
+		t.Fatalf("Decode = %q, %q, %v", boot, got, err)
+	}
+	flip := bytes.Replace(rec, []byte(`"b":"x"`), []byte(`"b":"y"`), 1)
+	for _, tc := range []struct {
+		name, data, want string
+	}{
+		{"checksum", string(flip), "checksum mismatch"},
+		{"truncated", string(rec[:len(rec)-5]), "not a JSON record"},
+		{"trailing", string(rec) + "x", "not a JSON record"},
+		{"older", strings.Replace(string(rec), `"version":1`, `"version":0`, 1), "invalid version"},
+		{"no boot id", strings.Replace(string(rec), `"boot-1"`, `""`, 1), "empty bootId"},
+		{"other field", string(rec), "no other"},
+		{"too large", strings.Repeat(" ", MaxSize+1), "more than"},
+	} {
+		field := "thing"
+		if tc.name == "other field" {
+			field = "other"
+		}
+		if _, _, err := Decode([]byte(tc.data), 1, field); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	if _, _, err := Decode(rec, 0, "thing"); !errors.Is(err, ErrNewerVersion) {
+		t.Errorf("a version 1 record read by version 0 code: %v, want ErrNewerVersion", err)
+	}
+}
+
+func TestWriteIsAtomicWithTheTempElsewhere(t *testing.T) {
+	dir, tmp := t.TempDir(), t.TempDir()
+	for _, content := range []string{"one", "two"} {
+		if err := Write(dir, tmp, "r.json", []byte(content)); err != nil {
+			t.Fatal(err)
+		}
+		got, err := Read(filepath.Join(dir, "r.json"))
+		if err != nil || string(got) != content {
+			t.Fatalf("Read = %q, %v; want %q", got, err, content)
+		}
+	}
+	fi, err := os.Stat(filepath.Join(dir, "r.json"))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v, %v; want 0600", fi.Mode(), err)
+	}
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Fatalf("temp dir holds %v", left)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Fatalf("record dir holds %v, want only r.json", entries)
+	}
+}
+
+// FuzzDecode: any bytes decode or are refused without a panic, and what is accepted re-encodes to a
+// record that decodes to the same boot id and payload.
+func FuzzDecode(f *testing.F) {
+	good, _ := Encode(1, "b", "p", []byte(`{"x":1}`))
+	f.Add(good)
+	f.Add([]byte(`{"version":2}`))
+	f.Add([]byte(`{"version":1,"bootId":"b","sha256":"00","p":1}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		boot, payload, err := Decode(data, 1, "p")
+		if err != nil {
+			return
+		}
+		again, err := Encode(1, boot, "p", payload)
+		if err != nil {
+			t.Fatalf("accepted %q but cannot re-encode: %v", data, err)
+		}
+		b2, p2, err := Decode(again, 1, "p")
+		if err != nil || b2 != boot || !bytes.Equal(p2, payload) {
+			t.Fatalf("round trip of %q: %q %q %v", data, b2, p2, err)
+		}
+	})
+}
