@@ -329,4 +329,14 @@ func TestWatchOverTheSocket(t *testing.T) {
 	if s := status.Convert(err); s.Code() != codes.InvalidArgument || !strings.Contains(s.Message(), "volume_target_path") {
 		t.Fatalf("relative target: %v", err)
 	}
+	// An oversized request is refused before it is decoded, and changes nothing.
+	_, err = crustv1.NewVolumeServiceClient(d.conn()).StageVolume(ctx, &crustv1.StageVolumeRequest{Spec: &crustv1.VolumeSpec{
+		VolumeTargetPath: target, VolumeBackingPath: dev, FsType: "ext4",
+		Metadata: map[string]string{"encryptionKey": strings.Repeat("k", 300<<10)}}})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a 300 KiB request: %v, want ResourceExhausted", err)
+	}
+	if _, errOut, code := d.crustctl("get", target); code != 1 || !strings.Contains(errOut, "NotFound") {
+		t.Fatalf("the oversized request left something: exit %d %s", code, errOut)
+	}
 }
