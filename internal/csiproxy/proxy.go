@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -23,6 +21,7 @@ import (
 	"crust.dev/crust/internal/keylock"
 	"crust.dev/crust/internal/store"
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/unixsocket"
 )
 
 // Config is crust-csi-proxy's configuration; the flags of NewCommand fill it.
@@ -200,39 +199,8 @@ func (p *Proxy) NewServer() *grpc.Server {
 	return s
 }
 
-// Listen removes a stale socket at address and listens there, mode 0600.
-func Listen(address string) (net.Listener, error) {
-	path := address
-	if u, ok := cutUnix(address); ok {
-		path = u
-	}
-	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
-		if err := os.Remove(path); err != nil {
-			return nil, err
-		}
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, err
-	}
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		_ = l.Close()
-		return nil, err
-	}
-	return l, nil
-}
-
-func cutUnix(a string) (string, bool) {
-	for _, pfx := range []string{"unix://", "unix:"} {
-		if len(a) > len(pfx) && a[:len(pfx)] == pfx {
-			return a[len(pfx):], true
-		}
-	}
-	return "", false
-}
+// Listen listens at address (a path or unix:// address) with mode 0600; see unixsocket.Listen.
+func Listen(address string) (net.Listener, error) { return unixsocket.Listen(address) }
 
 // Run serves cfg.CSIAddress until ctx ends, then stops gracefully.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {

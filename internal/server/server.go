@@ -10,14 +10,10 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"runtime/debug"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -33,6 +29,7 @@ import (
 	"crust.dev/crust/internal/peercred"
 	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/unixsocket"
 )
 
 // MaxMessageBytes bounds a request; a descriptor is a few hundred bytes, so this is generous.
@@ -83,45 +80,8 @@ func (s *Server) SetServing(serving bool) {
 	}
 }
 
-var umaskMu sync.Mutex
-
-// Listen creates the unix socket at path with mode 0600. A stale socket left by a dead daemon is replaced;
-// a live one (something answers on it) or a non-socket file at path is an error.
-func Listen(path string) (net.Listener, error) {
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode().Type() != os.ModeSocket {
-			return nil, fmt.Errorf("%s exists and is not a socket; refusing to replace it", path)
-		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			_ = c.Close()
-			return nil, fmt.Errorf("%s: another daemon is serving on it", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("remove stale socket: %w", err)
-		}
-	}
-	if err := os.MkdirAll(dirOf(path), 0o700); err != nil {
-		return nil, err
-	}
-	// The umask is process-wide; hold it only around the bind.
-	umaskMu.Lock()
-	old := syscall.Umask(0o177)
-	l, err := net.Listen("unix", path)
-	syscall.Umask(old)
-	umaskMu.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	l.(*net.UnixListener).SetUnlinkOnClose(true)
-	return l, nil
-}
-
-func dirOf(path string) string {
-	if i := strings.LastIndexByte(path, '/'); i > 0 {
-		return path[:i]
-	}
-	return "."
-}
+// Listen creates the API socket (mode 0600); see unixsocket.Listen.
+func Listen(path string) (net.Listener, error) { return unixsocket.Listen(path) }
 
 type interceptors struct {
 	policy  peercred.Policy

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"crust.dev/crust/pkg/unixsocket"
 	"crust.dev/crust/runtimehooks/microvm/agentproto"
 )
 
@@ -58,19 +59,7 @@ func (c *control) finish(err error) {
 	close(c.finished)
 }
 
-func listenControl(path string) (net.Listener, error) {
-	_ = os.Remove(path)
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, err
-	}
-	// The state directory is 0700 already; the socket is 0600 all the same.
-	if err := os.Chmod(path, 0o600); err != nil {
-		_ = l.Close()
-		return nil, err
-	}
-	return l, nil
-}
+func listenControl(path string) (net.Listener, error) { return unixsocket.Listen(path) }
 
 // serve serves l until it is closed, and returns a function that waits (up to a bound) for the
 // connections in progress to be answered.
