@@ -19,7 +19,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"crust.dev/crust/internal/keylock"
-	"crust.dev/crust/internal/store"
+	"crust.dev/crust/internal/recordfile"
 	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/pkg/unixsocket"
 )
@@ -158,7 +158,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) (*Pr
 		}
 		p.pods = ip
 	}
-	bootID, err := store.ReadBootID()
+	bootID, err := recordfile.ReadBootID()
 	if err != nil {
 		return nil, err
 	}

@@ -22,6 +22,7 @@ import (
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/metrics"
 	"crust.dev/crust/internal/peercred"
+	"crust.dev/crust/internal/recordfile"
 	"crust.dev/crust/internal/server"
 	"crust.dev/crust/internal/store"
 	"crust.dev/crust/internal/validate"
@@ -73,7 +74,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	bootID, err := store.ReadBootID()
+	bootID, err := recordfile.ReadBootID()
 	if err != nil {
 		return err
 	}

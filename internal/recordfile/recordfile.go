@@ -20,6 +20,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/google/renameio/v2"
 )
@@ -142,4 +143,21 @@ func SyncDir(path string) error {
 		err = cerr
 	}
 	return err
+}
+
+// bootIDPath is where the kernel publishes the id of the running boot.
+const bootIDPath = "/proc/sys/kernel/random/boot_id"
+
+// ReadBootID returns the id of the running boot, from /proc/sys/kernel/random/boot_id, without the
+// trailing newline. It changes on every boot and never within one.
+func ReadBootID() (string, error) {
+	b, err := os.ReadFile(bootIDPath)
+	if err != nil {
+		return "", fmt.Errorf("read boot id: %w", err)
+	}
+	id := strings.TrimSpace(string(b))
+	if id == "" {
+		return "", fmt.Errorf("read boot id: %s is empty", bootIDPath)
+	}
+	return id, nil
 }

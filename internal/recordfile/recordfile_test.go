@@ -93,3 +93,16 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+func TestReadBootID(t *testing.T) {
+	id, err := ReadBootID()
+	if err != nil {
+		t.Skipf("no boot id here: %v", err)
+	}
+	if id == "" || strings.TrimSpace(id) != id {
+		t.Fatalf("boot id %q is empty or untrimmed", id)
+	}
+	if again, _ := ReadBootID(); again != id {
+		t.Fatalf("boot id changed within a boot: %q, %q", id, again)
+	}
+}

@@ -86,25 +86,8 @@ import (
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
-// bootIDPath is where Linux publishes the boot id.
-const bootIDPath = "/proc/sys/kernel/random/boot_id"
-
 // corruptTimeFormat is the suffix of a file moved into corrupt/.
 const corruptTimeFormat = "20060102T150405.000000000Z"
-
-// ReadBootID returns the id of the running boot, from /proc/sys/kernel/random/boot_id, without the
-// trailing newline. It changes on every boot and never within one.
-func ReadBootID() (string, error) {
-	b, err := os.ReadFile(bootIDPath)
-	if err != nil {
-		return "", fmt.Errorf("read boot id: %w", err)
-	}
-	id := strings.TrimSpace(string(b))
-	if id == "" {
-		return "", fmt.Errorf("read boot id: %s is empty", bootIDPath)
-	}
-	return id, nil
-}
 
 // Store persists descriptors under one directory. Create it with Open.
 type Store struct {

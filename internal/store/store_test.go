@@ -595,19 +595,6 @@ func TestConcurrentTargets(t *testing.T) {
 	}
 }
 
-func TestReadBootID(t *testing.T) {
-	id, err := ReadBootID()
-	if err != nil {
-		t.Skipf("no boot id here: %v", err)
-	}
-	if id == "" || strings.TrimSpace(id) != id {
-		t.Fatalf("boot id %q is empty or untrimmed", id)
-	}
-	if again, _ := ReadBootID(); again != id {
-		t.Fatalf("boot id changed within a boot: %q, %q", id, again)
-	}
-}
-
 func BenchmarkPut(b *testing.B) {
 	s, _, err := Open(b.TempDir(), bootA, slog.New(slog.DiscardHandler))
 	if err != nil {
