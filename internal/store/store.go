@@ -42,7 +42,7 @@
 //   - version: the record format version, a JSON integer. This code writes 1 and reads 1. Every future
 //     format keeps a top-level integer "version" member, so that older code recognises a record it must not
 //     touch.
-//   - bootId: the boot id (see ReadBootID) of the boot that wrote the record; a non-empty string.
+//   - bootId: the boot id (see recordfile.ReadBootID) of the boot that wrote the record; a non-empty string.
 //   - sha256: the lowercase hex SHA-256 of the payload bytes exactly as they are in the file, from the first
 //     byte of the value of "volume" to its last.
 //   - volume: the payload, the proto3 JSON encoding (protojson) of crust.v1.Volume. protojson output is not
@@ -107,7 +107,7 @@ type LoadReport struct {
 }
 
 // Open creates the store's directories in dir as needed, cleans up after a crash and loads the records,
-// as the package documentation describes. bootID is the current boot's id (see ReadBootID); records are
+// as the package documentation describes. bootID is the current boot's id (see recordfile.ReadBootID); records are
 // written with it, and records with another one are dropped. A nil log means slog.Default().
 //
 // Open fails on a record of a newer format version (before it deletes or moves any record) and on I/O
