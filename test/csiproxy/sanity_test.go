@@ -20,14 +20,12 @@ package csiproxy_test
 import (
 	"bytes"
 	"context"
-	"encoding/xml"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -42,6 +40,7 @@ import (
 	"crust.dev/crust/test/csidriver"
 	"crust.dev/crust/test/csidriver/lvmtest"
 	"crust.dev/crust/test/csiproxy/sandbox"
+	"crust.dev/crust/test/csisanity/sanityrun"
 )
 
 // deferralExceptions lists csi-sanity tests that pass against the driver but are expected not to pass in
@@ -67,12 +66,12 @@ func runMain(m *testing.M) int {
 		fmt.Println("csiproxy: skipped, needs root (LVM on loop devices, mounts)")
 		return 0
 	}
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	root, err := sanityrun.ModuleRoot()
 	if err != nil {
 		fmt.Println("go env GOMOD:", err)
 		return 1
 	}
-	moduleRoot = filepath.Dir(strings.TrimSpace(string(out)))
+	moduleRoot = root
 	dir, err := os.MkdirTemp("", "csiproxy-bin")
 	if err != nil {
 		panic(err)
@@ -86,10 +85,8 @@ func runMain(m *testing.M) int {
 	}
 	binDir = dir
 	// Build csi-sanity now, so that its build does not count in a run's time; `go tool` caches it.
-	sanity := exec.Command("go", "tool", "-modfile="+filepath.Join(moduleRoot, "tools", "csisanity", "go.mod"), "csi-sanity", "-h")
-	sanity.Dir = moduleRoot
-	if out, _ := sanity.CombinedOutput(); !strings.Contains(string(out), "csi.endpoint") {
-		fmt.Printf("build csi-sanity:\n%s\n", out)
+	if err := sanityrun.Build(moduleRoot); err != nil {
+		fmt.Println(err)
 		return 1
 	}
 	return m.Run()
@@ -121,7 +118,7 @@ func start(t *testing.T, bin string, args ...string) *proc {
 			t.Errorf("%s did not stop on SIGTERM", bin)
 		}
 		if t.Failed() {
-			t.Logf("%s log (tail):\n%s", bin, tail(p.log.Bytes(), 60))
+			t.Logf("%s log (tail):\n%s", bin, sanityrun.Tail(p.log.Bytes(), 60))
 		}
 	})
 	return p
@@ -272,24 +269,19 @@ func runSanity(t *testing.T, mode string) outcome {
 		}
 	}
 
-	junit := filepath.Join(dir, "junit.xml")
-	args := []string{"tool", "-modfile=" + filepath.Join(moduleRoot, "tools", "csisanity", "go.mod"), "csi-sanity",
-		"--csi.endpoint", "unix://" + endpoint, "--csi.controllerendpoint", "unix://" + controller,
-		"--csi.stagingdir", filepath.Join(kubelet, "staging"), "--csi.mountdir", filepath.Join(kubelet, "mount"),
-		"--csi.testvolumesize", strconv.Itoa(volumeSize), "--csi.testvolumeexpandsize", strconv.Itoa(expandSize),
-		"--ginkgo.junit-report", junit, "--ginkgo.no-color", "--ginkgo.timeout", "20m"}
-	if params != "" {
-		args = append(args, "--csi.testvolumeparameters", params)
+	report, err := sanityrun.Run(sanityrun.Config{
+		ModuleRoot: moduleRoot, Endpoint: endpoint, ControllerEndpoint: controller,
+		StagingDir: filepath.Join(kubelet, "staging"), MountDir: filepath.Join(kubelet, "mount"),
+		VolumeSize: volumeSize, ExpandSize: expandSize, ParametersFile: params, JUnit: filepath.Join(dir, "junit.xml"),
+	})
+	if report == nil {
+		t.Fatal(err)
 	}
-	cmd := exec.Command("go", args...)
-	cmd.Dir = moduleRoot
-	begin := time.Now()
-	out, runErr := cmd.CombinedOutput()
-	elapsed := time.Since(begin)
-	res, err := readJUnit(junit)
+	out, runErr, elapsed := report.Output, report.RunErr, report.Elapsed
 	if err != nil {
-		t.Fatalf("csi-sanity: %v (run: %v)\n%s", err, runErr, tail(out, 60))
+		t.Fatalf("csi-sanity: %v (run: %v)\n%s", err, runErr, sanityrun.Tail(out, 60))
 	}
+	res := outcome(sanityrun.Outcomes(report.Results))
 	var passed, failed, skipped int
 	reasons := map[string]int{}
 	for n, r := range res {
@@ -317,7 +309,7 @@ func runSanity(t *testing.T, mode string) outcome {
 		}
 	}
 	if passed == 0 {
-		t.Errorf("csi-sanity passed nothing (exit %v):\n%s", runErr, tail(out, 60))
+		t.Errorf("csi-sanity passed nothing (exit %v):\n%s", runErr, sanityrun.Tail(out, 60))
 	}
 	if mode == "deferred" {
 		deferredVolumesSeen(t, dir)
@@ -338,7 +330,7 @@ func runSanity(t *testing.T, mode string) outcome {
 	}
 	if t.Failed() {
 		b, _ := os.ReadFile(driverLog.Name())
-		t.Logf("driver log (tail):\n%s", tail(b, 40))
+		t.Logf("driver log (tail):\n%s", sanityrun.Tail(b, 40))
 	}
 	return res
 }
@@ -442,63 +434,4 @@ func (s *standIn) NodeGetCapabilities(ctx context.Context, r *csi.NodeGetCapabil
 
 func (s *standIn) NodeGetInfo(ctx context.Context, r *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
 	return s.node.NodeGetInfo(ctx, r)
-}
-
-// readJUnit reads ginkgo's JUnit report into an outcome; suite set-up and tear-down count only when they
-// fail.
-func readJUnit(path string) (outcome, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var suites struct {
-		Suites []struct {
-			Cases []struct {
-				Name    string `xml:"name,attr"`
-				Status  string `xml:"status,attr"`
-				Skipped *struct {
-					Message string `xml:"message,attr"`
-				} `xml:"skipped"`
-				Failure *struct {
-					Message string `xml:"message,attr"`
-				} `xml:"failure"`
-				Error *struct {
-					Message string `xml:"message,attr"`
-				} `xml:"error"`
-			} `xml:"testcase"`
-		} `xml:"testsuite"`
-	}
-	if err := xml.Unmarshal(b, &suites); err != nil {
-		return nil, fmt.Errorf("parse %s: %w", path, err)
-	}
-	res := outcome{}
-	for _, s := range suites.Suites {
-		for _, c := range s.Cases {
-			suiteNode := strings.Contains(c.Name, "BeforeSuite]") || strings.Contains(c.Name, "AfterSuite]")
-			switch {
-			case c.Failure != nil || c.Error != nil:
-				res[c.Name] = "failed"
-			case suiteNode:
-			case c.Status == "pending":
-				res[c.Name] = "skipped: pending in csi-sanity"
-			case c.Skipped != nil || c.Status == "skipped":
-				msg := ""
-				if c.Skipped != nil {
-					msg = c.Skipped.Message
-				}
-				res[c.Name] = "skipped: " + strings.TrimSpace(msg)
-			default:
-				res[c.Name] = "passed"
-			}
-		}
-	}
-	return res, nil
-}
-
-func tail(b []byte, lines int) string {
-	l := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(l) > lines {
-		l = l[len(l)-lines:]
-	}
-	return strings.Join(l, "\n")
 }

@@ -7,19 +7,16 @@
 package csisanity
 
 import (
-	"encoding/xml"
-	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"crust.dev/crust/test/csidriver"
 	"crust.dev/crust/test/csidriver/lvmtest"
+	"crust.dev/crust/test/csisanity/sanityrun"
 )
 
 // Sizes: whole 4 MiB extents, so that the capacities the driver returns are the ones csi-sanity asks for.
@@ -50,22 +47,20 @@ var justifiedSkips = map[string]string{
 	"GroupControllerService not supported":              "no GroupController service: no volume group snapshots",
 	"VolumeGroupSnapshots not supported":                "no GroupController service: no volume group snapshots",
 	"testnodevolumeattachlimit not enabled":             "the driver reports no attach limit (max_volumes_per_node 0)",
-	pending:                                             "marked pending (XIt) in csi-sanity itself; it would need LIST_VOLUMES anyway",
+	sanityrun.Pending:                                   "marked pending (XIt) in csi-sanity itself; it would need LIST_VOLUMES anyway",
 }
-
-// pending is the message readJUnit gives a spec csi-sanity marks pending.
-const pending = "pending in csi-sanity"
 
 func TestCSISanity(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: LVM on a loop device, mounts")
 	}
-	root := moduleRoot(t)
+	root, err := sanityrun.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
 	// Build csi-sanity first, so that the build does not count in its run time; `go tool` caches it.
-	build := exec.Command("go", "tool", "-modfile="+filepath.Join(root, "tools", "csisanity", "go.mod"), "csi-sanity", "-h")
-	build.Dir = root
-	if out, _ := build.CombinedOutput(); !strings.Contains(string(out), "csi.endpoint") {
-		t.Fatalf("build csi-sanity:\n%s", out)
+	if err := sanityrun.Build(root); err != nil {
+		t.Fatal(err)
 	}
 	for _, access := range []string{"mount", "block"} {
 		t.Run(access, func(t *testing.T) { runSanity(t, root, access) })
@@ -95,22 +90,20 @@ func runSanity(t *testing.T, root, access string) {
 		}
 	}()
 
-	junit := filepath.Join(dir, "junit.xml")
-	start := time.Now()
-	cmd := exec.Command("go", "tool", "-modfile="+filepath.Join(root, "tools", "csisanity", "go.mod"), "csi-sanity",
-		"--csi.endpoint", "unix://"+endpoint,
-		"--csi.stagingdir", filepath.Join(dir, "staging"),
-		"--csi.mountdir", filepath.Join(dir, "mount"),
-		"--csi.testvolumesize", strconv.Itoa(volumeSize),
-		"--csi.testvolumeexpandsize", strconv.Itoa(expandSize),
-		"--csi.testvolumeaccesstype", access,
-		"--ginkgo.junit-report", junit,
-		"--ginkgo.no-color",
-		"--ginkgo.timeout", "20m",
-	)
-	cmd.Dir = root
-	out, runErr := cmd.CombinedOutput()
-	elapsed := time.Since(start)
+	report, err := sanityrun.Run(sanityrun.Config{
+		ModuleRoot: root,
+		Endpoint:   endpoint,
+		StagingDir: filepath.Join(dir, "staging"),
+		MountDir:   filepath.Join(dir, "mount"),
+		VolumeSize: volumeSize,
+		ExpandSize: expandSize,
+		AccessType: access,
+		JUnit:      filepath.Join(dir, "junit.xml"),
+	})
+	if report == nil {
+		t.Fatal(err)
+	}
+	out, runErr, elapsed := report.Output, report.RunErr, report.Elapsed
 
 	stopped = true
 	if err := stop(); err != nil {
@@ -120,112 +113,36 @@ func runSanity(t *testing.T, root, access string) {
 		t.Errorf("volumes left in the volume group after csi-sanity: %v (%v)", left, err)
 	}
 
-	passed, failed, skipped, err := readJUnit(junit)
 	if err != nil {
-		t.Fatalf("csi-sanity: %v (run: %v)\n%s", err, runErr, tail(out, 60))
+		t.Fatalf("csi-sanity: %v (run: %v)\n%s", err, runErr, sanityrun.Tail(out, 60))
 	}
+	passed, failed, skipped := sanityrun.Split(report.Results)
 	t.Logf("csi-sanity %s: %d passed, %d failed, %d skipped in %s", access, len(passed), len(failed), len(skipped), elapsed.Round(time.Second))
 	for _, s := range skipped {
 		reason := ""
 		for msg, why := range justifiedSkips {
-			if strings.HasSuffix(strings.TrimSpace(s.message), "- "+msg) || strings.TrimSpace(s.message) == msg {
+			if strings.HasSuffix(strings.TrimSpace(s.Message), "- "+msg) || strings.TrimSpace(s.Message) == msg {
 				reason = why
 				break
 			}
 		}
 		if reason == "" {
-			t.Errorf("unjustified skip: %s (%s)", s.name, s.message)
+			t.Errorf("unjustified skip: %s (%s)", s.Name, s.Message)
 		} else {
-			t.Logf("skipped (%s): %s", reason, strings.TrimPrefix(s.name, "[It] "))
+			t.Logf("skipped (%s): %s", reason, strings.TrimPrefix(s.Name, "[It] "))
 		}
 	}
 	for _, f := range failed {
-		t.Errorf("failed: %s\n%s", f.name, f.message)
+		t.Errorf("failed: %s\n%s", f.Name, f.Message)
 	}
 	if runErr != nil && len(failed) == 0 {
-		t.Errorf("csi-sanity exited with %v and no failed test:\n%s", runErr, tail(out, 60))
+		t.Errorf("csi-sanity exited with %v and no failed test:\n%s", runErr, sanityrun.Tail(out, 60))
 	}
 	if len(passed) == 0 {
-		t.Errorf("csi-sanity passed no test:\n%s", tail(out, 60))
+		t.Errorf("csi-sanity passed no test:\n%s", sanityrun.Tail(out, 60))
 	}
 	if t.Failed() {
 		b, _ := os.ReadFile(logFile.Name())
-		t.Logf("driver log (tail):\n%s", tail(b, 80))
+		t.Logf("driver log (tail):\n%s", sanityrun.Tail(b, 80))
 	}
-}
-
-type result struct{ name, message string }
-
-// readJUnit reads ginkgo's JUnit report: the spec test cases (not the suite's set-up and tear-down) as
-// passed, failed (with the failure) and skipped (with the reason).
-func readJUnit(path string) (passed, failed, skipped []result, err error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	var suites struct {
-		Suites []struct {
-			Cases []struct {
-				Name    string `xml:"name,attr"`
-				Status  string `xml:"status,attr"`
-				Skipped *struct {
-					Message string `xml:"message,attr"`
-				} `xml:"skipped"`
-				Failure *struct {
-					Message string `xml:"message,attr"`
-					Text    string `xml:",chardata"`
-				} `xml:"failure"`
-				Error *struct {
-					Message string `xml:"message,attr"`
-					Text    string `xml:",chardata"`
-				} `xml:"error"`
-			} `xml:"testcase"`
-		} `xml:"testsuite"`
-	}
-	if err := xml.Unmarshal(b, &suites); err != nil {
-		return nil, nil, nil, fmt.Errorf("parse %s: %w", path, err)
-	}
-	for _, s := range suites.Suites {
-		for _, c := range s.Cases {
-			if strings.HasPrefix(c.Name, "[BeforeSuite]") || strings.HasPrefix(c.Name, "[AfterSuite]") ||
-				strings.HasPrefix(c.Name, "[SynchronizedBeforeSuite]") || strings.HasPrefix(c.Name, "[SynchronizedAfterSuite]") {
-				if c.Failure != nil || c.Error != nil {
-					failed = append(failed, result{c.Name, "suite set-up or tear-down failed"})
-				}
-				continue
-			}
-			switch {
-			case c.Failure != nil:
-				failed = append(failed, result{c.Name, c.Failure.Message + "\n" + c.Failure.Text})
-			case c.Error != nil:
-				failed = append(failed, result{c.Name, c.Error.Message + "\n" + c.Error.Text})
-			case c.Skipped != nil || c.Status == "skipped" || c.Status == "pending":
-				msg := pending
-				if c.Skipped != nil && c.Status != "pending" {
-					msg = c.Skipped.Message
-				}
-				skipped = append(skipped, result{c.Name, msg})
-			default:
-				passed = append(passed, result{c.Name, ""})
-			}
-		}
-	}
-	return passed, failed, skipped, nil
-}
-
-func moduleRoot(t *testing.T) string {
-	t.Helper()
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return filepath.Dir(strings.TrimSpace(string(out)))
-}
-
-func tail(b []byte, lines int) string {
-	l := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(l) > lines {
-		l = l[len(l)-lines:]
-	}
-	return strings.Join(l, "\n")
 }
