@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/unixsocket"
 )
 
 // stubDriver answers the proxy's pass-through calls with scripted replies and records what it saw. It is
@@ -114,7 +115,7 @@ func startProxy(t testing.TB, cfg Config, log *slog.Logger, opts ...option) *grp
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := Listen(cfg.CSIAddress)
+	l, err := unixsocket.Listen(cfg.CSIAddress)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"sync"
 	"time"
 
@@ -199,9 +198,6 @@ func (p *Proxy) NewServer() *grpc.Server {
 	return s
 }
 
-// Listen listens at address (a path or unix:// address) with mode 0600; see unixsocket.Listen.
-func Listen(address string) (net.Listener, error) { return unixsocket.Listen(address) }
-
 // Run serves cfg.CSIAddress until ctx ends, then stops gracefully.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return run(ctx, cfg, log)
@@ -223,7 +219,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) erro
 			}
 		}()
 	}
-	lis, err := Listen(cfg.CSIAddress)
+	lis, err := unixsocket.Listen(cfg.CSIAddress)
 	if err != nil {
 		return fmt.Errorf("listen on --csi-address %s: %w", cfg.CSIAddress, err)
 	}

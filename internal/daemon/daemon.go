@@ -27,6 +27,7 @@ import (
 	"crust.dev/crust/internal/store"
 	"crust.dev/crust/internal/validate"
 	katafmt "crust.dev/crust/pkg/kata"
+	"crust.dev/crust/pkg/unixsocket"
 )
 
 // Config is crustd's configuration; the flags of NewCommand fill it.
@@ -103,7 +104,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	srv := server.New(server.Config{
 		Manager: m, Policy: peercred.Policy{UIDs: cfg.AllowUIDs, GIDs: cfg.AllowGIDs}, Metrics: met, Log: log,
 	})
-	lis, err := server.Listen(cfg.Socket)
+	lis, err := unixsocket.Listen(cfg.Socket)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Socket, err)
 	}

@@ -11,7 +11,6 @@ package server
 import (
 	"context"
 	"log/slog"
-	"net"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -29,7 +28,6 @@ import (
 	"crust.dev/crust/internal/peercred"
 	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/unixsocket"
 )
 
 // MaxMessageBytes bounds a request; a descriptor is a few hundred bytes, so this is generous.
@@ -79,9 +77,6 @@ func (s *Server) SetServing(serving bool) {
 		s.Health.SetServingStatus(name, st)
 	}
 }
-
-// Listen creates the API socket (mode 0600); see unixsocket.Listen.
-func Listen(path string) (net.Listener, error) { return unixsocket.Listen(path) }
 
 type interceptors struct {
 	policy  peercred.Policy
