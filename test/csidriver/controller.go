@@ -293,6 +293,10 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 // driver's names too).
 func (d *Driver) lookup(ctx context.Context, id string) (*lvm.LV, error) {
 	if !volumeIDRE.MatchString(id) {
+		// An inline ephemeral volume goes by kubelet's id; its logical volume by the id derived from it.
+		if lv, err := d.lvm.LV(ctx, d.cfg.VG, VolumeID(id)); err == nil && lv.HasTag(ephemeralTag) {
+			return lv, nil
+		}
 		return nil, status.Errorf(codes.NotFound, "volume %q does not exist (ids are csi-<40 hex digits>)", id)
 	}
 	lv, err := d.lvm.LV(ctx, d.cfg.VG, id)

@@ -148,7 +148,8 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if err := checkCapability("volume_capability", c); err != nil {
 		return nil, err
 	}
-	if c.GetMount() != nil && staging == "" {
+	eph := isEphemeral(req.GetVolumeContext())
+	if c.GetMount() != nil && staging == "" && !eph {
 		return nil, status.Error(codes.InvalidArgument, "staging_target_path: is required (the driver stages volumes)")
 	}
 	unlock, err := d.busy.tryLock(id)
@@ -156,6 +157,11 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		return nil, err
 	}
 	defer unlock()
+	if eph {
+		if _, err := d.createEphemeral(ctx, req); err != nil {
+			return nil, err
+		}
+	}
 	dev, err := d.device(ctx, id)
 	if err != nil {
 		return nil, err
@@ -176,6 +182,9 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 
 	if c.GetBlock() != nil {
 		return d.publishBlock(dev, target, ro)
+	}
+	if eph {
+		return d.publishEphemeralMount(dev, target, c, ro)
 	}
 	if ok, err := mountedDevice(staging, dev); err != nil {
 		return nil, err
@@ -268,7 +277,45 @@ func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, status.Errorf(codes.Internal, "remove target_path: %v", err)
 	}
+	if err := d.removeEphemeral(ctx, id); err != nil {
+		return nil, err
+	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// publishEphemeralMount formats (when blank) and mounts an inline ephemeral volume's device straight at
+// the target path: such a volume has no staging path.
+func (d *Driver) publishEphemeralMount(dev, target string, c *csi.VolumeCapability, ro bool) (*csi.NodePublishVolumeResponse, error) {
+	if ok, err := mountedDevice(target, dev); err != nil {
+		return nil, err
+	} else if ok {
+		return &csi.NodePublishVolumeResponse{}, nil
+	}
+	created, err := mkdir(target)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "target_path: %v", err)
+	}
+	fsType := c.GetMount().GetFsType()
+	if fsType == "" {
+		fsType = d.cfg.DefaultFSType
+	}
+	opts := slices.Clone(c.GetMount().GetMountFlags())
+	if ro {
+		opts = append(opts, "ro")
+	}
+	if err := d.mounter.FormatAndMount(dev, target, fsType, opts); err != nil {
+		if created {
+			_ = os.Remove(target)
+		}
+		return nil, status.Errorf(codes.Internal, "format and mount %s at %s: %v", dev, target, err)
+	}
+	if g := c.GetMount().GetVolumeMountGroup(); g != "" && !ro {
+		if err := applyGroup(target, g); err != nil {
+			_ = d.unmount(target)
+			return nil, err
+		}
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
 }
 
 // NodeGetVolumeStats reports statfs bytes and inodes of a mount volume, the device size of a block
