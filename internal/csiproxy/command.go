@@ -55,6 +55,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&cfg.NodeName, "node-name", "", "this node's name, for the pod informer (default $NODE_NAME)")
 	f.DurationVar(&cfg.PodWait, "pod-wait", cfg.PodWait, "how long a publish waits for its pod to appear in the cache before UNAVAILABLE")
 	f.DurationVar(&cfg.LockWait, "lock-wait", cfg.LockWait, "how long a call waits for another on the same path before ABORTED")
+	f.StringVar(&cfg.HTTPAddr, "http-addr", "", `address for /metrics, /healthz and /readyz, such as 127.0.0.1:9810 ("" disables)`)
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&format, "log-format", "text", "text or json")
 	_ = cmd.MarkFlagRequired("csi-address")

@@ -11,6 +11,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"crust.dev/crust/internal/metrics"
 )
 
 // Stripped replaces the value of every field CSI marks csi_secret in what is logged.
@@ -97,9 +99,9 @@ var quietMethods = map[string]bool{
 	csi.Node_NodeGetVolumeStats_FullMethodName:        true,
 }
 
-// unaryLog is the one place typed calls are logged: method, code and duration at Info (failures at
-// Warn), and the request and response, secrets stripped, at Debug.
-func unaryLog(log *slog.Logger) grpc.UnaryServerInterceptor {
+// unaryLog is the one place typed calls are logged and counted: method, code and duration at Info
+// (failures at Warn), and the request and response, secrets stripped, at Debug.
+func unaryLog(log *slog.Logger, m *metrics.Metrics) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		start := time.Now()
 		if log.Enabled(ctx, slog.LevelDebug) {
@@ -107,7 +109,9 @@ func unaryLog(log *slog.Logger) grpc.UnaryServerInterceptor {
 		}
 		resp, err := h(ctx, req)
 		st := status.Convert(err)
-		attrs := []any{"method", info.FullMethod, "code", st.Code().String(), "duration", time.Since(start)}
+		elapsed := time.Since(start)
+		m.ObserveRPC(info.FullMethod, st.Code().String(), elapsed)
+		attrs := []any{"method", info.FullMethod, "code", st.Code().String(), "duration", elapsed}
 		switch {
 		case err != nil:
 			log.WarnContext(ctx, "call failed", append(attrs, "message", st.Message())...)
@@ -125,13 +129,15 @@ func unaryLog(log *slog.Logger) grpc.UnaryServerInterceptor {
 	}
 }
 
-// streamLog logs raw-forwarded calls: method, code and duration only, never their bodies.
-func streamLog(log *slog.Logger) grpc.StreamServerInterceptor {
+// streamLog logs and counts raw-forwarded calls: method, code and duration only, never their bodies.
+func streamLog(log *slog.Logger, m *metrics.Metrics) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		start := time.Now()
 		err := h(srv, ss)
 		st := status.Convert(err)
-		attrs := []any{"method", info.FullMethod, "code", st.Code().String(), "duration", time.Since(start), "forwarded", "raw"}
+		elapsed := time.Since(start)
+		m.ObserveRPC(info.FullMethod, st.Code().String(), elapsed)
+		attrs := []any{"method", info.FullMethod, "code", st.Code().String(), "duration", elapsed, "forwarded", "raw"}
 		if err != nil {
 			log.Warn("call failed", append(attrs, "message", st.Message())...)
 		} else {

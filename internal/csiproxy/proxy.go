@@ -18,6 +18,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"crust.dev/crust/internal/keylock"
+	"crust.dev/crust/internal/metrics"
 	"crust.dev/crust/internal/recordfile"
 	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/pkg/unixsocket"
@@ -43,6 +44,8 @@ type Config struct {
 	PodWait time.Duration
 	// LockWait is how long a call waits for another on the same path before ABORTED.
 	LockWait time.Duration
+	// HTTPAddr serves /metrics, /healthz and /readyz; "" serves nothing.
+	HTTPAddr string
 }
 
 // DefaultStateDir lies under kubelet's root on purpose: a containerised driver sees (and mounts with
@@ -79,6 +82,7 @@ type Proxy struct {
 	resizer  *mount.ResizeFs
 	codec    rawCodec
 	hook     func(Kind, Phase)
+	metrics  *metrics.Metrics
 
 	nameMu     sync.Mutex
 	driverName string
@@ -122,6 +126,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) (*Pr
 	p := &Proxy{
 		cfg: cfg, log: log, codec: newRawCodec(), hook: func(Kind, Phase) {},
 		locks:    keylock.New(cfg.LockWait),
+		metrics:  metrics.New(),
 		handlers: map[string]bool{},
 		mounter:  mount.NewSafeFormatAndMount(mount.New(""), utilexec.New()),
 		resizer:  mount.NewResizeFs(utilexec.New()),
@@ -190,8 +195,8 @@ func (p *Proxy) NewServer() *grpc.Server {
 	s := grpc.NewServer(
 		grpc.ForceServerCodecV2(p.codec),
 		grpc.UnknownServiceHandler(p.forwardUnknown),
-		grpc.ChainUnaryInterceptor(unaryLog(p.log)),
-		grpc.ChainStreamInterceptor(streamLog(p.log)),
+		grpc.ChainUnaryInterceptor(unaryLog(p.log, p.metrics)),
+		grpc.ChainStreamInterceptor(streamLog(p.log, p.metrics)),
 	)
 	csi.RegisterIdentityServer(s, p)
 	csi.RegisterNodeServer(s, p)
@@ -224,14 +229,22 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) erro
 		return fmt.Errorf("listen on --csi-address %s: %w", cfg.CSIAddress, err)
 	}
 	srv := p.NewServer()
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(lis) }()
+	stopHTTP, err := p.metrics.Serve(cfg.HTTPAddr, errc)
+	if err != nil {
+		srv.Stop()
+		return err
+	}
+	defer stopHTTP()
+	p.metrics.SetReady(true)
 	log.Info("serving", "csi_address", cfg.CSIAddress, "driver_address", cfg.DriverAddress,
 		"crust_socket", cfg.CrustSocket, "microvm_handlers", cfg.MicroVMHandlers, "pod_lookups", p.pods != nil)
 	select {
 	case err = <-errc:
 	case <-ctx.Done():
 	}
+	p.metrics.SetReady(false)
 	stopped := make(chan struct{})
 	go func() { srv.GracefulStop(); close(stopped) }()
 	select {

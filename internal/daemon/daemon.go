@@ -4,12 +4,9 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -111,20 +108,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	errc := make(chan error, 2)
 	go func() { errc <- srv.GRPC.Serve(lis) }()
 
-	var httpSrv *http.Server
-	if cfg.HTTPAddr != "" {
-		hl, err := net.Listen("tcp", cfg.HTTPAddr)
-		if err != nil {
-			srv.GRPC.Stop()
-			return fmt.Errorf("listen on --http-addr %s: %w", cfg.HTTPAddr, err)
-		}
-		httpSrv = &http.Server{Handler: met.Handler(), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := httpSrv.Serve(hl); !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("http: %w", err)
-			}
-		}()
+	stopHTTP, err := met.Serve(cfg.HTTPAddr, errc)
+	if err != nil {
+		srv.GRPC.Stop()
+		return err
 	}
+	defer stopHTTP()
 	srv.SetServing(true)
 	met.SetReady(true)
 	log.Info("serving", "socket", cfg.Socket, "http", cfg.HTTPAddr)
@@ -152,11 +141,6 @@ serve:
 	case <-stopped:
 	case <-time.After(10 * time.Second):
 		srv.GRPC.Stop()
-	}
-	if httpSrv != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = httpSrv.Shutdown(sctx)
 	}
 	return err
 }

@@ -1,0 +1,82 @@
+package csiproxy
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"crust.dev/crust/pkg/client"
+)
+
+// --http-addr serves /healthz, /readyz and /metrics, where every call through the proxy is counted by
+// method and code, forwarded raw ones included.
+func TestMetricsEndpoint(t *testing.T) {
+	dir := t.TempDir()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	cfg := Config{CSIAddress: filepath.Join(dir, "csi.sock"), DriverAddress: serveStub(t, dir, &stubDriver{}),
+		CrustSocket: filepath.Join(dir, "no-crustd.sock"), StateDir: filepath.Join(dir, "state"), HTTPAddr: addr}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, cfg, quietLog()) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	cc, err := client.Dial(cfg.CSIAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if resp, err := http.Get("http://" + addr + "/readyz"); err == nil {
+			_ = resp.Body.Close()
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		if _, err := csi.NewIdentityClient(cc).GetPluginInfo(ctx, &csi.GetPluginInfoRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, _ = csi.NewControllerClient(cc).ControllerGetCapabilities(ctx, &csi.ControllerGetCapabilitiesRequest{})
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, p := range []string{"/healthz", "/readyz"} {
+		if code, body := get(p); code != http.StatusOK {
+			t.Errorf("%s: %d %s", p, code, body)
+		}
+	}
+	_, body := get("/metrics")
+	for _, want := range []string{
+		`crust_rpc_requests_total{code="OK",method="/csi.v1.Identity/GetPluginInfo"} 3`,
+		`crust_rpc_requests_total{code="Unimplemented",method="/csi.v1.Controller/ControllerGetCapabilities"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
