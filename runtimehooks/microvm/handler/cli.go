@@ -48,7 +48,7 @@ func (e exitError) Error() string {
 // Main runs crust-microvm with args and returns its exit status:
 //
 //	crust-microvm run --name NAME --crust-socket PATH --volume TARGET:GUEST_PATH... [--accel tcg|kvm|auto]
-//	                  [--state-dir DIR] [--assets DIR]
+//	                  [--sandbox-id ID] [--state-dir DIR] [--assets DIR]
 //	crust-microvm exec [--state-dir DIR] NAME -- CMD...
 //	crust-microvm stop [--state-dir DIR] NAME
 //
@@ -130,7 +130,8 @@ func runCmd(stateDir *string, stderr io.Writer) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Name, "name", "", "the sandbox's name, its id in crustd (required)")
+	f.StringVar(&cfg.Name, "name", "", "the sandbox's name, for exec and stop (required)")
+	f.StringVar(&cfg.SandboxID, "sandbox-id", "", "the sandbox id the volumes are claimed for in crustd, such as the CRI pod sandbox id (default: --name)")
 	f.StringVar(&cfg.CrustSocket, "crust-socket", client.SocketFromEnv(), "crustd's socket (env CRUST_SOCKET)")
 	f.StringArrayVar(&volumes, "volume", nil, "TARGET:GUEST_PATH, a staged target path and where to mount it in the guest (repeatable)")
 	f.StringVar(&accel, "accel", string(vm.AccelAuto), "tcg, kvm, or auto (KVM, falling back to TCG when it fails or hangs)")

@@ -54,9 +54,12 @@ const (
 
 // Config describes one sandbox.
 type Config struct {
-	// Name is the sandbox id given to crustd and the name of the state directory: a letter or digit, then
-	// up to 62 letters, digits, '.', '_' or '-'.
+	// Name is the name of the sandbox's state directory, which exec and stop take: a letter or digit,
+	// then up to 62 letters, digits, '.', '_' or '-'.
 	Name string
+	// SandboxID is the sandbox id the volumes are claimed for in crustd (a container runtime's sandbox
+	// id, such as CRI's 64 hex digits); "" means Name.
+	SandboxID string
 	// CrustSocket is crustd's socket; "" means runtimehooks.DefaultSocket.
 	CrustSocket string
 	// Volumes are the volumes to claim and mount; targets and guest paths must be distinct.
@@ -107,6 +110,9 @@ func checkName(name string) error {
 func (c *Config) setDefaults() error {
 	if err := checkName(c.Name); err != nil {
 		return err
+	}
+	if c.SandboxID == "" {
+		c.SandboxID = c.Name
 	}
 	if c.CrustSocket == "" {
 		c.CrustSocket = runtimehooks.DefaultSocket
@@ -203,7 +209,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	defer func() { _ = os.Remove(st.path(pidFile)) }()
 
-	s := newSandbox(cfg.Name, crust, machine, cfg.Volumes, log)
+	s := newSandbox(cfg.SandboxID, crust, machine, cfg.Volumes, log)
 	stopHandler, endpoint, err := runtimehooks.ServeHandler(st.path(handlerSocket), s)
 	if err != nil {
 		return errors.Join(err, machine.Stop(context.Background()))
