@@ -1,0 +1,278 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// mountTools are the host commands the CSI proxy and the reference driver run: what k8s.io/mount-utils'
+// SafeFormatAndMount execs (mount, umount, blkid, fsck -a with its fsck.<type>, mkfs.<type>) and
+// ResizeFs execs (blockdev --getsize64/--getro, resize2fs, xfs_growfs), for ext3, ext4 and xfs, plus
+// e2fsck, xfs_repair and losetup. fsck.xfs is left out: it is a shell script that does nothing, and
+// mount-utils only logs fsck's failure to find it.
+var mountTools = []string{
+	"mount", "umount", "blkid", "blockdev", "losetup",
+	"fsck", "e2fsck", "fsck.ext3", "fsck.ext4", "xfs_repair",
+	"mkfs.ext3", "mkfs.ext4", "mkfs.xfs",
+	"resize2fs", "xfs_growfs",
+}
+
+// spec is one image: its archive's short name, its reference and how its filesystem is made.
+type spec struct {
+	short      string
+	repo       string // reference without the tag
+	tag        string // fixed tag; empty means the -tag flag
+	entrypoint []string
+	fill       func(b *builder, t *fsTree) error
+}
+
+// specs are the images, in the order they are built.
+var specs = []spec{
+	{
+		short: "crustd", repo: "localhost/crust/crustd",
+		entrypoint: []string{"/usr/local/bin/crustd"},
+		fill: func(b *builder, t *fsTree) error {
+			return b.goBinaries(t, "/usr/local/bin", "./cmd/crustd", "./cmd/crustctl")
+		},
+	},
+	{
+		short: "crust-csi-proxy", repo: "localhost/crust/crust-csi-proxy",
+		entrypoint: []string{"/usr/local/bin/crust-csi-proxy"},
+		fill: func(b *builder, t *fsTree) error {
+			if err := b.goBinaries(t, "/usr/local/bin", "./cmd/crust-csi-proxy"); err != nil {
+				return err
+			}
+			return hostTools(t, mountTools...)
+		},
+	},
+	{
+		short: "crust-lvm-csi", repo: "localhost/crust/crust-lvm-csi",
+		entrypoint: []string{"/usr/local/bin/crust-lvm-csi"},
+		fill: func(b *builder, t *fsTree) error {
+			if err := b.goBinaries(t, "/usr/local/bin", "./test/csidriver/cmd/crust-lvm-csi"); err != nil {
+				return err
+			}
+			return hostTools(t, append([]string{"lvm"}, mountTools...)...)
+		},
+	},
+	{
+		short: "csi-registrar", repo: "localhost/crust/csi-registrar",
+		entrypoint: []string{"/usr/local/bin/crust-test-registrar"},
+		fill: func(b *builder, t *fsTree) error {
+			return b.goBinaries(t, "/usr/local/bin", "./test/cluster/cmd/crust-test-registrar")
+		},
+	},
+	{
+		short: "csi-provisioner", repo: "localhost/sig-storage/csi-provisioner", tag: "v5.3.0",
+		entrypoint: []string{"/csi-provisioner"},
+		fill: func(b *builder, t *fsTree) error {
+			return b.prebuilt(t, "csi-provisioner", "v5.3.0")
+		},
+	},
+	{
+		short: "csi-resizer", repo: "localhost/sig-storage/csi-resizer", tag: "v1.14.0",
+		entrypoint: []string{"/csi-resizer"},
+		fill: func(b *builder, t *fsTree) error {
+			return b.prebuilt(t, "csi-resizer", "v1.14.0")
+		},
+	},
+	{
+		short: "busybox", repo: "localhost/busybox", tag: "latest",
+		entrypoint: []string{"/bin/sh"},
+		fill: func(_ *builder, t *fsTree) error {
+			return busybox(t, "/bin/busybox")
+		},
+	},
+	{
+		short: "pause", repo: "localhost/pause", tag: "3.10",
+		entrypoint: []string{"/pause"},
+		fill: func(b *builder, t *fsTree) error {
+			return b.goBinaries(t, "/", "./hack/images/pause")
+		},
+	},
+}
+
+// ref returns the image's reference, with tag for crust's own images.
+func (s *spec) ref(tag string) string {
+	if s.tag != "" {
+		tag = s.tag
+	}
+	return s.repo + ":" + tag
+}
+
+// builder holds what building the images needs.
+type builder struct {
+	modRoot string // the crust module's directory, where go build runs
+	k8sBin  string // directory with the prebuilt sidecar binaries
+	work    string // scratch directory for the Go builds
+}
+
+// newBuilder finds the module root from the working directory (go env GOMOD) and makes a scratch
+// directory; the caller removes b.work.
+func newBuilder(k8sBin string) (*builder, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return nil, fmt.Errorf("go env GOMOD: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return nil, fmt.Errorf("not inside the crust module (go env GOMOD is empty)")
+	}
+	work, err := os.MkdirTemp("", "crust-images-")
+	if err != nil {
+		return nil, err
+	}
+	return &builder{modRoot: filepath.Dir(gomod), k8sBin: k8sBin, work: work}, nil
+}
+
+// build makes the image of s, tagged ref, and writes it to the archive file.
+func (b *builder) build(s *spec, ref, file string) error {
+	tag, err := name.NewTag(ref)
+	if err != nil {
+		return err
+	}
+	t := newTree()
+	if err := t.skeleton(); err != nil {
+		return err
+	}
+	if err := s.fill(b, t); err != nil {
+		return err
+	}
+	img, err := t.image(s.entrypoint)
+	if err != nil {
+		return err
+	}
+	tmp := file + ".tmp"
+	if err := tarball.WriteToFile(tmp, tag, img); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, file)
+}
+
+// goBinaries builds the main packages pkgs (paths relative to the module root) statically for
+// linux/amd64, stripped and trimmed, and adds each to the tree in dir, named as go build names it.
+func (b *builder) goBinaries(t *fsTree, dir string, pkgs ...string) error {
+	for _, pkg := range pkgs {
+		if _, err := os.Stat(filepath.Join(b.modRoot, pkg)); err != nil {
+			return fmt.Errorf("package %s does not exist (yet): %w", pkg, err)
+		}
+	}
+	out, err := os.MkdirTemp(b.work, "bin-")
+	if err != nil {
+		return err
+	}
+	args := append([]string{"build", "-trimpath", "-ldflags", "-s -w", "-o", out + "/"}, pkgs...)
+	cmd := exec.Command("go", args...)
+	cmd.Dir = b.modRoot
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = os.Stderr, &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go build %s: %w\n%s", strings.Join(pkgs, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	for _, pkg := range pkgs {
+		bin := path.Base(pkg)
+		data, err := os.ReadFile(filepath.Join(out, bin))
+		if err != nil {
+			return err
+		}
+		if err := t.file(path.Join(dir, bin), 0o755, data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// prebuilt adds the static binary bin from the -k8s-bin directory at /bin. When hack/cluster/build.sh's
+// version stamp (.bin.version) is there, it must name version, the image's tag.
+func (b *builder) prebuilt(t *fsTree, bin, version string) error {
+	src := filepath.Join(b.k8sBin, bin)
+	if _, err := os.Stat(src); err != nil {
+		return fmt.Errorf("%w (hack/cluster/build.sh builds it)", err)
+	}
+	if stamp, err := os.ReadFile(filepath.Join(b.k8sBin, "."+bin+".version")); err == nil {
+		if v := strings.TrimSpace(string(stamp)); v != version {
+			return fmt.Errorf("%s is %s (its version stamp), the image is tagged %s", src, v, version)
+		}
+	}
+	static, err := isStatic(src)
+	if err != nil {
+		return err
+	}
+	if !static {
+		return fmt.Errorf("%s is dynamically linked; the image has no libraries", src)
+	}
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return t.file("/"+bin, 0o755, data)
+}
+
+// hostTools adds each host command with its libraries (addHostTool), the merged-/usr root symlinks and,
+// when the host has it, /etc/mke2fs.conf (mke2fs reads it).
+func hostTools(t *fsTree, names ...string) error {
+	if err := t.addRootLinks(); err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := t.addHostTool(n); err != nil {
+			return err
+		}
+	}
+	if _, err := os.Stat("/etc/mke2fs.conf"); err == nil {
+		if _, err := t.addHost("/etc/mke2fs.conf"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// busybox adds the static busybox at src as /bin/busybox and a symlink /bin/APPLET -> busybox for each
+// applet it lists (busybox --list).
+func busybox(t *fsTree, src string) error {
+	static, err := isStatic(src)
+	if err != nil {
+		return fmt.Errorf("%w (install busybox-static)", err)
+	}
+	if !static {
+		return fmt.Errorf("%s is dynamically linked: install busybox-static", src)
+	}
+	fi, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	if err := t.file("/bin/busybox", tarMode(fi.Mode()), data); err != nil {
+		return err
+	}
+	out, err := exec.Command(src, "--list").Output()
+	if err != nil {
+		return fmt.Errorf("%s --list: %w", src, err)
+	}
+	applets := strings.Fields(string(out))
+	if len(applets) == 0 {
+		return fmt.Errorf("%s --list printed no applets", src)
+	}
+	for _, a := range applets {
+		if a == "busybox" || strings.Contains(a, "/") {
+			continue
+		}
+		if err := t.symlink("/bin/"+a, "busybox"); err != nil {
+			return err
+		}
+	}
+	return nil
+}

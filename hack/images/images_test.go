@@ -1,0 +1,321 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"debug/elf"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// node is one entry of a flattened filesystem read back from a tar stream.
+type node struct {
+	hdr  *tar.Header
+	data []byte
+}
+
+// readTar returns the entries of a tar stream by clean path without the leading slash, and their order.
+func readTar(t *testing.T, r io.Reader) (map[string]node, []string) {
+	t.Helper()
+	files := map[string]node{}
+	var order []string
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return files, order
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := clean(h.Name)
+		files[k] = node{hdr: h, data: data}
+		order = append(order, k)
+	}
+}
+
+// resolve follows the symlinks of p, component by component, inside files and returns the entry reached
+// and its path, failing the test when a component is missing.
+func resolve(t *testing.T, files map[string]node, p string) (node, string) {
+	t.Helper()
+	todo := strings.Split(clean(p), "/")
+	cur := ""
+	for hops := 0; len(todo) > 0; {
+		name := todo[0]
+		todo = todo[1:]
+		next := path.Join(cur, name)
+		n, ok := files[next]
+		if !ok {
+			t.Fatalf("resolve %s: /%s is not in the filesystem", p, next)
+		}
+		if n.hdr.Typeflag == tar.TypeSymlink {
+			if hops++; hops > 40 {
+				t.Fatalf("resolve %s: symlink loop", p)
+			}
+			target := n.hdr.Linkname
+			if !path.IsAbs(target) {
+				target = path.Join("/", cur, target)
+			}
+			todo = append(strings.Split(clean(target), "/"), todo...)
+			cur = ""
+			continue
+		}
+		cur = next
+	}
+	return files[cur], cur
+}
+
+// assertStaticELF fails unless data is an ELF executable without a program interpreter.
+func assertStaticELF(t *testing.T, what string, data []byte) {
+	t.Helper()
+	f, err := elf.NewFile(bytes.NewReader(data))
+	if err != nil {
+		t.Fatalf("%s: not ELF: %v", what, err)
+	}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Fatalf("%s: dynamically linked", what)
+		}
+	}
+}
+
+func TestImages(t *testing.T) {
+	for _, tc := range []struct {
+		short      string
+		ref        string
+		entrypoint []string
+		needs      string // host file without which the test is skipped
+		check      func(t *testing.T, files map[string]node)
+	}{
+		{
+			short: "busybox", ref: "localhost/busybox:latest", entrypoint: []string{"/bin/sh"}, needs: "/bin/busybox",
+			check: func(t *testing.T, files map[string]node) {
+				sh, ok := files["bin/sh"]
+				if !ok || sh.hdr.Typeflag != tar.TypeSymlink || sh.hdr.Linkname != "busybox" {
+					t.Fatalf("/bin/sh is not a symlink to busybox: %+v", sh.hdr)
+				}
+				bb, p := resolve(t, files, "/bin/sh")
+				if p != "bin/busybox" || bb.hdr.Typeflag != tar.TypeReg || bb.hdr.Mode&0o111 == 0 {
+					t.Fatalf("/bin/sh resolves to %s (%+v), want the executable bin/busybox", p, bb.hdr)
+				}
+				assertStaticELF(t, "/bin/busybox", bb.data)
+				if _, p := resolve(t, files, "/bin/ls"); p != "bin/busybox" {
+					t.Fatalf("/bin/ls resolves to %s", p)
+				}
+			},
+		},
+		{
+			short: "pause", ref: "localhost/pause:3.10", entrypoint: []string{"/pause"},
+			check: func(t *testing.T, files map[string]node) {
+				p, ok := files["pause"]
+				if !ok || p.hdr.Typeflag != tar.TypeReg || p.hdr.Mode != 0o755 {
+					t.Fatalf("/pause is not an executable file: %+v", p.hdr)
+				}
+				assertStaticELF(t, "/pause", p.data)
+			},
+		},
+	} {
+		t.Run(tc.short, func(t *testing.T) {
+			if tc.needs != "" {
+				if _, err := os.Stat(tc.needs); err != nil {
+					t.Skipf("host has no %s: %v", tc.needs, err)
+				}
+			}
+			sel, err := selectSpecs([]string{tc.short})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := t.TempDir()
+			if err := run(out, "test", t.TempDir(), sel); err != nil {
+				t.Fatal(err)
+			}
+			list, err := os.ReadFile(filepath.Join(out, "images.txt"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := tc.short + ".tar " + tc.ref + "\n"; string(list) != want {
+				t.Fatalf("images.txt = %q, want %q", list, want)
+			}
+			archive := filepath.Join(out, tc.short+".tar")
+			m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(archive) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(m) != 1 || !reflect.DeepEqual(m[0].RepoTags, []string{tc.ref}) {
+				t.Fatalf("manifest.json = %+v, want one image tagged %s", m, tc.ref)
+			}
+			img, err := tarball.ImageFromPath(archive, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cf, err := img.ConfigFile()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cf.OS != "linux" || cf.Architecture != "amd64" {
+				t.Errorf("platform %s/%s, want linux/amd64", cf.OS, cf.Architecture)
+			}
+			if !reflect.DeepEqual(cf.Config.Entrypoint, tc.entrypoint) {
+				t.Errorf("entrypoint %q, want %q", cf.Config.Entrypoint, tc.entrypoint)
+			}
+			if !reflect.DeepEqual(cf.Config.Env, []string{defaultPath}) {
+				t.Errorf("env %q, want %q", cf.Config.Env, defaultPath)
+			}
+			layers, err := img.Layers()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(layers) != 1 {
+				t.Fatalf("%d layers, want 1", len(layers))
+			}
+			rc := mutate.Extract(img)
+			defer func() { _ = rc.Close() }()
+			files, _ := readTar(t, rc)
+			if tmp := files["tmp"]; tmp.hdr == nil || tmp.hdr.Typeflag != tar.TypeDir || tmp.hdr.Mode != 0o1777 {
+				t.Errorf("/tmp is not a 1777 directory: %+v", tmp.hdr)
+			}
+			tc.check(t, files)
+		})
+	}
+}
+
+func TestHostToolLibraries(t *testing.T) {
+	for _, tool := range []string{"blkid", "ldd"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("host has no %s: %v", tool, err)
+		}
+	}
+	tr := newTree()
+	if err := tr.addRootLinks(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.addHostTool("blkid"); err != nil {
+		t.Fatal(err)
+	}
+	b, err := tr.tar()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _ := readTar(t, bytes.NewReader(b))
+
+	bin, err := exec.LookPath("blkid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	realPath, err := filepath.EvalSymlinks(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, p := resolve(t, files, bin); p != clean(realPath) || n.hdr.Typeflag != tar.TypeReg || n.hdr.Mode&0o111 == 0 {
+		t.Errorf("%s resolves to %s (%+v), want the executable %s", bin, p, n.hdr, realPath)
+	}
+	// The loader under the name executables ask for, and libblkid under its soname.
+	loader, _ := resolve(t, files, "/lib64/ld-linux-x86-64.so.2")
+	if loader.hdr.Typeflag != tar.TypeReg || len(loader.data) == 0 {
+		t.Errorf("/lib64/ld-linux-x86-64.so.2 does not lead to the loader: %+v", loader.hdr)
+	}
+	var libblkid string
+	for k, n := range files {
+		if path.Base(k) == "libblkid.so.1" {
+			libblkid = k
+			if target, p := resolve(t, files, k); target.hdr.Typeflag != tar.TypeReg || len(target.data) == 0 {
+				t.Errorf("%s resolves to %s (%+v), want a library", k, p, target.hdr)
+			}
+		}
+		if n.hdr.Typeflag == tar.TypeReg && !strings.HasPrefix(k, "usr/") {
+			t.Errorf("/%s is outside /usr on a merged-/usr layout", k)
+		}
+	}
+	if libblkid == "" {
+		t.Error("no libblkid.so.1 in the layer")
+	}
+}
+
+func TestParseLdd(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		out     string
+		want    []string
+		wantErr bool
+	}{
+		{
+			name: "dynamic",
+			out: "\tlinux-vdso.so.1 (0x00007ffd)\n" +
+				"\tlibblkid.so.1 => /lib/x86_64-linux-gnu/libblkid.so.1 (0x00007f01)\n" +
+				"\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f02)\n" +
+				"\t/lib64/ld-linux-x86-64.so.2 (0x00007f03)\n",
+			want: []string{"/lib/x86_64-linux-gnu/libblkid.so.1", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"},
+		},
+		{name: "missing", out: "\tlibfoo.so.1 => not found\n", wantErr: true},
+		{name: "statically linked", out: "\tstatically linked\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseLdd([]byte(tc.out))
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestTree(t *testing.T) {
+	tr := newTree()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(tr.symlink("/bin", "usr/bin"))
+	must(tr.file("/usr/bin/b", 0o4755, []byte("b")))
+	must(tr.file("/usr/bin/b", 0o4755, []byte("b"))) // the same again is fine
+	must(tr.file("/usr-x/a", 0o644, []byte("a")))
+	must(tr.dir("/tmp", 0o1777))
+	if err := tr.file("/usr/bin/b", 0o755, []byte("other")); err == nil {
+		t.Error("a different file at a taken path was accepted")
+	}
+	if err := tr.file("/bin/c", 0o755, nil); err == nil {
+		t.Error("a file below a symlink was accepted")
+	}
+	b, err := tr.tar()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, order := readTar(t, bytes.NewReader(b))
+	want := []string{"bin", "tmp", "usr", "usr-x", "usr-x/a", "usr/bin", "usr/bin/b"}
+	if !reflect.DeepEqual(order, want) {
+		t.Fatalf("order %q, want %q", order, want)
+	}
+	for k, n := range files {
+		if n.hdr.Uid != 0 || n.hdr.Gid != 0 || !n.hdr.ModTime.Equal(time.Unix(0, 0)) {
+			t.Errorf("/%s: owner %d:%d, mtime %v", k, n.hdr.Uid, n.hdr.Gid, n.hdr.ModTime)
+		}
+	}
+	if m := files["usr/bin/b"].hdr.Mode; m != 0o4755 {
+		t.Errorf("/usr/bin/b mode %o, want 4755", m)
+	}
+	if m := files["tmp"].hdr.Mode; m != 0o1777 {
+		t.Errorf("/tmp mode %o, want 1777", m)
+	}
+	if h := files["usr"].hdr; h.Typeflag != tar.TypeDir || h.Mode != 0o755 {
+		t.Errorf("/usr: %+v, want a 0755 directory", h)
+	}
+}

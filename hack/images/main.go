@@ -1,0 +1,130 @@
+// Command images builds crust's container images and the few it needs from elsewhere as image
+// archives, with go-containerregistry and without a registry or Docker:
+//
+//	go run ./hack/images [-out _output/images] [-tag dev] [-k8s-bin _output/k8s/bin] [SHORT...]
+//
+// It promises, for each image (all of them, or the short names given):
+//
+//   - OUT/SHORT.tar, a docker-archive tarball (manifest.json with RepoTags) holding one linux/amd64
+//     image with a single layer, which `ctr -n k8s.io images import OUT/SHORT.tar` imports under the
+//     reference below;
+//   - a deterministic layer: entries sorted, directories before their contents, owner 0:0, mtime 0, the
+//     host files' modes kept; every image has /tmp (1777), /run, /etc, /dev, /proc, /sys, /var/lib and
+//     PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin;
+//   - Go programs built with CGO_ENABLED=0 GOOS=linux GOARCH=amd64 -trimpath -ldflags "-s -w";
+//   - host tools copied from this machine with the shared libraries and loader ldd lists, each at its
+//     real /usr path with the host's symlinks to it (mkfs.ext4 -> mke2fs) and the merged-/usr root
+//     symlinks (bin -> usr/bin, sbin, lib, lib64);
+//
+// and OUT/images.txt, one line "ARCHIVE REF" per image built by this run, ARCHIVE being the archive's
+// file name in OUT. It prints "REF ARCHIVE SIZE MiB" per image, and exits non-zero, naming the images
+// that failed, when any did (the others are still written and listed).
+//
+// The images (TAG is -tag):
+//
+//	crustd           localhost/crust/crustd:TAG                /usr/local/bin/crustd, crustctl
+//	crust-csi-proxy  localhost/crust/crust-csi-proxy:TAG       /usr/local/bin/crust-csi-proxy, the mount tools
+//	crust-lvm-csi    localhost/crust/crust-lvm-csi:TAG         /usr/local/bin/crust-lvm-csi, the mount tools, lvm
+//	csi-registrar    localhost/crust/csi-registrar:TAG         /usr/local/bin/crust-test-registrar
+//	csi-provisioner  localhost/sig-storage/csi-provisioner:v5.3.0  /csi-provisioner from -k8s-bin
+//	csi-resizer      localhost/sig-storage/csi-resizer:v1.14.0     /csi-resizer from -k8s-bin
+//	busybox          localhost/busybox:latest                  /bin/busybox (busybox-static), /bin/APPLET links
+//	pause            localhost/pause:3.10                      /pause (hack/images/pause)
+//
+// The mount tools are mount, umount, blkid, blockdev, losetup, fsck, e2fsck, fsck.ext3, fsck.ext4,
+// xfs_repair, mkfs.ext3, mkfs.ext4, mkfs.xfs, resize2fs and xfs_growfs, with /etc/mke2fs.conf.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+func main() {
+	out := flag.String("out", "_output/images", "directory to write the archives and images.txt to")
+	tag := flag.String("tag", "dev", "tag of crust's own images")
+	k8sBin := flag.String("k8s-bin", "_output/k8s/bin", "directory with the csi-provisioner and csi-resizer binaries")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: images [flags] [%s]\n", strings.Join(shortNames(), " | "))
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	selected, err := selectSpecs(flag.Args())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "images:", err)
+		os.Exit(2)
+	}
+	if err := run(*out, *tag, *k8sBin, selected); err != nil {
+		fmt.Fprintln(os.Stderr, "images:", err)
+		os.Exit(1)
+	}
+}
+
+// shortNames returns the images' short names in build order.
+func shortNames() []string {
+	names := make([]string, len(specs))
+	for i, s := range specs {
+		names[i] = s.short
+	}
+	return names
+}
+
+// selectSpecs returns the specs named (all when none is), in build order.
+func selectSpecs(names []string) ([]*spec, error) {
+	want := map[string]bool{}
+	for _, n := range names {
+		found := false
+		for _, s := range specs {
+			found = found || s.short == n
+		}
+		if !found {
+			return nil, fmt.Errorf("unknown image %q (known: %s)", n, strings.Join(shortNames(), ", "))
+		}
+		want[n] = true
+	}
+	var sel []*spec
+	for i := range specs {
+		if len(names) == 0 || want[specs[i].short] {
+			sel = append(sel, &specs[i])
+		}
+	}
+	return sel, nil
+}
+
+// run builds the selected images into out and writes out/images.txt listing those that succeeded.
+func run(out, tag, k8sBin string, selected []*spec) error {
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	b, err := newBuilder(k8sBin)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(b.work) }()
+	var list, failed []string
+	for _, s := range selected {
+		ref := s.ref(tag)
+		file := filepath.Join(out, s.short+".tar")
+		if err := b.build(s, ref, file); err != nil {
+			fmt.Fprintf(os.Stderr, "images: %s (%s): %v\n", s.short, ref, err)
+			failed = append(failed, s.short)
+			continue
+		}
+		fi, err := os.Stat(file)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%-46s %s %6.1f MiB\n", ref, file, float64(fi.Size())/(1<<20))
+		list = append(list, filepath.Base(file)+" "+ref+"\n")
+	}
+	if err := os.WriteFile(filepath.Join(out, "images.txt"), []byte(strings.Join(list, "")), 0o644); err != nil {
+		return err
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%d of %d images failed: %s", len(failed), len(selected), strings.Join(failed, ", "))
+	}
+	return nil
+}
