@@ -36,7 +36,7 @@ func run(m *testing.M) int {
 		panic(err)
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	build := exec.Command("go", "build", "-o", dir+"/", "crust.dev/crust/cmd/...")
+	build := exec.Command("go", "build", "-o", dir+"/", "crust.dev/crust/cmd/...", "crust.dev/crust/test/csidriver/cmd/crust-lvm-csi")
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Println("e2e: build:", err)
