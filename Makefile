@@ -11,8 +11,10 @@ GOTEST  ?= $(GO) test -count=1 -timeout 40m
 GUEST   := $(OUT)/guest
 # The VM tests find the guest kernel and initramfs here.
 export CRUST_GUEST_ASSETS := $(GUEST)
-# Debian packages the tests and the demo use (installed only when missing).
-DEB_PKGS := e2fsprogs xfsprogs btrfs-progs lvm2 util-linux kmod cpio busybox-static qemu-system-x86
+# Debian packages the tests and the demo use (installed only when missing); the second line is the
+# real-cluster tier's: etcd, containerd, runc and the CNI plugins run the test node.
+DEB_PKGS := e2fsprogs xfsprogs btrfs-progs lvm2 util-linux kmod cpio busybox-static qemu-system-x86 \
+	etcd-server containerd runc containernetworking-plugins openssl bc curl iproute2
 
 .PHONY: help
 help: ## Show this help
@@ -29,6 +31,19 @@ deps: ## Install the Debian packages the tests need (as root; skipped when prese
 .PHONY: build
 build: ## Build every binary into bin/
 	$(GO) build -o $(BIN)/ ./cmd/...
+
+.PHONY: images
+images: ## Build the OCI image archives (crustd, the CSI proxy, the reference driver, the registrar, the sidecars, busybox, pause) into _output/images
+	hack/cluster/build.sh
+	$(GO) run ./hack/images -out $(OUT)/images -k8s-bin $(OUT)/k8s/bin
+
+.PHONY: cluster-up
+cluster-up: deps images ## Start a real single-node Kubernetes with crust deployed from deploy/; prints the kubeconfig's path
+	hack/cluster/up.sh
+
+.PHONY: cluster-down
+cluster-down: ## Remove everything cluster-up made: processes, mounts, loop devices, the bridge, cgroups, sysctls
+	hack/cluster/down.sh
 
 .PHONY: guest
 guest: deps ## Fetch the guest kernel (Debian's cloud kernel) and build the guest initramfs, cached in _output/guest

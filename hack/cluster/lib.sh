@@ -1,0 +1,74 @@
+# Shared settings of hack/cluster/up.sh and down.sh. Everything the cluster writes lives under $RUN,
+# apart from the mount-point directories listed in $RUN/host-dirs, which down.sh removes again.
+#
+# The node runs in a mount namespace of its own (held by one `sleep` process, $RUN/pids/ns.pid): inside
+# it, /run is a fresh tmpfs and /var/lib/kubelet, /var/lib/cni and /var/log/pods are bind mounts of
+# directories under $RUN. So the node uses the standard paths that deploy/ names, while nothing it mounts
+# or creates there is seen on the host, and everything it mounted goes away with its processes.
+# shellcheck shell=bash
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+OUT=${OUT:-$ROOT/_output/k8s}
+RUN=${RUN:-$OUT/run}
+K8S_BIN=${K8S_BIN:-$OUT/bin}
+IMAGES=${IMAGES:-$ROOT/_output/images}
+KUBECONFIG_OUT=$OUT/kubeconfig
+
+# Services get loopback addresses: with no kube-proxy on the node, a Service's address must never be
+# routed off the machine. The API server listens on the first one, the `kubernetes` Service's own
+# ClusterIP, at the Service's port, so pods that use their in-cluster configuration (KUBERNETES_SERVICE_HOST
+# and _PORT) reach it directly.
+SERVICE_CIDR=127.100.0.0/24
+APISERVER_ADDR=127.100.0.1
+APISERVER_PORT=443
+# The other ports, on 127.0.0.1; each may be overridden from the environment.
+ETCD_PORT=${ETCD_PORT:-2379}
+ETCD_PEER_PORT=${ETCD_PEER_PORT:-2380}
+KUBELET_PORT=${KUBELET_PORT:-10250}
+KUBELET_HEALTHZ_PORT=${KUBELET_HEALTHZ_PORT:-10248}
+KCM_PORT=${KCM_PORT:-10257}
+SCHEDULER_PORT=${SCHEDULER_PORT:-10259}
+# crustd's and the CSI proxy's HTTP ports (fixed by deploy/; checked so a collision is reported early).
+CRUST_PORTS=(9809 9810)
+
+# The bridge the CNI plugin makes, and the pod subnet on it.
+BRIDGE=k8stest0
+POD_SUBNET=10.88.77.0/24
+# The volume group the example driver serves (deploy/examples), on a sparse file on a loop device.
+VG_NAME=crust-example
+VG_SIZE=${VG_SIZE:-8G}
+# Sysctls kubelet or the CNI plugin may change; saved at start, restored at teardown.
+SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom kernel.keys.root_maxkeys
+	kernel.keys.root_maxbytes net.ipv4.ip_forward net.ipv4.conf.all.route_localnet)
+
+# The node's name: the host name when it resolves to loopback (kubelet's and the apiserver's default
+# address type then reaches kubelet), localhost otherwise.
+node_name() {
+	local h
+	h=$(hostname)
+	if getent hosts "$h" | grep -q '^127\.'; then echo "$h"; else echo localhost; fi
+}
+
+log() { printf '%s cluster: %s\n' "$(date +%T)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# pid_alive NAME: the process recorded as NAME is running.
+pid_alive() {
+	local f=$RUN/pids/$1.pid
+	[ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+}
+
+# in_ns CMD...: runs CMD in the node's mount namespace.
+in_ns() { nsenter -t "$(cat "$RUN/pids/ns.pid")" -m -- "$@"; }
+
+kubectl_() { "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_OUT" "$@"; }
+
+# lvm_ LVM-ARGS...: LVM restricted to the volume group's loop device, with no udev and no activation,
+# as the example driver runs it.
+lvm_() {
+	local dev=$1
+	shift
+	local cmd=$1
+	shift
+	LVM_SUPPRESS_FD_WARNINGS=1 DM_DISABLE_UDEV=1 lvm "$cmd" --config "devices { use_devicesfile=0 obtain_device_list_from_udev=0 global_filter=[\"a|^$dev\$|\",\"r|.*|\"] } activation { udev_sync=0 udev_rules=0 } backup { backup=0 archive=0 } global { activation=0 }" "$@"
+}
