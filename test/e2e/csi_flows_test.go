@@ -26,6 +26,7 @@ import (
 	"crust.dev/crust/test/co"
 	"crust.dev/crust/test/csidriver"
 	"crust.dev/crust/test/csidriver/lvmtest"
+	"crust.dev/crust/test/harness"
 )
 
 const (
@@ -55,7 +56,7 @@ const (
 // directory, no kubelet or proxy directory or record, no logical volume.
 func TestCSIFlows(t *testing.T) {
 	t0 := time.Now()
-	assets := guestAssets(t)
+	assets := harness.GuestAssets(t, binDir)
 	d := newDaemon(t)
 	logDir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -206,8 +207,7 @@ func TestCSIFlows(t *testing.T) {
 		if got := guest("stat -c '%g %a' " + dir); got != "2000 2775" {
 			t.Errorf("%s: the guest's root is %q, want gid 2000 and mode 2775 (fsGroup)", dir, got)
 		}
-		vmLog := &microVM{logFile: filepath.Join(vmState, vm.Name+".log")}
-		if got := vmLog.waitLogValue("volume mounted", "formatted", "target="+rp.TargetPath(v)); got != "true" {
+		if got := harness.WaitLogFileValue(filepath.Join(vmState, vm.Name+".log"), "volume mounted", "formatted", "target="+rp.TargetPath(v)); got != "true" {
 			t.Errorf("%s: the blank volume was not formatted in the guest (formatted=%q)", v.Name, got)
 		}
 		f := strings.Fields(guest(fmt.Sprintf("dd if=/dev/urandom of=%[1]s/data bs=1M count=8 2>/dev/null && sync && md5sum %[1]s/data", dir)))
@@ -280,7 +280,7 @@ func TestCSIFlows(t *testing.T) {
 	if err := c.StopPod(ctx, rp); err != nil {
 		t.Fatal(err)
 	}
-	if processAlive(qemu) {
+	if harness.ProcessAlive(qemu) {
 		t.Errorf("QEMU (pid %d) still runs after the pod stopped", qemu)
 	}
 	if n := len(listVolumes(t, d)); n != 0 {
@@ -444,7 +444,7 @@ func (p *proxyProc) log() string {
 
 // logValue returns key's value on the last log line with message msg that mentions target.
 func (p *proxyProc) logValue(msg, key, target string) string {
-	return (&microVM{logFile: p.logFile}).logValue(msg, key, "target="+target)
+	return harness.LogValue(p.log(), msg, key, "target="+target)
 }
 
 // stopOnCleanup stops a pod the test left running (after a failure), so that its VM lets go of the

@@ -5,10 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,7 +15,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/runtimehooks/microvm/initramfs"
+	"crust.dev/crust/test/harness"
 )
 
 // TestMicroVMHandler drives crust-microvm, the reference runtime handler, with crustd and crustctl: one VM
@@ -33,7 +31,7 @@ import (
 // forwarded by crustd) match the host's statfs of the same filesystems within one block.
 func TestMicroVMHandler(t *testing.T) {
 	const mib = int64(1) << 20
-	assets := guestAssets(t)
+	assets := harness.GuestAssets(t, binDir)
 	d := newDaemon(t)
 	stateDir := t.TempDir()
 	const name = "e2e-microvm"
@@ -66,33 +64,33 @@ func TestMicroVMHandler(t *testing.T) {
 
 	// First run: boot, then stage ext4 while the VM runs.
 	m := startMicroVM(t, d, assets, stateDir, name, volumes...)
-	t.Logf("first run: VM up and serving %s after starting crust-microvm (boot in the log: %s)", m.ready, m.logValue("VM up", "boot"))
-	mounted := m.waitMountedAsync(ext.guest)
+	t.Logf("first run: VM up and serving %s after starting crust-microvm (boot in the log: %s)", m.Ready, m.LogValue("VM up", "boot"))
+	mounted := m.WaitMountedAsync(ext.guest)
 	t0 := time.Now()
 	stage(ext, "--fs-group", "2000", "--fs-group-policy", "on_root_mismatch", "--mount-option", "noatime")
 	if err := <-mounted; err != nil {
 		t.Fatalf("the volume staged after boot was not mounted: %v", err)
 	}
 	t.Logf("staged after boot -> mounted in the guest: %s seen by the test (%s by the handler's clock)",
-		time.Since(t0).Round(time.Millisecond), m.waitLogValue("volume mounted", "since_staged", "target="+ext.target))
+		time.Since(t0).Round(time.Millisecond), m.WaitLogValue("volume mounted", "since_staged", "target="+ext.target))
 	for _, v := range []vol{xfs, ro} {
-		if err := <-m.waitMountedAsync(v.guest); err != nil {
+		if err := <-m.WaitMountedAsync(v.guest); err != nil {
 			t.Fatalf("%s: %v", v.guest, err)
 		}
 	}
-	if got := m.waitLogValue("volume mounted", "formatted", "target="+xfs.target); got != "true" {
+	if got := m.WaitLogValue("volume mounted", "formatted", "target="+xfs.target); got != "true" {
 		t.Errorf("the blank xfs volume was not formatted in the guest (formatted=%q)", got)
 	}
 
 	// fsGroup: the root carries the group, the setgid bit and group rwx; new files inherit the group.
 	for _, c := range []struct{ dir, want string }{{ext.guest, "2000 2775"}, {xfs.guest, "3000 2775"}} {
-		if got := m.execOK("stat", "-c", "%g %a", c.dir); got != c.want {
+		if got := m.ExecOK("stat", "-c", "%g %a", c.dir); got != c.want {
 			t.Errorf("%s: gid and mode %q, want %q", c.dir, got, c.want)
 		}
 	}
 	// Data, written in the guest and synced.
 	for _, v := range []*vol{&ext, &xfs} {
-		out := m.execOK("sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=%[1]s/data bs=1M count=8 2>/dev/null && sync && md5sum %[1]s/data && stat -c %%g %[1]s/data", v.guest))
+		out := m.ExecOK("sh", "-c", fmt.Sprintf("dd if=/dev/urandom of=%[1]s/data bs=1M count=8 2>/dev/null && sync && md5sum %[1]s/data && stat -c %%g %[1]s/data", v.guest))
 		f := strings.Fields(out)
 		if len(f) != 3 {
 			t.Fatalf("unexpected output %q", out)
@@ -103,16 +101,16 @@ func TestMicroVMHandler(t *testing.T) {
 		}
 	}
 	// Read-only: reads work, writes fail.
-	if got := m.execOK("cat", ro.guest+"/hello"); got != "from the host" {
+	if got := m.ExecOK("cat", ro.guest+"/hello"); got != "from the host" {
 		t.Errorf("read-only volume: hello = %q", got)
 	}
-	if _, errOut, code := m.exec("touch", ro.guest+"/x"); code == 0 || !strings.Contains(errOut, "Read-only") {
+	if _, errOut, code := m.Exec("touch", ro.guest+"/x"); code == 0 || !strings.Contains(errOut, "Read-only") {
 		t.Errorf("write to the read-only volume: exit %d, stderr %q", code, errOut)
 	}
 
 	// Online expansion N -> 2N: the host grows the backing file, crustctl expand does the rest.
 	for _, v := range []vol{ext, xfs} {
-		mountID := m.execOK("sh", "-c", fmt.Sprintf("awk '$5 == %q {print $1}' /proc/self/mountinfo", v.guest))
+		mountID := m.ExecOK("sh", "-c", fmt.Sprintf("awk '$5 == %q {print $1}' /proc/self/mountinfo", v.guest))
 		before := statsOf(t, d, v.target)
 		if err := os.Truncate(backingFile(t, v.dev), 2*v.size); err != nil {
 			t.Fatal(err)
@@ -133,14 +131,14 @@ func TestMicroVMHandler(t *testing.T) {
 		if r.GetCapacityBytes() != after.total || after.total < 2*before.total-v.size/20 || after.total > 2*v.size {
 			t.Errorf("%s: capacity %d, stats total %d -> %d, for a device of %d", v.fsType, r.GetCapacityBytes(), before.total, after.total, 2*v.size)
 		}
-		devSize := m.execOK("sh", "-c", fmt.Sprintf("blockdev --getsize64 $(awk '$2 == %q {print $1}' /proc/mounts)", v.guest))
+		devSize := m.ExecOK("sh", "-c", fmt.Sprintf("blockdev --getsize64 $(awk '$2 == %q {print $1}' /proc/mounts)", v.guest))
 		if devSize != strconv.FormatInt(2*v.size, 10) {
 			t.Errorf("%s: the guest's disk is %s bytes, want %d", v.fsType, devSize, 2*v.size)
 		}
-		if id := m.execOK("sh", "-c", fmt.Sprintf("awk '$5 == %q {print $1}' /proc/self/mountinfo", v.guest)); id != mountID || id == "" {
+		if id := m.ExecOK("sh", "-c", fmt.Sprintf("awk '$5 == %q {print $1}' /proc/self/mountinfo", v.guest)); id != mountID || id == "" {
 			t.Errorf("%s: mount id %q before the expansion, %q after: it was remounted", v.fsType, mountID, id)
 		}
-		if sum := strings.Fields(m.execOK("md5sum", v.guest+"/data"))[0]; sum != v.md5 {
+		if sum := strings.Fields(m.ExecOK("md5sum", v.guest+"/data"))[0]; sum != v.md5 {
 			t.Errorf("%s: data changed across the expansion", v.fsType)
 		}
 		// Repeating it is a success with the same capacity.
@@ -155,12 +153,12 @@ func TestMicroVMHandler(t *testing.T) {
 	// first mount after a crash would report the pre-grow limit until the next one (a kernel property,
 	// which the handler reports as it is). Checkpoint the grow before the crash so that the second run's
 	// stats can be compared with the host's below.
-	m.execOK("sh", "-c", "fsfreeze --freeze "+xfs.guest+" && fsfreeze --unfreeze "+xfs.guest)
+	m.ExecOK("sh", "-c", "fsfreeze --freeze "+xfs.guest+" && fsfreeze --unfreeze "+xfs.guest)
 
 	// kill -9 of the handler while its volumes are attached.
-	qemuPid := m.qemuPid()
-	m.kill()
-	waitFor(t, 10*time.Second, "QEMU to die with crust-microvm", func() bool { return !processAlive(qemuPid) })
+	qemuPid := m.QemuPid()
+	m.Kill()
+	waitFor(t, 10*time.Second, "QEMU to die with crust-microvm", func() bool { return !harness.ProcessAlive(qemuPid) })
 	if _, errOut, code := d.crustctl("stats", ext.target); code == 0 || !strings.Contains(errOut, "Unavailable") {
 		t.Errorf("stats with the handler dead: exit %d, %q; want Unavailable", code, errOut)
 	}
@@ -175,12 +173,12 @@ func TestMicroVMHandler(t *testing.T) {
 
 	// Second run, same name: it cleans the stale state and claims everything again.
 	m = startMicroVM(t, d, assets, stateDir, name, volumes...)
-	t.Logf("second run (after kill -9): serving after %s", m.ready)
-	if !strings.Contains(m.log(), "cleaned up after an earlier run") {
-		t.Errorf("the second run did not report cleaning the first one's state:\n%s", m.log())
+	t.Logf("second run (after kill -9): serving after %s", m.Ready)
+	if !strings.Contains(m.Log(), "cleaned up after an earlier run") {
+		t.Errorf("the second run did not report cleaning the first one's state:\n%s", m.Log())
 	}
 	for _, v := range []vol{ext, xfs, ro} {
-		if err := <-m.waitMountedAsync(v.guest); err != nil {
+		if err := <-m.WaitMountedAsync(v.guest); err != nil {
 			t.Fatalf("%s after restart: %v", v.guest, err)
 		}
 	}
@@ -198,12 +196,12 @@ func TestMicroVMHandler(t *testing.T) {
 		}
 	}
 	for _, v := range []vol{ext, xfs} {
-		if sum := strings.Fields(m.execOK("md5sum", v.guest+"/data"))[0]; sum != v.md5 {
+		if sum := strings.Fields(m.ExecOK("md5sum", v.guest+"/data"))[0]; sum != v.md5 {
 			t.Errorf("%s: data lost across kill -9 and restart", v.fsType)
 		}
 	}
 	// exec relays stdout, stderr and the exit status.
-	if out, errOut, code := m.exec("sh", "-c", "echo out; echo err >&2; exit 3"); out != "out\n" || errOut != "err\n" || code != 3 {
+	if out, errOut, code := m.Exec("sh", "-c", "echo out; echo err >&2; exit 3"); out != "out\n" || errOut != "err\n" || code != 3 {
 		t.Errorf("exec: stdout %q, stderr %q, exit %d; want out, err, 3", out, errOut, code)
 	}
 
@@ -214,8 +212,8 @@ func TestMicroVMHandler(t *testing.T) {
 	}
 
 	// stop: nothing left behind.
-	m.stop()
-	if pid := m.qemuPidWas; processAlive(pid) {
+	m.Stop()
+	if pid := m.QemuPidWas; harness.ProcessAlive(pid) {
 		t.Errorf("QEMU (pid %d) still running after stop", pid)
 	}
 	if socks, _ := filepath.Glob(filepath.Join(stateDir, name, "*.sock")); len(socks) > 0 {
@@ -243,7 +241,7 @@ func TestMicroVMHandler(t *testing.T) {
 // TestMicroVMSignalWhileBooting sends SIGTERM to `crust-microvm run` while its VM boots, as a runtime
 // stopping a sandbox that is still starting would: it exits 0 and leaves no QEMU and no socket.
 func TestMicroVMSignalWhileBooting(t *testing.T) {
-	assets := guestAssets(t)
+	assets := harness.GuestAssets(t, binDir)
 	d := newDaemon(t)
 	stateDir := t.TempDir()
 	dir := filepath.Join(stateDir, "e2e-boot")
@@ -276,282 +274,18 @@ func TestMicroVMSignalWhileBooting(t *testing.T) {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), dir+"/") {
-			if pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p))); processAlive(pid) {
+			if pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p))); harness.ProcessAlive(pid) {
 				t.Errorf("a process still uses the sandbox's state: %s", strings.ReplaceAll(string(b), "\x00", " "))
 			}
 		}
 	}
 }
 
-// guestAssets returns an assets directory for crust-microvm --assets: the guest kernel (fetched with
-// hack/guest/fetch-kernel.sh into CRUST_GUEST_ASSETS or _output/guest when missing) and an initramfs built
-// with hack/guest/mkinitramfs from this tree's crust-guest, once per run, next to the binaries under test.
-// It skips the test only when the kernel cannot be fetched; a missing QEMU fails it.
-func guestAssets(t *testing.T) string {
+// startMicroVM starts `crust-microvm run` (TCG) for d's socket and waits until exec reaches its guest.
+func startMicroVM(t *testing.T, d *daemon, assets, stateDir, name string, volumes ...string) *harness.MicroVM {
 	t.Helper()
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Fatal("qemu-system-x86_64 is missing: apt-get install qemu-system-x86 (make deps)")
-	}
-	assetsOnce.Do(func() { assetsDir, assetsSkip, assetsErr = buildGuestAssets(t) })
-	if assetsSkip != "" {
-		t.Skip(assetsSkip)
-	}
-	if assetsErr != nil {
-		t.Fatal(assetsErr)
-	}
-	return assetsDir
-}
-
-var (
-	assetsOnce            sync.Once
-	assetsDir, assetsSkip string
-	assetsErr             error
-)
-
-func buildGuestAssets(t *testing.T) (dir, skip string, err error) {
-	root := moduleRoot(t)
-	src := os.Getenv("CRUST_GUEST_ASSETS")
-	if src == "" {
-		src = filepath.Join(root, "_output", "guest")
-	}
-	t0 := time.Now()
-	if _, err := initramfs.LoadAssets(src, "cloud"); err != nil {
-		cmd := exec.Command(filepath.Join(root, "hack", "guest", "fetch-kernel.sh"), src)
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return "", fmt.Sprintf("skipping: the guest kernel cannot be fetched (%v):\n%s", err, out), nil
-		}
-		t.Logf("fetched the guest kernel into %s in %s", src, time.Since(t0).Round(time.Second))
-	}
-	dir = filepath.Join(binDir, "guest")
-	agent := filepath.Join(dir, "crust-guest")
-	build := exec.Command("go", "build", "-o", agent, "crust.dev/crust/cmd/crust-guest")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	mkrd := exec.Command("go", "run", "./hack/guest/mkinitramfs", "-assets", src, "-flavour", "cloud",
-		"-agent", agent, "-o", filepath.Join(dir, "initramfs-cloud.cpio.gz"))
-	for _, c := range []*exec.Cmd{build, mkrd} {
-		c.Dir = root
-		if out, err := c.CombinedOutput(); err != nil {
-			return "", "", fmt.Errorf("%s: %v\n%s", strings.Join(c.Args, " "), err, out)
-		}
-	}
-	if err := os.Symlink(filepath.Join(src, "cloud"), filepath.Join(dir, "cloud")); err != nil {
-		return "", "", err
-	}
-	t.Logf("guest assets ready in %s", time.Since(t0).Round(time.Millisecond))
-	return dir, "", nil
-}
-
-func moduleRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for ; dir != "/"; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-	}
-	t.Fatal("no go.mod above the working directory")
-	return ""
-}
-
-// microVM is a `crust-microvm run` process.
-type microVM struct {
-	t          *testing.T
-	stateDir   string
-	name       string
-	cmd        *exec.Cmd
-	logFile    string
-	exited     chan struct{}
-	waitErr    error
-	ready      time.Duration // from start to the first exec answered
-	qemuPidWas int
-}
-
-// startMicroVM starts `crust-microvm run` (TCG) for d's socket and waits until exec reaches its guest. At
-// cleanup a run still going is stopped, and on failure its log and the guest console are shown.
-func startMicroVM(t *testing.T, d *daemon, assets, stateDir, name string, volumes ...string) *microVM {
-	t.Helper()
-	m := &microVM{t: t, stateDir: stateDir, name: name, exited: make(chan struct{})}
-	f, err := os.CreateTemp(t.TempDir(), "crust-microvm-*.log")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.logFile = f.Name()
-	args := []string{"--state-dir", stateDir, "run", "--name", name, "--crust-socket", d.socket, "--accel", "tcg", "--assets", assets}
-	for _, v := range volumes {
-		args = append(args, "--volume", v)
-	}
-	m.cmd = exec.Command(filepath.Join(binDir, "crust-microvm"), args...)
-	m.cmd.Stdout, m.cmd.Stderr = f, f
-	start := time.Now()
-	if err := m.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	_ = f.Close()
-	go func() { m.waitErr = m.cmd.Wait(); close(m.exited) }()
-	t.Cleanup(func() {
-		select {
-		case <-m.exited:
-		default:
-			_, _, _ = runAs(t, nil, filepath.Join(binDir, "crust-microvm"), "--state-dir", stateDir, "stop", name)
-			select {
-			case <-m.exited:
-			case <-time.After(30 * time.Second):
-				_ = m.cmd.Process.Kill()
-				<-m.exited
-			}
-		}
-		if t.Failed() {
-			t.Logf("crust-microvm log:\n%s", m.log())
-			if b, err := os.ReadFile(filepath.Join(stateDir, name, "console.log")); err == nil {
-				t.Logf("guest console:\n%s", b)
-			}
-		}
-	})
-	for {
-		_, _, code := m.exec("true")
-		if code == 0 {
-			break
-		}
-		select {
-		case <-m.exited:
-			t.Fatalf("crust-microvm exited: %v\n%s", m.waitErr, m.log())
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Since(start) > 2*time.Minute {
-			t.Fatalf("crust-microvm not ready after 2 minutes:\n%s", m.log())
-		}
-	}
-	m.ready = time.Since(start).Round(time.Millisecond)
-	m.qemuPidWas = m.qemuPid()
-	return m
-}
-
-func (m *microVM) log() string {
-	b, _ := os.ReadFile(m.logFile)
-	return string(b)
-}
-
-// logValue returns the value of key on the last log line with msg that contains every one of has.
-func (m *microVM) logValue(msg, key string, has ...string) string {
-	lines := strings.Split(m.log(), "\n")
-	re := regexp.MustCompile(`(?:^| )` + regexp.QuoteMeta(key) + `=("(?:[^"\\]|\\.)*"|\S*)`)
-next:
-	for i := len(lines) - 1; i >= 0; i-- {
-		l := lines[i]
-		if !strings.Contains(l, "msg="+strconv.Quote(msg)) && !strings.Contains(l, "msg="+msg+" ") {
-			continue
-		}
-		for _, h := range has {
-			if !strings.Contains(l, h) {
-				continue next
-			}
-		}
-		if sm := re.FindStringSubmatch(l); sm != nil {
-			if s, err := strconv.Unquote(sm[1]); err == nil {
-				return s
-			}
-			return sm[1]
-		}
-	}
-	return ""
-}
-
-// waitLogValue is logValue once such a line is there (the guest may show a mount a moment before the
-// handler logs it), or "" after a few seconds.
-func (m *microVM) waitLogValue(msg, key string, has ...string) string {
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		if v := m.logValue(msg, key, has...); v != "" || time.Now().After(deadline) {
-			return v
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// exec runs `crust-microvm exec NAME -- argv...` and returns its stdout, stderr and exit status.
-func (m *microVM) exec(argv ...string) (string, string, int) {
-	m.t.Helper()
-	args := append([]string{"--state-dir", m.stateDir, "exec", m.name, "--"}, argv...)
-	return runAs(m.t, nil, filepath.Join(binDir, "crust-microvm"), args...)
-}
-
-func (m *microVM) execOK(argv ...string) string {
-	m.t.Helper()
-	out, errOut, code := m.exec(argv...)
-	if code != 0 {
-		m.t.Fatalf("exec %q: exit %d: %s%s", argv, code, out, errOut)
-	}
-	return strings.TrimSpace(out)
-}
-
-// waitMountedAsync waits, in the guest, until something is mounted on path (at most a minute).
-func (m *microVM) waitMountedAsync(path string) <-chan error {
-	ch := make(chan error, 1)
-	script := fmt.Sprintf(`i=0; while ! awk '$2 == %q {f=1} END {exit !f}' /proc/mounts; do i=$((i+1)); [ $i -gt 6000 ] && exit 1; usleep 10000; done`, path)
-	args := []string{"--state-dir", m.stateDir, "exec", m.name, "--", "sh", "-c", script}
-	go func() {
-		out, err := exec.Command(filepath.Join(binDir, "crust-microvm"), args...).CombinedOutput()
-		if err != nil {
-			err = fmt.Errorf("%s not mounted: %v: %s", path, err, out)
-		}
-		ch <- err
-	}()
-	return ch
-}
-
-func (m *microVM) qemuPid() int {
-	m.t.Helper()
-	b, err := os.ReadFile(filepath.Join(m.stateDir, m.name, "qemu.pid"))
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	return pid
-}
-
-// kill ends the run process with SIGKILL, as a crash would.
-func (m *microVM) kill() {
-	_ = m.cmd.Process.Signal(syscall.SIGKILL)
-	<-m.exited
-}
-
-// stop runs `crust-microvm stop NAME`, which must return only once the run process is gone, and checks
-// that the run process exited 0.
-func (m *microVM) stop() {
-	m.t.Helper()
-	t0 := time.Now()
-	_, errOut, code := runAs(m.t, nil, filepath.Join(binDir, "crust-microvm"), "--state-dir", m.stateDir, "stop", m.name)
-	if code != 0 {
-		m.t.Fatalf("stop: exit %d: %s", code, errOut)
-	}
-	m.t.Logf("stop (unmount, detach, release, VM down): %s", time.Since(t0).Round(time.Millisecond))
-	if processAlive(m.cmd.Process.Pid) {
-		m.t.Errorf("crust-microvm run still running after stop returned")
-	}
-	select {
-	case <-m.exited:
-	case <-time.After(10 * time.Second):
-		m.t.Fatal("crust-microvm run did not exit")
-	}
-	if m.waitErr != nil {
-		m.t.Errorf("crust-microvm run exited with %v:\n%s", m.waitErr, m.log())
-	}
-}
-
-// processAlive reports whether pid is a process that has not exited (a zombie has).
-func processAlive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	return i < 0 || i+2 >= len(b) || (b[i+2] != 'Z' && b[i+2] != 'X')
+	return harness.StartMicroVM(t, harness.MicroVMConfig{Bin: filepath.Join(binDir, "crust-microvm"), StateDir: stateDir,
+		Name: name, CrustSocket: d.socket, Assets: assets, Volumes: volumes})
 }
 
 func waitFor(t *testing.T, timeout time.Duration, what string, ok func() bool) {
