@@ -1,0 +1,147 @@
+// Package cluster is crust's real-cluster tier: a single-node Kubernetes (hack/cluster/up.sh: the real
+// kube-apiserver, controller-manager, scheduler and kubelet, etcd, containerd and runc) with crust deployed
+// from deploy/ and the example driver from deploy/examples, driven with client-go. Kata cannot run here,
+// so containerd runs the microVM RuntimeClass's pods with runc, and the tests do what a microVM runtime
+// does: find the pod's sandbox through CRI and run crust-microvm, which claims the pod's volumes and
+// mounts them in a QEMU guest.
+//
+// TestMain brings the cluster up (make cluster-up) unless one is up already, and takes it down at the
+// end unless it found it up or CRUST_KEEP_CLUSTER is set. It needs root.
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// cluster is what the tests reach the running cluster through.
+type cluster struct {
+	root       string // the module root
+	run        string // hack/cluster's $RUN
+	kubeconfig string
+	kubectl    string
+	node       string
+	nsPID      int // holds the node's mount namespace
+	cs         *kubernetes.Clientset
+	binDir     string // crust-microvm, built from this tree
+}
+
+var (
+	cl       *cluster
+	setupErr error
+)
+
+func TestMain(m *testing.M) { os.Exit(runMain(m)) }
+
+func runMain(m *testing.M) int {
+	if os.Geteuid() != 0 {
+		fmt.Println("cluster: skipped, needs root (a kubelet, containerd, loop devices, mounts)")
+		return 0
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		fmt.Println("cluster:", err)
+		return 1
+	}
+	c := &cluster{root: root, run: filepath.Join(root, "_output", "k8s", "run"),
+		kubeconfig: filepath.Join(root, "_output", "k8s", "kubeconfig"), kubectl: filepath.Join(root, "_output", "k8s", "bin", "kubectl")}
+	found := c.healthy()
+	t0 := time.Now()
+	up := exec.Command("make", "--no-print-directory", "cluster-up")
+	up.Dir, up.Stdout, up.Stderr = root, os.Stderr, os.Stderr
+	if err := up.Run(); err != nil {
+		fmt.Println("cluster: make cluster-up:", err)
+		return 1
+	}
+	fmt.Printf("cluster: up in %s (images and binaries included)\n", time.Since(t0).Round(100*time.Millisecond))
+	if !found && os.Getenv("CRUST_KEEP_CLUSTER") == "" {
+		defer func() {
+			down := exec.Command("make", "--no-print-directory", "cluster-down")
+			down.Dir, down.Stdout, down.Stderr = root, os.Stderr, os.Stderr
+			if err := down.Run(); err != nil {
+				fmt.Println("cluster: make cluster-down:", err)
+			}
+		}()
+	}
+	if setupErr = c.connect(); setupErr == nil {
+		cl = c
+	}
+	dir, err := os.MkdirTemp("", "crust-cluster-bin")
+	if err != nil {
+		fmt.Println("cluster:", err)
+		return 1
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	build := exec.Command("go", "build", "-o", dir+"/", "crust.dev/crust/cmd/crust-microvm")
+	build.Dir, build.Stdout, build.Stderr = root, os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Println("cluster: build:", err)
+		return 1
+	}
+	c.binDir = dir
+	return m.Run()
+}
+
+// healthy reports whether a cluster answers on the kubeconfig already.
+func (c *cluster) healthy() bool {
+	return exec.Command(c.kubectl, "--kubeconfig", c.kubeconfig, "get", "--raw", "/readyz").Run() == nil
+}
+
+func (c *cluster) connect() error {
+	b, err := os.ReadFile(filepath.Join(c.run, "pids", "ns.pid"))
+	if err != nil {
+		return err
+	}
+	if c.nsPID, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+		return err
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.QPS, cfg.Burst = 50, 100
+	if c.cs, err = kubernetes.NewForConfig(cfg); err != nil {
+		return err
+	}
+	nodes, err := c.cs.CoreV1().Nodes().List(context.Background(), metav1ListOptions())
+	if err != nil {
+		return err
+	}
+	if len(nodes.Items) != 1 {
+		return fmt.Errorf("%d nodes, want 1", len(nodes.Items))
+	}
+	c.node = nodes.Items[0].Name
+	return nil
+}
+
+// get returns the cluster, or fails t when it could not be set up.
+func get(t *testing.T) *cluster {
+	t.Helper()
+	if cl == nil {
+		t.Fatalf("no cluster: %v", setupErr)
+	}
+	return cl
+}
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for ; dir != "/"; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+	}
+	return "", fmt.Errorf("no go.mod above the working directory")
+}

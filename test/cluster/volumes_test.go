@@ -1,0 +1,319 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+// A PVC of the deferring class, used first by a microVM pod and then by a runc pod, through kubelet,
+// external-provisioner, external-resizer, the proxy, crustd and crust-microvm:
+//   - the microVM pod runs; crustd holds the descriptor with the pod's UID; the host target is an empty
+//     directory with nothing mounted on it; the guest mounts the volume and writes to it;
+//   - kubelet's stats summary shows capacity and usage as the guest measures them;
+//   - deleting the crustd pod, and restarting the proxy container, loses nothing: stats still work;
+//   - online expansion through the PVC reaches the guest's filesystem;
+//   - deleting the pod removes the descriptor and leaves nothing on the host;
+//   - a runc pod with fsGroup 2000 gets a host mount with the guest's data, in group 2000;
+//   - deleting the PVC removes the logical volume.
+func TestDeferredVolumeLifecycle(t *testing.T) {
+	c := get(t)
+	ctx := ctxT(t)
+	ns := c.namespace(t)
+	t0 := time.Now()
+	claim := c.pvc(t, ns, "data", "256Mi")
+	pod := c.runPod(t, ns, podSpec("vm", true, nil, claimVolume("data", "data")))
+	t.Logf("microVM pod Running %s after the PVC was created", time.Since(t0).Round(100*time.Millisecond))
+	uid := string(pod.UID)
+
+	vols := c.podVolumes(t, uid)
+	if len(vols) != 1 {
+		t.Fatalf("crustd holds %d descriptors for pod %s, want 1", len(vols), uid)
+	}
+	target := vols[0].GetSpec().GetVolumeTargetPath()
+	if !strings.HasPrefix(target, "/var/lib/kubelet/pods/"+uid+"/volumes/kubernetes.io~csi/") {
+		t.Errorf("target path %s is not the pod's CSI volume path", target)
+	}
+	if vols[0].GetSpec().GetCsiDriver() != driverName || !vols[0].GetSpec().GetCreateFilesystem() {
+		t.Errorf("descriptor: driver %q, create_filesystem %v", vols[0].GetSpec().GetCsiDriver(), vols[0].GetSpec().GetCreateFilesystem())
+	}
+	assertEmptyTarget(t, c, target)
+
+	sandbox, handler := c.sandboxOf(t, uid)
+	if handler != microVMClass {
+		t.Fatalf("sandbox %s runs with handler %q, want %q", sandbox, handler, microVMClass)
+	}
+	vm := c.microVM(t, "vm-"+uid[:8], sandbox, target+":/data")
+	if err := <-vm.WaitMountedAsync("/data"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("guest ready %s, volume mounted in the guest %s after the PVC was created", vm.Ready, time.Since(t0).Round(100*time.Millisecond))
+	if got := c.podVolumes(t, uid)[0].GetClaim().GetSandboxId(); got != sandbox {
+		t.Fatalf("claimed by %q, want the pod's sandbox %q", got, sandbox)
+	}
+	vm.ExecOK("sh", "-c", "echo written-in-the-guest > /data/hello && dd if=/dev/zero of=/data/fill bs=1M count=24 2>/dev/null && sync")
+
+	// Usage as the guest measures it reaches kubelet.
+	statsSeen := func(what string) {
+		t.Helper()
+		t1 := time.Now()
+		total, used := guestStatfs(t, vm, "/data")
+		waitFor(t, 90*time.Second, "kubelet's stats of the volume "+what, func() (bool, error) {
+			s, ok := c.kubeletVolumeStats(t, uid)["data"]
+			if !ok {
+				return false, fmt.Errorf("no stats for volume data")
+			}
+			if s.PVCRef == nil || s.PVCRef.Name != "data" {
+				return false, fmt.Errorf("pvcRef %v", s.PVCRef)
+			}
+			return s.CapacityBytes == total && near(s.UsedBytes, used, 1<<20),
+				fmt.Errorf("kubelet: capacity %d used %d; guest: %d %d", s.CapacityBytes, s.UsedBytes, total, used)
+		})
+		t.Logf("stats %s visible in kubelet after %s (capacity %d, used %d)", what, time.Since(t1).Round(100*time.Millisecond), total, used)
+	}
+	statsSeen("after the first write")
+
+	// crustd's pod deleted: the DaemonSet starts another, which finds the descriptor and the claim.
+	crustdPods, err := c.cs.CoreV1().Pods("crust-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=crustd"})
+	if err != nil || len(crustdPods.Items) != 1 {
+		t.Fatalf("crustd pods: %v, %v", crustdPods, err)
+	}
+	c.deletePod(t, "crust-system", crustdPods.Items[0].Name)
+	c.kubectlOK(t, "-n", "crust-system", "rollout", "status", "daemonset/crustd", "--timeout=2m")
+	if got := c.podVolumes(t, uid); len(got) != 1 || got[0].GetClaim().GetSandboxId() != sandbox {
+		t.Fatalf("after crustd's restart: %v", got)
+	}
+	vm.ExecOK("sh", "-c", "dd if=/dev/zero of=/data/fill2 bs=1M count=8 2>/dev/null && sync")
+	statsSeen("after crustd's pod was replaced")
+
+	// The proxy container restarted (stopped as a crash would; kubelet starts it again).
+	nodePod := c.driverNodePod(t)
+	c.stopContainer(t, c.containerOf(t, string(nodePod.UID), "crust-csi-proxy"))
+	waitFor(t, 2*time.Minute, "the proxy container restarted", func() (bool, error) {
+		p, err := c.cs.CoreV1().Pods(nodePod.Namespace).Get(ctx, nodePod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, s := range p.Status.ContainerStatuses {
+			if s.Name == "crust-csi-proxy" {
+				return s.RestartCount > 0 && s.Ready, fmt.Errorf("restarts %d ready %v", s.RestartCount, s.Ready)
+			}
+		}
+		return false, nil
+	})
+	vm.ExecOK("sh", "-c", "rm /data/fill2 && sync")
+	statsSeen("after the proxy restarted")
+
+	// Online expansion: the PVC asks for more; the guest's filesystem grows.
+	sizeBefore, _ := guestStatfs(t, vm, "/data")
+	t1 := time.Now()
+	patch := []byte(`{"spec":{"resources":{"requests":{"storage":"512Mi"}}}}`)
+	if _, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, "data", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want := resource.MustParse("512Mi")
+	waitFor(t, 2*time.Minute, "the PVC's capacity to show 512Mi", func() (bool, error) {
+		p, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "data", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		got := p.Status.Capacity[corev1.ResourceStorage]
+		return got.Cmp(want) >= 0, fmt.Errorf("capacity %s, conditions %v", got.String(), p.Status.Conditions)
+	})
+	t.Logf("expansion seen in the PVC status after %s", time.Since(t1).Round(100*time.Millisecond))
+	if total, _ := guestStatfs(t, vm, "/data"); total < sizeBefore+200<<20 {
+		t.Fatalf("the guest's filesystem has %d bytes after expansion from 256Mi to 512Mi, %d before", total, sizeBefore)
+	}
+	statsSeen("after expansion")
+	if vol := c.podVolumes(t, uid); len(vol) != 1 {
+		t.Fatalf("descriptors after expansion: %v", vol)
+	}
+
+	// The microVM goes away (the runtime releases its claims), then the pod: nothing left on the host.
+	vm.Stop()
+	c.deletePod(t, ns, "vm")
+	if got := c.podVolumes(t, uid); len(got) != 0 {
+		t.Fatalf("crustd still holds %v after the pod was deleted", got)
+	}
+	c.waitPodDirGone(t, uid)
+
+	// A runc pod with fsGroup 2000, same PVC: mounted on the host by the proxy, the guest's data in it.
+	gid := int64(2000)
+	runc := c.runPod(t, ns, podSpec("runc", false, &gid, claimVolume("data", "data")))
+	if got := c.podVolumes(t, string(runc.UID)); len(got) != 0 {
+		t.Fatalf("a runc pod's volume was deferred: %v", got)
+	}
+	if out := c.kubectlOK(t, "-n", ns, "exec", "runc", "--", "cat", "/data/hello"); strings.TrimSpace(out) != "written-in-the-guest" {
+		t.Fatalf("the runc pod reads %q", out)
+	}
+	if out := c.kubectlOK(t, "-n", ns, "exec", "runc", "--", "stat", "-c", "%g", "/data/hello", "/data"); strings.Fields(out)[0] != "2000" || strings.Fields(out)[1] != "2000" {
+		t.Fatalf("group of the volume's files: %q, want 2000", out)
+	}
+	if out := c.kubectlOK(t, "-n", ns, "exec", "runc", "--", "df", "-k", "/data"); !strings.Contains(out, "/data") {
+		t.Fatalf("df: %s", out)
+	}
+	c.deletePod(t, ns, "runc")
+
+	// Deleting the PVC removes the volume.
+	pvName := claim.Name
+	if p, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "data", metav1.GetOptions{}); err == nil {
+		pvName = p.Spec.VolumeName
+	}
+	before := c.logicalVolumes(t)
+	if err := c.cs.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, "data", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "the PV "+pvName+" deleted", func() (bool, error) {
+		_, err := c.cs.CoreV1().PersistentVolumes().Get(ctx, pvName, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), err
+	})
+	if after := c.logicalVolumes(t); len(after) != len(before)-1 {
+		t.Fatalf("logical volumes before the PVC's deletion %v, after %v", before, after)
+	}
+}
+
+// Generic ephemeral and CSI inline ephemeral volumes through the proxy, for a microVM pod (deferred,
+// mounted in the guest) and a runc pod (mounted on the host); deleting the pods removes the
+// descriptors, the generic volume's PVC and both logical volumes.
+func TestEphemeralVolumes(t *testing.T) {
+	c := get(t)
+	ctx := ctxT(t)
+	ns := c.namespace(t)
+	lvsBefore := len(c.logicalVolumes(t))
+	class := deferClass
+	vols := func() []corev1.Volume {
+		return []corev1.Volume{
+			{Name: "generic", VolumeSource: corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{
+				VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{Spec: corev1.PersistentVolumeClaimSpec{
+					AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+					StorageClassName: &class,
+					Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("128Mi")}},
+				}},
+			}}},
+			{Name: "inline", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
+				Driver:           driverName,
+				VolumeAttributes: map[string]string{"crust.dev/defer": "true", "size": "96Mi"},
+			}}},
+		}
+	}
+
+	vmPod := c.runPod(t, ns, podSpec("vm", true, nil, vols()...))
+	uid := string(vmPod.UID)
+	held := c.podVolumes(t, uid)
+	if len(held) != 2 {
+		t.Fatalf("crustd holds %d descriptors for the microVM pod, want 2: %v", len(held), held)
+	}
+	sandbox, _ := c.sandboxOf(t, uid)
+	var specs []string
+	byName := map[string]*crustv1.Volume{}
+	for _, v := range held {
+		target := v.GetSpec().GetVolumeTargetPath()
+		assertEmptyTarget(t, c, target)
+		name := "generic"
+		if strings.Contains(target, "/inline/") {
+			name = "inline"
+		}
+		byName[name] = v
+		specs = append(specs, target+":/"+name)
+	}
+	if len(byName) != 2 {
+		t.Fatalf("descriptors: %v", held)
+	}
+	vm := c.microVM(t, "eph-"+uid[:8], sandbox, specs...)
+	for _, p := range []string{"/generic", "/inline"} {
+		if err := <-vm.WaitMountedAsync(p); err != nil {
+			t.Fatal(err)
+		}
+		vm.ExecOK("sh", "-c", "echo ok > "+p+"/f && sync")
+	}
+	if total, _ := guestStatfs(t, vm, "/inline"); total > 96<<20 || total < 64<<20 {
+		t.Errorf("inline volume: %d bytes in the guest, want about 96Mi", total)
+	}
+
+	runcPod := c.runPod(t, ns, podSpec("runc", false, nil, vols()...))
+	if got := c.podVolumes(t, string(runcPod.UID)); len(got) != 0 {
+		t.Fatalf("a runc pod's ephemeral volumes were deferred: %v", got)
+	}
+	for _, p := range []string{"/generic", "/inline"} {
+		c.kubectlOK(t, "-n", ns, "exec", "runc", "--", "sh", "-c", "echo ok > "+p+"/f && grep -q ' "+p+" ' /proc/mounts")
+	}
+	if n := len(c.logicalVolumes(t)); n != lvsBefore+4 {
+		t.Errorf("%d logical volumes with two pods of two ephemeral volumes each, want %d", n, lvsBefore+4)
+	}
+
+	vm.Stop()
+	c.deletePod(t, ns, "vm")
+	c.deletePod(t, ns, "runc")
+	if got := c.podVolumes(t, uid); len(got) != 0 {
+		t.Fatalf("crustd still holds %v", got)
+	}
+	c.waitPodDirGone(t, uid)
+	c.waitPodDirGone(t, string(runcPod.UID))
+	waitFor(t, 2*time.Minute, "the ephemeral volumes removed", func() (bool, error) {
+		pvcs, err := c.cs.CoreV1().PersistentVolumeClaims(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		n := len(c.logicalVolumes(t))
+		return len(pvcs.Items) == 0 && n == lvsBefore, fmt.Errorf("%d PVCs, %d logical volumes (want %d)", len(pvcs.Items), n, lvsBefore)
+	})
+}
+
+// assertEmptyTarget checks that kubelet's target path is an empty directory with nothing mounted on it:
+// the volume is deferred to the sandbox.
+func assertEmptyTarget(t *testing.T, c *cluster, target string) {
+	t.Helper()
+	entries, err := os.ReadDir(c.nsPath(target))
+	if err != nil {
+		t.Fatalf("target %s: %v", target, err)
+	}
+	if len(entries) != 0 {
+		t.Errorf("target %s holds %d entries, want none", target, len(entries))
+	}
+	for _, m := range c.nsMounts(t, filepath.Dir(target)) {
+		if m == target {
+			t.Errorf("something is mounted on the deferred target %s", target)
+		}
+	}
+}
+
+// driverNodePod is the example driver's node pod.
+func (c *cluster) driverNodePod(t *testing.T) *corev1.Pod {
+	t.Helper()
+	pods, err := c.cs.CoreV1().Pods("").List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=crust-lvm-csi,app.kubernetes.io/component=node"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != 1 {
+		t.Fatalf("%d driver node pods, want 1", len(pods.Items))
+	}
+	return &pods.Items[0]
+}
+
+// waitPodDirGone waits until kubelet has removed a deleted pod's directory (it does so a little after the
+// pod object is gone), and checks nothing of the pod stays mounted on the host.
+func (c *cluster) waitPodDirGone(t *testing.T, uid string) {
+	t.Helper()
+	dir := "/var/lib/kubelet/pods/" + uid
+	waitFor(t, time.Minute, "kubelet to remove "+dir, func() (bool, error) {
+		_, err := os.Lstat(c.nsPath(dir))
+		return os.IsNotExist(err), err
+	})
+	if m := c.nsMounts(t, dir); len(m) != 0 {
+		t.Errorf("mounts left for the deleted pod: %v", m)
+	}
+}
+
+func near(a, b, tol int64) bool { return max(a-b, b-a) <= tol }
