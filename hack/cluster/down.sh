@@ -64,17 +64,18 @@ kill_ns
 stop containerd kube-apiserver etcd
 kill_ns
 stop ns
-# Loop devices: the example driver's (backed by its extent-map files, gone with it) and any backed by a
-# file under $RUN, including the volume group's.
+# Loop devices: any backed by a file under $RUN (the volume group's), and the example driver's: without
+# device-mapper it attaches each logical volume's extent-map file (csi-<40 hex digits>, on its own FUSE
+# mount) to a loop device, which outlives a killed driver and then shows only the file's name.
 vgdev=$(cat "$RUN/vg/device" 2>/dev/null)
 if [ -n "$vgdev" ]; then
 	lvm_ "$vgdev" vgremove --yes --force "$VG_NAME" >/dev/null 2>&1
 	lvm_ "$vgdev" pvremove --yes --force "$vgdev" >/dev/null 2>&1
 fi
 losetup -n -l -O NAME,BACK-FILE 2>/dev/null | while read -r dev file; do
-	case "$file" in
-	"$RUN"/* | */crust-lvm-csi/* | *"(deleted)"*) losetup -d "$dev" 2>/dev/null ;;
-	esac
+	if [[ $file == "$RUN"/* ]] || { [[ ${file##*/} =~ ^csi-[0-9a-f]{40}$ ]] && [ ! -e "$file" ]; }; then
+		losetup -d "$dev" 2>/dev/null
+	fi
 done
 ip link del "$BRIDGE" 2>/dev/null
 # kubepods cgroups, deepest first.

@@ -43,7 +43,7 @@ var (
 
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
 
-func runMain(m *testing.M) int {
+func runMain(m *testing.M) (code int) {
 	if os.Geteuid() != 0 {
 		fmt.Println("cluster: skipped, needs root (a kubelet, containerd, loop devices, mounts)")
 		return 0
@@ -56,6 +56,7 @@ func runMain(m *testing.M) int {
 	c := &cluster{root: root, run: filepath.Join(root, "_output", "k8s", "run"),
 		kubeconfig: filepath.Join(root, "_output", "k8s", "kubeconfig"), kubectl: filepath.Join(root, "_output", "k8s", "bin", "kubectl")}
 	found := c.healthy()
+	before := readHostState()
 	t0 := time.Now()
 	up := exec.Command("make", "--no-print-directory", "cluster-up")
 	up.Dir, up.Stdout, up.Stderr = root, os.Stderr, os.Stderr
@@ -65,11 +66,19 @@ func runMain(m *testing.M) int {
 	}
 	fmt.Printf("cluster: up in %s (images and binaries included)\n", time.Since(t0).Round(100*time.Millisecond))
 	if !found && os.Getenv("CRUST_KEEP_CLUSTER") == "" {
+		// The tier owns the cluster: it takes it down and checks that nothing of it is left.
 		defer func() {
+			t0 := time.Now()
 			down := exec.Command("make", "--no-print-directory", "cluster-down")
 			down.Dir, down.Stdout, down.Stderr = root, os.Stderr, os.Stderr
 			if err := down.Run(); err != nil {
 				fmt.Println("cluster: make cluster-down:", err)
+				code = 1
+			}
+			fmt.Printf("cluster: down in %s\n", time.Since(t0).Round(100*time.Millisecond))
+			if l := leftovers(root, c.run, before); len(l) > 0 {
+				fmt.Printf("cluster: FAIL: make cluster-down left:\n  %s\n", strings.Join(l, "\n  "))
+				code = 1
 			}
 		}()
 	}

@@ -1,0 +1,86 @@
+package cluster
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+)
+
+// hostState is what the cluster may change on the host and must leave as it found it.
+type hostState struct {
+	sysctls map[string]string
+	dirs    map[string]bool // the host directories the node's mount namespace binds over
+}
+
+var extentFile = regexp.MustCompile(`/csi-[0-9a-f]{40}$`)
+
+var watchedSysctls = []string{"kernel.panic", "kernel.panic_on_oops", "vm.overcommit_memory", "vm.panic_on_oom",
+	"net.ipv4.ip_forward", "net.ipv4.conf.all.route_localnet"}
+
+var watchedDirs = []string{"/var/lib/kubelet", "/var/lib/cni", "/var/log/pods", "/run/containerd"}
+
+func readHostState() hostState {
+	s := hostState{sysctls: map[string]string{}, dirs: map[string]bool{}}
+	for _, k := range watchedSysctls {
+		b, err := os.ReadFile(filepath.Join("/proc/sys", strings.ReplaceAll(k, ".", "/")))
+		if err == nil {
+			s.sysctls[k] = strings.TrimSpace(string(b))
+		}
+	}
+	for _, d := range watchedDirs {
+		_, err := os.Lstat(d)
+		s.dirs[d] = err == nil
+	}
+	return s
+}
+
+// leftovers lists what the cluster left on the host after make cluster-down, against the state before
+// make cluster-up: processes, mounts and loop devices of $RUN, the bridge, kubelet's cgroups and iptables
+// chains, changed sysctls, and host directories it created.
+func leftovers(root, run string, before hostState) []string {
+	var found []string
+	out, _ := exec.Command("pgrep", "-af", run+"|"+filepath.Join(root, "_output", "k8s", "bin")).Output()
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if l != "" && !strings.Contains(l, "pgrep") {
+			found = append(found, "process: "+l)
+		}
+	}
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], run) {
+				found = append(found, "mount: "+f[4])
+			}
+		}
+	}
+	out, _ = exec.Command("losetup", "-n", "-l", "-O", "NAME,BACK-FILE").Output()
+	for _, l := range strings.Split(string(out), "\n") {
+		// The example driver's extent-map files, once its FUSE mount is gone, show as csi-<40 hex>.
+		if f := strings.Fields(l); len(f) == 2 && (strings.HasPrefix(f[1], run) || extentFile.MatchString(f[1])) {
+			found = append(found, "loop device: "+l)
+		}
+	}
+	if exec.Command("ip", "link", "show", "k8stest0").Run() == nil {
+		found = append(found, "network interface k8stest0")
+	}
+	if m, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods"); len(m) > 0 {
+		found = append(found, fmt.Sprintf("cgroups: %v", m))
+	}
+	if out, err := exec.Command("iptables-save").Output(); err == nil && strings.Contains(string(out), "KUBE-") {
+		found = append(found, "iptables chains named KUBE-")
+	}
+	after := readHostState()
+	for k, v := range before.sysctls {
+		if after.sysctls[k] != v {
+			found = append(found, fmt.Sprintf("sysctl %s: %s, was %s", k, after.sysctls[k], v))
+		}
+	}
+	for d, existed := range before.dirs {
+		if after.dirs[d] && !existed {
+			found = append(found, "directory "+d)
+		}
+	}
+	return found
+}
