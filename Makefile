@@ -66,7 +66,7 @@ lint: ## buf lint and format, golangci-lint, go vet
 	$(LINT) run ./...
 
 .PHONY: test
-test: deps build guest ## Run every test tier (unit, root on loop devices, e2e); does its own set-up
+test: deps build guest ## Run every test tier (unit, root on loop devices, e2e, csi-sanity, the real cluster); does its own set-up
 	@# One package at a time: the VM, LVM and csi-sanity tiers each want both cores, and csi-sanity's
 	@# per-call deadlines are not made for a machine shared with a booting guest.
 	$(GOTEST) -p 1 ./...
