@@ -46,7 +46,8 @@ func NewCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.CSIAddress, "csi-address", "", "unix socket to serve CSI on (the one kubelet dials)")
+	f.BoolVar(&cfg.Controller, "controller", false, "serve Identity and Controller in front of the driver's controller socket (the one external-provisioner and external-resizer dial), instead of Identity and Node")
+	f.StringVar(&cfg.CSIAddress, "csi-address", "", "unix socket to serve CSI on (the one kubelet dials, or with --controller the sidecars)")
 	f.StringVar(&cfg.DriverAddress, "driver-address", "", "unix socket of the CSI driver behind the proxy")
 	f.StringVar(&cfg.CrustSocket, "crust-socket", cfg.CrustSocket, "crustd's API socket")
 	f.StringSliceVar(&cfg.MicroVMHandlers, "microvm-handlers", nil, "runtime handlers whose pods get deferred volumes (comma-separated; with --kubeconfig)")

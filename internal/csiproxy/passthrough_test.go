@@ -90,6 +90,13 @@ func (s *stubDriver) CreateVolume(ctx context.Context, r *csi.CreateVolumeReques
 		VolumeContext: map[string]string{DeferKey: r.GetParameters()[DeferKey]}}}, nil
 }
 
+func (s *stubDriver) DeleteVolume(ctx context.Context, r *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	if err := s.note(ctx, r); err != nil {
+		return nil, err
+	}
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
 // serveStub serves d on a socket in dir and returns the socket.
 func serveStub(t *testing.T, dir string, d *stubDriver) string {
 	t.Helper()

@@ -26,6 +26,9 @@ import (
 
 // Config is crust-csi-proxy's configuration; the flags of NewCommand fill it.
 type Config struct {
+	// Controller makes the proxy serve Identity and Controller in front of the driver's controller
+	// socket (see controllerServer) instead of Identity and Node; it needs neither crustd nor state.
+	Controller bool
 	// CSIAddress is the unix socket the proxy serves (the one kubelet dials): a path or unix:// address.
 	CSIAddress string
 	// DriverAddress is the driver's unix socket.
@@ -114,14 +117,23 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) (*Pr
 	if cfg.DriverAddress == "" {
 		return nil, errors.New("--driver-address is required")
 	}
+	if log == nil {
+		log = slog.Default()
+	}
+	if cfg.Controller {
+		p := &Proxy{cfg: cfg, log: log, codec: newRawCodec(), metrics: metrics.New()}
+		var err error
+		if p.driver, err = client.Dial(cfg.DriverAddress); err != nil {
+			return nil, fmt.Errorf("--driver-address: %w", err)
+		}
+		p.ident = csi.NewIdentityClient(p.driver)
+		return p, nil
+	}
 	if cfg.CrustSocket == "" {
 		return nil, errors.New("--crust-socket is required")
 	}
 	if cfg.StateDir == "" {
 		return nil, errors.New("--state-dir is required")
-	}
-	if log == nil {
-		log = slog.Default()
 	}
 	p := &Proxy{
 		cfg: cfg, log: log, codec: newRawCodec(), hook: func(Kind, Phase) {},
@@ -186,7 +198,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) (*Pr
 // Close closes the connections to the driver and crustd.
 func (p *Proxy) Close() {
 	_ = p.driver.Close()
-	_ = p.crust.Close()
+	if p.crust != nil {
+		_ = p.crust.Close()
+	}
 }
 
 // NewServer returns a gRPC server serving the proxy: Identity and Node typed, everything else forwarded
@@ -199,7 +213,11 @@ func (p *Proxy) NewServer() *grpc.Server {
 		grpc.ChainStreamInterceptor(streamLog(p.log, p.metrics)),
 	)
 	csi.RegisterIdentityServer(s, p)
-	csi.RegisterNodeServer(s, p)
+	if p.cfg.Controller {
+		s.RegisterService(controllerServiceDesc(), &controllerServer{ctrl: csi.NewControllerClient(p.driver)})
+	} else {
+		csi.RegisterNodeServer(s, p)
+	}
 	return s
 }
 
@@ -238,8 +256,12 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) erro
 	}
 	defer stopHTTP()
 	p.metrics.SetReady(true)
-	log.Info("serving", "csi_address", cfg.CSIAddress, "driver_address", cfg.DriverAddress,
-		"crust_socket", cfg.CrustSocket, "microvm_handlers", cfg.MicroVMHandlers, "pod_lookups", p.pods != nil)
+	if cfg.Controller {
+		log.Info("serving the controller", "csi_address", cfg.CSIAddress, "driver_address", cfg.DriverAddress)
+	} else {
+		log.Info("serving", "csi_address", cfg.CSIAddress, "driver_address", cfg.DriverAddress,
+			"crust_socket", cfg.CrustSocket, "microvm_handlers", cfg.MicroVMHandlers, "pod_lookups", p.pods != nil)
+	}
 	select {
 	case err = <-errc:
 	case <-ctx.Done():

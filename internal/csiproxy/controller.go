@@ -1,0 +1,87 @@
+package csiproxy
+
+import (
+	"context"
+	"maps"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"crust.dev/crust/pkg/client"
+)
+
+// controllerServer is the Controller service of a proxy run with --controller, in front of the driver's
+// controller socket (the one external-provisioner and external-resizer dial). Provisioners copy into
+// the PersistentVolume only the volume context the driver returns, never the StorageClass's parameters,
+// so the node never learns that a volume must be deferred unless the controller side says so:
+//
+//   - CreateVolume whose parameters hold crust.dev/defer with a true value and whose capabilities are all
+//     mount capabilities (a Filesystem PVC) is asked of the driver with each capability's access type
+//     rewritten to Block (same access modes), so that the driver makes a volume it will publish as a raw
+//     device; the response's volume context gains crust.dev/defer: "true", which the provisioner writes
+//     into the PersistentVolume and kubelet hands to the node proxy.
+//   - A request with a block capability (a raw block PVC) keeps its capabilities and volume context: raw
+//     block volumes are never deferred.
+//   - crust.dev/defer is crust's, not the driver's: it is removed from the parameters the driver sees, so
+//     a driver that refuses parameters it does not know still serves a deferring class.
+//
+// Every other Controller call, and anything else the driver serves on that socket, is forwarded raw.
+type controllerServer struct {
+	csi.UnimplementedControllerServer
+	ctrl csi.ControllerClient
+}
+
+// CreateVolume asks the driver for a block volume when a deferring class asks for a filesystem, and
+// marks the volume deferred in its context (see controllerServer).
+func (s *controllerServer) CreateVolume(ctx context.Context, r *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	if _, ok := r.GetParameters()[client.DeferKey]; !ok {
+		return s.ctrl.CreateVolume(outgoing(ctx), r)
+	}
+	deferred := DeferRequested(r.GetParameters())
+	br := proto.Clone(r).(*csi.CreateVolumeRequest)
+	br.Parameters = maps.Clone(r.GetParameters())
+	delete(br.Parameters, client.DeferKey)
+	if deferred = deferred && allMount(r.GetVolumeCapabilities()); deferred {
+		br.VolumeCapabilities = nil
+		seen := map[csi.VolumeCapability_AccessMode_Mode]bool{}
+		for _, c := range r.GetVolumeCapabilities() {
+			if m := c.GetAccessMode().GetMode(); !seen[m] {
+				seen[m] = true
+				br.VolumeCapabilities = append(br.VolumeCapabilities, blockCapability(c))
+			}
+		}
+	}
+	resp, err := s.ctrl.CreateVolume(outgoing(ctx), br)
+	if err != nil || !deferred || resp.GetVolume() == nil {
+		return resp, err
+	}
+	if resp.Volume.VolumeContext == nil {
+		resp.Volume.VolumeContext = map[string]string{}
+	}
+	resp.Volume.VolumeContext[client.DeferKey] = "true"
+	return resp, nil
+}
+
+// allMount reports whether there are capabilities and each is a mount capability.
+func allMount(cs []*csi.VolumeCapability) bool {
+	for _, c := range cs {
+		if !isMount(c) {
+			return false
+		}
+	}
+	return len(cs) > 0
+}
+
+// controllerServiceDesc is csi.v1.Controller with CreateVolume alone; the server hands every other
+// method of the service to the raw forwarder.
+func controllerServiceDesc() *grpc.ServiceDesc {
+	d := csi.Controller_ServiceDesc
+	d.Methods, d.Streams = nil, nil
+	for _, m := range csi.Controller_ServiceDesc.Methods {
+		if m.MethodName == "CreateVolume" {
+			d.Methods = append(d.Methods, m)
+		}
+	}
+	return &d
+}
