@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -21,6 +22,9 @@ import (
 
 // volumeTag marks the logical volumes the driver made; it never touches others.
 const volumeTag = "crust-csi"
+
+// filesystemTag marks a volume created with mount capabilities only (see Config.StrictAccessType).
+const filesystemTag = "crust-csi-fs"
 
 // fsTypes are the filesystems a mount volume may have.
 var fsTypes = map[string]bool{"ext4": true, "ext3": true, "xfs": true}
@@ -96,6 +100,9 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err != nil {
 		return nil, err
 	}
+	if d.cfg.NoVolumeContext {
+		volCtx = nil
+	}
 	cr := req.GetCapacityRange()
 	if err := checkRange("capacity_range", cr); err != nil {
 		return nil, err
@@ -141,6 +148,9 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, status.Errorf(codes.ResourceExhausted, "volume group %s has %d bytes free, %d asked", d.cfg.VG, vg.Free, size)
 	}
 	args := []string{"--yes", "--type", "linear", "--size", strconv.FormatInt(size, 10) + "b", "--name", id, "--addtag", volumeTag}
+	if !slices.ContainsFunc(req.GetVolumeCapabilities(), func(c *csi.VolumeCapability) bool { return c.GetBlock() != nil }) {
+		args = append(args, "--addtag", filesystemTag)
+	}
 	if d.cfg.Activation == ActivationExtentMap {
 		args = append(args, "--activate", "n", "--zero", "n", "--wipesignatures", "n")
 	} else {

@@ -53,6 +53,13 @@ type Config struct {
 	DefaultFSType string
 	// DefaultCapacity is the size of a volume whose request names none; 128 MiB when zero.
 	DefaultCapacity int64
+	// NoVolumeContext makes CreateVolume return no volume context, as most drivers do: the
+	// StorageClass's crust.dev/defer then reaches the node only through crust-csi-proxy --controller.
+	NoVolumeContext bool
+	// StrictAccessType makes the node refuse to stage or publish as a raw block device a volume created
+	// for filesystem use only, as some drivers do (the CSI spec lets a plugin hold a volume to the
+	// capabilities it was created with).
+	StrictAccessType bool
 	// Log receives one record per call; slog.Default() when nil.
 	Log *slog.Logger
 }

@@ -79,3 +79,44 @@ func TestInlineEphemeral(t *testing.T) {
 		t.Fatalf("a refused publish made volumes: %v, %v", lvs, err)
 	}
 }
+
+// With the switches that make it behave as most drivers do, CreateVolume returns no volume context
+// and a volume created for filesystem use is not staged or published as a raw block device; one
+// created as block is.
+func TestRealDriverSwitches(t *testing.T) {
+	vg := lvmtest.New(t, 1<<30)
+	d := startDriver(t, vg, csidriver.Config{NoVolumeContext: true, StrictAccessType: true})
+	ctx := ctxT(t)
+	create := func(name string, c *csi.VolumeCapability) string {
+		t.Helper()
+		cv, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+			VolumeCapabilities: []*csi.VolumeCapability{c}, Parameters: map[string]string{"crust.dev/defer": "true"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cv.GetVolume().GetVolumeContext()) != 0 {
+			t.Errorf("volume context %v, want none", cv.GetVolume().GetVolumeContext())
+		}
+		return cv.GetVolume().GetVolumeId()
+	}
+	fsID, blockID := create("pvc-fs", mountCap("ext4", "")), create("pvc-block", blockCap())
+	dir := t.TempDir()
+	_, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: fsID, StagingTargetPath: filepath.Join(dir, "s1"), VolumeCapability: blockCap()})
+	wantCode(t, "block stage of a filesystem volume", err, codes.InvalidArgument)
+	_, err = d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: fsID, TargetPath: filepath.Join(dir, "p1"), VolumeCapability: blockCap()})
+	wantCode(t, "block publish of a filesystem volume", err, codes.InvalidArgument)
+	if mounted(t, filepath.Join(dir, "p1")) {
+		t.Error("a refused publish mounted something")
+	}
+	if _, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: blockID, StagingTargetPath: filepath.Join(dir, "s2"), VolumeCapability: blockCap()}); err != nil {
+		t.Fatalf("block stage of a block volume: %v", err)
+	}
+	target := filepath.Join(dir, "p2")
+	if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: blockID, StagingTargetPath: filepath.Join(dir, "s2"),
+		TargetPath: target, VolumeCapability: blockCap()}); err != nil {
+		t.Fatalf("block publish of a block volume: %v", err)
+	}
+	if _, err := d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: blockID, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -54,6 +54,23 @@ func (d *Driver) held(ctx context.Context, path string) (bool, error) {
 	return d.crust.Holds(ctx, path)
 }
 
+// checkAccessType refuses, with Config.StrictAccessType, a block capability for a volume created for
+// filesystem use only.
+func (d *Driver) checkAccessType(ctx context.Context, id string, c *csi.VolumeCapability) error {
+	if !d.cfg.StrictAccessType || c.GetBlock() == nil {
+		return nil
+	}
+	lv, err := d.lookup(ctx, id)
+	if err != nil {
+		return err
+	}
+	if lv.HasTag(filesystemTag) {
+		return status.Errorf(codes.InvalidArgument,
+			"volume_capability: volume %s was created for filesystem use; it is not published as a raw block device", id)
+	}
+	return nil
+}
+
 // device returns the active device of a volume, activating it when needed.
 func (d *Driver) device(ctx context.Context, id string) (string, error) {
 	lv, err := d.lookup(ctx, id)
@@ -86,6 +103,9 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		return nil, err
 	}
 	defer unlock()
+	if err := d.checkAccessType(ctx, id, c); err != nil {
+		return nil, err
+	}
 	dev, err := d.device(ctx, id)
 	if err != nil {
 		return nil, err
@@ -161,6 +181,9 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		if _, err := d.createEphemeral(ctx, req); err != nil {
 			return nil, err
 		}
+	}
+	if err := d.checkAccessType(ctx, id, c); err != nil {
+		return nil, err
 	}
 	dev, err := d.device(ctx, id)
 	if err != nil {

@@ -34,6 +34,8 @@ func main() {
 	flag.StringVar(&cfg.StateDir, "state-dir", "", "private directory (default: a temporary one)")
 	flag.StringVar((*string)(&cfg.Activation), "activation", "", `"device-mapper", "extent-map", or "" to pick`)
 	flag.StringVar(&cfg.DefaultFSType, "default-fs-type", "ext4", "filesystem of a mount volume that names none")
+	flag.BoolVar(&cfg.NoVolumeContext, "no-volume-context", false, "return no volume context from CreateVolume, as most drivers do")
+	flag.BoolVar(&cfg.StrictAccessType, "strict-access-type", false, "refuse to publish as raw block a volume created for filesystem use")
 	level := flag.String("log-level", "info", "debug, info, warn or error")
 	flag.Parse()
 	cfg.Devices = pvs
