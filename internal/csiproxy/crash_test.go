@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -239,7 +240,7 @@ func TestCrashRecovery(t *testing.T) {
 func (e *env) assertPublished(mode Mode, target string) {
 	e.t.Helper()
 	v, err := e.crust.GetVolume(context.Background(), &crustv1.GetVolumeRequest{VolumeTargetPath: target})
-	priv := mountsUnder(e.state)
+	priv := mountsUnder(filepath.Join(filepath.Dir(target), privateBlockDir))
 	switch mode {
 	case ModeDeferred:
 		if err != nil {

@@ -13,6 +13,11 @@
 // one interceptor; fields CSI marks csi_secret are replaced by "***stripped***" before anything is logged,
 // and the bodies of raw-forwarded calls are never logged.
 //
+// # Controller
+//
+// With --controller the proxy serves Identity and Controller in front of the driver's controller socket
+// instead: see controllerServer.
+//
 // # Deferral rules
 //
 // NodeStageVolume is deferrable when its capability is a mount (not block) capability and the volume
@@ -32,7 +37,9 @@
 //     RuntimeClass name itself when it is not in the cache) is one of --microvm-handlers.
 //   - A microVM pod: deferred. Any other pod: host-mounted.
 //
-// Deferred: the driver publishes raw block to a private path under the state directory; the proxy finds
+// Deferred: the driver publishes raw block to a private path (beside kubelet's target, in the proxy's
+// own directory crust.dev~block next to kubelet's mount and vol_data.json, so that a driver that sees
+// only <kubelet>/pods sees it; under the state directory for a target of another shape); the proxy finds
 // the device behind it (the bind-mounted node's rdev, named /dev/block/MAJ:MIN, or /dev/<DEVNAME> from
 // /sys/dev/block/MAJ:MIN/uevent, or the private node itself), creates kubelet's target path as an empty
 // directory and deposits the descriptor through crustd's StageVolume (built by pkg/client's StageRequest):
@@ -74,7 +81,11 @@
 //	<state-dir>/records/<key>.json     one record, mode 0600
 //	<state-dir>/tmp/                   files being written; emptied at start
 //	<state-dir>/corrupt/<name>.<time>  damaged records moved aside at start (and logged)
-//	<state-dir>/block/<key>/dev        the private path the driver publishes raw block to
+//	<state-dir>/block/<key>/dev        the private path of a target not shaped like kubelet's
+//
+// For a kubelet-shaped target, <kubelet>/pods/<uid>/volumes/kubernetes.io~csi/<name>/mount, the private
+// path is <kubelet>/pods/<uid>/volumes/kubernetes.io~csi/<name>/crust.dev~block/dev; a record names the
+// private path it used, so records written before either form still undo what they did.
 //
 // <key> is the lowercase hex SHA-256 of "<kind>:<path>" (kind "publish" or "stage"). A record is one line
 // of JSON:
@@ -92,8 +103,8 @@
 //
 // # Deployment
 //
-// The private block paths must be visible to the driver and the proxy alike, and the devices to crustd: the
-// default state directory lies under kubelet's root (which a containerised driver mounts with bidirectional
+// The private block paths must be visible to the driver and the proxy alike, and the devices to crustd:
+// kubelet's target paths are (a containerised driver mounts <kubelet>/pods with bidirectional
 // propagation), and the proxy needs the host's /dev and /sys to name a device crustd accepts (with neither,
 // the private node itself is deposited, which crustd's --device-allow must then admit). The driver must
 // support raw block volumes.

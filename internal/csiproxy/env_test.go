@@ -212,6 +212,10 @@ func (e *env) assertClean() {
 			e.t.Errorf("%s/ left: %v", d, names)
 		}
 	}
+	left, _ := filepath.Glob(filepath.Join(e.kubelet, "pods", "*", "volumes", "kubernetes.io~csi", "*", privateBlockDir))
+	if len(left) > 0 {
+		e.t.Errorf("private paths left beside the targets: %v", left)
+	}
 }
 
 // run runs a command and fails the test on error.

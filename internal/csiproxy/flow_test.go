@@ -83,6 +83,11 @@ func TestDeferredAndHostMount(t *testing.T) {
 	if m := mountsUnder(runcTarget); len(m) != 1 {
 		t.Fatalf("runc pod's target mounts: %v, want one", m)
 	}
+	// The driver published the raw device beside kubelet's target, where a driver that sees only
+	// <kubelet>/pods sees it.
+	if fi, err := os.Stat(filepath.Join(filepath.Dir(runcTarget), privateBlockDir, "dev")); err != nil || fi.Mode()&os.ModeDevice == 0 {
+		t.Fatalf("no block device at the private path beside the target: %v, %v", fi, err)
+	}
 	if fs := strings.TrimSpace(sh(t, "findmnt", "-n", "-o", "FSTYPE", runcTarget)); fs != "xfs" {
 		t.Fatalf("runc pod's target holds %q, want xfs", fs)
 	}

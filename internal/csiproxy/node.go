@@ -161,7 +161,7 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 	// for other parameters): it stays published, as it was.
 	wasPublished := rec.Phase == PhasePublished && !rec.Stale
 	rec.StagingPath = r.GetStagingTargetPath()
-	rec.PrivatePath = filepath.Join(p.state.privateDir(target), "dev")
+	rec.PrivatePath = p.privatePath(target)
 	rec.FsType = fsType(r.GetVolumeCapability())
 	rec.ReadOnly = readOnly(r)
 	if err := p.put(rec, PhasePublishing); err != nil {
@@ -235,6 +235,23 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 		return fail(err)
 	}
 	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// privateBlockDir names the proxy's directory beside kubelet's files in a pod's CSI volume directory
+// (kubelet keeps mount and vol_data.json there; it never makes a name with "crust.dev").
+const privateBlockDir = "crust.dev~block"
+
+// privatePath is where the driver publishes a deferred or host-mounted volume as a raw block device. For
+// a target of kubelet's shape, <kubelet>/pods/<uid>/volumes/kubernetes.io~csi/<name>/mount, it is
+// <name>/crust.dev~block/dev, beside the target, so that a driver that sees only <kubelet>/pods sees it
+// too; it is removed at unpublish, before kubelet removes the volume's directory. For any other target
+// (csi-sanity's, say) it lies under the state directory.
+func (p *Proxy) privatePath(target string) string {
+	if filepath.Base(target) == "mount" && podUIDFromPath(target) != "" &&
+		filepath.Base(filepath.Dir(filepath.Dir(target))) == "kubernetes.io~csi" {
+		return filepath.Join(filepath.Dir(target), privateBlockDir, "dev")
+	}
+	return filepath.Join(p.state.privateDir(target), "dev")
 }
 
 // podUIDFromPath is the pod UID in a kubelet-shaped target path (.../pods/<uid>/volumes/...), or "".
