@@ -77,6 +77,11 @@ losetup -n -l -O NAME,BACK-FILE 2>/dev/null | while read -r dev file; do
 		losetup -d "$dev" 2>/dev/null
 	fi
 done
+# The driver's /dev/<vg>/<lv> links (in the host's /dev, which its pods mount), left when it was killed.
+if [ -d "/dev/$VG_NAME" ]; then
+	find "/dev/$VG_NAME" -mindepth 1 -maxdepth 1 -type l -delete
+	rmdir "/dev/$VG_NAME" 2>/dev/null || log "left /dev/$VG_NAME: not only links"
+fi
 ip link del "$BRIDGE" 2>/dev/null
 # kubepods cgroups, deepest first.
 for c in /sys/fs/cgroup/*/kubepods; do

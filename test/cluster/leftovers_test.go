@@ -62,6 +62,9 @@ func leftovers(root, run string, before hostState) []string {
 			found = append(found, "loop device: "+l)
 		}
 	}
+	if _, err := os.Lstat("/dev/crust-example"); err == nil {
+		found = append(found, "/dev/crust-example (the example driver's device links)")
+	}
 	if exec.Command("ip", "link", "show", "k8stest0").Run() == nil {
 		found = append(found, "network interface k8stest0")
 	}
