@@ -67,6 +67,18 @@ start() {
 }
 
 if [ -z "${ALREADY_UP:-}" ]; then
+	# A start that fails takes down what it started, after showing why.
+	on_exit() {
+		local rc=$?
+		[ "$rc" = 0 ] && return
+		for f in "$RUN"/logs/*.log; do
+			[ -s "$f" ] && { echo "--- $(basename "$f") (last lines)"; tail -n 15 "$f"; } >&2
+		done
+		log "cluster-up failed (exit $rc): tearing down what it started"
+		"$(dirname "$0")/down.sh"
+		exit "$rc"
+	}
+	trap on_exit EXIT
 	# Refuse to start on busy ports: the cluster must not collide with anything on the machine.
 	for p in "$ETCD_PORT" "$ETCD_PEER_PORT" "$KUBELET_PORT" "$KUBELET_HEALTHZ_PORT" "$KCM_PORT" "$SCHEDULER_PORT" "${CRUST_PORTS[@]}"; do
 		if [ -n "$(ss -Hltn "sport = :$p")" ]; then die "port $p is in use; set the matching *_PORT variable (see hack/cluster/lib.sh)"; fi
