@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +38,14 @@ func TestDeferredVolumeLifecycle(t *testing.T) {
 	pod := c.runPod(t, ns, podSpec("vm", true, nil, claimVolume("data", "data")))
 	t.Logf("microVM pod Running %s after the PVC was created", time.Since(t0).Round(100*time.Millisecond))
 	uid := string(pod.UID)
+	// The example driver returns no volume context; crust-csi-proxy --controller put the flag there.
+	if p, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "data", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if pv, err := c.cs.CoreV1().PersistentVolumes().Get(ctx, p.Spec.VolumeName, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if pv.Spec.CSI == nil || pv.Spec.CSI.VolumeAttributes["crust.dev/defer"] != "true" {
+		t.Fatalf("the PV's volume attributes lack crust.dev/defer: %v", pv.Spec.CSI)
+	}
 
 	vols := c.podVolumes(t, uid)
 	if len(vols) != 1 {
@@ -269,6 +278,41 @@ func TestEphemeralVolumes(t *testing.T) {
 		n := len(c.logicalVolumes(t))
 		return len(pvcs.Items) == 0 && n == lvsBefore, fmt.Errorf("%d PVCs, %d logical volumes (want %d)", len(pvcs.Items), n, lvsBefore)
 	})
+}
+
+// A raw block PVC of the deferring class, for a microVM pod, passes through the proxies untouched: the
+// pod gets the device, crustd holds nothing.
+func TestRawBlockPassesThrough(t *testing.T) {
+	c := get(t)
+	ctx := ctxT(t)
+	ns := c.namespace(t)
+	class, mode := deferClass, corev1.PersistentVolumeBlock
+	if _, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "raw"},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: &class, VolumeMode: &mode,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("64Mi")}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := podSpec("vm", true, nil)
+	p.Spec.Volumes = []corev1.Volume{claimVolume("raw", "raw")}
+	p.Spec.Containers[0].VolumeDevices = []corev1.VolumeDevice{{Name: "raw", DevicePath: "/dev/crust-raw"}}
+	pod := c.runPod(t, ns, p)
+	if got := c.podVolumes(t, string(pod.UID)); len(got) != 0 {
+		t.Fatalf("a raw block volume was deferred: %v", got)
+	}
+	if out := c.kubectlOK(t, "-n", ns, "exec", "vm", "--", "blockdev", "--getsize64", "/dev/crust-raw"); strings.TrimSpace(out) != strconv.Itoa(64<<20) {
+		t.Fatalf("the pod's raw device has %q bytes, want %d", out, 64<<20)
+	}
+	pvc, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "raw", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pv, err := c.cs.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{}); err != nil || pv.Spec.CSI.VolumeAttributes["crust.dev/defer"] != "" {
+		t.Fatalf("a raw block PV was marked for deferral: %v, %v", pv.Spec.CSI, err)
+	}
 }
 
 // assertEmptyTarget checks that kubelet's target path is an empty directory with nothing mounted on it:
