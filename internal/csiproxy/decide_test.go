@@ -9,6 +9,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
@@ -144,5 +145,72 @@ func TestInformerPods(t *testing.T) {
 	p, err := ip.pods.Pods("ns").Get("vm")
 	if err != nil || len(p.Labels) != 0 || p.Spec.Containers != nil || p.Spec.RuntimeClassName == nil {
 		t.Fatalf("cached pod %+v, %v: want a trimmed pod with its runtimeClassName", p, err)
+	}
+}
+
+// A PersistentVolume's StorageClass answers for volumes whose context lacks crust.dev/defer: found by
+// driver and volume handle, for the class's parameter; unknown volumes and classes are not found, and
+// the cache keeps only driver, handle and class.
+func TestClassDefers(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pv := func(name, driver, handle, class string) *corev1.PersistentVolume {
+		return &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"big": "label"}},
+			Spec: corev1.PersistentVolumeSpec{StorageClassName: class, PersistentVolumeSource: corev1.PersistentVolumeSource{
+				CSI: &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: handle, VolumeAttributes: map[string]string{"a": "b"}}}}}
+	}
+	cs := fake.NewClientset(
+		pv("static", "d.example", "h1", "deferring"),
+		pv("plain", "d.example", "h2", "plain"),
+		pv("other-driver", "e.example", "h1", "plain"),
+		pv("no-class", "d.example", "h3", ""),
+		pv("gone-class", "d.example", "h4", "deleted"),
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "deferring"}, Provisioner: "d.example", Parameters: map[string]string{DeferKey: "true"}},
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "plain"}, Provisioner: "d.example"},
+	)
+	ip, err := newInformerPods(ctx, cs, "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+	defer scancel()
+	if !ip.waitSynced(sctx) {
+		t.Fatal("informers did not sync")
+	}
+	for _, tc := range []struct {
+		driver, handle  string
+		deferred, found bool
+	}{
+		{"d.example", "h1", true, true},
+		{"e.example", "h1", false, true},
+		{"d.example", "h2", false, true},
+		{"d.example", "h3", false, false},
+		{"d.example", "h4", false, false},
+		{"d.example", "nope", false, false},
+	} {
+		if d, f := ip.ClassDefers(tc.driver, tc.handle); d != tc.deferred || f != tc.found {
+			t.Errorf("ClassDefers(%s, %s) = %v, %v; want %v, %v", tc.driver, tc.handle, d, f, tc.deferred, tc.found)
+		}
+	}
+	objs, _ := ip.pvs.ByIndex(csiHandleIndex, "d.example/h1")
+	if got := objs[0].(*corev1.PersistentVolume); len(got.Labels) != 0 || got.Spec.CSI.VolumeAttributes != nil {
+		t.Errorf("cached PV %+v: want it trimmed", got)
+	}
+	// The proxy asks the class only when the volume context does not say.
+	p := &Proxy{classes: ip, driverName: "d.example"}
+	for _, tc := range []struct {
+		ctx  map[string]string
+		id   string
+		want bool
+	}{
+		{nil, "h1", true},
+		{map[string]string{DeferKey: "false"}, "h1", false},
+		{map[string]string{DeferKey: "true"}, "h2", true},
+		{map[string]string{"x": "y"}, "h2", false},
+		{nil, "nope", false},
+	} {
+		if got := p.deferRequested(ctx, tc.ctx, tc.id); got != tc.want {
+			t.Errorf("deferRequested(%v, %s) = %v, want %v", tc.ctx, tc.id, got, tc.want)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -14,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
@@ -112,12 +114,15 @@ func TestDeferredAndHostMount(t *testing.T) {
 		t.Fatalf("runc target left behind: %v", err)
 	}
 
+	waitEvent(t, cs, "web", ReasonHostMounted, "pod has no runtimeClassName")
+
 	// 2. The microVM pod: deferred.
 	vmTarget := e.target("0e0e0e0e-0000-4000-8000-000000000002", "pv-both")
 	pub.TargetPath, pub.VolumeContext, pub.VolumeCapability = vmTarget, podContext(vol, "ns", "vm", "0e0e0e0e-0000-4000-8000-000000000002"), xfsCap("3000")
 	if _, err := node.NodePublishVolume(ctx, pub); err != nil {
 		t.Fatal(err)
 	}
+	waitEvent(t, cs, "vm", ReasonDeferred, "kata-qemu is a microVM handler")
 	if entries, err := os.ReadDir(vmTarget); err != nil || len(entries) != 0 {
 		t.Fatalf("deferred target: %v, %v; want an empty directory", entries, err)
 	}
@@ -264,4 +269,25 @@ func TestFinalErrorUndoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.assertClean()
+}
+
+// waitEvent waits until the proxy has recorded an event with reason on pod ns/name whose message holds
+// want.
+func waitEvent(t *testing.T, cs kubernetes.Interface, name, reason, want string) {
+	t.Helper()
+	var seen []string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		evs, err := cs.CoreV1().Events("ns").List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen = seen[:0]
+		for _, ev := range evs.Items {
+			seen = append(seen, ev.InvolvedObject.Name+" "+ev.Reason+": "+ev.Message)
+			if ev.InvolvedObject.Kind == "Pod" && ev.InvolvedObject.Name == name && ev.Reason == reason && strings.Contains(ev.Message, want) {
+				return
+			}
+		}
+	}
+	t.Fatalf("no event %s on pod %s with %q; events: %v", reason, name, want, seen)
 }

@@ -3,6 +3,7 @@ package csiproxy
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
@@ -25,7 +27,16 @@ const undoTimeout = 2 * time.Minute
 // and records it; everything else is forwarded unchanged.
 func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	path := r.GetStagingTargetPath()
-	if !isMount(r.GetVolumeCapability()) || !DeferRequested(r.GetVolumeContext()) || r.GetVolumeId() == "" || path == "" {
+	if !isMount(r.GetVolumeCapability()) || !p.deferRequested(ctx, r.GetVolumeContext(), r.GetVolumeId()) || r.GetVolumeId() == "" || path == "" {
+		// The group, when the driver cannot take it, is given at publish (forwardPublish).
+		c, gid, err := p.withoutMountGroup(ctx, r.GetVolumeCapability())
+		if err != nil {
+			return nil, err
+		}
+		if gid != nil {
+			r = proto.Clone(r).(*csi.NodeStageVolumeRequest)
+			r.VolumeCapability = c
+		}
 		return p.node.NodeStageVolume(outgoing(ctx), r)
 	}
 	unlock, err := p.lock(ctx, path)
@@ -88,9 +99,10 @@ func (p *Proxy) NodeUnstageVolume(ctx context.Context, r *csi.NodeUnstageVolumeR
 // NodePublishVolume decides (see Decide) and either forwards, or publishes deferred or host-mounted.
 func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	target := r.GetTargetPath()
+	asked := p.deferRequested(ctx, r.GetVolumeContext(), r.GetVolumeId())
 	if r.GetVolumeId() == "" || target == "" || r.GetVolumeCapability() == nil ||
-		((!isMount(r.GetVolumeCapability()) || !DeferRequested(r.GetVolumeContext())) && p.state.get(KindPublish, target) == nil) {
-		return p.node.NodePublishVolume(outgoing(ctx), r)
+		((!isMount(r.GetVolumeCapability()) || !asked) && p.state.get(KindPublish, target) == nil) {
+		return p.forwardPublish(ctx, r)
 	}
 	unlock, err := p.lock(ctx, target)
 	if err != nil {
@@ -98,10 +110,19 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 	}
 	defer unlock()
 	rec := p.state.get(KindPublish, target)
+	why := "" // set when this call decides
 	if rec == nil {
 		stage := p.state.get(KindStage, r.GetStagingTargetPath())
-		d, why, err := decideWaiting(ctx, DecideInput{
-			Capability: r.GetVolumeCapability(), VolumeContext: r.GetVolumeContext(),
+		volCtx := r.GetVolumeContext()
+		if _, ok := volCtx[DeferKey]; !ok && asked { // asked by the PersistentVolume's StorageClass
+			volCtx = maps.Clone(volCtx)
+			if volCtx == nil {
+				volCtx = map[string]string{}
+			}
+			volCtx[DeferKey] = "true"
+		}
+		d, reason, err := decideWaiting(ctx, DecideInput{
+			Capability: r.GetVolumeCapability(), VolumeContext: volCtx,
 			StagingPath: r.GetStagingTargetPath(), StagedAsBlock: stage != nil && stage.Phase == PhaseStaged && !stage.Stale,
 			Pods: p.pods, Handlers: p.handlers,
 		}, p.cfg.PodWait)
@@ -109,9 +130,10 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 			return nil, status.Errorf(codes.Unavailable, "pod %s/%s: %v; retry",
 				r.GetVolumeContext()[podNamespaceKey], r.GetVolumeContext()[podNameKey], err)
 		}
+		why = reason
 		p.log.Info("publish decision", "target", target, "volume_id", r.GetVolumeId(), "decision", d.String(), "why", why)
 		if d == PassThrough {
-			return p.node.NodePublishVolume(outgoing(ctx), r)
+			return p.forwardPublish(ctx, r)
 		}
 		mode := ModeDeferred
 		if d == HostMount {
@@ -125,7 +147,61 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 		return nil, status.Errorf(codes.AlreadyExists, "%s is published %s, read-only %v; asked %s, read-only %v",
 			target, rec.FsType, rec.ReadOnly, fsType(r.GetVolumeCapability()), readOnly(r))
 	}
-	return p.publish(ctx, r, rec)
+	resp, err := p.publish(ctx, r, rec)
+	switch {
+	case err != nil:
+		verb := "deferring it to the pod's sandbox"
+		if rec.Mode == ModeHost {
+			verb = "mounting it on the host"
+		}
+		p.podEvent(r.GetVolumeContext(), corev1.EventTypeWarning, ReasonDeferralFailed, "volume %s: %s failed (%s): %s",
+			r.GetVolumeId(), verb, status.Code(err), status.Convert(err).Message())
+	case why != "" && rec.Mode == ModeDeferred:
+		p.podEvent(r.GetVolumeContext(), corev1.EventTypeNormal, ReasonDeferred,
+			"volume %s deferred to the pod's sandbox (%s): crustd holds device %s for the microVM runtime to mount inside the VM",
+			r.GetVolumeId(), why, rec.Device)
+	case why != "" && rec.Mode == ModeHost:
+		p.podEvent(r.GetVolumeContext(), corev1.EventTypeNormal, ReasonHostMounted,
+			"volume %s formatted and mounted on the host by crust-csi-proxy, not deferred: %s", r.GetVolumeId(), why)
+	}
+	return resp, err
+}
+
+// forwardPublish forwards a publish to the driver; when the driver cannot take volume_mount_group the
+// proxy keeps it from the driver and gives the published filesystem the group itself, as kubelet does.
+func (p *Proxy) forwardPublish(ctx context.Context, r *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	c, gid, err := p.withoutMountGroup(ctx, r.GetVolumeCapability())
+	if err != nil {
+		return nil, err
+	}
+	if gid == nil {
+		return p.node.NodePublishVolume(outgoing(ctx), r)
+	}
+	fr := proto.Clone(r).(*csi.NodePublishVolumeRequest)
+	fr.VolumeCapability = c
+	resp, err := p.node.NodePublishVolume(outgoing(ctx), fr)
+	if err != nil || readOnly(r) {
+		return resp, err
+	}
+	if err := setGroup(r.GetTargetPath(), *gid); err != nil {
+		return nil, status.Errorf(codes.Internal, "apply volume_mount_group %d to %s: %v", *gid, r.GetTargetPath(), err)
+	}
+	return resp, nil
+}
+
+// deferRequested reports whether a volume asks for deferral: its volume context, when that holds
+// crust.dev/defer (put there by the controller proxy or the driver, or a CSI inline volume's attributes);
+// otherwise the StorageClass of its PersistentVolume, found by the driver's name and the volume id in the
+// informer cache (a static PV, or one provisioned before the controller proxy was added).
+func (p *Proxy) deferRequested(ctx context.Context, volCtx map[string]string, volumeID string) bool {
+	if _, ok := volCtx[DeferKey]; ok {
+		return DeferRequested(volCtx)
+	}
+	if p.classes == nil || volumeID == "" {
+		return false
+	}
+	deferred, found := p.classes.ClassDefers(p.driverNameFor(ctx), volumeID)
+	return found && deferred
 }
 
 // readOnly reports whether a publish is read-only: the request says so, or the access mode is a reader one.
@@ -354,6 +430,10 @@ func (p *Proxy) NodeUnpublishVolume(ctx context.Context, r *csi.NodeUnpublishVol
 func (p *Proxy) NodeGetVolumeStats(ctx context.Context, r *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	rec := p.state.get(KindPublish, r.GetVolumePath())
 	if r.GetVolumeId() == "" || rec == nil {
+		if has, err := p.driverHas(ctx, csi.NodeServiceCapability_RPC_GET_VOLUME_STATS); err == nil && !has &&
+			r.GetVolumeId() != "" && r.GetVolumePath() != "" {
+			return ownStats(r.GetVolumePath())
+		}
 		return p.node.NodeGetVolumeStats(outgoing(ctx), r)
 	}
 	if rec.Phase != PhasePublished || rec.Stale {
@@ -384,6 +464,14 @@ func (p *Proxy) NodeExpandVolume(ctx context.Context, r *csi.NodeExpandVolumeReq
 			br := proto.Clone(r).(*csi.NodeExpandVolumeRequest)
 			br.VolumeCapability = blockCapability(r.GetVolumeCapability())
 			return p.node.NodeExpandVolume(outgoing(ctx), br)
+		}
+		if has, err := p.driverHas(ctx, csi.NodeServiceCapability_RPC_EXPAND_VOLUME); err == nil && !has &&
+			r.GetVolumeId() != "" && r.GetVolumePath() != "" {
+			// What kubelet does for a driver without node expansion: nothing.
+			if _, err := os.Stat(r.GetVolumePath()); err != nil {
+				return nil, status.Errorf(codes.NotFound, "volume_path %s: %v", r.GetVolumePath(), err)
+			}
+			return &csi.NodeExpandVolumeResponse{}, nil
 		}
 		return p.node.NodeExpandVolume(outgoing(ctx), r)
 	}

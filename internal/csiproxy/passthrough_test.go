@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -153,10 +154,16 @@ func TestPassThrough(t *testing.T) {
 	if err != nil || info.GetName() != "stub.crust.dev" {
 		t.Fatalf("GetPluginInfo = %v, %v", info, err)
 	}
+	// The driver's capabilities, then those the proxy serves for every volume that the driver lacks.
 	caps, err := node.NodeGetCapabilities(ctx, &csi.NodeGetCapabilitiesRequest{})
-	if err != nil || len(caps.GetCapabilities()) != 2 ||
-		caps.GetCapabilities()[0].GetRpc().GetType() != csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME {
-		t.Fatalf("NodeGetCapabilities = %v, %v", caps, err)
+	var got []csi.NodeServiceCapability_RPC_Type
+	for _, c := range caps.GetCapabilities() {
+		got = append(got, c.GetRpc().GetType())
+	}
+	if want := []csi.NodeServiceCapability_RPC_Type{csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS, csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
+		csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP}; err != nil || !slices.Equal(got, want) {
+		t.Fatalf("NodeGetCapabilities = %v, %v; want %v", got, err, want)
 	}
 
 	// A publish without deferral reaches the driver unchanged, secrets included; the log has none.

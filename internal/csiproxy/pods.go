@@ -12,16 +12,30 @@ import (
 	"k8s.io/client-go/kubernetes"
 	listerscorev1 "k8s.io/client-go/listers/core/v1"
 	listersnodev1 "k8s.io/client-go/listers/node/v1"
+	listersstoragev1 "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// informerPods is a PodSource backed by two informers: pods bound to one node (field selector
-// spec.nodeName), trimmed to what the proxy reads, and RuntimeClasses.
+// informerPods is a PodSource and a ClassSource backed by informers: pods bound to one node (field
+// selector spec.nodeName), trimmed to what the proxy reads; RuntimeClasses; CSI PersistentVolumes,
+// trimmed to driver, handle and class and indexed by driver and handle; StorageClasses.
 type informerPods struct {
 	pods    listerscorev1.PodLister
 	classes listersnodev1.RuntimeClassLister
+	pvs     cache.Indexer
+	scs     listersstoragev1.StorageClassLister
 	synced  []cache.InformerSynced
+}
+
+// csiHandleIndex indexes PersistentVolumes by "<driver>/<volume handle>".
+const csiHandleIndex = "csiHandle"
+
+// ClassSource answers, from a cache, whether the StorageClass of the PersistentVolume a driver knows by a
+// volume handle asks for deferral.
+type ClassSource interface {
+	// ClassDefers reports found=false when no such PersistentVolume, or not its StorageClass, is known.
+	ClassDefers(driver, volumeHandle string) (deferred, found bool)
 }
 
 // newInformerPods starts the informers on cs; they run until ctx ends. It does not wait for them to sync
@@ -47,14 +61,58 @@ func newInformerPods(ctx context.Context, cs kubernetes.Interface, nodeName stri
 	}
 	classFactory := informers.NewSharedInformerFactory(cs, 0)
 	classInf := classFactory.Node().V1().RuntimeClasses()
+	pvInf := classFactory.Core().V1().PersistentVolumes()
+	// Keep only what ClassDefers reads; index by driver and handle.
+	if err := pvInf.Informer().SetTransform(func(obj any) (any, error) {
+		pv, ok := obj.(*corev1.PersistentVolume)
+		if !ok || pv.Spec.CSI == nil {
+			return obj, nil
+		}
+		return &corev1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: pv.Name, ResourceVersion: pv.ResourceVersion},
+			Spec: corev1.PersistentVolumeSpec{StorageClassName: pv.Spec.StorageClassName, PersistentVolumeSource: corev1.PersistentVolumeSource{
+				CSI: &corev1.CSIPersistentVolumeSource{Driver: pv.Spec.CSI.Driver, VolumeHandle: pv.Spec.CSI.VolumeHandle}}},
+		}, nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := pvInf.Informer().AddIndexers(cache.Indexers{csiHandleIndex: func(obj any) ([]string, error) {
+		if pv, ok := obj.(*corev1.PersistentVolume); ok && pv.Spec.CSI != nil {
+			return []string{pv.Spec.CSI.Driver + "/" + pv.Spec.CSI.VolumeHandle}, nil
+		}
+		return nil, nil
+	}}); err != nil {
+		return nil, err
+	}
+	scInf := classFactory.Storage().V1().StorageClasses()
 	ip := &informerPods{
 		pods:    podInf.Lister(),
 		classes: classInf.Lister(),
-		synced:  []cache.InformerSynced{podInf.Informer().HasSynced, classInf.Informer().HasSynced},
+		pvs:     pvInf.Informer().GetIndexer(),
+		scs:     scInf.Lister(),
+		synced: []cache.InformerSynced{podInf.Informer().HasSynced, classInf.Informer().HasSynced,
+			pvInf.Informer().HasSynced, scInf.Informer().HasSynced},
 	}
 	podFactory.Start(ctx.Done())
 	classFactory.Start(ctx.Done())
 	return ip, nil
+}
+
+// ClassDefers implements ClassSource.
+func (ip *informerPods) ClassDefers(driver, volumeHandle string) (bool, bool) {
+	objs, err := ip.pvs.ByIndex(csiHandleIndex, driver+"/"+volumeHandle)
+	if err != nil || len(objs) != 1 {
+		return false, false
+	}
+	pv := objs[0].(*corev1.PersistentVolume)
+	if pv.Spec.StorageClassName == "" {
+		return false, false
+	}
+	sc, err := ip.scs.Get(pv.Spec.StorageClassName)
+	if err != nil {
+		return false, false
+	}
+	return DeferRequested(sc.Parameters), true
 }
 
 // waitSynced waits until both informers have synced, or ctx ends (false).

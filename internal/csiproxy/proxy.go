@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
@@ -80,12 +81,15 @@ type Proxy struct {
 	state    *state
 	locks    *keylock.Locker
 	pods     PodSource
+	classes  ClassSource          // nil without --kubeconfig
+	events   record.EventRecorder // nil without --kubeconfig
 	handlers map[string]bool
 	mounter  *mount.SafeFormatAndMount
 	resizer  *mount.ResizeFs
 	codec    rawCodec
 	hook     func(Kind, Phase)
 	metrics  *metrics.Metrics
+	caps     driverCaps
 
 	nameMu     sync.Mutex
 	driverName string
@@ -172,7 +176,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) (*Pr
 		if err != nil {
 			return nil, err
 		}
-		p.pods = ip
+		p.pods, p.classes = ip, ip
+		p.events = newRecorder(ctx, cs, cfg.NodeName)
 	}
 	bootID, err := recordfile.ReadBootID()
 	if err != nil {
@@ -295,11 +300,6 @@ func (p *Proxy) Probe(ctx context.Context, r *csi.ProbeRequest) (*csi.ProbeRespo
 }
 
 // ---- Node: pass-through ----
-
-// NodeGetCapabilities forwards to the driver; the capabilities are the driver's, unchanged.
-func (p *Proxy) NodeGetCapabilities(ctx context.Context, r *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
-	return p.node.NodeGetCapabilities(outgoing(ctx), r)
-}
 
 // NodeGetInfo forwards to the driver.
 func (p *Proxy) NodeGetInfo(ctx context.Context, r *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {

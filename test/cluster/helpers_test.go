@@ -435,3 +435,23 @@ func (c *cluster) logicalVolumes(t *testing.T) []string {
 	}
 	return strings.Fields(string(out))
 }
+
+// waitPodEvent waits until an event with reason, whose message holds want, is recorded on pod ns/name.
+func (c *cluster) waitPodEvent(t *testing.T, ns, name, reason, want string) string {
+	t.Helper()
+	var msg string
+	waitFor(t, time.Minute, "event "+reason+" on pod "+ns+"/"+name, func() (bool, error) {
+		evs, err := c.cs.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range evs.Items {
+			if e.Reason == reason && strings.Contains(e.Message, want) {
+				msg = e.Message
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("events: %s", c.events(ns, name))
+	})
+	return msg
+}

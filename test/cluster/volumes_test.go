@@ -47,6 +47,8 @@ func TestDeferredVolumeLifecycle(t *testing.T) {
 		t.Fatalf("the PV's volume attributes lack crust.dev/defer: %v", pv.Spec.CSI)
 	}
 
+	t.Logf("kubectl describe pod: %s", c.waitPodEvent(t, ns, "vm", "VolumeDeferred", "crust-microvm is a microVM handler"))
+
 	vols := c.podVolumes(t, uid)
 	if len(vols) != 1 {
 		t.Fatalf("crustd holds %d descriptors for pod %s, want 1", len(vols), uid)
@@ -164,6 +166,7 @@ func TestDeferredVolumeLifecycle(t *testing.T) {
 	if got := c.podVolumes(t, string(runc.UID)); len(got) != 0 {
 		t.Fatalf("a runc pod's volume was deferred: %v", got)
 	}
+	c.waitPodEvent(t, ns, "runc", "VolumeMountedOnHost", "pod has no runtimeClassName")
 	if out := c.kubectlOK(t, "-n", ns, "exec", "runc", "--", "cat", "/data/hello"); strings.TrimSpace(out) != "written-in-the-guest" {
 		t.Fatalf("the runc pod reads %q", out)
 	}
@@ -313,6 +316,47 @@ func TestRawBlockPassesThrough(t *testing.T) {
 	if pv, err := c.cs.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{}); err != nil || pv.Spec.CSI.VolumeAttributes["crust.dev/defer"] != "" {
 		t.Fatalf("a raw block PV was marked for deferral: %v, %v", pv.Spec.CSI, err)
 	}
+}
+
+// A deferral that fails is told on the pod: a deferring class with a mount option crustd refuses leaves
+// the pod pending with a VolumeDeferralFailed event naming the field and the reason.
+func TestDeferralFailureIsAnEvent(t *testing.T) {
+	c := get(t)
+	ctx := ctxT(t)
+	ns := c.namespace(t)
+	sc, err := c.cs.StorageV1().StorageClasses().Get(ctx, deferClass, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := sc.DeepCopy()
+	bad.ObjectMeta = metav1.ObjectMeta{Name: "bad-" + ns}
+	bad.MountOptions = []string{"bind"}
+	if _, err := c.cs.StorageV1().StorageClasses().Create(ctx, bad, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.cs.StorageV1().StorageClasses().Delete(context.Background(), bad.Name, metav1.DeleteOptions{}) })
+	class := bad.Name
+	if _, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "bad"},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, StorageClassName: &class,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("64Mi")}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.cs.CoreV1().Pods(ns).Create(ctx, podSpec("vm", true, nil, claimVolume("data", "bad")), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	msg := c.waitPodEvent(t, ns, "vm", "VolumeDeferralFailed", "InvalidArgument")
+	if !strings.Contains(msg, "mount_flags") || !strings.Contains(msg, "bind") {
+		t.Errorf("the failure event does not name the field and the option: %s", msg)
+	}
+	t.Logf("kubectl describe pod: %s", msg)
+	if p, err := c.cs.CoreV1().Pods(ns).Get(ctx, "vm", metav1.GetOptions{}); err != nil || p.Status.Phase == corev1.PodRunning {
+		t.Fatalf("the pod runs without its volume: %v, %v", p.Status.Phase, err)
+	}
+	c.deletePod(t, ns, "vm")
 }
 
 // assertEmptyTarget checks that kubelet's target path is an empty directory with nothing mounted on it:

@@ -1,0 +1,124 @@
+package csiproxy
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"sync"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// servedCaps are the node capabilities the proxy advertises whatever the driver has: it serves them for
+// deferred volumes (through crustd) and host-mounted ones (on the host), and for the driver's own
+// volumes where the driver lacks them:
+//
+//   - GET_VOLUME_STATS: statfs of a mounted target, the size of a raw block one;
+//   - EXPAND_VOLUME: a no-op success, which is what kubelet does when a driver has no node expansion;
+//   - VOLUME_MOUNT_GROUP: volume_mount_group is kept from the driver, and the proxy gives the published
+//     filesystem the group as kubelet does for fsGroup.
+//
+// A volume's condition is not among them: this CSI version carries it in NodeGetVolumeHealth
+// (GET_VOLUME_HEALTH), which the proxy answers for deferred volumes when asked but cannot answer for the
+// volumes of a driver without it, and which kubelet does not call.
+var servedCaps = []csi.NodeServiceCapability_RPC_Type{
+	csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
+	csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
+	csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP,
+}
+
+// driverCaps caches the driver's own node capabilities.
+type driverCaps struct {
+	mu    sync.Mutex
+	known map[csi.NodeServiceCapability_RPC_Type]bool // nil until the driver answered once
+}
+
+func capsOf(resp *csi.NodeGetCapabilitiesResponse) map[csi.NodeServiceCapability_RPC_Type]bool {
+	m := map[csi.NodeServiceCapability_RPC_Type]bool{}
+	for _, c := range resp.GetCapabilities() {
+		m[c.GetRpc().GetType()] = true
+	}
+	return m
+}
+
+// NodeGetCapabilities returns the driver's node capabilities and servedCaps.
+func (p *Proxy) NodeGetCapabilities(ctx context.Context, r *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	resp, err := p.node.NodeGetCapabilities(outgoing(ctx), r)
+	if err != nil {
+		return nil, err
+	}
+	have := capsOf(resp)
+	p.caps.mu.Lock()
+	p.caps.known = have
+	p.caps.mu.Unlock()
+	out := proto.Clone(resp).(*csi.NodeGetCapabilitiesResponse)
+	for _, c := range servedCaps {
+		if !have[c] {
+			out.Capabilities = append(out.Capabilities, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{
+				Rpc: &csi.NodeServiceCapability_RPC{Type: c}}})
+		}
+	}
+	return out, nil
+}
+
+// driverHas reports whether the driver itself has a node capability, asking it once.
+func (p *Proxy) driverHas(ctx context.Context, c csi.NodeServiceCapability_RPC_Type) (bool, error) {
+	p.caps.mu.Lock()
+	known := p.caps.known
+	p.caps.mu.Unlock()
+	if known == nil {
+		resp, err := p.node.NodeGetCapabilities(outgoing(ctx), &csi.NodeGetCapabilitiesRequest{})
+		if err != nil {
+			return false, err
+		}
+		known = capsOf(resp)
+		p.caps.mu.Lock()
+		p.caps.known = known
+		p.caps.mu.Unlock()
+	}
+	return known[c], nil
+}
+
+// withoutMountGroup returns the capability without volume_mount_group, and the group it named (nil for
+// none), when the driver lacks VOLUME_MOUNT_GROUP; otherwise the capability as it is.
+func (p *Proxy) withoutMountGroup(ctx context.Context, c *csi.VolumeCapability) (*csi.VolumeCapability, *int, error) {
+	g := c.GetMount().GetVolumeMountGroup()
+	if g == "" {
+		return c, nil, nil
+	}
+	has, err := p.driverHas(ctx, csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP)
+	if err != nil || has {
+		return c, nil, err
+	}
+	gid, err := strconv.Atoi(g)
+	if err != nil || gid < 0 {
+		return nil, nil, status.Errorf(codes.InvalidArgument, "volume_capability.mount.volume_mount_group: %q is not a group id", g)
+	}
+	out := proto.Clone(c).(*csi.VolumeCapability)
+	out.GetMount().VolumeMountGroup = ""
+	return out, &gid, nil
+}
+
+// ownStats answers NodeGetVolumeStats for a volume of the driver's when the driver lacks
+// GET_VOLUME_STATS: statfs of a mounted directory, the size of a raw block device.
+func ownStats(path string) (*csi.NodeGetVolumeStatsResponse, error) {
+	fi, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, status.Errorf(codes.NotFound, "volume_path %s does not exist", path)
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "volume_path: %v", err)
+	}
+	if fi.Mode()&os.ModeDevice != 0 {
+		size, err := deviceSize(path)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "%v", err)
+		}
+		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, nil
+	}
+	return statfsUsage(path)
+}

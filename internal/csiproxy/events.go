@@ -1,0 +1,42 @@
+package csiproxy
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+
+	"crust.dev/crust/pkg/client"
+)
+
+// Reasons of the Events the proxy records on a pod, so that `kubectl describe pod` says what became of
+// the pod's volumes: deferred to its sandbox, mounted on the host instead (and why), or why a deferral
+// failed. Repeats of an event are counted by the recorder, not recorded again.
+const (
+	ReasonDeferred       = "VolumeDeferred"
+	ReasonHostMounted    = "VolumeMountedOnHost"
+	ReasonDeferralFailed = "VolumeDeferralFailed"
+)
+
+// newRecorder records events through cs until ctx ends.
+func newRecorder(ctx context.Context, cs kubernetes.Interface, node string) record.EventRecorder {
+	b := record.NewBroadcaster(record.WithContext(ctx))
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
+	go func() { <-ctx.Done(); b.Shutdown() }()
+	return b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "crust-csi-proxy", Host: node})
+}
+
+// podEvent records an event on the pod a publish is for, named by the pod info in its volume context;
+// it does nothing without a recorder (no --kubeconfig) or without pod info.
+func (p *Proxy) podEvent(volCtx map[string]string, eventType, reason, format string, args ...any) {
+	pod := client.PodInfo(volCtx)
+	if p.events == nil || pod.Namespace == "" || pod.Name == "" {
+		return
+	}
+	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: types.UID(pod.UID)}
+	p.events.Eventf(ref, eventType, reason, format, args...)
+}
