@@ -5,13 +5,14 @@
 //   - driver: csi-sanity straight at the driver, the baseline;
 //   - proxy: csi-sanity at the proxy, volumes without crust.dev/defer: everything passes through, and the
 //     result must be the baseline's, test for test;
-//   - deferred: csi-sanity at the proxy with crust.dev/defer: "true" in the test volume parameters (the
-//     driver copies it into the volume context), so every mount volume is staged as raw block and published
-//     deferred. Between csi-sanity and the proxy sits a stand-in for the runtime: after a NodePublishVolume
+//   - deferred: csi-sanity at the proxy with crust.dev/defer: "true" in the test volume parameters, and
+//     its controller calls at crust-csi-proxy --controller, which keeps the parameter from the driver, asks
+//     for block volumes and puts the flag in the volume context, so every mount volume is staged as raw
+//     block and published deferred. Between csi-sanity and the proxy sits a stand-in for the runtime: after a NodePublishVolume
 //     that crustd now holds, a sandbox claims the volume and mounts it (test/csiproxy/sandbox), and before
 //     NodeUnpublishVolume it lets go, as a pod's sandbox starts after kubelet publishes and stops before
-//     kubelet unpublishes. Stats and expansion of those volumes go proxy, crustd, sandbox. The Controller
-//     service goes to the proxy directly, through its raw forwarding.
+//     kubelet unpublishes. Stats and expansion of those volumes go proxy, crustd, sandbox. In the other
+//     runs the Controller service goes to the node proxy, through its raw forwarding.
 //
 // A test that passes against the driver and does not pass in a proxied run fails the test unless
 // deferralExceptions lists it with its reason. It needs root and lvm2; other users skip it.
@@ -266,6 +267,13 @@ func runSanity(t *testing.T, mode string) outcome {
 				t.Fatal(err)
 			}
 			endpoint = serveRuntimeStandIn(t, filepath.Join(dir, "kubelet-side.sock"), proxySock, crustSock, crust)
+			// The controller side through crust-csi-proxy --controller, as deploy/ puts it: it keeps the
+			// class's crust.dev/defer from the driver, asks for block, and puts the flag in the volume
+			// context the node proxy reads.
+			ctrlSock := filepath.Join(dir, "controller.sock")
+			start(t, "crust-csi-proxy", "--controller", "--csi-address", ctrlSock, "--driver-address", driverSock, "--log-level", "debug")
+			waitCSI(t, ctrlSock)
+			controller = ctrlSock
 		}
 	}
 
