@@ -334,7 +334,9 @@ func TestDeferralFailureIsAnEvent(t *testing.T) {
 	if _, err := c.cs.StorageV1().StorageClasses().Create(ctx, bad, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.cs.StorageV1().StorageClasses().Delete(context.Background(), bad.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = c.cs.StorageV1().StorageClasses().Delete(context.Background(), bad.Name, metav1.DeleteOptions{})
+	})
 	class := bad.Name
 	if _, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "bad"},
