@@ -8,7 +8,10 @@
 //
 // Every Identity and Node call that is not deferred is forwarded to the driver as it came (metadata
 // included), and the driver's answer (response, or status with code, message and details) is returned as
-// it came. Calls to any other service or method (the Controller service, when the driver serves it on the
+// it came, with these exceptions, which servedCaps details: NodeGetCapabilities adds GET_VOLUME_STATS,
+// EXPAND_VOLUME and VOLUME_MOUNT_GROUP to the driver's capabilities, and for a driver without them the
+// proxy answers stats itself, expands as kubelet would without node expansion (not at all), and keeps
+// volume_mount_group from the driver and gives the published filesystem the group itself. Calls to any other service or method (the Controller service, when the driver serves it on the
 // same socket, and methods newer than this build) are forwarded as raw frames. Requests are logged through
 // one interceptor; fields CSI marks csi_secret are replaced by "***stripped***" before anything is logged,
 // and the bodies of raw-forwarded calls are never logged.
@@ -21,7 +24,10 @@
 // # Deferral rules
 //
 // NodeStageVolume is deferrable when its capability is a mount (not block) capability and the volume
-// context holds crust.dev/defer with a true value (strconv.ParseBool, as pkg/client's Deferred). The proxy then asks the driver for a raw
+// asks for deferral: its volume context holds crust.dev/defer with a true value (strconv.ParseBool, as
+// pkg/client's Deferred), or, when the context lacks the key (a static PersistentVolume, or one
+// provisioned before the controller proxy), the StorageClass of its PersistentVolume does, as an informer
+// cache of PersistentVolumes (by driver and volume handle) and StorageClasses says. The proxy then asks the driver for a raw
 // block stage (the capability rewritten to Block, same access mode) and records the staging path.
 //
 // NodePublishVolume with a mount capability and crust.dev/defer true is decided as follows (Decide):
@@ -64,6 +70,12 @@
 // DEADLINE_EXCEEDED, UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED: after those kubelet keeps the volume as
 // uncertain and calls again) the proxy undoes what it did before returning, because kubelet will not call
 // NodeUnpublishVolume for it. If that undo fails, the call fails with ABORTED instead and the record stays.
+//
+// # Events
+//
+// With --kubeconfig the proxy records Events on the pod of each publish it decides: VolumeDeferred,
+// VolumeMountedOnHost (with why the pod is not a microVM pod) and VolumeDeferralFailed (with the code and
+// message of the step that failed), so that `kubectl describe pod` says what became of the volume.
 //
 // # State
 //

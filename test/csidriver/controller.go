@@ -46,14 +46,20 @@ func (d *Driver) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi
 	return &csi.GetPluginInfoResponse{Name: d.cfg.Name, VendorVersion: Version}, nil
 }
 
-// GetPluginCapabilities says the plugin has a controller service and expands volumes online.
+// GetPluginCapabilities says the plugin has a controller service and expands volumes online, and with
+// Config.Capacity that its volumes have accessibility constraints (the node).
 func (d *Driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
-	return &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{
+	caps := []*csi.PluginCapability{
 		{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{
 			Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}}},
 		{Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{
 			Type: csi.PluginCapability_VolumeExpansion_ONLINE}}},
-	}}, nil
+	}
+	if d.cfg.Capacity {
+		caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{
+			Type: csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS}}})
+	}
+	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
 }
 
 // Probe is ready while the volume group answers; FailedPrecondition otherwise.
@@ -66,13 +72,18 @@ func (d *Driver) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResp
 
 // --- Controller ---
 
-// ControllerGetCapabilities returns CREATE_DELETE_VOLUME and EXPAND_VOLUME.
+// ControllerGetCapabilities returns CREATE_DELETE_VOLUME and EXPAND_VOLUME, and GET_CAPACITY with
+// Config.Capacity.
 func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
 	var caps []*csi.ControllerServiceCapability
-	for _, c := range []csi.ControllerServiceCapability_RPC_Type{
+	types := []csi.ControllerServiceCapability_RPC_Type{
 		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
 		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
-	} {
+	}
+	if d.cfg.Capacity {
+		types = append(types, csi.ControllerServiceCapability_RPC_GET_CAPACITY)
+	}
+	for _, c := range types {
 		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{
 			Rpc: &csi.ControllerServiceCapability_RPC{Type: c}}})
 	}
@@ -127,7 +138,8 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		if _, err := d.act.activate(ctx, lv, false); err != nil {
 			return nil, status.Errorf(codes.Internal, "activate %s: %v", id, err)
 		}
-		return &csi.CreateVolumeResponse{Volume: &csi.Volume{VolumeId: id, CapacityBytes: lv.Size, VolumeContext: volCtx}}, nil
+		return &csi.CreateVolumeResponse{Volume: &csi.Volume{VolumeId: id, CapacityBytes: lv.Size, VolumeContext: volCtx,
+			AccessibleTopology: d.topology()}}, nil
 	} else if !errors.Is(err, lvm.ErrNotFound) {
 		return nil, status.Errorf(codes.Internal, "look up %s: %v", id, err)
 	}
@@ -172,7 +184,8 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, status.Errorf(codes.Internal, "activate %s: %v", id, err)
 	}
 	d.log.Info("volume created", "name", req.GetName(), "volume_id", id, "bytes", lv.Size)
-	return &csi.CreateVolumeResponse{Volume: &csi.Volume{VolumeId: id, CapacityBytes: lv.Size, VolumeContext: volCtx}}, nil
+	return &csi.CreateVolumeResponse{Volume: &csi.Volume{VolumeId: id, CapacityBytes: lv.Size, VolumeContext: volCtx,
+		AccessibleTopology: d.topology()}}, nil
 }
 
 // DeleteVolume removes the volume. An unknown volume is a success; a volume in use (mounted or open) is

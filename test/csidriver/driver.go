@@ -60,6 +60,9 @@ type Config struct {
 	// for filesystem use only, as some drivers do (the CSI spec lets a plugin hold a volume to the
 	// capabilities it was created with).
 	StrictAccessType bool
+	// Capacity makes the driver report topology (the node) and answer GetCapacity with the volume
+	// group's free space, for storage capacity tracking.
+	Capacity bool
 	// Log receives one record per call; slog.Default() when nil.
 	Log *slog.Logger
 }

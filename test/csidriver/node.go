@@ -36,9 +36,13 @@ func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 	return &csi.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
 }
 
-// NodeGetInfo returns the node id; volumes have no topology.
+// NodeGetInfo returns the node id and, with Config.Capacity, the node as its topology.
 func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
-	return &csi.NodeGetInfoResponse{NodeId: d.cfg.NodeID}, nil
+	resp := &csi.NodeGetInfoResponse{NodeId: d.cfg.NodeID}
+	if t := d.topology(); len(t) > 0 {
+		resp.AccessibleTopology = t[0]
+	}
+	return resp, nil
 }
 
 // deferred reports whether a mount volume with this context is deferred to crust.

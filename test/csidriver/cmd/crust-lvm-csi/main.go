@@ -36,6 +36,7 @@ func main() {
 	flag.StringVar(&cfg.DefaultFSType, "default-fs-type", "ext4", "filesystem of a mount volume that names none")
 	flag.BoolVar(&cfg.NoVolumeContext, "no-volume-context", false, "return no volume context from CreateVolume, as most drivers do")
 	flag.BoolVar(&cfg.StrictAccessType, "strict-access-type", false, "refuse to publish as raw block a volume created for filesystem use")
+	flag.BoolVar(&cfg.Capacity, "capacity", false, "report the node as topology and the volume group's free space through GetCapacity (storage capacity tracking)")
 	level := flag.String("log-level", "info", "debug, info, warn or error")
 	flag.Parse()
 	cfg.Devices = pvs
