@@ -48,6 +48,9 @@ func TestDeferredVolumeLifecycle(t *testing.T) {
 	}
 
 	t.Logf("kubectl describe pod: %s", c.waitPodEvent(t, ns, "vm", "VolumeDeferred", "crust-microvm is a microVM handler"))
+	if out := c.kubectlOK(t, "-n", ns, "describe", "pod", "vm"); !strings.Contains(out, "VolumeDeferred") {
+		t.Errorf("kubectl describe pod does not show the deferral:\n%s", out)
+	}
 
 	vols := c.podVolumes(t, uid)
 	if len(vols) != 1 {
@@ -353,6 +356,9 @@ func TestDeferralFailureIsAnEvent(t *testing.T) {
 	msg := c.waitPodEvent(t, ns, "vm", "VolumeDeferralFailed", "InvalidArgument")
 	if !strings.Contains(msg, "mount_flags") || !strings.Contains(msg, "bind") {
 		t.Errorf("the failure event does not name the field and the option: %s", msg)
+	}
+	if out := c.kubectlOK(t, "-n", ns, "describe", "pod", "vm"); !strings.Contains(out, "VolumeDeferralFailed") {
+		t.Errorf("kubectl describe pod does not show the failure:\n%s", out)
 	}
 	t.Logf("kubectl describe pod: %s", msg)
 	if p, err := c.cs.CoreV1().Pods(ns).Get(ctx, "vm", metav1.GetOptions{}); err != nil || p.Status.Phase == corev1.PodRunning {
