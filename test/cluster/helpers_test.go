@@ -269,17 +269,23 @@ func (c *cluster) nsMounts(t *testing.T, prefix string) []string {
 	return mps
 }
 
-// sandboxOf finds the pod's sandbox through CRI, as a runtime on the node would, and returns its id
-// and runtime handler.
-func (c *cluster) sandboxOf(t *testing.T, uid string) (id, handler string) {
+// cri is a client of the node's container runtime (containerd's CRI), closed at the test's end.
+func (c *cluster) cri(t *testing.T) runtimeapi.RuntimeServiceClient {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+filepath.Join(c.run, "containerd", "containerd.sock"),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = conn.Close() }()
-	resp, err := runtimeapi.NewRuntimeServiceClient(conn).ListPodSandbox(ctxT(t), &runtimeapi.ListPodSandboxRequest{
+	t.Cleanup(func() { _ = conn.Close() })
+	return runtimeapi.NewRuntimeServiceClient(conn)
+}
+
+// sandboxOf finds the pod's sandbox through CRI, as a runtime on the node would, and returns its id
+// and runtime handler.
+func (c *cluster) sandboxOf(t *testing.T, uid string) (id, handler string) {
+	t.Helper()
+	resp, err := c.cri(t).ListPodSandbox(ctxT(t), &runtimeapi.ListPodSandboxRequest{
 		Filter: &runtimeapi.PodSandboxFilter{
 			LabelSelector: map[string]string{"io.kubernetes.pod.uid": uid},
 			State:         &runtimeapi.PodSandboxStateValue{State: runtimeapi.PodSandboxState_SANDBOX_READY},
@@ -297,13 +303,7 @@ func (c *cluster) sandboxOf(t *testing.T, uid string) (id, handler string) {
 // containerOf is the CRI id of a running container of a pod.
 func (c *cluster) containerOf(t *testing.T, uid, name string) string {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+filepath.Join(c.run, "containerd", "containerd.sock"),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
-	resp, err := runtimeapi.NewRuntimeServiceClient(conn).ListContainers(ctxT(t), &runtimeapi.ListContainersRequest{
+	resp, err := c.cri(t).ListContainers(ctxT(t), &runtimeapi.ListContainersRequest{
 		Filter: &runtimeapi.ContainerFilter{
 			LabelSelector: map[string]string{"io.kubernetes.pod.uid": uid, "io.kubernetes.container.name": name},
 			State:         &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING},
@@ -321,13 +321,7 @@ func (c *cluster) containerOf(t *testing.T, uid, name string) string {
 // stopContainer stops a container through CRI, as a crash would end it; kubelet restarts it.
 func (c *cluster) stopContainer(t *testing.T, id string) {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+filepath.Join(c.run, "containerd", "containerd.sock"),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
-	if _, err := runtimeapi.NewRuntimeServiceClient(conn).StopContainer(ctxT(t), &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 0}); err != nil {
+	if _, err := c.cri(t).StopContainer(ctxT(t), &runtimeapi.StopContainerRequest{ContainerId: id, Timeout: 0}); err != nil {
 		t.Fatal(err)
 	}
 }

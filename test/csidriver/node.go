@@ -125,16 +125,8 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	if err := os.MkdirAll(staging, 0o750); err != nil {
 		return nil, status.Errorf(codes.Internal, "staging_target_path: %v", err)
 	}
-	fsType := c.GetMount().GetFsType()
-	if fsType == "" {
-		fsType = d.cfg.DefaultFSType
-	}
-	opts := slices.Clone(c.GetMount().GetMountFlags())
-	if c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY {
-		opts = append(opts, "ro")
-	}
-	if err := d.mounter.FormatAndMount(dev, staging, fsType, opts); err != nil {
-		return nil, status.Errorf(codes.Internal, "format and mount %s at %s: %v", dev, staging, err)
+	if err := d.formatAndMount(dev, staging, c, c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY); err != nil {
+		return nil, err
 	}
 	return &csi.NodeStageVolumeResponse{}, nil
 }
@@ -237,6 +229,29 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		}
 		return nil, status.Errorf(codes.Internal, "bind %s at %s: %v", staging, target, err)
 	}
+	return d.giveMountGroup(target, c, ro)
+}
+
+// formatAndMount formats dev when it holds no filesystem and mounts it at path with the capability's
+// filesystem (DefaultFSType when it names none) and mount flags, read-only when ro.
+func (d *Driver) formatAndMount(dev, path string, c *csi.VolumeCapability, ro bool) error {
+	fsType := c.GetMount().GetFsType()
+	if fsType == "" {
+		fsType = d.cfg.DefaultFSType
+	}
+	opts := slices.Clone(c.GetMount().GetMountFlags())
+	if ro {
+		opts = append(opts, "ro")
+	}
+	if err := d.mounter.FormatAndMount(dev, path, fsType, opts); err != nil {
+		return status.Errorf(codes.Internal, "format and mount %s at %s: %v", dev, path, err)
+	}
+	return nil
+}
+
+// giveMountGroup gives a published filesystem the capability's volume_mount_group (the pod's fsGroup),
+// unless it is read-only; when that fails it unmounts the target.
+func (d *Driver) giveMountGroup(target string, c *csi.VolumeCapability, ro bool) (*csi.NodePublishVolumeResponse, error) {
 	if g := c.GetMount().GetVolumeMountGroup(); g != "" && !ro {
 		if err := applyGroup(target, g); err != nil {
 			_ = d.unmount(target)
@@ -322,27 +337,13 @@ func (d *Driver) publishEphemeralMount(dev, target string, c *csi.VolumeCapabili
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "target_path: %v", err)
 	}
-	fsType := c.GetMount().GetFsType()
-	if fsType == "" {
-		fsType = d.cfg.DefaultFSType
-	}
-	opts := slices.Clone(c.GetMount().GetMountFlags())
-	if ro {
-		opts = append(opts, "ro")
-	}
-	if err := d.mounter.FormatAndMount(dev, target, fsType, opts); err != nil {
+	if err := d.formatAndMount(dev, target, c, ro); err != nil {
 		if created {
 			_ = os.Remove(target)
 		}
-		return nil, status.Errorf(codes.Internal, "format and mount %s at %s: %v", dev, target, err)
+		return nil, err
 	}
-	if g := c.GetMount().GetVolumeMountGroup(); g != "" && !ro {
-		if err := applyGroup(target, g); err != nil {
-			_ = d.unmount(target)
-			return nil, err
-		}
-	}
-	return &csi.NodePublishVolumeResponse{}, nil
+	return d.giveMountGroup(target, c, ro)
 }
 
 // NodeGetVolumeStats reports statfs bytes and inodes of a mount volume, the device size of a block
