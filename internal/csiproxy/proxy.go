@@ -206,6 +206,9 @@ func (p *Proxy) Close() {
 	if p.crust != nil {
 		_ = p.crust.Close()
 	}
+	if p.state != nil {
+		p.state.close()
+	}
 }
 
 // NewServer returns a gRPC server serving the proxy: Identity and Node typed, everything else forwarded

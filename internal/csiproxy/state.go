@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"crust.dev/crust/internal/dirlock"
 	"crust.dev/crust/internal/recordfile"
 )
 
@@ -95,9 +96,14 @@ type state struct {
 	dir, records, tmp, corrupt, block string
 	bootID                            string
 
+	lock *dirlock.Lock // held while the state is open
+
 	mu  sync.Mutex
 	idx map[string]*Record // by recordKey
 }
+
+// close releases the state directory for another process.
+func (s *state) close() { s.lock.Release() }
 
 // openState creates the directories, empties tmp/, and loads the records as the package doc describes.
 func openState(dir, bootID string, log *slog.Logger) (*state, error) {
@@ -110,6 +116,18 @@ func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("state: %w", err)
 	}
+	// One proxy per state directory: a second one fails at once, naming the first.
+	lock, err := dirlock.Acquire(dir, "crust-csi-proxy")
+	if err != nil {
+		return nil, fmt.Errorf("--state-dir: %w", err)
+	}
+	s.lock = lock
+	ok := false
+	defer func() {
+		if !ok {
+			lock.Release()
+		}
+	}()
 	for _, d := range []string{s.records, s.tmp, s.corrupt, s.block} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("state: %w", err)
@@ -166,6 +184,7 @@ func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 			return nil, fmt.Errorf("state: %w", err)
 		}
 	}
+	ok = true
 	return s, nil
 }
 

@@ -46,6 +46,7 @@ func TestStateRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	s.close() // the process ends
 	s2, err := openState(dir, "boot-1", testLog(t))
 	if err != nil {
 		t.Fatal(err)
@@ -70,6 +71,7 @@ func TestStateRoundTrip(t *testing.T) {
 	}
 
 	// Another boot: the records are kept, marked stale.
+	s2.close()
 	s3, err := openState(dir, "boot-2", testLog(t))
 	if err != nil {
 		t.Fatal(err)
@@ -110,6 +112,7 @@ func TestStateDamagedAndNewer(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "records", "other.json"), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	s.close()
 	s2, err := openState(dir, "b", testLog(t))
 	if err != nil {
 		t.Fatal(err)
@@ -126,6 +129,7 @@ func TestStateDamagedAndNewer(t *testing.T) {
 	if err := os.WriteFile(file, newer, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	s2.close()
 	if _, err := openState(dir, "b", testLog(t)); err == nil || !strings.Contains(err.Error(), "newer") {
 		t.Fatalf("open over a newer record: %v", err)
 	}

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"crust.dev/crust/internal/dirlock"
+
 	"github.com/spf13/cobra"
 
 	"crust.dev/crust/internal/forward"
@@ -76,6 +78,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// One crustd per state directory: a second one exits at once, naming the first.
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("--state-dir: %w", err)
+	}
+	lock, err := dirlock.Acquire(cfg.StateDir, "crustd")
+	if err != nil {
+		return fmt.Errorf("--state-dir: %w", err)
+	}
+	defer lock.Release()
 	st, loaded, err := store.Open(cfg.StateDir, bootID, log)
 	if err != nil {
 		return err

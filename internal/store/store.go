@@ -16,7 +16,8 @@
 //   - Open fails, before it deletes or moves any record, when it finds a record of a newer format version,
 //     so that running an older crustd over a newer one's state loses nothing.
 //
-// Only one process may use a store directory at a time; the store does not lock it.
+// Only one process may use a store directory at a time; the store does not lock it, crustd does
+// (internal/dirlock: <dir>/lock, which Open leaves alone).
 //
 // # On-disk format
 //

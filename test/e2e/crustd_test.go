@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -338,5 +339,27 @@ func TestWatchOverTheSocket(t *testing.T) {
 	}
 	if _, errOut, code := d.crustctl("get", target); code != 1 || !strings.Contains(errOut, "NotFound") {
 		t.Fatalf("the oversized request left something: exit %d %s", code, errOut)
+	}
+}
+
+// A second crustd on a state directory in use exits at once, naming the first, and the first serves on.
+func TestSecondDaemonOnOneStateDir(t *testing.T) {
+	d := newDaemon(t)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // without the lock it would serve on
+	defer cancel()
+	out, err := exec.CommandContext(ctx, filepath.Join(binDir, "crustd"), "--socket", filepath.Join(d.root, "second.sock"),
+		"--state-dir", d.state, "--kata-dir", "", "--kubelet-dir", d.kubelet, "--http-addr", "").CombinedOutput()
+	if err == nil {
+		t.Fatalf("a second crustd ran on %s:\n%s", d.state, out)
+	}
+	if want := fmt.Sprintf("held by pid %d (crustd)", d.cmd.Process.Pid); !strings.Contains(string(out), want) {
+		t.Errorf("the second crustd did not name the holder (%q):\n%s", want, out)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the second crustd took %s to give up", took)
+	}
+	if err := waitServing(d.socket, 5*time.Second); err != nil {
+		t.Fatalf("the first crustd stopped serving: %v", err)
 	}
 }
