@@ -11,6 +11,7 @@ package errdefs
 import (
 	"errors"
 	"fmt"
+	"syscall"
 )
 
 // Sentinel kinds. Test with errors.Is.
@@ -31,7 +32,19 @@ var (
 	ErrUnavailable = errors.New("unavailable")
 	// ErrUnimplemented: the owner does not support the operation.
 	ErrUnimplemented = errors.New("unimplemented")
+	// ErrResourceExhausted: the storage that holds crust's state is full (ENOSPC) or over quota (EDQUOT);
+	// nothing was changed, and the same call succeeds once space returns.
+	ErrResourceExhausted = errors.New("resource exhausted")
 )
+
+// NoSpace returns err marked ErrResourceExhausted when it is, at any depth, ENOSPC or EDQUOT; any other
+// error (and nil) as it is.
+func NoSpace(err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("%w: %w", err, ErrResourceExhausted)
+	}
+	return err
+}
 
 // FieldError is bad input in one field of a request. It is an ErrInvalidArgument.
 type FieldError struct {

@@ -136,14 +136,14 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 		StageTime:           timestamppb.Now(),
 	}
 	if err := m.cfg.Store.Put(v); err != nil {
-		return nil, fmt.Errorf("store volume %q: %w", target, err)
+		return nil, errdefs.NoSpace(fmt.Errorf("store volume %q: %w", target, err))
 	}
 	if err := m.cfg.Projection.Write(v); err != nil {
 		// Not acknowledged, so take the record back; if that fails too, the next start re-projects it.
 		if derr := m.cfg.Store.Delete(target); derr != nil {
 			m.log.Error("take back a record after a failed projection", "target", target, "err", derr)
 		}
-		return nil, fmt.Errorf("write the Kata projection of %q: %w", target, err)
+		return nil, errdefs.NoSpace(fmt.Errorf("write the Kata projection of %q: %w", target, err))
 	}
 	m.commit(target, v, crustv1.EventType_EVENT_TYPE_STAGED)
 	return v, nil
@@ -244,7 +244,7 @@ func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string)
 	v := proto.CloneOf(old)
 	v.Claim = &crustv1.Claim{SandboxId: sandboxID, HandlerEndpoint: endpoint, ClaimTime: timestamppb.Now()}
 	if err := m.cfg.Store.Put(v); err != nil {
-		return nil, fmt.Errorf("store the claim on %q: %w", target, err)
+		return nil, errdefs.NoSpace(fmt.Errorf("store the claim on %q: %w", target, err))
 	}
 	m.commit(target, v, crustv1.EventType_EVENT_TYPE_CLAIMED)
 	return v, nil
@@ -277,7 +277,7 @@ func (m *Manager) Release(ctx context.Context, target, sandboxID string, force b
 	v := proto.CloneOf(old)
 	v.Claim = nil
 	if err := m.cfg.Store.Put(v); err != nil {
-		return fmt.Errorf("store the release of %q: %w", target, err)
+		return errdefs.NoSpace(fmt.Errorf("store the release of %q: %w", target, err))
 	}
 	m.commit(target, v, crustv1.EventType_EVENT_TYPE_RELEASED)
 	return nil

@@ -23,6 +23,7 @@ var kinds = []struct {
 	{errdefs.ErrPermissionDenied, codes.PermissionDenied},
 	{errdefs.ErrUnavailable, codes.Unavailable},
 	{errdefs.ErrUnimplemented, codes.Unimplemented},
+	{errdefs.ErrResourceExhausted, codes.ResourceExhausted},
 	{context.DeadlineExceeded, codes.DeadlineExceeded},
 	{context.Canceled, codes.Canceled},
 }

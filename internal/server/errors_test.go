@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"syscall"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -28,6 +30,10 @@ func TestToStatus(t *testing.T) {
 		{fmt.Errorf("x: %w", context.DeadlineExceeded), codes.DeadlineExceeded, "x: context deadline exceeded"},
 		{status.Error(codes.ResourceExhausted, "handler says no"), codes.ResourceExhausted, "handler says no"},
 		{errors.New("disk on fire"), codes.Internal, "disk on fire"},
+		{errdefs.NoSpace(fmt.Errorf("store: %w", &os.PathError{Op: "write", Path: "/s/tmp/x", Err: syscall.ENOSPC})), codes.ResourceExhausted,
+			"store: write /s/tmp/x: no space left on device: resource exhausted"},
+		{errdefs.NoSpace(fmt.Errorf("store: %w", syscall.EDQUOT)), codes.ResourceExhausted, "store: disk quota exceeded: resource exhausted"},
+		{errdefs.NoSpace(errors.New("other")), codes.Internal, "other"},
 	} {
 		s := status.Convert(toStatus(tc.err))
 		if s.Code() != tc.code || s.Message() != tc.msg {

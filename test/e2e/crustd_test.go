@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -362,4 +363,88 @@ func TestSecondDaemonOnOneStateDir(t *testing.T) {
 	if err := waitServing(d.socket, 5*time.Second); err != nil {
 		t.Fatalf("the first crustd stopped serving: %v", err)
 	}
+}
+
+// A full disk under crust's state or under the Kata projection answers RESOURCE_EXHAUSTED and leaves
+// nothing half-written; the same call succeeds once space returns.
+func TestFullDisk(t *testing.T) {
+	for _, which := range []string{"--state-dir", "--kata-dir"} {
+		t.Run(strings.TrimPrefix(which, "--"), func(t *testing.T) {
+			small := filepath.Join(t.TempDir(), "small")
+			if err := os.Mkdir(small, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "crust-full", small).CombinedOutput(); err != nil {
+				t.Fatalf("mount a small tmpfs: %v: %s", err, out)
+			}
+			t.Cleanup(func() { _ = exec.Command("umount", small).Run() })
+			d := newDaemon(t, which, small)
+			dev := loopDevice(t, 16<<20)
+			c := crustv1.NewVolumeServiceClient(d.conn())
+			req := &crustv1.StageVolumeRequest{Spec: &crustv1.VolumeSpec{
+				VolumeTargetPath: d.podTarget("full", "pv"), VolumeBackingPath: dev, FsType: "ext4", VolumeId: "v1"}}
+			// Fill the filesystem.
+			filler := filepath.Join(small, "filler")
+			f, err := os.Create(filler)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for buf := make([]byte, 4096); ; {
+				if _, err := f.Write(buf); err != nil {
+					break
+				}
+			}
+			_ = f.Close()
+			before := treeOf(t, small)
+			_, err = c.StageVolume(context.Background(), req)
+			if status.Code(err) != codes.ResourceExhausted {
+				t.Fatalf("stage on a full disk: %v; want RESOURCE_EXHAUSTED", err)
+			}
+			if after := treeOf(t, small); !slices.Equal(before, after) {
+				t.Errorf("a refused stage changed the full filesystem: %v, then %v", before, after)
+			}
+			if l, err := c.ListVolumes(context.Background(), &crustv1.ListVolumesRequest{}); err != nil || len(l.GetVolumes()) != 0 {
+				t.Fatalf("after a refused stage: %v, %v", l.GetVolumes(), err)
+			}
+			if err := os.Remove(filler); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.StageVolume(context.Background(), req); err != nil {
+				t.Fatalf("stage once space returned: %v", err)
+			}
+			if l, err := c.ListVolumes(context.Background(), &crustv1.ListVolumesRequest{}); err != nil || len(l.GetVolumes()) != 1 {
+				t.Fatalf("after space returned: %v, %v", l.GetVolumes(), err)
+			}
+			if _, err := c.UnstageVolume(context.Background(), &crustv1.UnstageVolumeRequest{VolumeTargetPath: req.GetSpec().GetVolumeTargetPath()}); err != nil {
+				t.Fatal(err)
+			}
+			d.stop()
+		})
+	}
+}
+
+// treeOf lists the files under dir with their sizes, the filler and the Kata projection's own
+// (empty) temporary directory excluded; a file in that directory is listed.
+func treeOf(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
+		if err != nil || e.Name() == "filler" || e.Name() == ".crust-tmp" {
+			return err
+		}
+		if e.IsDir() {
+			out = append(out, strings.TrimPrefix(p, dir)+"/")
+			return nil
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return err
+		}
+		out = append(out, fmt.Sprintf("%s %d", strings.TrimPrefix(p, dir), fi.Size()))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
