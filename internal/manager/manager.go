@@ -212,7 +212,8 @@ func (m *Manager) List(context.Context) []*crustv1.Volume {
 
 // Claim records that sandboxID uses the volume and returns the descriptor. The same sandbox claiming
 // again succeeds (its endpoint is updated); another sandbox is ErrFailedPrecondition until the claim is
-// released. The device must still be the one staged.
+// released. The device must still be the one staged, at every claim, repeats included
+// (ErrFailedPrecondition otherwise).
 func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string) (*crustv1.Volume, error) {
 	if err := errors.Join(
 		m.cfg.Validator.TargetPath("volume_target_path", target),
@@ -235,11 +236,13 @@ func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string)
 		return nil, fmt.Errorf("volume %q is claimed by sandbox %q (kata: %t); release that claim first: %w",
 			target, c.GetSandboxId(), c.GetKata(), errdefs.ErrFailedPrecondition)
 	}
-	if c := old.GetClaim(); c != nil && c.GetHandlerEndpoint() == endpoint {
-		return old, nil
-	}
+	// The device is checked on every claim, a repeat by the same sandbox included: the path may name
+	// another device since the first claim.
 	if err := m.cfg.Validator.SameDevice(old); err != nil {
 		return nil, fmt.Errorf("volume %q: refusing to hand out its device: %w", target, err)
+	}
+	if c := old.GetClaim(); c != nil && c.GetHandlerEndpoint() == endpoint {
+		return old, nil
 	}
 	v := proto.CloneOf(old)
 	v.Claim = &crustv1.Claim{SandboxId: sandboxID, HandlerEndpoint: endpoint, ClaimTime: timestamppb.Now()}

@@ -473,3 +473,24 @@ func TestGarbageCollectsVolumesOfDeletedPods(t *testing.T) {
 		t.Fatalf("%d volumes left, want 3", n)
 	}
 }
+
+// A repeated claim by the same sandbox checks the device again: a path that names another device since
+// the first claim is refused, and the claim stays as it was.
+func TestReclaimChecksTheDevice(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	tp := e.target(0)
+	if _, err := e.m.Claim(ctx, tp, "sb1", "unix:///run/h1.sock"); err != nil {
+		t.Fatal(err)
+	}
+	e.mknod("disk0", 8, 0) // another disk's number at the staged path
+	if _, err := e.m.Claim(ctx, tp, "sb1", "unix:///run/h1.sock"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("re-claim after the device changed: %v; want failed precondition", err)
+	}
+	if v, err := e.m.Get(ctx, tp); err != nil || v.GetClaim().GetSandboxId() != "sb1" {
+		t.Fatalf("claim after the refusal: %v, %v", v.GetClaim(), err)
+	}
+}

@@ -239,11 +239,14 @@ func supplementalGroup(spec *crustv1.VolumeSpec) error {
 // consistentPodUID refuses a pod_uid (or pod.uid metadata) that names another pod than the kubelet pod
 // directory the target path lies in, so that garbage collection by pod cannot be misled.
 func (v *Validator) consistentPodUID(spec *crustv1.VolumeSpec) error {
-	uid := spec.GetPodUid()
+	field, uid := "spec.pod_uid", spec.GetPodUid()
 	if mdUID, ok := spec.GetMetadata()[metaPodUID]; ok {
+		mdField := fmt.Sprintf("spec.metadata[%q]", metaPodUID)
 		if uid != "" && mdUID != uid {
-			return errdefs.Field(fmt.Sprintf("spec.metadata[%q]", metaPodUID),
-				"%q does not match pod_uid %q", mdUID, uid)
+			return errdefs.Field(mdField, "%q does not match pod_uid %q", mdUID, uid)
+		}
+		if uid == "" { // the metadata alone names a pod: it too must be the target path's
+			field, uid = mdField, mdUID
 		}
 	}
 	if uid == "" {
@@ -255,7 +258,7 @@ func (v *Validator) consistentPodUID(spec *crustv1.VolumeSpec) error {
 	}
 	parts := strings.SplitN(rel, "/", 3)
 	if len(parts) >= 2 && parts[0] == "pods" && parts[1] != uid {
-		return errdefs.Field("spec.pod_uid", "%q does not match the pod directory %q of volume_target_path",
+		return errdefs.Field(field, "%q does not match the pod directory %q of volume_target_path",
 			uid, parts[1])
 	}
 	return nil

@@ -345,6 +345,10 @@ func TestValidate(t *testing.T) {
 			field: "spec.pod_uid", reason: "37 bytes long; at most 36"},
 		{name: "pod uid not the target's pod", run: spec(func(s *crustv1.VolumeSpec) { s.PodUid = uid2 }),
 			field: "spec.pod_uid", reason: "does not match the pod directory"},
+		{name: "pod.uid metadata alone, not the target's pod", run: spec(func(s *crustv1.VolumeSpec) {
+			s.PodUid = ""
+			s.Metadata = map[string]string{"csi.storage.k8s.io/pod.uid": uid2}
+		}), field: `spec.metadata["csi.storage.k8s.io/pod.uid"]`, reason: "does not match the pod directory"},
 
 		// ---- refused: metadata
 		{name: "metadata too many pairs", run: specFile(metadata(func() map[string]string {
