@@ -16,7 +16,7 @@
 // The mountInfo.json of a spec (see MountInfo):
 //
 //	volume-type  "directvol" for every volume type (block device, image file, PMEM)
-//	device       spec.volume_backing_path
+//	device       resolved_backing_path: the backing path as resolved and checked at stage time
 //	fstype       spec.fs_type
 //	options      spec.mount_flags, then "ro" when spec.read_only and not already there
 //	metadata     spec.metadata, then fsGroup (decimal) and fsGroupChangePolicy (Always or OnRootMismatch)
@@ -80,7 +80,7 @@ func (p *Projection) Write(v *crustv1.Volume) error {
 		return errdefs.Field("spec", "is required")
 	}
 	target := spec.GetVolumeTargetPath()
-	if err := katafmt.AddMountInfo(p.dir, target, MountInfo(spec)); err != nil {
+	if err := katafmt.AddMountInfo(p.dir, target, MountInfo(v)); err != nil {
 		return wrap(target, err)
 	}
 	return nil
@@ -134,11 +134,18 @@ func (p *Projection) Sync(keep []*crustv1.Volume, drop []string) error {
 	return errors.Join(errs...)
 }
 
-// MountInfo returns what the projection writes for spec (see the package documentation).
-func MountInfo(spec *crustv1.VolumeSpec) *katafmt.MountInfo {
+// MountInfo returns what the projection writes for v (see the package documentation). The device is
+// the backing path as crustd resolved and checked it at stage time, never the path as given: a link in
+// that path could point elsewhere by the time Kata reads it.
+func MountInfo(v *crustv1.Volume) *katafmt.MountInfo {
+	spec := v.GetSpec()
+	dev := v.GetResolvedBackingPath()
+	if dev == "" {
+		dev = spec.GetVolumeBackingPath()
+	}
 	info := &katafmt.MountInfo{
 		VolumeType: katafmt.VolumeTypeDirect,
-		Device:     spec.GetVolumeBackingPath(),
+		Device:     dev,
 		FsType:     spec.GetFsType(),
 	}
 	opts := slices.Clone(spec.GetMountFlags())

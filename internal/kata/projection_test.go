@@ -31,7 +31,17 @@ func volume(mod func(*crustv1.VolumeSpec)) *crustv1.Volume {
 	if mod != nil {
 		mod(s)
 	}
-	return &crustv1.Volume{Spec: s, ResolvedBackingPath: "/dev/loop3"}
+	return &crustv1.Volume{Spec: s, ResolvedBackingPath: s.VolumeBackingPath}
+}
+
+// The projection names the device as crustd resolved and checked it at stage time, not the path as
+// given, whose links could point elsewhere by the time Kata reads it.
+func TestMountInfoResolvedDevice(t *testing.T) {
+	v := volume(func(s *crustv1.VolumeSpec) { s.VolumeBackingPath = "/dev/vg0/lv0" })
+	v.ResolvedBackingPath = "/dev/dm-3"
+	if got := MountInfo(v).Device; got != "/dev/dm-3" {
+		t.Fatalf("device %q, want the resolved /dev/dm-3", got)
+	}
 }
 
 func newProjection(t *testing.T) *Projection {
@@ -101,9 +111,10 @@ func TestMountInfoMapping(t *testing.T) {
 		}, `{"volume-type":"directvol","device":"/dev/loop3","fstype":"ext4"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			spec := volume(tc.mod).Spec
+			v := volume(tc.mod)
+			spec := v.Spec
 			before := proto.Clone(spec)
-			got, err := json.Marshal(MountInfo(spec))
+			got, err := json.Marshal(MountInfo(v))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -355,7 +366,7 @@ func TestSync(t *testing.T) {
 		t.Error("an unchanged projection was rewritten")
 	}
 	for _, v := range []*crustv1.Volume{unchanged, changed, missing, both} {
-		want, _ := json.Marshal(MountInfo(v.Spec))
+		want, _ := json.Marshal(MountInfo(v))
 		if got := readMountInfo(t, p.Dir(), v.Spec.VolumeTargetPath); got != string(want) {
 			t.Errorf("%s: %s, want %s", v.Spec.VolumeTargetPath, got, want)
 		}
