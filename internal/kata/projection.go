@@ -109,6 +109,18 @@ func (p *Projection) SandboxIDs(target string) ([]string, error) {
 	return ids, nil
 }
 
+// ForgetSandbox removes a Kata shim's record that sandboxID uses target (a forced release of a Kata
+// claim); a record that is not there is not an error.
+func (p *Projection) ForgetSandbox(target, sandboxID string) error {
+	if p.dir == "" {
+		return nil
+	}
+	if err := katafmt.ForgetSandbox(p.dir, target, sandboxID); err != nil {
+		return wrap(target, err)
+	}
+	return nil
+}
+
 // Sync rebuilds the projection at daemon start: it deletes what interrupted writes left in the temporary
 // directory, writes every descriptor in keep (rewriting a mountInfo.json only when its content differs,
 // keeping sandbox-id files), and removes the projection of every target in drop that is not also in

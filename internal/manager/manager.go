@@ -253,8 +253,9 @@ func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string)
 	return v, nil
 }
 
-// Release ends sandboxID's claim. An unknown or unclaimed volume is not an error; another sandbox's claim
-// is ErrFailedPrecondition unless force is set.
+// Release ends sandboxID's claim, whether crust's or one a Kata shim recorded in the projection. An
+// unknown or unclaimed volume is not an error; another sandbox's claim is ErrFailedPrecondition unless
+// force is set, which releases any claim.
 func (m *Manager) Release(ctx context.Context, target, sandboxID string, force bool) error {
 	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
 		return err
@@ -271,8 +272,11 @@ func (m *Manager) Release(ctx context.Context, target, sandboxID string, force b
 	defer unlock()
 
 	old := m.get(target)
-	if old == nil || old.GetClaim() == nil {
+	if old == nil {
 		return nil
+	}
+	if old.GetClaim() == nil {
+		return m.releaseKata(old, sandboxID, force)
 	}
 	if holder := old.GetClaim().GetSandboxId(); holder != sandboxID && !force {
 		return fmt.Errorf("volume %q is claimed by sandbox %q, not %q: %w", target, holder, sandboxID, errdefs.ErrFailedPrecondition)
@@ -281,6 +285,31 @@ func (m *Manager) Release(ctx context.Context, target, sandboxID string, force b
 	v.Claim = nil
 	if err := m.cfg.Store.Put(v); err != nil {
 		return errdefs.NoSpace(fmt.Errorf("store the release of %q: %w", target, err))
+	}
+	m.commit(target, v, crustv1.EventType_EVENT_TYPE_RELEASED)
+	return nil
+}
+
+// releaseKata ends the claims a Kata shim recorded on v (its sandbox-id files): every one when force is
+// set, sandboxID's otherwise; another sandbox's is ErrFailedPrecondition. A volume without one is not
+// an error.
+func (m *Manager) releaseKata(v *crustv1.Volume, sandboxID string, force bool) error {
+	target := v.GetSpec().GetVolumeTargetPath()
+	ids, err := m.cfg.Projection.SandboxIDs(target)
+	if err != nil || len(ids) == 0 {
+		return nil
+	}
+	if !force {
+		if !slices.Contains(ids, sandboxID) {
+			return fmt.Errorf("volume %q is claimed by Kata sandbox %q, not %q: %w", target, ids[0], sandboxID, errdefs.ErrFailedPrecondition)
+		}
+		ids = []string{sandboxID}
+	}
+	for _, id := range ids {
+		if err := m.cfg.Projection.ForgetSandbox(target, id); err != nil {
+			return errdefs.NoSpace(fmt.Errorf("release Kata sandbox %q's claim on %q: %w", id, target, err))
+		}
+		m.log.Info("released a Kata claim", "target", target, "sandbox", id, "force", force)
 	}
 	m.commit(target, v, crustv1.EventType_EVENT_TYPE_RELEASED)
 	return nil

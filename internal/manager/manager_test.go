@@ -494,3 +494,38 @@ func TestReclaimChecksTheDevice(t *testing.T) {
 		t.Fatalf("claim after the refusal: %v, %v", v.GetClaim(), err)
 	}
 }
+
+// A claim a Kata shim recorded is released by force (or by its own sandbox), not silently kept: its
+// sandbox-id file goes, a watch event says so, and another sandbox may then claim the volume. Another
+// sandbox without force is refused.
+func TestReleaseKataClaim(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	tp := e.target(0)
+	if err := katafmt.RecordSandbox(e.kataDir, tp, "katasb"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Release(ctx, tp, "other", false); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("release of a Kata claim by another sandbox: %v; want failed precondition", err)
+	}
+	w := e.m.Watch(false)
+	defer w.Stop()
+	if err := e.m.Release(ctx, tp, "", true); err != nil {
+		t.Fatalf("forced release of a Kata claim: %v", err)
+	}
+	if ev := <-w.Events(); ev.GetType() != crustv1.EventType_EVENT_TYPE_RELEASED {
+		t.Errorf("event %v, want RELEASED", ev.GetType())
+	}
+	if ids, _ := katafmt.SandboxIDs(e.kataDir, tp); len(ids) != 0 {
+		t.Fatalf("sandbox ids after a forced release: %v", ids)
+	}
+	if v, err := e.m.Get(ctx, tp); err != nil || v.GetClaim() != nil {
+		t.Fatalf("claim after a forced release: %v, %v", v.GetClaim(), err)
+	}
+	if _, err := e.m.Claim(ctx, tp, "sb2", ""); err != nil {
+		t.Fatalf("claim after the Kata claim was released: %v", err)
+	}
+}

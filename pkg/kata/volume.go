@@ -159,6 +159,24 @@ func RecordSandbox(dir, volumePath, sandboxID string) error {
 	return os.WriteFile(filepath.Join(volDir, sandboxID), nil, fileMode)
 }
 
+// ForgetSandbox removes the sandbox-id file sandboxID from the volume directory of volumePath, as Kata
+// does when the sandbox goes away; it is how a claim recorded by a Kata shim is released by force. An
+// id that is not there is not an error; an id that is not a plain file name is ErrInvalidSandboxID.
+func ForgetSandbox(dir, volumePath, sandboxID string) error {
+	if err := checkVolumePath(volumePath); err != nil {
+		return err
+	}
+	if sandboxID == "" || sandboxID == "." || sandboxID == ".." || sandboxID == MountInfoFileName ||
+		strings.ContainsAny(sandboxID, "/\x00") || len(sandboxID) > maxNameLen {
+		return fmt.Errorf("%w: %q", ErrInvalidSandboxID, sandboxID)
+	}
+	volDir := filepath.Join(dir, VolumeDirName(volumePath))
+	if err := os.Remove(filepath.Join(volDir, sandboxID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return syncDir(volDir)
+}
+
 // List returns every volume under dir, ordered by path. Entries that Kata would not take for a volume are
 // skipped: anything that is not a directory, a name that ParseVolumeDirName refuses (such as
 // TempDirName), and a directory without a mountInfo.json that decodes. A dir that does not exist holds no

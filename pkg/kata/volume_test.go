@@ -311,3 +311,33 @@ func TestTempDirIsNeverAVolume(t *testing.T) {
 		t.Fatalf("%s decodes to %q", TempDirName, p)
 	}
 }
+
+func TestForgetSandbox(t *testing.T) {
+	dir := t.TempDir()
+	vp := "/var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/pv/mount"
+	if err := Add(dir, vp, `{"volume-type":"directvol","device":"/dev/loop3","fstype":"ext4"}`); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"sb1", "sb2"} {
+		if err := RecordSandbox(dir, vp, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, bad := range []string{"", "..", "a/b", MountInfoFileName} {
+		if err := ForgetSandbox(dir, vp, bad); !errors.Is(err, ErrInvalidSandboxID) {
+			t.Errorf("ForgetSandbox(%q): %v, want ErrInvalidSandboxID", bad, err)
+		}
+	}
+	if err := ForgetSandbox(dir, vp, "sb1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ForgetSandbox(dir, vp, "sb1"); err != nil {
+		t.Fatalf("forgetting again: %v", err)
+	}
+	if ids, err := SandboxIDs(dir, vp); err != nil || len(ids) != 1 || ids[0] != "sb2" {
+		t.Fatalf("sandbox ids: %v, %v", ids, err)
+	}
+	if _, err := Get(dir, vp); err != nil {
+		t.Fatalf("the descriptor went with the sandbox id: %v", err)
+	}
+}
