@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -92,6 +93,10 @@ func TestDeferredAndHostMount(t *testing.T) {
 	}
 	if fs := strings.TrimSpace(sh(t, "findmnt", "-n", "-o", "FSTYPE", runcTarget)); fs != "xfs" {
 		t.Fatalf("runc pod's target holds %q, want xfs", fs)
+	}
+	// The proxy's host mounts carry no device files and no set-user-id programs into the pod.
+	if opts := strings.Split(strings.TrimSpace(sh(t, "findmnt", "-n", "-o", "OPTIONS", runcTarget)), ","); !slices.Contains(opts, "nodev") || !slices.Contains(opts, "nosuid") {
+		t.Fatalf("host mount options %v, want nodev and nosuid", opts)
 	}
 	var st os.FileInfo
 	if err := os.WriteFile(filepath.Join(runcTarget, "from-runc"), []byte("hello from runc"), 0o644); err != nil {

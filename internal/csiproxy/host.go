@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -15,6 +16,7 @@ import (
 
 // hostMount formats rec.Device when it holds no filesystem and mounts it on the target path, unless the
 // target already is a mount point; with gid it then gives the group the volume as kubelet does for fsGroup.
+// The mount is nodev and nosuid unless the flags say dev or suid (a StorageClass's mountOptions).
 func (p *Proxy) hostMount(rec *Record, flags []string, gid *int64) error {
 	notMnt, err := p.mounter.IsLikelyNotMountPoint(rec.Path)
 	if err != nil {
@@ -22,6 +24,11 @@ func (p *Proxy) hostMount(rec *Record, flags []string, gid *int64) error {
 	}
 	if notMnt {
 		opts := append([]string(nil), flags...)
+		for _, o := range []string{"dev", "suid"} {
+			if !slices.Contains(flags, o) && !slices.Contains(flags, "no"+o) {
+				opts = append(opts, "no"+o)
+			}
+		}
 		if rec.ReadOnly {
 			opts = append(opts, "ro")
 		}

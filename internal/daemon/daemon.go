@@ -39,13 +39,15 @@ type Config struct {
 	DeviceAllow     []string
 	AllowFileBacked bool
 	MetadataKeys    []string
-	AllowUIDs       []uint32
-	AllowGIDs       []uint32
-	HTTPAddr        string // "" disables metrics and health over HTTP
-	LockWait        time.Duration
-	GCInterval      time.Duration
-	LogLevel        slog.Level
-	LogFormat       string // text or json
+	// AllowMountOptions are the privileged mount options (dev, suid) descriptors may carry.
+	AllowMountOptions []string
+	AllowUIDs         []uint32
+	AllowGIDs         []uint32
+	HTTPAddr          string // "" disables metrics and health over HTTP
+	LockWait          time.Duration
+	GCInterval        time.Duration
+	LogLevel          slog.Level
+	LogFormat         string // text or json
 }
 
 // Defaults returns the configuration DESIGN.md documents.
@@ -69,7 +71,7 @@ func Defaults() Config {
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	v, err := validate.New(validate.Config{
 		KubeletDir: cfg.KubeletDir, DeviceAllow: cfg.DeviceAllow,
-		AllowFileBacked: cfg.AllowFileBacked, MetadataKeys: cfg.MetadataKeys,
+		AllowFileBacked: cfg.AllowFileBacked, MetadataKeys: cfg.MetadataKeys, AllowMountOptions: cfg.AllowMountOptions,
 	})
 	if err != nil {
 		return err
@@ -195,6 +197,7 @@ func NewCommand() *cobra.Command {
 	f.StringSliceVar(&cfg.DeviceAllow, "device-allow", cfg.DeviceAllow, "glob a device must match after symlinks are resolved (repeatable)")
 	f.BoolVar(&cfg.AllowFileBacked, "allow-file-backed", false, "accept regular image files as volumes (VOLUME_TYPE_FILE)")
 	f.StringSliceVar(&cfg.MetadataKeys, "metadata-key", nil, "extra metadata key to accept (repeatable)")
+	f.StringSliceVar(&cfg.AllowMountOptions, "allow-mount-option", nil, "privileged mount option to accept in descriptors: dev or suid (repeatable; none by default)")
 	f.UintSliceVar(&uids, "allow-uid", []uint{0}, "peer uid allowed to call (repeatable)")
 	f.UintSliceVar(&gids, "allow-gid", nil, "peer gid allowed to call (repeatable)")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, `address for /metrics, /healthz, /readyz ("" disables)`)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"unicode"
@@ -70,9 +71,9 @@ func fsType(field, t string) error {
 }
 
 // mountFlags checks the mount options: at most maxMountFlags, each one option of printable ASCII without
-// spaces or commas, at most maxMountFlagLen bytes, not bind-like, not "ro"/"rw" against readOnly, and no
-// option twice.
-func mountFlags(field string, flags []string, readOnly bool) error {
+// spaces or commas, at most maxMountFlagLen bytes, not bind-like, not a PrivilegedMountOptions option
+// that allowed does not hold, not "ro"/"rw" against readOnly, and no option twice.
+func mountFlags(field string, flags []string, readOnly bool, allowed map[string]bool) error {
 	if len(flags) > maxMountFlags {
 		return errdefs.Field(field, "has %d options; at most %d", len(flags), maxMountFlags)
 	}
@@ -99,6 +100,10 @@ func mountFlags(field string, flags []string, readOnly bool) error {
 		name, _, _ := strings.Cut(strings.ToLower(f), "=")
 		if bindLike[name] || strings.HasPrefix(name, "make-") {
 			return errdefs.Field(ff, "%q is a bind, move, remount or propagation option, which is not allowed", f)
+		}
+		if slices.Contains(PrivilegedMountOptions, strings.ToLower(f)) && !allowed[strings.ToLower(f)] {
+			return errdefs.Field(ff, "%q would let the volume bring device files or set-user-id programs into the sandbox; "+
+				"it is refused unless the operator allows it (crustd --allow-mount-option %s)", f, strings.ToLower(f))
 		}
 		if f == "ro" && !readOnly {
 			return errdefs.Field(ff, `"ro" contradicts read_only=false; set read_only instead`)

@@ -18,6 +18,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
@@ -47,7 +48,14 @@ type Config struct {
 	// csi.storage.k8s.io/ pod.name, pod.namespace, pod.uid, serviceAccount.name and ephemeral. The Kata
 	// keys that have a typed field (fsGroup, fsGroupChangePolicy, createFilesystem) cannot be added.
 	MetadataKeys []string
+	// AllowMountOptions are the privileged mount options (PrivilegedMountOptions: dev, suid) accepted
+	// in mount_flags (--allow-mount-option); none by default.
+	AllowMountOptions []string
 }
+
+// PrivilegedMountOptions are the mount options refused unless an operator allows them: device files
+// and set-user-id programs on a volume are a way into the sandbox's kernel or its root.
+var PrivilegedMountOptions = []string{"dev", "suid"}
 
 // Validator checks requests against a Config. It is safe for concurrent use.
 type Validator struct {
@@ -56,6 +64,8 @@ type Validator struct {
 	allow     []string
 	allowFile bool
 	metaKeys  map[string]bool
+	// allowedOpts are the PrivilegedMountOptions the operator allows.
+	allowedOpts map[string]bool
 }
 
 // Checked is a spec that passed Spec, with what was learnt about its device.
@@ -107,6 +117,14 @@ func New(cfg Config) (*Validator, error) {
 		}
 	}
 
+	allowedOpts := map[string]bool{}
+	for _, o := range cfg.AllowMountOptions {
+		if !slices.Contains(PrivilegedMountOptions, o) {
+			return nil, fmt.Errorf("validate: mount option %q is not one that needs allowing (%s)", o, strings.Join(PrivilegedMountOptions, ", "))
+		}
+		allowedOpts[o] = true
+	}
+
 	keys := map[string]bool{}
 	for _, k := range builtinMetadataKeys {
 		keys[k] = true
@@ -125,11 +143,12 @@ func New(cfg Config) (*Validator, error) {
 	}
 
 	return &Validator{
-		root:      root,
-		realRoot:  realRoot,
-		allow:     append([]string(nil), allow...),
-		allowFile: cfg.AllowFileBacked,
-		metaKeys:  keys,
+		root:        root,
+		realRoot:    realRoot,
+		allow:       append([]string(nil), allow...),
+		allowFile:   cfg.AllowFileBacked,
+		metaKeys:    keys,
+		allowedOpts: allowedOpts,
 	}, nil
 }
 
@@ -156,7 +175,7 @@ func (v *Validator) Spec(spec *crustv1.VolumeSpec) (*Checked, error) {
 	if err := fsType("spec.fs_type", spec.GetFsType()); err != nil {
 		return nil, err
 	}
-	if err := mountFlags("spec.mount_flags", spec.GetMountFlags(), spec.GetReadOnly()); err != nil {
+	if err := mountFlags("spec.mount_flags", spec.GetMountFlags(), spec.GetReadOnly(), v.allowedOpts); err != nil {
 		return nil, err
 	}
 	if err := supplementalGroup(spec); err != nil {

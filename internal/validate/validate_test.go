@@ -712,3 +712,37 @@ func TestRedact(t *testing.T) {
 		t.Errorf("Redact(nil) is not nil")
 	}
 }
+
+// dev and suid would bring device files and set-user-id programs into the sandbox from the volume: they
+// are refused unless the operator allows them, by name; the harmless options pass.
+func TestPrivilegedMountOptions(t *testing.T) {
+	e := newEnv(t)
+	withFlags := func(flags ...string) *crustv1.VolumeSpec {
+		s := e.good()
+		s.MountFlags = flags
+		return s
+	}
+	for _, f := range []string{"dev", "suid", "SUID"} {
+		_, err := e.v.Spec(withFlags("noatime", f))
+		var fe *errdefs.FieldError
+		if !errors.As(err, &fe) || fe.Field != "spec.mount_flags[1]" || !strings.Contains(fe.Reason, "--allow-mount-option") {
+			t.Errorf("%q: %v; want it refused, naming the field and the flag that allows it", f, err)
+		}
+	}
+	if _, err := e.v.Spec(withFlags("nodev", "nosuid", "exec", "noexec")); err != nil {
+		t.Errorf("harmless options: %v", err)
+	}
+	allowing, err := New(Config{KubeletDir: e.root, DeviceAllow: []string{e.dev + "/*"}, AllowMountOptions: []string{"dev"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := allowing.Spec(withFlags("dev")); err != nil {
+		t.Errorf("dev, allowed: %v", err)
+	}
+	if _, err := allowing.Spec(withFlags("suid")); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("suid, only dev allowed: %v", err)
+	}
+	if _, err := New(Config{KubeletDir: e.root, AllowMountOptions: []string{"exec"}}); err == nil {
+		t.Error("allowing an option that needs no allowing was accepted")
+	}
+}
