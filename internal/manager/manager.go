@@ -244,6 +244,16 @@ func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string)
 	if c := old.GetClaim(); c != nil && c.GetHandlerEndpoint() == endpoint {
 		return old, nil
 	}
+	// One writer per device, whatever the path: claims of one device through other targets are checked
+	// under the device's lock (taken after the target's, always in that order).
+	unlockDev, err := m.locks.Lock(ctx, deviceKey(old.GetDeviceNumber()))
+	if err != nil {
+		return nil, err
+	}
+	defer unlockDev()
+	if err := m.oneWriter(old, sandboxID); err != nil {
+		return nil, err
+	}
 	v := proto.CloneOf(old)
 	v.Claim = &crustv1.Claim{SandboxId: sandboxID, HandlerEndpoint: endpoint, ClaimTime: timestamppb.Now()}
 	if err := m.cfg.Store.Put(v); err != nil {
@@ -287,6 +297,38 @@ func (m *Manager) Release(ctx context.Context, target, sandboxID string, force b
 		return errdefs.NoSpace(fmt.Errorf("store the release of %q: %w", target, err))
 	}
 	m.commit(target, v, crustv1.EventType_EVENT_TYPE_RELEASED)
+	return nil
+}
+
+// deviceKey is the lock key of a device; no target path (absolute) looks like it.
+func deviceKey(dn *crustv1.DeviceNumber) string {
+	return fmt.Sprintf("device %d:%d:%d", dn.GetMajor(), dn.GetMinor(), dn.GetInode())
+}
+
+// oneWriter refuses (ErrFailedPrecondition) a claim of v by sandboxID while another sandbox holds v's
+// device through another target path and either claim is read-write: two kernels mounting one
+// filesystem read-write, or one writing under another's read-only mount, corrupt it. Read-only claims
+// share a device; one sandbox may use it through several targets.
+func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string) error {
+	dn := v.GetDeviceNumber()
+	m.mu.RLock()
+	var same []*crustv1.Volume
+	for t, o := range m.vols {
+		if t != v.GetSpec().GetVolumeTargetPath() && proto.Equal(o.GetDeviceNumber(), dn) {
+			same = append(same, o)
+		}
+	}
+	m.mu.RUnlock()
+	for _, o := range same {
+		c := m.withKataClaim(o).GetClaim()
+		if c == nil || c.GetSandboxId() == sandboxID || (v.GetSpec().GetReadOnly() && o.GetSpec().GetReadOnly()) {
+			continue
+		}
+		return fmt.Errorf("device %d:%d of volume %q is in use by sandbox %q through %q; two sandboxes may share a "+
+			"device only when both use it read-only: %w",
+			dn.GetMajor(), dn.GetMinor(), v.GetSpec().GetVolumeTargetPath(), c.GetSandboxId(), o.GetSpec().GetVolumeTargetPath(),
+			errdefs.ErrFailedPrecondition)
+	}
 	return nil
 }
 

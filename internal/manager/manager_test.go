@@ -529,3 +529,83 @@ func TestReleaseKataClaim(t *testing.T) {
 		t.Fatalf("claim after the Kata claim was released: %v", err)
 	}
 }
+
+// One writer per device, whatever the target path: a second sandbox's claim is refused while another
+// holds the device and either claim is read-write (a Kata claim counts); read-only claims share; one
+// sandbox may use the device through two targets; the device is free again once released.
+func TestOneWriterPerDevice(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	ro := func(s *crustv1.VolumeSpec) *crustv1.VolumeSpec { s.ReadOnly = true; return s }
+	for _, s := range []*crustv1.VolumeSpec{
+		e.spec(0, 0), e.spec(1, 0), e.spec(2, 0), // disk0 read-write, three paths
+		ro(e.spec(3, 1)), ro(e.spec(4, 1)), // disk1 read-only, two paths
+		e.spec(5, 2), ro(e.spec(6, 2)), // disk2 read-write and read-only
+		e.spec(7, 3), e.spec(8, 3), // disk3, claimed by a Kata shim through one path
+	} {
+		if _, err := e.m.Stage(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim := func(i int, sb string) error { _, err := e.m.Claim(ctx, e.target(i), sb, ""); return err }
+	for _, st := range []struct {
+		name string
+		run  func() error
+		want string
+	}{
+		{"sb1 takes disk0 read-write", func() error { return claim(0, "sb1") }, "ok"},
+		{"sb2 through another path", func() error { return claim(1, "sb2") }, "failed precondition"},
+		{"sb1 through another path", func() error { return claim(2, "sb1") }, "ok"},
+		{"read-only shares", func() error { return claim(3, "sb1") }, "ok"},
+		{"read-only shares with another sandbox", func() error { return claim(4, "sb2") }, "ok"},
+		{"read-write holder", func() error { return claim(5, "sb1") }, "ok"},
+		{"read-only beside a writer", func() error { return claim(6, "sb2") }, "failed precondition"},
+		{"a Kata claim holds the device", func() error {
+			if err := katafmt.RecordSandbox(e.kataDir, e.target(7), "katasb"); err != nil {
+				return err
+			}
+			return claim(8, "sb2")
+		}, "failed precondition"},
+		{"sb1 lets disk0 go", func() error {
+			return errors.Join(e.m.Release(ctx, e.target(0), "sb1", false), e.m.Release(ctx, e.target(2), "sb1", false))
+		}, "ok"},
+		{"sb2 may now write disk0", func() error { return claim(1, "sb2") }, "ok"},
+	} {
+		if got := code(st.run()); got != st.want {
+			t.Fatalf("%s: %s, want %s", st.name, got, st.want)
+		}
+	}
+}
+
+// Two sandboxes claiming one device through two paths at the same instant: exactly one wins, every time.
+func TestOneWriterPerDeviceRace(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	for _, s := range []*crustv1.VolumeSpec{e.spec(0, 0), e.spec(1, 0)} {
+		if _, err := e.m.Stage(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round := range 50 {
+		errs := make(chan error, 2)
+		for i, sb := range []string{"sbA", "sbB"} {
+			go func() { _, err := e.m.Claim(ctx, e.target(i), sb, ""); errs <- err }()
+		}
+		won := 0
+		for range 2 {
+			if err := <-errs; err == nil {
+				won++
+			} else if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+				t.Fatal(err)
+			}
+		}
+		if won != 1 {
+			t.Fatalf("round %d: %d sandboxes hold the device read-write", round, won)
+		}
+		for i, sb := range []string{"sbA", "sbB"} {
+			if err := e.m.Release(ctx, e.target(i), sb, false); err != nil && !errors.Is(err, errdefs.ErrFailedPrecondition) {
+				t.Fatal(err)
+			}
+		}
+	}
+}
