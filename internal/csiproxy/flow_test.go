@@ -144,6 +144,21 @@ func TestDeferredAndHostMount(t *testing.T) {
 		len(spec.GetMountFlags()) != 1 || spec.GetMountFlags()[0] != "noatime" || spec.GetReadOnly() {
 		t.Fatalf("descriptor %v", got.GetVolume())
 	}
+	// Calls naming another volume never act on this one's path: NOT_FOUND, and it stays deferred.
+	other := "csi-0000000000000000000000000000000000000000"
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: other, TargetPath: vmTarget}); status.Code(err) != codes.NotFound {
+		t.Fatalf("unpublish of another volume's target: %v, want NOT_FOUND", err)
+	}
+	if _, err := node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: other, VolumePath: vmTarget}); status.Code(err) != codes.NotFound {
+		t.Fatalf("stats of another volume's target: %v, want NOT_FOUND", err)
+	}
+	if _, err := node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: other, VolumePath: vmTarget,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}}); status.Code(err) != codes.NotFound {
+		t.Fatalf("expand of another volume's target: %v, want NOT_FOUND", err)
+	}
+	if _, err := e.crust.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: vmTarget}); err != nil {
+		t.Fatalf("the deferred volume is gone after calls for another volume: %v", err)
+	}
 	// The same target asked read-only: ALREADY_EXISTS, and the volume stays as it was.
 	ro := proto.Clone(pub).(*csi.NodePublishVolumeRequest)
 	ro.Readonly = true

@@ -386,6 +386,15 @@ func (p *Proxy) undoPublish(ctx context.Context, rec *Record) error {
 	return nil
 }
 
+// sameVolume is NotFound when the proxy holds path for another volume than volumeID: a call naming one
+// volume must never act on another's path.
+func sameVolume(rec *Record, volumeID string) error {
+	if rec.VolumeID != volumeID {
+		return status.Errorf(codes.NotFound, "volume %s is not at %s (volume %s is)", volumeID, rec.Path, rec.VolumeID)
+	}
+	return nil
+}
+
 // removeTarget removes the target directory the proxy created; it must not be a mount point.
 func (p *Proxy) removeTarget(target string) error {
 	if _, err := os.Lstat(target); errors.Is(err, os.ErrNotExist) {
@@ -419,6 +428,9 @@ func (p *Proxy) NodeUnpublishVolume(ctx context.Context, r *csi.NodeUnpublishVol
 	if rec == nil {
 		return p.node.NodeUnpublishVolume(outgoing(ctx), r)
 	}
+	if err := sameVolume(rec, r.GetVolumeId()); err != nil {
+		return nil, err
+	}
 	if err := p.undoPublish(ctx, rec); err != nil {
 		return nil, err
 	}
@@ -435,6 +447,9 @@ func (p *Proxy) NodeGetVolumeStats(ctx context.Context, r *csi.NodeGetVolumeStat
 			return ownStats(r.GetVolumePath())
 		}
 		return p.node.NodeGetVolumeStats(outgoing(ctx), r)
+	}
+	if err := sameVolume(rec, r.GetVolumeId()); err != nil {
+		return nil, err
 	}
 	if rec.Phase != PhasePublished || rec.Stale {
 		return nil, status.Errorf(codes.NotFound, "%s is not published (%s)", rec.Path, rec.Phase)
@@ -483,6 +498,9 @@ func (p *Proxy) NodeExpandVolume(ctx context.Context, r *csi.NodeExpandVolumeReq
 	if rec = p.state.get(KindPublish, r.GetVolumePath()); rec == nil || rec.Phase != PhasePublished || rec.Stale {
 		return nil, status.Errorf(codes.NotFound, "%s is not published", r.GetVolumePath())
 	}
+	if err := sameVolume(rec, r.GetVolumeId()); err != nil {
+		return nil, err
+	}
 	br := proto.Clone(r).(*csi.NodeExpandVolumeRequest)
 	br.VolumePath = rec.PrivatePath
 	br.VolumeCapability = blockCapability(r.GetVolumeCapability())
@@ -523,6 +541,9 @@ func (p *Proxy) NodeGetVolumeHealth(ctx context.Context, r *csi.NodeGetVolumeHea
 	rec := p.state.get(KindPublish, r.GetVolumePublishPath())
 	if r.GetVolumeId() == "" || rec == nil || rec.Mode != ModeDeferred {
 		return p.node.NodeGetVolumeHealth(outgoing(ctx), r)
+	}
+	if err := sameVolume(rec, r.GetVolumeId()); err != nil {
+		return nil, err
 	}
 	if rec.Phase != PhasePublished || rec.Stale {
 		return nil, status.Errorf(codes.NotFound, "%s is not published (%s)", rec.Path, rec.Phase)

@@ -80,10 +80,15 @@ func (c *Client) Publish(ctx context.Context, req *csi.NodePublishVolumeRequest,
 }
 
 // Unpublish removes the descriptor at req's target path and answers NodeUnpublishVolume. A target crustd
-// does not hold is a success, as CSI wants a repeated NodeUnpublishVolume to be. It does not remove the
-// target directory; the driver does (CSI: the plugin deletes what it created at the target path).
+// does not hold is a success, as CSI wants a repeated NodeUnpublishVolume to be; a target crustd holds for
+// another volume id is NotFound and is left alone (Stats, Health and Expand check the id the same way).
+// It does not remove the target directory; the driver does (CSI: the plugin deletes what it created at
+// the target path).
 func (c *Client) Unpublish(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	if err := required("volume_id", req.GetVolumeId(), "target_path", req.GetTargetPath()); err != nil {
+		return nil, err
+	}
+	if _, err := c.heldFor(ctx, req.GetTargetPath(), req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	if _, err := c.volumes.UnstageVolume(ctx, &crustv1.UnstageVolumeRequest{VolumeTargetPath: req.GetTargetPath()}); err != nil {
@@ -97,6 +102,9 @@ func (c *Client) Unpublish(ctx context.Context, req *csi.NodeUnpublishVolumeRequ
 // nothing at that path and FailedPrecondition while no sandbox uses the volume.
 func (c *Client) Stats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	if err := required("volume_id", req.GetVolumeId(), "volume_path", req.GetVolumePath()); err != nil {
+		return nil, err
+	}
+	if _, err := c.heldFor(ctx, req.GetVolumePath(), req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	r, err := c.volumes.GetVolumeStats(ctx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: req.GetVolumePath()})
@@ -130,6 +138,9 @@ func (c *Client) Health(ctx context.Context, req *csi.NodeGetVolumeHealthRequest
 	if err := required("volume_id", req.GetVolumeId(), "volume_publish_path", req.GetVolumePublishPath()); err != nil {
 		return nil, err
 	}
+	if _, err := c.heldFor(ctx, req.GetVolumePublishPath(), req.GetVolumeId()); err != nil {
+		return nil, err
+	}
 	r, err := c.volumes.GetVolumeStats(ctx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: req.GetVolumePublishPath()})
 	if err != nil {
 		return nil, err
@@ -158,6 +169,9 @@ func (c *Client) Expand(ctx context.Context, req *csi.NodeExpandVolumeRequest) (
 		return nil, status.Error(codes.InvalidArgument,
 			"capacity_range.required_bytes: a deferred volume is grown to a size, so it must be positive")
 	}
+	if _, err := c.heldFor(ctx, req.GetVolumePath(), req.GetVolumeId()); err != nil {
+		return nil, err
+	}
 	r, err := c.volumes.ExpandVolume(ctx, &crustv1.ExpandVolumeRequest{
 		VolumeTargetPath: req.GetVolumePath(), RequiredBytes: cr.GetRequiredBytes(), LimitBytes: cr.GetLimitBytes(),
 	})
@@ -165,6 +179,23 @@ func (c *Client) Expand(ctx context.Context, req *csi.NodeExpandVolumeRequest) (
 		return nil, err
 	}
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: r.GetCapacityBytes()}, nil
+}
+
+// heldFor reports whether crustd holds a descriptor at targetPath, and fails with NotFound when it holds
+// it for another volume than volumeID (a descriptor deposited without a volume id is taken as any
+// volume's): a call naming one volume never acts on another's path.
+func (c *Client) heldFor(ctx context.Context, targetPath, volumeID string) (bool, error) {
+	r, err := c.volumes.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: targetPath})
+	if status.Code(err) == codes.NotFound {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if id := r.GetVolume().GetSpec().GetVolumeId(); id != "" && id != volumeID {
+		return true, status.Errorf(codes.NotFound, "volume %s is not at %s (volume %s is)", volumeID, targetPath, id)
+	}
+	return true, nil
 }
 
 // Holds reports whether crustd holds a descriptor at targetPath, that is, whether the volume published

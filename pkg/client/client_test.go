@@ -190,6 +190,20 @@ func TestPublishUnpublish(t *testing.T) {
 	if held, err := c.Holds(ctx, tp); err != nil || !held {
 		t.Fatalf("Holds after publish = %v, %v", held, err)
 	}
+	// Calls naming another volume never act on this one's path.
+	if _, err := c.Unpublish(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "vol-2", TargetPath: tp}); status.Code(err) != codes.NotFound {
+		t.Fatalf("unpublish of another volume's target: %v, want NotFound", err)
+	}
+	if _, err := c.Stats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: "vol-2", VolumePath: tp}); status.Code(err) != codes.NotFound {
+		t.Fatalf("stats of another volume's target: %v, want NotFound", err)
+	}
+	if _, err := c.Expand(ctx, &csi.NodeExpandVolumeRequest{VolumeId: "vol-2", VolumePath: tp,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}}); status.Code(err) != codes.NotFound {
+		t.Fatalf("expand of another volume's target: %v, want NotFound", err)
+	}
+	if held, err := c.Holds(ctx, tp); err != nil || !held {
+		t.Fatalf("Holds after calls for another volume = %v, %v", held, err)
+	}
 	other := proto.Clone(req).(*csi.NodePublishVolumeRequest)
 	other.Readonly = true
 	if _, err := c.Publish(ctx, other, dev, fileType); status.Code(err) != codes.AlreadyExists {
