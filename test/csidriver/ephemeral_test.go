@@ -100,8 +100,11 @@ func TestRealDriverSwitches(t *testing.T) {
 		return cv.GetVolume().GetVolumeId()
 	}
 	fsID, blockID := create("pvc-fs", mountCap("ext4", "")), create("pvc-block", blockCap())
+	_, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: fsID, TargetPath: filepath.Join(t.TempDir(), "t"),
+		VolumeCapability: mountCap("ext4", "")})
+	wantCode(t, "publish of a mount volume without a staging path", err, codes.FailedPrecondition)
 	dir := t.TempDir()
-	_, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: fsID, StagingTargetPath: filepath.Join(dir, "s1"), VolumeCapability: blockCap()})
+	_, err = d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: fsID, StagingTargetPath: filepath.Join(dir, "s1"), VolumeCapability: blockCap()})
 	wantCode(t, "block stage of a filesystem volume", err, codes.InvalidArgument)
 	_, err = d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: fsID, TargetPath: filepath.Join(dir, "p1"), VolumeCapability: blockCap()})
 	wantCode(t, "block publish of a filesystem volume", err, codes.InvalidArgument)

@@ -166,7 +166,8 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	}
 	eph := isEphemeral(req.GetVolumeContext())
 	if c.GetMount() != nil && staging == "" && !eph {
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path: is required (the driver stages volumes)")
+		// The driver advertises STAGE_UNSTAGE_VOLUME: publishing what was never staged is out of order.
+		return nil, status.Error(codes.FailedPrecondition, "staging_target_path: is required (the driver stages volumes; stage the volume first)")
 	}
 	unlock, err := d.busy.tryLock(id)
 	if err != nil {
