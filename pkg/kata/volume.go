@@ -146,9 +146,8 @@ func RecordSandbox(dir, volumePath, sandboxID string) error {
 	if err := checkVolumePath(volumePath); err != nil {
 		return err
 	}
-	if sandboxID == "" || sandboxID == "." || sandboxID == ".." || sandboxID == MountInfoFileName ||
-		strings.ContainsAny(sandboxID, "/\x00") || len(sandboxID) > maxNameLen {
-		return fmt.Errorf("%w: %q", ErrInvalidSandboxID, sandboxID)
+	if err := checkSandboxID(sandboxID); err != nil {
+		return err
 	}
 	volDir := filepath.Join(dir, VolumeDirName(volumePath))
 	if _, err := os.Stat(filepath.Join(volDir, MountInfoFileName)); errors.Is(err, fs.ErrNotExist) {
@@ -166,15 +165,23 @@ func ForgetSandbox(dir, volumePath, sandboxID string) error {
 	if err := checkVolumePath(volumePath); err != nil {
 		return err
 	}
-	if sandboxID == "" || sandboxID == "." || sandboxID == ".." || sandboxID == MountInfoFileName ||
-		strings.ContainsAny(sandboxID, "/\x00") || len(sandboxID) > maxNameLen {
-		return fmt.Errorf("%w: %q", ErrInvalidSandboxID, sandboxID)
+	if err := checkSandboxID(sandboxID); err != nil {
+		return err
 	}
 	volDir := filepath.Join(dir, VolumeDirName(volumePath))
 	if err := os.Remove(filepath.Join(volDir, sandboxID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	return syncDir(volDir)
+}
+
+// checkSandboxID is ErrInvalidSandboxID for an id that is not a plain file name of the volume directory
+// other than mountInfo.json.
+func checkSandboxID(id string) error {
+	if id == "" || id == "." || id == ".." || id == MountInfoFileName || strings.ContainsAny(id, "/\x00") || len(id) > maxNameLen {
+		return fmt.Errorf("%w: %q", ErrInvalidSandboxID, id)
+	}
+	return nil
 }
 
 // List returns every volume under dir, ordered by path. Entries that Kata would not take for a volume are

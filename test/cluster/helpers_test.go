@@ -40,8 +40,6 @@ const (
 	image = "localhost/busybox:latest"
 )
 
-func metav1ListOptions() metav1.ListOptions { return metav1.ListOptions{} }
-
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)

@@ -20,8 +20,11 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"crust.dev/crust/test/harness"
 )
 
 // cluster is what the tests reach the running cluster through.
@@ -48,7 +51,7 @@ func runMain(m *testing.M) (code int) {
 		fmt.Println("cluster: skipped, needs root (a kubelet, containerd, loop devices, mounts)")
 		return 0
 	}
-	root, err := moduleRoot()
+	root, err := harness.FindModuleRoot()
 	if err != nil {
 		fmt.Println("cluster:", err)
 		return 1
@@ -122,7 +125,7 @@ func (c *cluster) connect() error {
 	if c.cs, err = kubernetes.NewForConfig(cfg); err != nil {
 		return err
 	}
-	nodes, err := c.cs.CoreV1().Nodes().List(context.Background(), metav1ListOptions())
+	nodes, err := c.cs.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		return err
 	}
@@ -140,17 +143,4 @@ func get(t *testing.T) *cluster {
 		t.Fatalf("no cluster: %v", setupErr)
 	}
 	return cl
-}
-
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for ; dir != "/"; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-	}
-	return "", fmt.Errorf("no go.mod above the working directory")
 }

@@ -6,6 +6,7 @@ package harness
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -348,18 +349,26 @@ func buildGuestAssets(t *testing.T, dir string) (string, string, error) {
 	return dir, "", nil
 }
 
-// ModuleRoot is the directory of go.mod above the working directory.
+// ModuleRoot is the directory of go.mod above the working directory; it fails t when there is none.
 func ModuleRoot(t testing.TB) string {
 	t.Helper()
-	dir, err := os.Getwd()
+	dir, err := FindModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return dir
+}
+
+// FindModuleRoot is ModuleRoot for code that has no testing.TB (a TestMain).
+func FindModuleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
 	for ; dir != "/"; dir = filepath.Dir(dir) {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
+			return dir, nil
 		}
 	}
-	t.Fatal("no go.mod above the working directory")
-	return ""
+	return "", errors.New("no go.mod above the working directory")
 }
