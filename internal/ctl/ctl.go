@@ -93,9 +93,17 @@ func (g *globals) lsCmd() *cobra.Command {
 		Use: "ls", Short: "List staged volumes", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
-				r, err := crustv1.NewVolumeServiceClient(conn).ListVolumes(ctx, &crustv1.ListVolumesRequest{})
-				if err != nil {
-					return err
+				// Every page, printed as one list (next_token empty).
+				r := &crustv1.ListVolumesResponse{}
+				for token := ""; ; {
+					page, err := crustv1.NewVolumeServiceClient(conn).ListVolumes(ctx, &crustv1.ListVolumesRequest{StartingToken: token})
+					if err != nil {
+						return err
+					}
+					r.Volumes = append(r.Volumes, page.GetVolumes()...)
+					if token = page.GetNextToken(); token == "" {
+						break
+					}
 				}
 				return g.print(cmd.OutOrStdout(), "table", r, func(t *table) { volumeRows(t, r.GetVolumes()...) })
 			})

@@ -194,20 +194,38 @@ func (m *Manager) Get(_ context.Context, target string) (*crustv1.Volume, error)
 }
 
 // List returns every descriptor, ordered by target path.
-func (m *Manager) List(context.Context) []*crustv1.Volume {
+func (m *Manager) List(ctx context.Context) []*crustv1.Volume {
+	vols, _ := m.ListPage(ctx, "", 0, 0)
+	return vols
+}
+
+// ListPage returns, in target path order, the descriptors whose target path sorts after after ("" for
+// the first page): at most maxEntries of them and, once it holds one, no more than maxBytes of encoded
+// descriptors (zero or less: no limit), and whether more follow. Kata claims are read for the page only.
+func (m *Manager) ListPage(_ context.Context, after string, maxEntries, maxBytes int) ([]*crustv1.Volume, bool) {
 	m.mu.RLock()
-	vols := make([]*crustv1.Volume, 0, len(m.vols))
-	for _, v := range m.vols {
-		vols = append(vols, v)
+	rest := make([]*crustv1.Volume, 0, len(m.vols))
+	for t, v := range m.vols {
+		if t > after {
+			rest = append(rest, v)
+		}
 	}
 	m.mu.RUnlock()
-	slices.SortFunc(vols, func(a, b *crustv1.Volume) int {
+	slices.SortFunc(rest, func(a, b *crustv1.Volume) int {
 		return strings.Compare(a.GetSpec().GetVolumeTargetPath(), b.GetSpec().GetVolumeTargetPath())
 	})
-	for i, v := range vols {
-		vols[i] = m.withKataClaim(v)
+	page := make([]*crustv1.Volume, 0, min(len(rest), max(maxEntries, 0)))
+	size := 0
+	for _, v := range rest {
+		v = m.withKataClaim(v)
+		n := proto.Size(v)
+		if (maxEntries > 0 && len(page) == maxEntries) || (maxBytes > 0 && len(page) > 0 && size+n > maxBytes) {
+			return page, true
+		}
+		page = append(page, v)
+		size += n
 	}
-	return vols
+	return page, false
 }
 
 // Claim records that sandboxID uses the volume and returns the descriptor. The same sandbox claiming

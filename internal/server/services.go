@@ -2,9 +2,11 @@ package server
 
 import (
 	"context"
+	"encoding/base64"
 
 	"google.golang.org/grpc"
 
+	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/manager"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
@@ -38,8 +40,36 @@ func (s *volumes) GetVolume(ctx context.Context, r *crustv1.GetVolumeRequest) (*
 	return &crustv1.GetVolumeResponse{Volume: v}, nil
 }
 
-func (s *volumes) ListVolumes(ctx context.Context, _ *crustv1.ListVolumesRequest) (*crustv1.ListVolumesResponse, error) {
-	return &crustv1.ListVolumesResponse{Volumes: s.m.List(ctx)}, nil
+// Paging of ListVolumes: a page holds at most listPageEntries descriptors (or max_entries, when smaller)
+// and ends before listPageBytes, well inside gRPC's default 4 MiB message limit.
+const (
+	listPageEntries = 5000
+	listPageBytes   = 3 << 20
+)
+
+func (s *volumes) ListVolumes(ctx context.Context, r *crustv1.ListVolumesRequest) (*crustv1.ListVolumesResponse, error) {
+	if r.GetMaxEntries() < 0 {
+		return nil, toStatus(errdefs.Field("max_entries", "is %d; it must not be negative", r.GetMaxEntries()))
+	}
+	after := ""
+	if t := r.GetStartingToken(); t != "" {
+		b, err := base64.RawURLEncoding.DecodeString(t)
+		if err != nil || len(b) == 0 || b[0] != '/' {
+			return nil, toStatus(errdefs.Field("starting_token", "%q is not a token crustd issued", t))
+		}
+		after = string(b)
+	}
+	n := listPageEntries
+	if m := int(r.GetMaxEntries()); m > 0 && m < n {
+		n = m
+	}
+	vols, more := s.m.ListPage(ctx, after, n, listPageBytes)
+	resp := &crustv1.ListVolumesResponse{Volumes: vols}
+	if more && len(vols) > 0 {
+		// The token is the last target path of the page: the next page starts after it.
+		resp.NextToken = base64.RawURLEncoding.EncodeToString([]byte(vols[len(vols)-1].GetSpec().GetVolumeTargetPath()))
+	}
+	return resp, nil
 }
 
 func (s *volumes) GetVolumeStats(ctx context.Context, r *crustv1.GetVolumeStatsRequest) (*crustv1.GetVolumeStatsResponse, error) {

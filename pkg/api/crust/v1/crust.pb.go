@@ -911,9 +911,16 @@ func (x *GetVolumeResponse) GetVolume() *Volume {
 	return nil
 }
 
-// ListVolumesRequest has no filter yet.
+// ListVolumesRequest asks for one page of the descriptors, in target path order.
 type ListVolumesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The most descriptors the page may hold; 0 lets crustd choose. A page also ends before it would
+	// pass 3 MiB, so that it fits gRPC's default 4 MiB message limit whatever the descriptors hold.
+	// Negative is INVALID_ARGUMENT.
+	MaxEntries int32 `protobuf:"varint,1,opt,name=max_entries,json=maxEntries,proto3" json:"max_entries,omitempty"`
+	// Where to go on: the next_token of the page before; empty for the first page. A token crustd did
+	// not issue is INVALID_ARGUMENT.
+	StartingToken string `protobuf:"bytes,2,opt,name=starting_token,json=startingToken,proto3" json:"starting_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -948,11 +955,28 @@ func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
 	return file_crust_v1_crust_proto_rawDescGZIP(), []int{10}
 }
 
-// ListVolumesResponse returns every descriptor.
+func (x *ListVolumesRequest) GetMaxEntries() int32 {
+	if x != nil {
+		return x.MaxEntries
+	}
+	return 0
+}
+
+func (x *ListVolumesRequest) GetStartingToken() string {
+	if x != nil {
+		return x.StartingToken
+	}
+	return ""
+}
+
+// ListVolumesResponse is one page of descriptors.
 type ListVolumesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Every descriptor, ordered by target path.
-	Volumes       []*Volume `protobuf:"bytes,1,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	// The page's descriptors, ordered by target path.
+	Volumes []*Volume `protobuf:"bytes,1,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	// Set when descriptors follow: pass it as starting_token for the next page. Empty on the last page.
+	// Descriptors staged or unstaged between pages may or may not be seen; none is seen twice.
+	NextToken     string `protobuf:"bytes,2,opt,name=next_token,json=nextToken,proto3" json:"next_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -992,6 +1016,13 @@ func (x *ListVolumesResponse) GetVolumes() []*Volume {
 		return x.Volumes
 	}
 	return nil
+}
+
+func (x *ListVolumesResponse) GetNextToken() string {
+	if x != nil {
+		return x.NextToken
+	}
+	return ""
 }
 
 // GetVolumeStatsRequest names one volume.
@@ -1940,10 +1971,15 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\x10GetVolumeRequest\x12,\n" +
 	"\x12volume_target_path\x18\x01 \x01(\tR\x10volumeTargetPath\"=\n" +
 	"\x11GetVolumeResponse\x12(\n" +
-	"\x06volume\x18\x01 \x01(\v2\x10.crust.v1.VolumeR\x06volume\"\x14\n" +
-	"\x12ListVolumesRequest\"A\n" +
+	"\x06volume\x18\x01 \x01(\v2\x10.crust.v1.VolumeR\x06volume\"\\\n" +
+	"\x12ListVolumesRequest\x12\x1f\n" +
+	"\vmax_entries\x18\x01 \x01(\x05R\n" +
+	"maxEntries\x12%\n" +
+	"\x0estarting_token\x18\x02 \x01(\tR\rstartingToken\"`\n" +
 	"\x13ListVolumesResponse\x12*\n" +
-	"\avolumes\x18\x01 \x03(\v2\x10.crust.v1.VolumeR\avolumes\"E\n" +
+	"\avolumes\x18\x01 \x03(\v2\x10.crust.v1.VolumeR\avolumes\x12\x1d\n" +
+	"\n" +
+	"next_token\x18\x02 \x01(\tR\tnextToken\"E\n" +
 	"\x15GetVolumeStatsRequest\x12,\n" +
 	"\x12volume_target_path\x18\x01 \x01(\tR\x10volumeTargetPath\"\xc4\x01\n" +
 	"\vVolumeUsage\x12\x1c\n" +

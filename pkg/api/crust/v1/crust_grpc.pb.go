@@ -54,7 +54,7 @@ type VolumeServiceClient interface {
 	UnstageVolume(ctx context.Context, in *UnstageVolumeRequest, opts ...grpc.CallOption) (*UnstageVolumeResponse, error)
 	// GetVolume returns one descriptor with its claim, or NOT_FOUND.
 	GetVolume(ctx context.Context, in *GetVolumeRequest, opts ...grpc.CallOption) (*GetVolumeResponse, error)
-	// ListVolumes returns every descriptor, ordered by target path.
+	// ListVolumes returns the descriptors a page at a time, ordered by target path.
 	ListVolumes(ctx context.Context, in *ListVolumesRequest, opts ...grpc.CallOption) (*ListVolumesResponse, error)
 	// GetVolumeStats returns usage measured inside the sandbox that claimed the volume. It fails with
 	// FAILED_PRECONDITION when no sandbox claims the volume, and UNAVAILABLE when the claiming handler
@@ -149,7 +149,7 @@ type VolumeServiceServer interface {
 	UnstageVolume(context.Context, *UnstageVolumeRequest) (*UnstageVolumeResponse, error)
 	// GetVolume returns one descriptor with its claim, or NOT_FOUND.
 	GetVolume(context.Context, *GetVolumeRequest) (*GetVolumeResponse, error)
-	// ListVolumes returns every descriptor, ordered by target path.
+	// ListVolumes returns the descriptors a page at a time, ordered by target path.
 	ListVolumes(context.Context, *ListVolumesRequest) (*ListVolumesResponse, error)
 	// GetVolumeStats returns usage measured inside the sandbox that claimed the volume. It fails with
 	// FAILED_PRECONDITION when no sandbox claims the volume, and UNAVAILABLE when the claiming handler
