@@ -2,7 +2,8 @@
 # Starts a real single-node Kubernetes cluster on this machine, from packages and the binaries
 # hack/cluster/build.sh made: etcd, containerd, runc and the CNI plugins from Debian; kube-apiserver,
 # kube-controller-manager, kube-scheduler and kubelet from k8s.io/kubernetes. Everything listens on
-# 127.0.0.1 (ports in lib.sh, overridable) and lives under $RUN. It imports the images `make images` built
+# loopback addresses (lib.sh: the API server on the kubernetes Service's 127.100.0.1:443, the rest on
+# 127.0.0.1, ports overridable) and lives under $RUN. It imports the images `make images` built
 # into containerd, applies deploy/ and deploy/examples with `kubectl apply -k` through an overlay that
 # changes only image names, and exits 0 once the node is Ready, crustd runs and the example driver is
 # registered. The last line it prints is the kubeconfig's path.
