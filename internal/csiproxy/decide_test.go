@@ -12,6 +12,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 )
 
@@ -110,15 +111,7 @@ func TestInformerPods(t *testing.T) {
 			Spec: corev1.PodSpec{NodeName: "node-a"}},
 		&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: kata}, Handler: "kata-qemu"},
 	)
-	ip, err := newInformerPods(ctx, cs, "node-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
-	defer scancel()
-	if !ip.waitSynced(sctx) {
-		t.Fatal("informers did not sync")
-	}
+	ip := syncedInformers(ctx, t, cs)
 	in := func(name string) DecideInput {
 		return DecideInput{Capability: mountCap(), Pods: ip, Handlers: map[string]bool{"kata-qemu": true},
 			VolumeContext: map[string]string{DeferKey: "true", podNamespaceKey: "ns", podNameKey: name}}
@@ -168,15 +161,7 @@ func TestClassDefers(t *testing.T) {
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "deferring"}, Provisioner: "d.example", Parameters: map[string]string{DeferKey: "true"}},
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "plain"}, Provisioner: "d.example"},
 	)
-	ip, err := newInformerPods(ctx, cs, "node-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
-	defer scancel()
-	if !ip.waitSynced(sctx) {
-		t.Fatal("informers did not sync")
-	}
+	ip := syncedInformers(ctx, t, cs)
 	for _, tc := range []struct {
 		driver, handle  string
 		deferred, found bool
@@ -213,4 +198,19 @@ func TestClassDefers(t *testing.T) {
 			t.Errorf("deferRequested(%v, %s) = %v, want %v", tc.ctx, tc.id, got, tc.want)
 		}
 	}
+}
+
+// syncedInformers starts the proxy's informers for node-a on cs and waits until they have synced.
+func syncedInformers(ctx context.Context, t *testing.T, cs kubernetes.Interface) *informerPods {
+	t.Helper()
+	ip, err := newInformerPods(ctx, cs, "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if !ip.waitSynced(sctx) {
+		t.Fatal("informers did not sync")
+	}
+	return ip
 }
