@@ -72,23 +72,28 @@ func (e *env) mknod(name string, major, minor uint32) string {
 // reopen starts a new manager on the same directories, as a restarted crustd would.
 func (e *env) reopen() {
 	e.t.Helper()
+	if err := e.open(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// open is reopen that returns Open's error, for tests of what a start must survive.
+func (e *env) open() error {
 	v, err := validate.New(validate.Config{KubeletDir: e.kubelet, DeviceAllow: []string{e.devDir + "/*"}})
 	if err != nil {
-		e.t.Fatal(err)
+		return err
 	}
 	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	st, loaded, err := store.Open(e.stateDir, "boot-1", log)
 	if err != nil {
-		e.t.Fatal(err)
+		return err
 	}
 	proj, err := kata.New(e.kataDir)
 	if err != nil {
-		e.t.Fatal(err)
+		return err
 	}
 	e.m, err = Open(Config{Validator: v, Store: st, Projection: proj, KubeletDir: e.kubelet, LockWait: time.Minute, WatchBuffer: 16, Log: log}, loaded)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	return err
 }
 
 type testWriter struct{ t *testing.T }
