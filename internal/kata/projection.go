@@ -120,8 +120,8 @@ func (p *Projection) Remove(target string) error {
 // projection, and a target Check refuses, return empty lists.
 //
 // Names that are not UTF-8 are returned apart, in bad, and are not sandbox ids: a Kata shim names the
-// file by its sandbox id, which containerd and CRI-O allow only in letters, digits and "._-", so such a
-// file was put there by something else and stands for no sandbox. Counting it as a claim would let
+// file by its sandbox id, and sandbox ids are ASCII (containerd allows only letters, digits and "._-";
+// CRI-O makes hex ids), so such a file was put there by something else and stands for no sandbox. Counting it as a claim would let
 // whoever planted it hold the volume against every handler, and it cannot be put in an answer
 // (protobuf strings are UTF-8). Kata itself takes the first name of the directory for the sandbox id,
 // whatever it is, so such a name sorted before a real id misleads Kata's own stats and resize: it is
