@@ -26,7 +26,7 @@ import (
 // env is a manager on real parts: store, Kata projection and validator in temp dirs, with block device
 // nodes made by mknod (never opened, only stat'ed).
 type env struct {
-	t        *testing.T
+	t        testing.TB
 	root     string
 	kubelet  string
 	devDir   string
@@ -35,7 +35,7 @@ type env struct {
 	m        *Manager
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to make block device nodes")
@@ -96,7 +96,7 @@ func (e *env) open() error {
 	return err
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
 

@@ -34,17 +34,12 @@ import (
 //
 // Each is logged at Warn when first seen, counted in the metric (ProblemCounts) and listed by Problems.
 
-// problemKey identifies one problem; a volume has at most one of each kind.
-type problemKey struct {
-	kind   crustv1.ProblemKind
-	target string
-	path   string
-}
-
-// problems is the set of known problems; its own lock, never held with m.mu.
+// problems is the set of known problems, by target path ("" for those of no known volume), at most
+// one of each kind and path per target. It has its own lock, never held with m.mu; every operation on
+// one target costs the same however many problems there are.
 type problems struct {
-	mu  sync.Mutex
-	set map[problemKey]*crustv1.Problem
+	mu       sync.Mutex
+	byTarget map[string][]*crustv1.Problem
 }
 
 // projectionKinds are the kinds of a projection that could not be written; a target has at most one.
@@ -54,66 +49,89 @@ var projectionKinds = []crustv1.ProblemKind{
 	crustv1.ProblemKind_PROBLEM_KIND_KATA_WRITE_FAILED,
 }
 
-// put records p, replacing the problems of target of the kinds in replace, and says whether p is news
-// (not already known with the same message).
+// put records p in place of its target's problems of p's kind and path and of the kinds in replace, and
+// says whether p is news (not already known with the same message).
 func (ps *problems) put(p *crustv1.Problem, replace ...crustv1.ProblemKind) bool {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	key := problemKey{p.GetKind(), p.GetVolumeTargetPath(), p.GetPath()}
-	old := ps.set[key]
-	for k := range ps.set {
-		if k.target == p.GetVolumeTargetPath() && slices.Contains(replace, k.kind) {
-			delete(ps.set, k)
+	target := p.GetVolumeTargetPath()
+	news := true
+	kept := slices.DeleteFunc(ps.byTarget[target], func(o *crustv1.Problem) bool {
+		same := o.GetKind() == p.GetKind() && o.GetPath() == p.GetPath()
+		if same && o.GetMessage() == p.GetMessage() {
+			news = false
 		}
+		return same || slices.Contains(replace, o.GetKind())
+	})
+	if ps.byTarget == nil {
+		ps.byTarget = map[string][]*crustv1.Problem{}
 	}
-	if ps.set == nil {
-		ps.set = map[problemKey]*crustv1.Problem{}
-	}
-	ps.set[key] = p
-	return old == nil || old.GetMessage() != p.GetMessage()
+	ps.byTarget[target] = append(kept, p)
+	return news
 }
 
 // drop forgets the problems of target of the given kinds and says whether there were any.
 func (ps *problems) drop(target string, kinds ...crustv1.ProblemKind) bool {
+	return ps.dropIf(target, func(o *crustv1.Problem) bool { return slices.Contains(kinds, o.GetKind()) })
+}
+
+// dropIf forgets the problems of target for which gone is true and says whether there were any.
+func (ps *problems) dropIf(target string, gone func(*crustv1.Problem) bool) bool {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	found := false
-	for k := range ps.set {
-		if k.target == target && slices.Contains(kinds, k.kind) {
-			delete(ps.set, k)
-			found = true
+	list := ps.byTarget[target]
+	n := len(list)
+	list = slices.DeleteFunc(list, gone)
+	if len(list) == 0 {
+		delete(ps.byTarget, target)
+	} else {
+		ps.byTarget[target] = list
+	}
+	return len(list) < n
+}
+
+// targets returns the target paths that have a problem of kind.
+func (ps *problems) targets(kind crustv1.ProblemKind) []string {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	var out []string
+	for t, list := range ps.byTarget {
+		if slices.ContainsFunc(list, func(o *crustv1.Problem) bool { return o.GetKind() == kind }) {
+			out = append(out, t)
 		}
 	}
-	return found
+	return out
 }
 
 // has says whether target has a problem of one of the kinds.
 func (ps *problems) has(target string, kinds ...crustv1.ProblemKind) bool {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	for k := range ps.set {
-		if k.target == target && slices.Contains(kinds, k.kind) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(ps.byTarget[target], func(o *crustv1.Problem) bool { return slices.Contains(kinds, o.GetKind()) })
 }
 
 // all returns copies of the problems, ordered by kind, target path and path, after dropping the reports
 // of moved-aside records whose file is gone.
 func (ps *problems) all() []*crustv1.Problem {
 	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	out := make([]*crustv1.Problem, 0, len(ps.set))
-	for k, p := range ps.set {
-		if k.kind == crustv1.ProblemKind_PROBLEM_KIND_CORRUPT_RECORD {
-			if _, err := os.Lstat(k.path); errors.Is(err, os.ErrNotExist) {
-				delete(ps.set, k)
-				continue
-			}
+	var out []*crustv1.Problem
+	for _, list := range ps.byTarget {
+		for _, p := range list {
+			out = append(out, proto.CloneOf(p))
 		}
-		out = append(out, proto.CloneOf(p))
 	}
+	ps.mu.Unlock()
+	out = slices.DeleteFunc(out, func(p *crustv1.Problem) bool {
+		if p.GetKind() != crustv1.ProblemKind_PROBLEM_KIND_CORRUPT_RECORD {
+			return false
+		}
+		_, err := os.Lstat(p.GetPath())
+		if !errors.Is(err, os.ErrNotExist) {
+			return false
+		}
+		ps.dropIf("", func(o *crustv1.Problem) bool { return o.GetKind() == p.GetKind() && o.GetPath() == p.GetPath() })
+		return true
+	})
 	slices.SortFunc(out, func(a, b *crustv1.Problem) int {
 		return cmp.Or(cmp.Compare(a.GetKind(), b.GetKind()),
 			strings.Compare(a.GetVolumeTargetPath(), b.GetVolumeTargetPath()), strings.Compare(a.GetPath(), b.GetPath()))
@@ -198,15 +216,52 @@ func (m *Manager) noteBadNames(target string, bad []string) {
 }
 
 // Problems returns what crustd set aside instead of failing for (see crustv1.Problem), ordered by kind,
-// target path and path. It reads every held volume's Kata directory again first, so that files planted
-// or deleted since are seen. It changes nothing on disk.
-func (m *Manager) Problems(_ context.Context) []*crustv1.Problem {
+// target path and path. It reads every held volume's Kata directory again first, so that what was
+// planted, damaged or deleted since is seen: a held volume whose Kata directory is gone or is not a
+// directory is quarantined then, as at start. It changes nothing on disk.
+func (m *Manager) Problems(ctx context.Context) []*crustv1.Problem {
 	m.mu.RLock()
 	targets := slices.Collect(maps.Keys(m.vols))
 	m.mu.RUnlock()
 	for _, t := range targets {
 		if _, bad, err := m.cfg.Projection.SandboxIDs(t); err == nil {
 			m.noteBadNames(t, bad)
+		} else {
+			m.recheck(ctx, t)
+		}
+	}
+	return m.current()
+}
+
+// recheck reads target's Kata directory again under the target's lock (an unstage may be removing it)
+// and quarantines the volume when it is still held and its directory is gone or not a directory. A
+// target busy for longer than the lock wait is left for the next look.
+func (m *Manager) recheck(ctx context.Context, target string) {
+	unlock, err := m.locks.Lock(ctx, target)
+	if err != nil {
+		return
+	}
+	defer unlock()
+	if m.get(target) == nil {
+		return
+	}
+	_, bad, err := m.cfg.Projection.SandboxIDs(target)
+	switch {
+	case err == nil:
+		m.noteBadNames(target, bad)
+	case errors.Is(err, errdefs.ErrNotFound):
+		m.quarantine(target, fmt.Errorf("%w (the volume's Kata directory was removed after crustd wrote it)", err), true)
+	default:
+		m.quarantine(target, err, true)
+	}
+}
+
+// current returns the known problems (see problems.all), without the reports of non-UTF-8 names of
+// volumes no longer held (a read that raced with an unstage may have made one).
+func (m *Manager) current() []*crustv1.Problem {
+	for _, t := range m.problems.targets(crustv1.ProblemKind_PROBLEM_KIND_KATA_BAD_SANDBOX_FILE) {
+		if m.get(t) == nil {
+			m.problems.drop(t, crustv1.ProblemKind_PROBLEM_KIND_KATA_BAD_SANDBOX_FILE)
 		}
 	}
 	return m.problems.all()
@@ -221,7 +276,7 @@ func (m *Manager) ProblemCounts() map[string]int {
 			counts[reason(k)] = 0
 		}
 	}
-	for _, p := range m.problems.all() {
+	for _, p := range m.current() {
 		counts[reason(p.GetKind())]++
 	}
 	return counts
