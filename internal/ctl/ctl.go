@@ -3,7 +3,7 @@
 //
 // Promises: data goes to stdout in the format chosen with -o (table, json or yaml; json and yaml are the
 // API's protobuf JSON mapping, stable field names); errors go to stderr as "crustctl: CODE: message" with
-// the gRPC code, and the exit status is 1 (2 for a usage error).
+// the gRPC code, and the exit status is 1 (2 for a usage error). `doctor` exits 3 when it found problems.
 package ctl
 
 import (
@@ -38,6 +38,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
+	if errors.Is(err, errProblemsFound) {
+		return 3
+	}
 	if s, ok := status.FromError(err); ok {
 		fmt.Fprintf(stderr, "crustctl: %s: %s\n", s.Code(), s.Message())
 		return 1
@@ -71,7 +74,7 @@ func NewCommand() *cobra.Command {
 	pf.DurationVar(&g.timeout, "timeout", 30*time.Second, "how long a call may take")
 	root.AddCommand(
 		g.lsCmd(), g.getCmd(), g.stageCmd(), g.unstageCmd(), g.statsCmd(), g.expandCmd(),
-		g.claimCmd(), g.releaseCmd(), g.watchCmd(), directvolume.NewCommand(),
+		g.claimCmd(), g.releaseCmd(), g.watchCmd(), g.doctorCmd(), directvolume.NewCommand(),
 	)
 	return root
 }

@@ -111,6 +111,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	met := metrics.New()
 	met.VolumeGauges(m.Counts)
+	met.QuarantineGauge(m.ProblemCounts)
 	srv := server.New(server.Config{
 		Manager: m, Policy: peercred.Policy{UIDs: cfg.AllowUIDs, GIDs: cfg.AllowGIDs}, Metrics: met, Log: log,
 	})

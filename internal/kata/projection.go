@@ -37,6 +37,8 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"syscall"
+	"unicode/utf8"
 
 	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
@@ -68,9 +70,23 @@ func (p *Projection) Enabled() bool { return p.dir != "" }
 // Dir returns the Kata direct-volume directory, or "" when the projection is disabled.
 func (p *Projection) Dir() string { return p.dir }
 
+// Check says whether target can be projected at all: a target path longer than
+// katafmt.MaxVolumePathLen has no Kata directory name, and is a *errdefs.FieldError on
+// spec.volume_target_path. A disabled projection takes every target.
+func (p *Projection) Check(target string) error {
+	if p.dir == "" || len(target) <= katafmt.MaxVolumePathLen {
+		return nil
+	}
+	return errdefs.Field("spec.volume_target_path", "is %d bytes long; the Kata projection (--kata-dir) names a volume's "+
+		"directory by the base64url form of its target path, which must fit in a file name (NAME_MAX, 255 bytes), "+
+		"so the path may be at most %d bytes", len(target), katafmt.MaxVolumePathLen)
+}
+
 // Write projects v: it writes the MountInfo of v's spec as the mountInfo.json of its target path,
 // atomically, keeping the sandbox-id files already there. Writing the same descriptor again is a no-op
-// (the file is not rewritten when its content is already right).
+// (the file is not rewritten when its content is already right). Something other than a directory where
+// the volume directory belongs is errdefs.ErrFailedPrecondition, and is left as it is; a target Check
+// refuses is its *errdefs.FieldError.
 func (p *Projection) Write(v *crustv1.Volume) error {
 	if p.dir == "" {
 		return nil
@@ -80,33 +96,52 @@ func (p *Projection) Write(v *crustv1.Volume) error {
 		return errdefs.Field("spec", "is required")
 	}
 	target := spec.GetVolumeTargetPath()
+	if err := p.Check(target); err != nil {
+		return err
+	}
 	if err := katafmt.AddMountInfo(p.dir, target, MountInfo(v)); err != nil {
 		return wrap(target, err)
 	}
 	return nil
 }
 
-// Remove deletes the projection of target with its sandbox-id files. A target that has none is not an
+// Remove deletes the projection of target with its sandbox-id files, or whatever else is where its
+// volume directory belongs. A target that has none (a target Check refuses never has one) is not an
 // error.
 func (p *Projection) Remove(target string) error {
-	if p.dir == "" {
+	if p.dir == "" || p.Check(target) != nil {
 		return nil
 	}
 	return wrap(target, katafmt.Remove(p.dir, target))
 }
 
 // SandboxIDs returns the sandboxes a Kata shim recorded in the projection of target, in the order Kata
-// reads them (it uses the first); none is an empty list. A target that has no projection is
-// errdefs.ErrNotFound. A disabled projection returns an empty list.
-func (p *Projection) SandboxIDs(target string) ([]string, error) {
-	if p.dir == "" {
-		return nil, nil
+// reads them; none is an empty list. A target that has no projection is errdefs.ErrNotFound; a disabled
+// projection, and a target Check refuses, return empty lists.
+//
+// Names that are not UTF-8 are returned apart, in bad, and are not sandbox ids: a Kata shim names the
+// file by its sandbox id, and sandbox ids are ASCII (containerd allows only letters, digits and "._-";
+// CRI-O makes hex ids), so such a file was put there by something else and stands for no sandbox. Counting it as a claim would let
+// whoever planted it hold the volume against every handler, and it cannot be put in an answer
+// (protobuf strings are UTF-8). Kata itself takes the first name of the directory for the sandbox id,
+// whatever it is, so such a name sorted before a real id misleads Kata's own stats and resize: it is
+// reported, not ignored.
+func (p *Projection) SandboxIDs(target string) (ids, bad []string, err error) {
+	if p.dir == "" || p.Check(target) != nil {
+		return nil, nil, nil
 	}
-	ids, err := katafmt.SandboxIDs(p.dir, target)
+	names, err := katafmt.SandboxIDs(p.dir, target)
 	if err != nil {
-		return nil, wrap(target, err)
+		return nil, nil, wrap(target, err)
 	}
-	return ids, nil
+	for _, n := range names {
+		if utf8.ValidString(n) {
+			ids = append(ids, n)
+		} else {
+			bad = append(bad, n)
+		}
+	}
+	return ids, bad, nil
 }
 
 // ForgetSandbox removes a Kata shim's record that sandboxID uses target (a forced release of a Kata
@@ -124,26 +159,36 @@ func (p *Projection) ForgetSandbox(target, sandboxID string) error {
 // Sync rebuilds the projection at daemon start: it deletes what interrupted writes left in the temporary
 // directory, writes every descriptor in keep (rewriting a mountInfo.json only when its content differs,
 // keeping sandbox-id files), and removes the projection of every target in drop that is not also in
-// keep. It touches no other volume directory. It goes on past failures and returns them all joined.
-func (p *Projection) Sync(keep []*crustv1.Volume, drop []string) error {
+// keep. It touches no other volume directory. One entry never stops it: it goes on past every failure
+// and returns them by target path in failed (nil when there is none), with the error of Write or
+// Remove. err is a failure to empty the temporary directory, which stops nothing either.
+func (p *Projection) Sync(keep []*crustv1.Volume, drop []string) (failed map[string]error, err error) {
 	if p.dir == "" {
-		return nil
+		return nil, nil
 	}
-	if err := katafmt.CleanTemp(p.dir); err != nil {
-		return fmt.Errorf("clean the kata temporary directory: %w", err)
+	if cerr := katafmt.CleanTemp(p.dir); cerr != nil {
+		err = fmt.Errorf("clean the kata temporary directory: %w", cerr)
 	}
-	var errs []error
+	note := func(target string, werr error) {
+		if werr == nil {
+			return
+		}
+		if failed == nil {
+			failed = map[string]error{}
+		}
+		failed[target] = werr
+	}
 	kept := make(map[string]bool, len(keep))
 	for _, v := range keep {
 		kept[v.GetSpec().GetVolumeTargetPath()] = true
-		errs = append(errs, p.Write(v))
+		note(v.GetSpec().GetVolumeTargetPath(), p.Write(v))
 	}
 	for _, target := range drop {
 		if !kept[target] {
-			errs = append(errs, p.Remove(target))
+			note(target, p.Remove(target))
 		}
 	}
-	return errors.Join(errs...)
+	return failed, err
 }
 
 // MountInfo returns what the projection writes for v (see the package documentation). The device is
@@ -188,7 +233,8 @@ func MountInfo(v *crustv1.Volume) *katafmt.MountInfo {
 	return info
 }
 
-// wrap names target in err, and turns a target path Kata cannot hold into bad input.
+// wrap names target in err, and turns a target path Kata cannot hold into bad input and something other
+// than a directory where the volume directory belongs into a failed precondition.
 func wrap(target string, err error) error {
 	switch {
 	case err == nil:
@@ -197,6 +243,20 @@ func wrap(target string, err error) error {
 		return errdefs.Field("spec.volume_target_path", "%v", err)
 	case errors.Is(err, katafmt.ErrNotFound):
 		return fmt.Errorf("kata projection of %q: %w", target, errdefs.ErrNotFound)
+	case errors.Is(err, syscall.ENOTDIR):
+		return fmt.Errorf("kata projection of %q: %w; crustd does not replace what it did not write: %w",
+			target, err, errdefs.ErrFailedPrecondition)
 	}
 	return fmt.Errorf("kata projection of %q: %w", target, err)
+}
+
+// Kind says which kind of problem a failed Write, Remove or SandboxIDs is, for reports.
+func Kind(err error) crustv1.ProblemKind {
+	switch {
+	case errors.Is(err, errdefs.ErrFailedPrecondition):
+		return crustv1.ProblemKind_PROBLEM_KIND_KATA_NOT_A_DIRECTORY
+	case errors.Is(err, errdefs.ErrInvalidArgument):
+		return crustv1.ProblemKind_PROBLEM_KIND_KATA_PATH_TOO_LONG
+	}
+	return crustv1.ProblemKind_PROBLEM_KIND_KATA_WRITE_FAILED
 }

@@ -8,6 +8,8 @@
 //     Kata projection follows it, and on start it is rebuilt from the store (Open), so a crash at any
 //     instant leaves each descriptor wholly old or wholly new in both.
 //   - A refused request (validation, conflict) changes nothing.
+//   - One bad entry never stops the start or breaks an answer about the others: what cannot be
+//     projected or read is quarantined and reported (see Problems).
 //   - Watchers see the changes in the order they were made durable, each with a revision one higher than
 //     the previous one.
 //
@@ -19,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -74,11 +77,14 @@ type Manager struct {
 	vols     map[string]*crustv1.Volume // by target path; values are never mutated, only replaced
 	rev      uint64
 	watchers map[*Watcher]struct{}
+
+	problems problems
 }
 
 // Open loads the descriptors the store kept from this boot and rebuilds the Kata projection from them
 // (records of an earlier boot or corrupt ones are gone from the store by then, and their projection is
-// removed).
+// removed). A descriptor whose projection cannot be written is held and served all the same, and
+// quarantined; the records the store moved aside are reported (Problems). No entry makes Open fail.
 func Open(cfg Config, loaded *store.LoadReport) (*Manager, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -96,14 +102,40 @@ func Open(cfg Config, loaded *store.LoadReport) (*Manager, error) {
 	for _, v := range loaded.Volumes {
 		m.vols[v.GetSpec().GetVolumeTargetPath()] = v
 	}
-	if err := cfg.Projection.Sync(loaded.Volumes, loaded.Dropped); err != nil {
-		return nil, fmt.Errorf("rebuild the Kata projection: %w", err)
+	failed, err := cfg.Projection.Sync(loaded.Volumes, loaded.Dropped)
+	if err != nil {
+		m.log.Warn("rebuild the Kata projection", "err", err)
+	}
+	for _, target := range slices.Sorted(maps.Keys(failed)) {
+		_, held := m.vols[target]
+		m.quarantine(target, failed[target], held)
+	}
+	for _, path := range loaded.Corrupt {
+		m.problems.put(&crustv1.Problem{
+			Kind:    crustv1.ProblemKind_PROBLEM_KIND_CORRUPT_RECORD,
+			Path:    path,
+			Message: "a store record could not be read and was moved aside at start; crustd no longer holds its volume",
+			Remedy: "The volume's CSI driver stages it again on its next NodePublishVolume (kubelet retries it for " +
+				"running pods). Inspect the file, then delete it; this report goes with it.",
+		})
 	}
 	return m, nil
 }
 
 // Stage deposits a descriptor. The same spec again returns the stored volume and changes nothing; another
 // spec for the same target is ErrAlreadyExists.
+//
+// With the Kata projection on, a target path too long for a Kata directory name is refused with a
+// *errdefs.FieldError on spec.volume_target_path, and nothing is stored. A caller that stages a volume
+// expects the node's runtimes to find it; a Kata runtime that does not find a direct-assigned volume
+// shares the (empty, unmounted) target directory with the sandbox instead, so the pod would start on an
+// empty volume and its writes would land on the node's disk. Refusing lets the CSI driver fail the
+// publish visibly. (Such a descriptor stored while the projection was off is still held and served to
+// crust's own handlers; it is quarantined, and staging it again gets the same refusal.)
+//
+// Something other than a directory where the target's Kata volume directory belongs is
+// ErrFailedPrecondition: crustd leaves it alone and stores nothing. Staging a quarantined descriptor again
+// (same spec) writes its projection again; once that succeeds the quarantine ends.
 func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1.Volume, error) {
 	checked, err := m.cfg.Validator.Spec(spec)
 	if err != nil {
@@ -126,7 +158,18 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 				target, devString(old.GetDeviceNumber()), spec.GetVolumeBackingPath(), devString(checked.DeviceNumber),
 				errdefs.ErrAlreadyExists)
 		}
+		if m.problems.has(target, projectionKinds...) {
+			if err := m.cfg.Projection.Write(old); err != nil {
+				m.quarantine(target, err, true)
+				return nil, errdefs.NoSpace(fmt.Errorf("volume %q is staged and served to crust's own handlers, but "+
+					"its Kata projection cannot be written: %w", target, err))
+			}
+			m.healed(target)
+		}
 		return m.withKataClaim(old), nil
+	}
+	if err := m.cfg.Projection.Check(target); err != nil {
+		return nil, err
 	}
 
 	v := &crustv1.Volume{
@@ -149,7 +192,8 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 	return v, nil
 }
 
-// Unstage removes a descriptor, with its claim if it has one. An unknown target is not an error.
+// Unstage removes a descriptor, with its claim if it has one, and its Kata projection (whatever is where
+// the volume directory belongs), which ends any quarantine of it. An unknown target is not an error.
 func (m *Manager) Unstage(ctx context.Context, target string) error {
 	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
 		return err
@@ -165,6 +209,10 @@ func (m *Manager) Unstage(ctx context.Context, target string) error {
 func (m *Manager) unstageLocked(target string) error {
 	old := m.get(target)
 	if old == nil {
+		// The projection of a dropped record that could not be removed at start: try again.
+		if m.problems.has(target, projectionKinds...) && m.cfg.Projection.Remove(target) == nil {
+			m.healed(target)
+		}
 		return nil
 	}
 	if c := old.GetClaim(); c != nil {
@@ -174,6 +222,8 @@ func (m *Manager) unstageLocked(target string) error {
 	if err := m.cfg.Projection.Remove(target); err != nil {
 		return fmt.Errorf("remove the Kata projection of %q: %w", target, err)
 	}
+	m.healed(target)
+	m.noteBadNames(target, nil)
 	if err := m.cfg.Store.Delete(target); err != nil {
 		return fmt.Errorf("delete the record of %q: %w", target, err)
 	}
@@ -355,7 +405,7 @@ func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string) error {
 // an error.
 func (m *Manager) releaseKata(v *crustv1.Volume, sandboxID string, force bool) error {
 	target := v.GetSpec().GetVolumeTargetPath()
-	ids, err := m.cfg.Projection.SandboxIDs(target)
+	ids, _, err := m.cfg.Projection.SandboxIDs(target)
 	if err != nil || len(ids) == 0 {
 		return nil
 	}
@@ -498,11 +548,15 @@ func (m *Manager) withKataClaim(v *crustv1.Volume) *crustv1.Volume {
 	if v.GetClaim() != nil {
 		return v
 	}
-	ids, err := m.cfg.Projection.SandboxIDs(v.GetSpec().GetVolumeTargetPath())
+	target := v.GetSpec().GetVolumeTargetPath()
+	ids, bad, err := m.cfg.Projection.SandboxIDs(target)
 	if err != nil {
-		m.log.Warn("read Kata sandbox ids", "target", v.GetSpec().GetVolumeTargetPath(), "err", err)
+		if !m.problems.has(target, projectionKinds...) { // a quarantined projection is reported already
+			m.log.Warn("read Kata sandbox ids", "target", target, "err", err)
+		}
 		return v
 	}
+	m.noteBadNames(target, bad)
 	if len(ids) == 0 {
 		return v
 	}

@@ -26,7 +26,7 @@ import (
 // env is a manager on real parts: store, Kata projection and validator in temp dirs, with block device
 // nodes made by mknod (never opened, only stat'ed).
 type env struct {
-	t        *testing.T
+	t        testing.TB
 	root     string
 	kubelet  string
 	devDir   string
@@ -35,7 +35,7 @@ type env struct {
 	m        *Manager
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to make block device nodes")
@@ -72,26 +72,31 @@ func (e *env) mknod(name string, major, minor uint32) string {
 // reopen starts a new manager on the same directories, as a restarted crustd would.
 func (e *env) reopen() {
 	e.t.Helper()
-	v, err := validate.New(validate.Config{KubeletDir: e.kubelet, DeviceAllow: []string{e.devDir + "/*"}})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	st, loaded, err := store.Open(e.stateDir, "boot-1", log)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	proj, err := kata.New(e.kataDir)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.m, err = Open(Config{Validator: v, Store: st, Projection: proj, KubeletDir: e.kubelet, LockWait: time.Minute, WatchBuffer: 16, Log: log}, loaded)
-	if err != nil {
+	if err := e.open(); err != nil {
 		e.t.Fatal(err)
 	}
 }
 
-type testWriter struct{ t *testing.T }
+// open is reopen that returns Open's error, for tests of what a start must survive.
+func (e *env) open() error {
+	v, err := validate.New(validate.Config{KubeletDir: e.kubelet, DeviceAllow: []string{e.devDir + "/*"}})
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	st, loaded, err := store.Open(e.stateDir, "boot-1", log)
+	if err != nil {
+		return err
+	}
+	proj, err := kata.New(e.kataDir)
+	if err != nil {
+		return err
+	}
+	e.m, err = Open(Config{Validator: v, Store: st, Projection: proj, KubeletDir: e.kubelet, LockWait: time.Minute, WatchBuffer: 16, Log: log}, loaded)
+	return err
+}
+
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
 

@@ -67,6 +67,28 @@ func (m *Metrics) VolumeGauges(counts func() (staged, claimed int)) {
 	}
 }
 
+// QuarantineGauge registers crust_quarantined_entries{reason}: how many entries crustd set aside instead
+// of failing for (a Kata projection it could not write, a non-UTF-8 file in a Kata volume directory, a
+// damaged store record), by reason, read from counts at scrape time. Every reason counts returns is
+// reported, zeros included, so that an alert can compare with 0.
+func (m *Metrics) QuarantineGauge(counts func() map[string]int) {
+	m.Registry.MustRegister(&quarantine{counts: counts, desc: prometheus.NewDesc("crust_quarantined_entries",
+		"Entries crustd set aside and reports through crustctl doctor, by reason.", []string{"reason"}, nil)})
+}
+
+type quarantine struct {
+	counts func() map[string]int
+	desc   *prometheus.Desc
+}
+
+func (q *quarantine) Describe(ch chan<- *prometheus.Desc) { ch <- q.desc }
+
+func (q *quarantine) Collect(ch chan<- prometheus.Metric) {
+	for reason, n := range q.counts() {
+		ch <- prometheus.MustNewConstMetric(q.desc, prometheus.GaugeValue, float64(n), reason)
+	}
+}
+
 // SetReady flips /readyz.
 func (m *Metrics) SetReady(ready bool) { m.ready.Store(ready) }
 

@@ -238,7 +238,7 @@ func writeMountInfo(dir, volumePath string, data []byte) error {
 	fi, err := os.Stat(volDir)
 	switch {
 	case err == nil && !fi.IsDir():
-		return fmt.Errorf("%s is not a directory", volDir)
+		return fmt.Errorf("%s: %w", volDir, syscall.ENOTDIR)
 	case err == nil:
 		return replaceMountInfo(volDir, tmp, data)
 	case !errors.Is(err, fs.ErrNotExist):

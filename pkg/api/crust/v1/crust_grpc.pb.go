@@ -36,6 +36,7 @@ const (
 	VolumeService_ListVolumes_FullMethodName    = "/crust.v1.VolumeService/ListVolumes"
 	VolumeService_GetVolumeStats_FullMethodName = "/crust.v1.VolumeService/GetVolumeStats"
 	VolumeService_ExpandVolume_FullMethodName   = "/crust.v1.VolumeService/ExpandVolume"
+	VolumeService_ListProblems_FullMethodName   = "/crust.v1.VolumeService/ListProblems"
 )
 
 // VolumeServiceClient is the client API for VolumeService service.
@@ -63,6 +64,11 @@ type VolumeServiceClient interface {
 	// ExpandVolume grows the volume as the claiming sandbox sees it, online, and returns the capacity it
 	// then has. A volume already at least as large as asked is a success.
 	ExpandVolume(ctx context.Context, in *ExpandVolumeRequest, opts ...grpc.CallOption) (*ExpandVolumeResponse, error)
+	// ListProblems reports what crustd found wrong and set aside instead of failing for it: descriptors
+	// it serves whose Kata projection could not be written, files in the Kata projection that no Kata
+	// shim writes, and store records it moved aside as damaged. It changes nothing; `crustctl doctor`
+	// prints it. No problem is an empty list.
+	ListProblems(ctx context.Context, in *ListProblemsRequest, opts ...grpc.CallOption) (*ListProblemsResponse, error)
 }
 
 type volumeServiceClient struct {
@@ -133,6 +139,16 @@ func (c *volumeServiceClient) ExpandVolume(ctx context.Context, in *ExpandVolume
 	return out, nil
 }
 
+func (c *volumeServiceClient) ListProblems(ctx context.Context, in *ListProblemsRequest, opts ...grpc.CallOption) (*ListProblemsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListProblemsResponse)
+	err := c.cc.Invoke(ctx, VolumeService_ListProblems_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // VolumeServiceServer is the server API for VolumeService service.
 // All implementations must embed UnimplementedVolumeServiceServer
 // for forward compatibility.
@@ -158,6 +174,11 @@ type VolumeServiceServer interface {
 	// ExpandVolume grows the volume as the claiming sandbox sees it, online, and returns the capacity it
 	// then has. A volume already at least as large as asked is a success.
 	ExpandVolume(context.Context, *ExpandVolumeRequest) (*ExpandVolumeResponse, error)
+	// ListProblems reports what crustd found wrong and set aside instead of failing for it: descriptors
+	// it serves whose Kata projection could not be written, files in the Kata projection that no Kata
+	// shim writes, and store records it moved aside as damaged. It changes nothing; `crustctl doctor`
+	// prints it. No problem is an empty list.
+	ListProblems(context.Context, *ListProblemsRequest) (*ListProblemsResponse, error)
 	mustEmbedUnimplementedVolumeServiceServer()
 }
 
@@ -185,6 +206,9 @@ func (UnimplementedVolumeServiceServer) GetVolumeStats(context.Context, *GetVolu
 }
 func (UnimplementedVolumeServiceServer) ExpandVolume(context.Context, *ExpandVolumeRequest) (*ExpandVolumeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExpandVolume not implemented")
+}
+func (UnimplementedVolumeServiceServer) ListProblems(context.Context, *ListProblemsRequest) (*ListProblemsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListProblems not implemented")
 }
 func (UnimplementedVolumeServiceServer) mustEmbedUnimplementedVolumeServiceServer() {}
 func (UnimplementedVolumeServiceServer) testEmbeddedByValue()                       {}
@@ -315,6 +339,24 @@ func _VolumeService_ExpandVolume_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _VolumeService_ListProblems_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListProblemsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VolumeServiceServer).ListProblems(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VolumeService_ListProblems_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VolumeServiceServer).ListProblems(ctx, req.(*ListProblemsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // VolumeService_ServiceDesc is the grpc.ServiceDesc for VolumeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -345,6 +387,10 @@ var VolumeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ExpandVolume",
 			Handler:    _VolumeService_ExpandVolume_Handler,
+		},
+		{
+			MethodName: "ListProblems",
+			Handler:    _VolumeService_ListProblems_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
