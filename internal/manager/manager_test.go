@@ -32,6 +32,7 @@ type env struct {
 	devDir   string
 	stateDir string
 	kataDir  string
+	allow    []string // device patterns allowed besides devDir's nodes
 	m        *Manager
 }
 
@@ -72,7 +73,7 @@ func (e *env) mknod(name string, major, minor uint32) string {
 // reopen starts a new manager on the same directories, as a restarted crustd would.
 func (e *env) reopen() {
 	e.t.Helper()
-	v, err := validate.New(validate.Config{KubeletDir: e.kubelet, DeviceAllow: []string{e.devDir + "/*"}})
+	v, err := validate.New(validate.Config{KubeletDir: e.kubelet, DeviceAllow: append([]string{e.devDir + "/*"}, e.allow...)})
 	if err != nil {
 		e.t.Fatal(err)
 	}
