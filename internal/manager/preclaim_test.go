@@ -121,3 +121,23 @@ func TestStatsAndExpandBeforeAnyClaim(t *testing.T) {
 		t.Fatalf("stats of a claimed volume without a forwarder: %v", err)
 	}
 }
+
+// Before a claim, a device that is no longer the one staged is neither measured nor refreshed: stats and
+// expansion answer FailedPrecondition and nothing is recorded.
+func TestStatsAndExpandBeforeAnyClaimCheckTheDevice(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	e.mknod("disk0", 8, 16) // another device now answers to the staged path
+	if _, err := e.m.Stats(ctx, e.target(0)); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "now device 8:16") {
+		t.Fatalf("stats of a swapped device: %v, want FailedPrecondition naming the new device", err)
+	}
+	if _, err := e.m.Expand(ctx, e.target(0), 1<<20, 0); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "now device 8:16") {
+		t.Fatalf("expand of a swapped device: %v, want FailedPrecondition naming the new device", err)
+	}
+	if v, err := e.m.Get(ctx, e.target(0)); err != nil || v.GetRequestedBytes() != 0 {
+		t.Fatalf("requested_bytes %d after a refused expansion (%v)", v.GetRequestedBytes(), err)
+	}
+}
