@@ -384,7 +384,7 @@ const NotMountedMessage = "not yet mounted in a sandbox: the total is the device
 // inode entry, and a condition, not abnormal, that says so (NotMountedMessage). A device that is no
 // longer the one staged is ErrFailedPrecondition.
 func (m *Manager) Stats(ctx context.Context, target string) (*crustv1.GetVolumeStatsResponse, error) {
-	v, err := m.lookup(target)
+	v, err := m.Get(ctx, target)
 	if err != nil {
 		return nil, err
 	}
@@ -422,7 +422,7 @@ func (m *Manager) Expand(ctx context.Context, target string, requiredBytes, limi
 		return 0, err
 	}
 	defer unlock()
-	v, err := m.lookup(target)
+	v, err := m.Get(ctx, target)
 	if err != nil {
 		return 0, err
 	}
@@ -484,18 +484,6 @@ func (m *Manager) unclaimedDevice(v *crustv1.Volume, measure func(string, crustv
 		return 0, fmt.Errorf("volume %q: %w", v.GetSpec().GetVolumeTargetPath(), err)
 	}
 	return measure(v.GetResolvedBackingPath(), v.GetSpec().GetVolumeType())
-}
-
-// lookup returns the volume at target with its claim (crust's or a Kata shim's), or ErrNotFound.
-func (m *Manager) lookup(target string) (*crustv1.Volume, error) {
-	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
-		return nil, err
-	}
-	v := m.get(target)
-	if v == nil {
-		return nil, notFound(target)
-	}
-	return m.withKataClaim(v), nil
 }
 
 // forwarding says why stats and expansion of the claimed volume v cannot be forwarded, or nil.
