@@ -202,7 +202,7 @@ func (g *globals) unstageCmd() *cobra.Command {
 
 func (g *globals) statsCmd() *cobra.Command {
 	return &cobra.Command{
-		Use: "stats TARGET", Short: "Show usage measured inside the sandbox that claimed the volume", Args: cobra.ExactArgs(1),
+		Use: "stats TARGET", Short: "Show a volume's usage, measured inside the sandbox that claimed it (before any claim: the device's size)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				r, err := crustv1.NewVolumeServiceClient(conn).GetVolumeStats(ctx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: args[0]})
@@ -218,7 +218,7 @@ func (g *globals) statsCmd() *cobra.Command {
 func (g *globals) expandCmd() *cobra.Command {
 	var size string
 	cmd := &cobra.Command{
-		Use: "expand TARGET --size BYTES", Short: "Grow a claimed volume online", Args: cobra.ExactArgs(1),
+		Use: "expand TARGET --size BYTES", Short: "Grow a volume: online in the sandbox that claimed it, or at its next mount when none has", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n, err := ParseBytes(size)
 			if err != nil {

@@ -45,9 +45,19 @@ func TestRefreshSeesAGrownLoopDevice(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		before, err := Size(tc.path, tc.vtype)
+		if err != nil {
+			t.Fatalf("%s: size: %v", tc.name, err)
+		}
+		if tc.grow > 0 && tc.vtype == crustv1.VolumeType_VOLUME_TYPE_BLOCK && before == tc.want {
+			t.Fatalf("%s: Size saw the grown backing file (%d) before Refresh told the loop device", tc.name, before)
+		}
 		got, err := Refresh(tc.path, tc.vtype)
 		if err != nil || got != tc.want {
 			t.Fatalf("%s: %d, %v; want %d", tc.name, got, err, tc.want)
+		}
+		if after, err := Size(tc.path, tc.vtype); err != nil || after != tc.want {
+			t.Fatalf("%s: size after refresh %d, %v; want %d", tc.name, after, err, tc.want)
 		}
 	}
 	if _, err := Refresh(filepath.Join(t.TempDir(), "gone"), crustv1.VolumeType_VOLUME_TYPE_BLOCK); err == nil {

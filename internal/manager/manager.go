@@ -56,7 +56,7 @@ type Config struct {
 	Validator  *validate.Validator
 	Store      *store.Store
 	Projection *kata.Projection
-	Forwarder  Forwarder // nil: stats and expansion fail with FailedPrecondition
+	Forwarder  Forwarder // nil: stats and expansion of a claimed volume fail with FailedPrecondition
 	// KubeletDir is the kubelet root; descriptors under <KubeletDir>/pods/<uid>/ are garbage-collected
 	// once that pod directory is gone.
 	KubeletDir string
@@ -425,17 +425,41 @@ func (m *Manager) releaseKata(v *crustv1.Volume, sandboxID string, force bool) e
 	return nil
 }
 
-// Stats asks the claiming sandbox's handler for the volume's usage.
+// NotMountedMessage is the volume condition's message in the stats of a volume no sandbox holds yet.
+const NotMountedMessage = "not yet mounted in a sandbox: the total is the device's size; used and available are " +
+	"measured once a sandbox mounts the volume"
+
+// Stats asks the claiming sandbox's handler for the volume's usage. Before any sandbox claims the volume
+// it answers from the host: the device's size as the total bytes, used and available unknown (zero), no
+// inode entry, and a condition, not abnormal, that says so (NotMountedMessage). A device that is no
+// longer the one staged is ErrFailedPrecondition.
 func (m *Manager) Stats(ctx context.Context, target string) (*crustv1.GetVolumeStatsResponse, error) {
-	v, err := m.claimed(target)
+	v, err := m.Get(ctx, target)
 	if err != nil {
+		return nil, err
+	}
+	if v.GetClaim() == nil {
+		size, err := m.unclaimedDevice(v, hostdev.Size)
+		if err != nil {
+			return nil, err
+		}
+		return &crustv1.GetVolumeStatsResponse{
+			Usage:           []*crustv1.VolumeUsage{{Unit: crustv1.VolumeUsage_UNIT_BYTES, Total: size}},
+			VolumeCondition: &crustv1.VolumeCondition{Message: NotMountedMessage},
+		}, nil
+	}
+	if err := m.forwarding(v); err != nil {
 		return nil, err
 	}
 	return m.cfg.Forwarder.Stats(ctx, v)
 }
 
-// Expand asks the claiming sandbox's handler to grow the volume online to at least requiredBytes (and at
-// most limitBytes when that is not zero), and returns the capacity the sandbox then sees.
+// Expand grows the volume to at least requiredBytes (and at most limitBytes when that is not zero) and
+// returns its capacity. The claiming sandbox's handler grows it online. Before any sandbox claims the
+// volume, Expand makes the host see the device's current size, records requiredBytes durably as the
+// volume's requested_bytes (the largest asked for is kept; watchers get EVENT_TYPE_EXPANDED when it
+// grows) and returns the device's size: the handler that claims the volume grows the filesystem when it
+// mounts it. A device smaller than requiredBytes is ErrFailedPrecondition and changes nothing.
 func (m *Manager) Expand(ctx context.Context, target string, requiredBytes, limitBytes int64) (int64, error) {
 	if requiredBytes <= 0 {
 		return 0, errdefs.Field("required_bytes", "must be positive, got %d", requiredBytes)
@@ -448,12 +472,21 @@ func (m *Manager) Expand(ctx context.Context, target string, requiredBytes, limi
 		return 0, err
 	}
 	defer unlock()
-	v, err := m.claimed(target)
+	v, err := m.Get(ctx, target)
 	if err != nil {
 		return 0, err
 	}
 	// The host's view first: a loop device learns that its backing file grew only when told.
-	deviceBytes, err := hostdev.Refresh(v.GetResolvedBackingPath(), v.GetSpec().GetVolumeType())
+	var deviceBytes int64
+	claimed := v.GetClaim() != nil
+	if claimed {
+		if err := m.forwarding(v); err != nil {
+			return 0, err
+		}
+		deviceBytes, err = hostdev.Refresh(v.GetResolvedBackingPath(), v.GetSpec().GetVolumeType())
+	} else {
+		deviceBytes, err = m.unclaimedDevice(v, hostdev.Refresh)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -461,7 +494,12 @@ func (m *Manager) Expand(ctx context.Context, target string, requiredBytes, limi
 		return 0, fmt.Errorf("volume %q: its device %s holds %d bytes, less than the %d asked for; grow the backing volume first (ControllerExpandVolume): %w",
 			target, v.GetResolvedBackingPath(), deviceBytes, requiredBytes, errdefs.ErrFailedPrecondition)
 	}
-	capacity, err := m.cfg.Forwarder.Expand(ctx, v, requiredBytes, deviceBytes)
+	capacity := deviceBytes
+	if claimed {
+		capacity, err = m.cfg.Forwarder.Expand(ctx, v, requiredBytes, deviceBytes)
+	} else {
+		err = m.recordRequested(v, requiredBytes)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -471,24 +509,39 @@ func (m *Manager) Expand(ctx context.Context, target string, requiredBytes, limi
 	return capacity, nil
 }
 
-// claimed returns the volume at target with its claim, or the error that says why stats and expansion
-// cannot be forwarded.
-func (m *Manager) claimed(target string) (*crustv1.Volume, error) {
-	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
-		return nil, err
+// recordRequested makes requiredBytes the requested_bytes of v (a stored volume without a claim), durably,
+// unless it already asks as much. The caller holds v's target lock.
+func (m *Manager) recordRequested(v *crustv1.Volume, requiredBytes int64) error {
+	target := v.GetSpec().GetVolumeTargetPath()
+	if v.GetRequestedBytes() >= requiredBytes {
+		return nil
 	}
-	v := m.get(target)
-	if v == nil {
-		return nil, notFound(target)
+	nv := proto.CloneOf(v)
+	nv.RequestedBytes = requiredBytes
+	if err := m.cfg.Store.Put(nv); err != nil {
+		return errdefs.NoSpace(fmt.Errorf("store the requested size of %q: %w", target, err))
 	}
-	v = m.withKataClaim(v)
-	if v.GetClaim() == nil {
-		return nil, fmt.Errorf("volume %q is not claimed by any sandbox: %w", target, errdefs.ErrFailedPrecondition)
+	m.commit(target, nv, crustv1.EventType_EVENT_TYPE_EXPANDED)
+	m.log.Info("expansion before any claim recorded; the handler grows the filesystem when it mounts",
+		"target", target, "requested_bytes", requiredBytes)
+	return nil
+}
+
+// unclaimedDevice checks that v's device is still the one staged and returns its size as measure finds it
+// (hostdev.Size, or hostdev.Refresh to make the host see a grown backing first).
+func (m *Manager) unclaimedDevice(v *crustv1.Volume, measure func(string, crustv1.VolumeType) (int64, error)) (int64, error) {
+	if err := m.cfg.Validator.SameDevice(v); err != nil {
+		return 0, fmt.Errorf("volume %q: %w", v.GetSpec().GetVolumeTargetPath(), err)
 	}
+	return measure(v.GetResolvedBackingPath(), v.GetSpec().GetVolumeType())
+}
+
+// forwarding says why stats and expansion of the claimed volume v cannot be forwarded, or nil.
+func (m *Manager) forwarding(v *crustv1.Volume) error {
 	if m.cfg.Forwarder == nil {
-		return nil, fmt.Errorf("volume %q: this crustd forwards to no runtime handler: %w", target, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("volume %q: this crustd forwards to no runtime handler: %w", v.GetSpec().GetVolumeTargetPath(), errdefs.ErrFailedPrecondition)
 	}
-	return v, nil
+	return nil
 }
 
 // CollectGarbage unstages the descriptors of pods whose kubelet pod directory is gone and returns their

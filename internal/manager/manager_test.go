@@ -32,6 +32,7 @@ type env struct {
 	devDir   string
 	stateDir string
 	kataDir  string
+	allow    []string // device patterns allowed besides devDir's nodes
 	m        *Manager
 }
 
@@ -79,7 +80,7 @@ func (e *env) reopen() {
 
 // open is reopen that returns Open's error, for tests of what a start must survive.
 func (e *env) open() error {
-	v, err := validate.New(validate.Config{KubeletDir: e.kubelet, DeviceAllow: []string{e.devDir + "/*"}})
+	v, err := validate.New(validate.Config{KubeletDir: e.kubelet, DeviceAllow: append([]string{e.devDir + "/*"}, e.allow...)})
 	if err != nil {
 		return err
 	}

@@ -15,7 +15,8 @@
 //   - Each volume is claimed for sandbox NAME; its device is checked against the descriptor's device number,
 //     hot-plugged (read-only when the descriptor says so) as a virtio-blk disk whose serial is
 //     DiskID(target), and mounted at its guest path with the descriptor's fs type, mount flags, read-only
-//     flag, fsGroup and policy, and create_filesystem.
+//     flag, fsGroup and policy, and create_filesystem. A read-write ext2/3/4 or xfs filesystem smaller than
+//     its disk (the volume was expanded while no sandbox held it) is grown to fill the disk once mounted.
 //   - A target with nothing staged is waited for and attached as soon as it is staged, however long after
 //     boot. A volume that fails (claimed by another sandbox, device changed, mount refused) is logged, left
 //     unclaimed, and tried again when its descriptor next changes; the other volumes carry on.

@@ -204,6 +204,9 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 	if t := desc.GetStageTime(); t != nil {
 		attrs = append(attrs, "since_staged", time.Since(t.AsTime()).Round(time.Millisecond))
 	}
+	if res.GrewFromBytes > 0 { // expanded while no sandbox held it: grown into at mount
+		attrs = append(attrs, "grew_from_bytes", res.GrewFromBytes, "device_bytes", v.size, "requested_bytes", desc.GetRequestedBytes())
+	}
 	log.Info("volume mounted", attrs...)
 	return true, nil
 }

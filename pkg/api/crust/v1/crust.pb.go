@@ -230,6 +230,8 @@ const (
 	EventType_EVENT_TYPE_RELEASED EventType = 5
 	// The descriptor was removed.
 	EventType_EVENT_TYPE_UNSTAGED EventType = 6
+	// ExpandVolume recorded a larger requested_bytes on a volume no sandbox holds.
+	EventType_EVENT_TYPE_EXPANDED EventType = 7
 )
 
 // Enum value maps for EventType.
@@ -242,6 +244,7 @@ var (
 		4: "EVENT_TYPE_CLAIMED",
 		5: "EVENT_TYPE_RELEASED",
 		6: "EVENT_TYPE_UNSTAGED",
+		7: "EVENT_TYPE_EXPANDED",
 	}
 	EventType_value = map[string]int32{
 		"EVENT_TYPE_UNSPECIFIED": 0,
@@ -251,6 +254,7 @@ var (
 		"EVENT_TYPE_CLAIMED":     4,
 		"EVENT_TYPE_RELEASED":    5,
 		"EVENT_TYPE_UNSTAGED":    6,
+		"EVENT_TYPE_EXPANDED":    7,
 	}
 )
 
@@ -642,9 +646,13 @@ type Volume struct {
 	// When the volume was staged.
 	StageTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=stage_time,json=stageTime,proto3" json:"stage_time,omitempty"`
 	// The claim, when a sandbox uses the volume.
-	Claim         *Claim `protobuf:"bytes,5,opt,name=claim,proto3" json:"claim,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Claim *Claim `protobuf:"bytes,5,opt,name=claim,proto3" json:"claim,omitempty"`
+	// The largest capacity, in bytes, that ExpandVolume asked for while no sandbox held the volume; zero when
+	// none did. The device held at least this much when it was recorded; the handler that mounts the volume
+	// next grows its filesystem to the device's size.
+	RequestedBytes int64 `protobuf:"varint,6,opt,name=requested_bytes,json=requestedBytes,proto3" json:"requested_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Volume) Reset() {
@@ -710,6 +718,13 @@ func (x *Volume) GetClaim() *Claim {
 		return x.Claim
 	}
 	return nil
+}
+
+func (x *Volume) GetRequestedBytes() int64 {
+	if x != nil {
+		return x.RequestedBytes
+	}
+	return 0
 }
 
 // StageVolumeRequest carries the descriptor to deposit.
@@ -2196,14 +2211,15 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\x10handler_endpoint\x18\x02 \x01(\tR\x0fhandlerEndpoint\x129\n" +
 	"\n" +
 	"claim_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tclaimTime\x12\x12\n" +
-	"\x04kata\x18\x04 \x01(\bR\x04kata\"\x85\x02\n" +
+	"\x04kata\x18\x04 \x01(\bR\x04kata\"\xae\x02\n" +
 	"\x06Volume\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.crust.v1.VolumeSpecR\x04spec\x122\n" +
 	"\x15resolved_backing_path\x18\x02 \x01(\tR\x13resolvedBackingPath\x12;\n" +
 	"\rdevice_number\x18\x03 \x01(\v2\x16.crust.v1.DeviceNumberR\fdeviceNumber\x129\n" +
 	"\n" +
 	"stage_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstageTime\x12%\n" +
-	"\x05claim\x18\x05 \x01(\v2\x0f.crust.v1.ClaimR\x05claim\">\n" +
+	"\x05claim\x18\x05 \x01(\v2\x0f.crust.v1.ClaimR\x05claim\x12'\n" +
+	"\x0frequested_bytes\x18\x06 \x01(\x03R\x0erequestedBytes\">\n" +
 	"\x12StageVolumeRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.crust.v1.VolumeSpecR\x04spec\"?\n" +
 	"\x13StageVolumeResponse\x12(\n" +
@@ -2308,7 +2324,7 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\x1fPROBLEM_KIND_KATA_PATH_TOO_LONG\x10\x02\x12\"\n" +
 	"\x1ePROBLEM_KIND_KATA_WRITE_FAILED\x10\x03\x12&\n" +
 	"\"PROBLEM_KIND_KATA_BAD_SANDBOX_FILE\x10\x04\x12\x1f\n" +
-	"\x1bPROBLEM_KIND_CORRUPT_RECORD\x10\x05*\xb8\x01\n" +
+	"\x1bPROBLEM_KIND_CORRUPT_RECORD\x10\x05*\xd1\x01\n" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13EVENT_TYPE_EXISTING\x10\x01\x12\x15\n" +
@@ -2316,7 +2332,8 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\x11EVENT_TYPE_STAGED\x10\x03\x12\x16\n" +
 	"\x12EVENT_TYPE_CLAIMED\x10\x04\x12\x17\n" +
 	"\x13EVENT_TYPE_RELEASED\x10\x05\x12\x17\n" +
-	"\x13EVENT_TYPE_UNSTAGED\x10\x062\xb2\x04\n" +
+	"\x13EVENT_TYPE_UNSTAGED\x10\x06\x12\x17\n" +
+	"\x13EVENT_TYPE_EXPANDED\x10\a2\xb2\x04\n" +
 	"\rVolumeService\x12J\n" +
 	"\vStageVolume\x12\x1c.crust.v1.StageVolumeRequest\x1a\x1d.crust.v1.StageVolumeResponse\x12P\n" +
 	"\rUnstageVolume\x12\x1e.crust.v1.UnstageVolumeRequest\x1a\x1f.crust.v1.UnstageVolumeResponse\x12D\n" +
