@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/internal/hostdev/sysfstree"
 	"crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/store"
 	"crust.dev/crust/internal/validate"
@@ -24,7 +25,8 @@ import (
 )
 
 // env is a manager on real parts: store, Kata projection and validator in temp dirs, with block device
-// nodes made by mknod (never opened, only stat'ed).
+// nodes made by mknod (never opened, only stat'ed) and what the kernel would say of them in a sysfs
+// tree (more devices than a host has).
 type env struct {
 	t        *testing.T
 	root     string
@@ -32,6 +34,7 @@ type env struct {
 	devDir   string
 	stateDir string
 	kataDir  string
+	sysfs    string
 	m        *Manager
 }
 
@@ -47,6 +50,7 @@ func newEnv(t *testing.T) *env {
 		devDir:   filepath.Join(root, "dev"),
 		stateDir: filepath.Join(root, "state"),
 		kataDir:  filepath.Join(root, "kata"),
+		sysfs:    filepath.Join(root, "sys"),
 	}
 	for _, d := range []string{e.kubelet, e.devDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -66,13 +70,18 @@ func (e *env) mknod(name string, major, minor uint32) string {
 	if err := unix.Mknod(p, unix.S_IFBLK|0o600, int(unix.Mkdev(major, minor))); err != nil {
 		e.t.Fatal(err)
 	}
+	if err := sysfstree.Add(e.sysfs, sysfstree.Device{Dir: fmt.Sprintf("virtual/block/%d:%d", major, minor),
+		Major: major, Minor: minor, Name: name}); err != nil {
+		e.t.Fatal(err)
+	}
 	return p
 }
 
 // reopen starts a new manager on the same directories, as a restarted crustd would.
 func (e *env) reopen() {
 	e.t.Helper()
-	v, err := validate.New(validate.Config{KubeletDir: e.kubelet, DeviceAllow: []string{e.devDir + "/*"}})
+	v, err := validate.New(validate.Config{KubeletDir: e.kubelet, DeviceAllow: []string{e.devDir + "/*", "/dev/disk*"},
+		Sysfs: e.sysfs})
 	if err != nil {
 		e.t.Fatal(err)
 	}
