@@ -835,8 +835,8 @@ func (h *hostileEnv) cases() []hostileCase {
 		if code == 0 {
 			return nil
 		}
-		if strings.Contains(errOut, "UTF-8") {
-			return status.Error(codes.InvalidArgument, errOut) // refused before it was sent, naming the reason
+		if code == 2 && strings.Contains(errOut, "--target-path is not valid UTF-8") {
+			return status.Error(codes.InvalidArgument, errOut) // refused before it was sent, naming the argument
 		}
 		return ctlError(errOut)
 	}})
