@@ -448,6 +448,7 @@ func blockNode(dev uint64) func(p string) error {
 func charNode(dev uint64) func(p string) error {
 	return func(p string) error { return unix.Mknod(p, unix.S_IFCHR|0o600, int(dev)) }
 }
+
 // listening makes a unix socket at p (a long p is bound beside it under a short name and moved there:
 // a socket address holds 107 bytes).
 func listening(p string) error {
