@@ -67,7 +67,7 @@ type hostileTally struct {
 // whether anything changed in the state directory, the Kata directory, the targets of planted links or
 // in what crustd lists (the goal is zero). It prints one summary line.
 func TestHostileInputs(t *testing.T) {
-	d := newDaemon(t)
+	d := newDaemon(t, "--log-level", "debug") // every request is logged: secrets must still not be
 	h := newHostileEnv(t, d)
 	cases := h.cases()
 	tally := hostileTally{codes: map[codes.Code]int{}}
@@ -107,7 +107,10 @@ type hostileEnv struct {
 	endpointA        string     // sb-a's handler
 }
 
-const hostileSandbox = "sb-a"
+const (
+	hostileSandbox = "sb-a"
+	hostileSecret  = "s3cr3t-value-never-logged"
+)
 
 func newHostileEnv(t *testing.T, d *daemon) *hostileEnv {
 	h := &hostileEnv{d: d, devA: loopDevice(t, 16<<20), devB: loopDevice(t, 16<<20), devC: loopDevice(t, 16<<20)}
@@ -134,7 +137,7 @@ func newHostileEnv(t *testing.T, d *daemon) *hostileEnv {
 	for _, s := range []struct{ target, dev string }{{h.tA, h.devA}, {h.tA2, h.devA}, {h.tB, h.devB}} {
 		_, err := h.vc.StageVolume(ctx, &crustv1.StageVolumeRequest{Spec: &crustv1.VolumeSpec{
 			VolumeTargetPath: s.target, VolumeBackingPath: s.dev, FsType: "ext4", VolumeId: filepath.Base(filepath.Dir(s.target)),
-			Metadata: map[string]string{"encryptionKey": "s3cr3t"}}})
+			Metadata: map[string]string{"encryptionKey": hostileSecret}}})
 		must(err)
 	}
 	// sandbox sb-a's handler: alive (health), implementing nothing else
@@ -155,18 +158,62 @@ func newHostileEnv(t *testing.T, d *daemon) *hostileEnv {
 
 // deadHandler claims tB for a sandbox whose handler endpoint nobody serves, makes call, and releases.
 func (h *hostileEnv) deadHandler(call func(t *testing.T) error) func(t *testing.T) error {
+	return h.claimThen("sb-dead", "unix://"+filepath.Join(h.d.root, "nobody-serves.sock"), call)
+}
+
+// claimThen claims tB for sandbox with endpoint, makes call, and releases.
+func (h *hostileEnv) claimThen(sandbox, endpoint string, call func(t *testing.T) error) func(t *testing.T) error {
 	return func(t *testing.T) error {
 		ctx, cancel := ctx5()
 		defer cancel()
-		if _, err := h.rc.ClaimVolume(ctx, &crustv1.ClaimVolumeRequest{VolumeTargetPath: h.tB, SandboxId: "sb-dead",
-			HandlerEndpoint: "unix://" + filepath.Join(h.d.root, "nobody-serves.sock")}); err != nil {
+		if _, err := h.rc.ClaimVolume(ctx, &crustv1.ClaimVolumeRequest{VolumeTargetPath: h.tB, SandboxId: sandbox,
+			HandlerEndpoint: endpoint}); err != nil {
 			t.Fatal(err)
 		}
 		defer func() {
-			_, _ = h.rc.ReleaseVolume(ctx, &crustv1.ReleaseVolumeRequest{VolumeTargetPath: h.tB, SandboxId: "sb-dead"})
+			_, _ = h.rc.ReleaseVolume(ctx, &crustv1.ReleaseVolumeRequest{VolumeTargetPath: h.tB, SandboxId: sandbox})
 		}()
 		return call(t)
 	}
+}
+
+// stalledWatchers opens 100 watches that are never read, makes 1100 changes (more than a watcher may
+// fall behind), and checks that calls are still answered (a stalled watcher is cut off, not waited for).
+func (h *hostileEnv) stalledWatchers(t *testing.T) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for range 100 {
+		if _, err := h.rc.WatchVolumes(ctx, &crustv1.WatchVolumesRequest{SendExisting: true}); err != nil {
+			return err
+		}
+	}
+	err := h.stageAndUndo(func(*crustv1.VolumeSpec) {})(t) // 2 changes per round
+	for i := 0; err == nil && i < 549; i++ {
+		err = h.stageAndUndo(func(*crustv1.VolumeSpec) {})(t)
+	}
+	if err != nil {
+		return err
+	}
+	return h.listAll()
+}
+
+// idleConnections opens 1000 connections to crustd's socket that say nothing, and checks that a call is
+// still answered.
+func (h *hostileEnv) idleConnections(t *testing.T) error {
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	for range 1000 {
+		c, err := net.Dial("unix", h.d.socket)
+		if err != nil {
+			t.Fatalf("connection %d: %v", len(conns)+1, err)
+		}
+		conns = append(conns, c)
+	}
+	return h.listAll()
 }
 
 // nonLoopDevice returns a block device of this host that is not a loop device, with its number.
@@ -228,6 +275,9 @@ func (h *hostileEnv) run(t *testing.T, c hostileCase, tally *hostileTally) {
 	if got != c.want && !slices.Contains(c.alsoOK, got) {
 		tally.wrong++
 		problems = append(problems, fmt.Sprintf("answered %s (%v), want %s", got, err, c.want))
+	}
+	if strings.Contains(h.d.log.String(), hostileSecret) {
+		problems = append(problems, "crustd's log holds the secret metadata value")
 	}
 	var diff []string
 	if got != codes.OK {
@@ -979,6 +1029,19 @@ func (h *hostileEnv) cases() []hostileCase {
 				undo2 := plantAt(filepath.Join(h.d.state, "volumes", strings.Repeat("c", 64)+".json"), regular)(t)
 				return func() { undo2(); undo1() }
 			}, act: h.restartAndList, ignore: []string{strings.Repeat("c", 64)}},
+	)
+
+	// ---- resource abuse
+	add(
+		hostileCase{name: "claim: sandbox id mountInfo.json", act: claim(h.tB, "mountInfo.json", ep), want: inv},
+		hostileCase{name: "expand: required bytes 2^63-1", act: expand(h.tA, 1<<63-1, 0), want: codes.FailedPrecondition},
+		hostileCase{name: "stats: a handler endpoint that is crustd's own socket", want: codes.Unimplemented,
+			act: h.claimThen("sb-self", "unix://"+h.d.socket, stats(h.tB))},
+		hostileCase{name: "secret metadata in a refused request is not logged", want: inv, act: h.stage(func(s *crustv1.VolumeSpec) {
+			s.Metadata = map[string]string{"encryptionKey": hostileSecret, "example.com/unknown": "x"}
+		})},
+		hostileCase{name: "watch: 100 watchers that never read while 1100 changes happen", want: codes.OK, act: h.stalledWatchers},
+		hostileCase{name: "connections: 1000 held open without a word, then a call", want: codes.OK, act: h.idleConnections},
 	)
 
 	// ---- races on one target path
