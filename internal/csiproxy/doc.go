@@ -121,6 +121,6 @@
 // The private block paths must be visible to the driver and the proxy alike, and the devices to crustd:
 // kubelet's target paths are (a containerised driver mounts <kubelet>/pods with bidirectional
 // propagation), and the proxy needs the host's /dev and /sys to name a device crustd accepts (with neither,
-// the private node itself is deposited, which crustd's --device-allow must then admit). The driver must
-// support raw block volumes.
+// the private node itself is deposited, which crustd's --device-allow must then admit, as it must the
+// kernel's /dev name for the node's number). The driver must support raw block volumes.
 package csiproxy

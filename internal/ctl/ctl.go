@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -29,6 +30,21 @@ type usageError struct{ error }
 
 // Main runs crustctl with args and returns the exit status.
 func Main(args []string, stdout, stderr io.Writer) int {
+	// Every string crustctl sends is a protobuf string, which must be UTF-8: name the argument that is
+	// not, rather than let the encoder fail with an INTERNAL that names none.
+	for i, a := range args {
+		if utf8.ValidString(a) {
+			continue
+		}
+		what := fmt.Sprintf("argument %d", i+1)
+		if name, _, ok := strings.Cut(a, "="); ok && strings.HasPrefix(a, "-") && utf8.ValidString(name) {
+			what = name
+		} else if i > 0 && strings.HasPrefix(args[i-1], "-") {
+			what = "the value of " + args[i-1]
+		}
+		fmt.Fprintf(stderr, "crustctl: %s is not valid UTF-8\n", what)
+		return 2
+	}
 	cmd := NewCommand()
 	cmd.SetArgs(args)
 	cmd.SetOut(stdout)

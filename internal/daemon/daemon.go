@@ -31,14 +31,17 @@ import (
 
 // Config is crustd's configuration; the flags of NewCommand fill it.
 type Config struct {
-	Socket          string
-	StateDir        string
-	KataDir         string   // "" disables the Kata projection
-	KataShimDirs    []string // where Kata shims serve stats and resize, tried in order; empty: Kata's defaults
-	KubeletDir      string
-	DeviceAllow     []string
-	AllowFileBacked bool
-	MetadataKeys    []string
+	Socket       string
+	StateDir     string
+	KataDir      string   // "" disables the Kata projection
+	KataShimDirs []string // where Kata shims serve stats and resize, tried in order; empty: Kata's defaults
+	KubeletDir   string
+	DeviceAllow  []string
+	// DeviceAllowKinds are the kinds of block device allowed (loop, dm, ...), decided from sysfs; empty
+	// allows every kind.
+	DeviceAllowKinds []string
+	AllowFileBacked  bool
+	MetadataKeys     []string
 	// AllowMountOptions are the privileged mount options (dev, suid) descriptors may carry.
 	AllowMountOptions []string
 	AllowUIDs         []uint32
@@ -70,7 +73,7 @@ func Defaults() Config {
 // Run serves until ctx ends, then stops gracefully. It returns an error when start-up fails.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	v, err := validate.New(validate.Config{
-		KubeletDir: cfg.KubeletDir, DeviceAllow: cfg.DeviceAllow,
+		KubeletDir: cfg.KubeletDir, DeviceAllow: cfg.DeviceAllow, DeviceAllowKinds: cfg.DeviceAllowKinds,
 		AllowFileBacked: cfg.AllowFileBacked, MetadataKeys: cfg.MetadataKeys, AllowMountOptions: cfg.AllowMountOptions,
 	})
 	if err != nil {
@@ -195,7 +198,10 @@ func NewCommand() *cobra.Command {
 	f.StringSliceVar(&cfg.KataShimDirs, "kata-shim-dirs", cfg.KataShimDirs,
 		"directories of Kata sandboxes, tried in order for <dir>/<sandbox id>/shim-monitor.sock (stats and resize of volumes a Kata shim uses)")
 	f.StringVar(&cfg.KubeletDir, "kubelet-dir", cfg.KubeletDir, "kubelet root; target paths must lie under it")
-	f.StringSliceVar(&cfg.DeviceAllow, "device-allow", cfg.DeviceAllow, "glob a device must match after symlinks are resolved (repeatable)")
+	f.StringSliceVar(&cfg.DeviceAllow, "device-allow", cfg.DeviceAllow, "glob a device must match after symlinks are resolved, "+
+		"as must the kernel's name for a block device outside /dev (repeatable)")
+	f.StringSliceVar(&cfg.DeviceAllowKinds, "device-allow-kind", nil, "kinds of block device allowed, decided from sysfs: "+
+		"loop, dm, md, nvme, pmem, virtio, scsi, rbd, other (comma-separated or repeatable; every kind when unset)")
 	f.BoolVar(&cfg.AllowFileBacked, "allow-file-backed", false, "accept regular image files as volumes (VOLUME_TYPE_FILE)")
 	f.StringSliceVar(&cfg.MetadataKeys, "metadata-key", nil, "extra metadata key to accept (repeatable)")
 	f.StringSliceVar(&cfg.AllowMountOptions, "allow-mount-option", nil, "privileged mount option to accept in descriptors: dev or suid (repeatable; none by default)")

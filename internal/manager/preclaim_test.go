@@ -38,7 +38,7 @@ func TestStatsAndExpandBeforeAnyClaim(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	dev, img := loopDevice(t, 8<<20)
-	e.allow = []string{dev}
+	e.addReal(dev)
 	e.reopen()
 	spec := e.spec(0, 0)
 	spec.VolumeBackingPath = dev
