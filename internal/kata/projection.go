@@ -34,45 +34,57 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os"
 	"slices"
 	"strconv"
 
 	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	katafmt "crust.dev/crust/pkg/kata"
+	"crust.dev/crust/pkg/safedir"
 )
 
 // Projection writes descriptors into one Kata direct-volume directory. A disabled Projection (from New
 // with an empty dir) does nothing and reports no sandboxes. The methods may be called concurrently for
 // different target paths; calls for one target path must be serialised by the caller.
 type Projection struct {
-	dir string
+	dir *katafmt.Dir // nil when disabled
 }
 
-// New returns the projection into dir, creating dir (mode 0700, as Kata does) when missing. An empty dir
-// returns a disabled projection.
+// New returns the projection into dir, opened once for the daemon's life, creating dir (mode 0700, as
+// Kata does) when missing. It fails with errdefs.ErrFailedPrecondition, naming the path, the owner and
+// the mode, when another user owns dir or may write in it, or when dir is a symbolic link: everything in
+// it is done relative to the opened directory and never follows a link (see katafmt.ErrForeignEntry).
+// An empty dir returns a disabled projection.
 func New(dir string) (*Projection, error) {
 	if dir == "" {
 		return &Projection{}, nil
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	d, err := katafmt.OpenDir(dir)
+	if errors.Is(err, safedir.ErrInsecure) || errors.Is(err, katafmt.ErrForeignEntry) {
+		return nil, fmt.Errorf("kata directory: %w: %w", err, errdefs.ErrFailedPrecondition)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("kata directory: %w", err)
 	}
-	return &Projection{dir: dir}, nil
+	return &Projection{dir: d}, nil
 }
 
 // Enabled says whether the projection writes anything.
-func (p *Projection) Enabled() bool { return p.dir != "" }
+func (p *Projection) Enabled() bool { return p.dir != nil }
 
 // Dir returns the Kata direct-volume directory, or "" when the projection is disabled.
-func (p *Projection) Dir() string { return p.dir }
+func (p *Projection) Dir() string {
+	if p.dir == nil {
+		return ""
+	}
+	return p.dir.Path()
+}
 
 // Write projects v: it writes the MountInfo of v's spec as the mountInfo.json of its target path,
 // atomically, keeping the sandbox-id files already there. Writing the same descriptor again is a no-op
 // (the file is not rewritten when its content is already right).
 func (p *Projection) Write(v *crustv1.Volume) error {
-	if p.dir == "" {
+	if p.dir == nil {
 		return nil
 	}
 	spec := v.GetSpec()
@@ -80,7 +92,7 @@ func (p *Projection) Write(v *crustv1.Volume) error {
 		return errdefs.Field("spec", "is required")
 	}
 	target := spec.GetVolumeTargetPath()
-	if err := katafmt.AddMountInfo(p.dir, target, MountInfo(v)); err != nil {
+	if err := p.dir.AddMountInfo(target, MountInfo(v)); err != nil {
 		return wrap(target, err)
 	}
 	return nil
@@ -89,20 +101,20 @@ func (p *Projection) Write(v *crustv1.Volume) error {
 // Remove deletes the projection of target with its sandbox-id files. A target that has none is not an
 // error.
 func (p *Projection) Remove(target string) error {
-	if p.dir == "" {
+	if p.dir == nil {
 		return nil
 	}
-	return wrap(target, katafmt.Remove(p.dir, target))
+	return wrap(target, p.dir.Remove(target))
 }
 
 // SandboxIDs returns the sandboxes a Kata shim recorded in the projection of target, in the order Kata
 // reads them (it uses the first); none is an empty list. A target that has no projection is
 // errdefs.ErrNotFound. A disabled projection returns an empty list.
 func (p *Projection) SandboxIDs(target string) ([]string, error) {
-	if p.dir == "" {
+	if p.dir == nil {
 		return nil, nil
 	}
-	ids, err := katafmt.SandboxIDs(p.dir, target)
+	ids, err := p.dir.SandboxIDs(target)
 	if err != nil {
 		return nil, wrap(target, err)
 	}
@@ -112,10 +124,10 @@ func (p *Projection) SandboxIDs(target string) ([]string, error) {
 // ForgetSandbox removes a Kata shim's record that sandboxID uses target (a forced release of a Kata
 // claim); a record that is not there is not an error.
 func (p *Projection) ForgetSandbox(target, sandboxID string) error {
-	if p.dir == "" {
+	if p.dir == nil {
 		return nil
 	}
-	if err := katafmt.ForgetSandbox(p.dir, target, sandboxID); err != nil {
+	if err := p.dir.ForgetSandbox(target, sandboxID); err != nil {
 		return wrap(target, err)
 	}
 	return nil
@@ -126,10 +138,10 @@ func (p *Projection) ForgetSandbox(target, sandboxID string) error {
 // keeping sandbox-id files), and removes the projection of every target in drop that is not also in
 // keep. It touches no other volume directory. It goes on past failures and returns them all joined.
 func (p *Projection) Sync(keep []*crustv1.Volume, drop []string) error {
-	if p.dir == "" {
+	if p.dir == nil {
 		return nil
 	}
-	if err := katafmt.CleanTemp(p.dir); err != nil {
+	if err := p.dir.CleanTemp(); err != nil {
 		return fmt.Errorf("clean the kata temporary directory: %w", err)
 	}
 	var errs []error
@@ -188,11 +200,14 @@ func MountInfo(v *crustv1.Volume) *katafmt.MountInfo {
 	return info
 }
 
-// wrap names target in err, and turns a target path Kata cannot hold into bad input.
+// wrap names target in err, turns a target path Kata cannot hold into bad input, and an entry planted
+// where the format puts another kind into a failed precondition (it was never written through).
 func wrap(target string, err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, katafmt.ErrForeignEntry):
+		return fmt.Errorf("kata projection of %q: %w: %w", target, err, errdefs.ErrFailedPrecondition)
 	case errors.Is(err, katafmt.ErrInvalidVolumePath):
 		return errdefs.Field("spec.volume_target_path", "%v", err)
 	case errors.Is(err, katafmt.ErrNotFound):

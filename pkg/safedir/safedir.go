@@ -58,12 +58,17 @@ func Open(path string) (*Dir, error) {
 	return &Dir{f: os.NewFile(uintptr(fd), path), path: path}, nil
 }
 
-// OpenPrivate opens the directory at path for a daemon's own state: it creates it (mode 0700) when
-// missing, fails with ErrInsecure when another user owns it or may write in it (see CheckOwned), and
-// then makes its mode exactly 0700, so that no one else may even list it.
+// OpenPrivate opens the directory at path for a daemon's own state: it creates it (mode 0700, its
+// parent fsynced) when missing, fails with ErrInsecure when another user owns it or may write in it (see
+// CheckOwned), and then makes its mode exactly 0700, so that no one else may even list it.
 func OpenPrivate(path string) (*Dir, error) {
-	if err := os.MkdirAll(path, 0o700); err != nil {
-		return nil, err
+	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(path, 0o700); err != nil {
+			return nil, err
+		}
+		if err := syncPath(filepath.Dir(path)); err != nil {
+			return nil, err
+		}
 	}
 	d, err := Open(path)
 	if err != nil {
@@ -78,6 +83,15 @@ func OpenPrivate(path string) (*Dir, error) {
 		return nil, err
 	}
 	return d, nil
+}
+
+// syncPath fsyncs the directory at path.
+func syncPath(path string) error {
+	d, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
 }
 
 // Path returns the path the directory was opened at (or, for a subdirectory, its path below that).

@@ -9,36 +9,8 @@ import (
 	"testing"
 
 	"crust.dev/crust/pkg/safedir"
+	"crust.dev/crust/pkg/safedir/safedirtest"
 )
-
-// snapshot records every entry under dir (name, mode, content), to show that nothing there changed.
-func snapshot(t *testing.T, dir string) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		fi, err := e.Info()
-		if err != nil {
-			return err
-		}
-		v := fi.Mode().String()
-		if fi.Mode().IsRegular() {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			v += " " + string(b)
-		}
-		out[p] = v
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
 
 // planted makes a directory holding a link to a directory outside, a link to a file outside, a regular
 // file, a directory and a FIFO; it returns the open directory and the outside directory.
@@ -108,14 +80,12 @@ func TestNeverThroughALink(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			d, outside := planted(t)
-			before := snapshot(t, outside)
+			before := safedirtest.Snapshot(t, outside)
 			err := tc.op(d)
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("err = %v, want %v", err, tc.want)
 			}
-			if after := snapshot(t, outside); !equal(before, after) {
-				t.Fatalf("outside changed:\nbefore %v\nafter  %v", before, after)
-			}
+			safedirtest.Unchanged(t, before, outside)
 		})
 	}
 }
@@ -142,11 +112,9 @@ func TestLinksAreActedOnNotFollowed(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			d, outside := planted(t)
-			before := snapshot(t, outside)
+			before := safedirtest.Snapshot(t, outside)
 			must(t, tc.op(d))
-			if after := snapshot(t, outside); !equal(before, after) {
-				t.Fatalf("outside changed:\nbefore %v\nafter  %v", before, after)
-			}
+			safedirtest.Unchanged(t, before, outside)
 			var mode fs.FileMode
 			fi, err := d.Lstat(tc.entry)
 			if err == nil {
@@ -164,7 +132,7 @@ func TestLinksAreActedOnNotFollowed(t *testing.T) {
 // TestRemoveAll deletes a tree without following the links in it.
 func TestRemoveAll(t *testing.T) {
 	d, outside := planted(t)
-	before := snapshot(t, outside)
+	before := safedirtest.Snapshot(t, outside)
 	must(t, os.MkdirAll(d.Join("dir/a/b"), 0o700))
 	must(t, os.Symlink(outside, d.Join("dir/a/link")))
 	must(t, os.WriteFile(d.Join("dir/a/b/f"), nil, 0o600))
@@ -173,9 +141,7 @@ func TestRemoveAll(t *testing.T) {
 	if _, err := d.Lstat("dir"); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("dir still there: %v", err)
 	}
-	if after := snapshot(t, outside); !equal(before, after) {
-		t.Fatalf("outside changed")
-	}
+	safedirtest.Unchanged(t, before, outside)
 }
 
 // TestCheckOwned refuses a directory another user owns or may write in.
@@ -199,9 +165,7 @@ func TestCheckOwned(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "d")
-			must(t, os.Mkdir(dir, 0o700))
-			must(t, os.Chmod(dir, tc.mode))
-			must(t, os.Chown(dir, tc.uid, 0))
+			safedirtest.Mkdir(t, dir, tc.mode, tc.uid)
 			d, err := safedir.Open(dir)
 			must(t, err)
 			defer func() { _ = d.Close() }()
@@ -258,16 +222,4 @@ func TestWriteFile(t *testing.T) {
 	if err := tmp.RenameNoReplace(name, d, "tmp2"); !errors.Is(err, fs.ErrExist) {
 		t.Fatalf("RenameNoReplace onto an existing name: %v", err)
 	}
-}
-
-func equal(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
