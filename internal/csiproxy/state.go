@@ -110,7 +110,7 @@ func (s *state) close() { s.lock.Release() }
 
 // openState creates the directories, empties tmp/, and loads the records as the package doc describes.
 // The state directory must be ours and writable by us alone, and neither it nor its subdirectories may be
-// symbolic links (see safedir.OpenPrivate); every record operation is relative to the opened directories
+// symbolic links (see safedir.OpenOwned); every record operation is relative to the opened directories
 // and never follows a link.
 func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 	s := &state{dir: dir, bootID: bootID, block: filepath.Join(dir, "block"), idx: map[string]*Record{}}
@@ -127,7 +127,7 @@ func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 			lock.Release()
 		}
 	}()
-	root, err := safedir.OpenPrivate(dir)
+	root, err := safedir.OpenOwned(dir)
 	if err != nil {
 		return nil, fmt.Errorf("--state-dir: %w", err)
 	}

@@ -27,11 +27,11 @@ var ErrHeld = errors.New("state directory in use")
 type Lock struct{ f *os.File }
 
 // Acquire locks dir for this process, recording who as the holder's name (such as "crustd"). dir is
-// created (0700) when missing and opened as safedir.OpenPrivate does: a symbolic link at its place, a
+// created (0700) when missing and opened as safedir.OpenOwned does: a symbolic link at its place, a
 // directory another user owns or may write in, or anything but a regular file at <dir>/lock is refused
 // with an error naming it, before anything is created in it.
 func Acquire(dir, who string) (*Lock, error) {
-	d, err := safedir.OpenPrivate(dir)
+	d, err := safedir.OpenOwned(dir)
 	if err != nil {
 		return nil, fmt.Errorf("lock %s: %w", dir, err)
 	}

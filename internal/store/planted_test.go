@@ -65,8 +65,8 @@ func TestPlantedLinksInTheStateDir(t *testing.T) {
 }
 
 // TestStateDirOwnerAndMode: crustd's state directory must be ours and writable by us alone; Open refuses
-// anything else, naming the path, the owner and the mode, before it touches anything, and tightens a
-// directory only we may write in to 0700.
+// anything else, naming the path, the owner and the mode, before it touches anything, and changes no
+// mode.
 func TestStateDirOwnerAndMode(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to chown")
@@ -79,7 +79,7 @@ func TestStateDirOwnerAndMode(t *testing.T) {
 		after   fs.FileMode
 	}{
 		{"0700", 0o700, 0, "", 0o700},
-		{"0755 (as kubelet's DirectoryOrCreate makes it)", 0o755, 0, "", 0o700},
+		{"0755 (as kubelet's DirectoryOrCreate makes it)", 0o755, 0, "", 0o755},
 		{"0777", 0o777, 0, "owned by uid 0 with mode 0777", 0o777},
 		{"0770", 0o770, 0, "owned by uid 0 with mode 0770", 0o770},
 		{"another user's", 0o700, 1000, "owned by uid 1000 with mode 0700", 0o700},

@@ -25,7 +25,7 @@
 //
 // This format is a contract: a change that older code cannot read correctly takes a new record version.
 //
-//	<dir>/                                    mode 0700, ours; created if missing (see Open for an existing one)
+//	<dir>/                                    ours, writable by us alone; created mode 0700 if missing
 //	<dir>/volumes/                            mode 0700
 //	<dir>/volumes/<key>.json                  one record per target path, mode 0600
 //	<dir>/tmp/                                mode 0700; files of writes in progress; emptied by Open
@@ -117,8 +117,8 @@ type LoadReport struct {
 // operation of the Store is done relative to them, never through a link. Open fails with
 // errdefs.ErrFailedPrecondition, naming the path, when dir or one of its subdirectories is a symbolic link
 // or not a directory, or when dir is owned by another user than this process's effective one or writable
-// by its group or others (the error names the owner and the mode); it then changes nothing. A dir only
-// its owner may write in is given mode 0700.
+// by its group or others (the error names the owner and the mode); it then changes nothing. A missing
+// dir is created mode 0700; an existing one keeps its mode.
 //
 // Open fails on a record of a newer format version (before it deletes or moves any record) and on I/O
 // errors; it does not fail because of a damaged record.
@@ -129,7 +129,7 @@ func Open(dir, bootID string, log *slog.Logger) (*Store, *LoadReport, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	root, err := safedir.OpenPrivate(dir)
+	root, err := safedir.OpenOwned(dir)
 	if err != nil {
 		return nil, nil, fmt.Errorf("store: %w", precondition(err))
 	}

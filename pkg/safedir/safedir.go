@@ -52,16 +52,23 @@ type Dir struct {
 // Open opens the existing directory at path. The last element of path must not be a symbolic link.
 func Open(path string) (*Dir, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOTDIR) {
+		// O_DIRECTORY answers for a link too; say which it is.
+		if fi, lerr := os.Lstat(path); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			err = unix.ELOOP
+		}
+	}
 	if err != nil {
 		return nil, pathErr("open", path, err, true)
 	}
 	return &Dir{f: os.NewFile(uintptr(fd), path), path: path}, nil
 }
 
-// OpenPrivate opens the directory at path for a daemon's own state: it creates it (mode 0700, its
-// parent fsynced) when missing, fails with ErrInsecure when another user owns it or may write in it (see
-// CheckOwned), and then makes its mode exactly 0700, so that no one else may even list it.
-func OpenPrivate(path string) (*Dir, error) {
+// OpenOwned opens the directory at path for a daemon's own state: it creates it (mode 0700, its parent
+// fsynced) when missing, and fails with ErrInsecure when another user owns it or may write in it (see
+// CheckOwned). An existing directory keeps its mode: one that others may read and search but not write
+// (0755) is accepted, because the daemon's socket may live there for callers of other uids.
+func OpenOwned(path string) (*Dir, error) {
 	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
 		if err := os.MkdirAll(path, 0o700); err != nil {
 			return nil, err
@@ -75,10 +82,6 @@ func OpenPrivate(path string) (*Dir, error) {
 		return nil, err
 	}
 	if err := d.CheckOwned(); err != nil {
-		_ = d.Close()
-		return nil, err
-	}
-	if err := d.chmod(0o700); err != nil {
 		_ = d.Close()
 		return nil, err
 	}

@@ -172,18 +172,14 @@ func TestCheckOwned(t *testing.T) {
 			if err := d.CheckOwned(); !errors.Is(err, tc.want) {
 				t.Fatalf("CheckOwned = %v, want %v", err, tc.want)
 			}
-			_, err = safedir.OpenPrivate(dir)
+			_, err = safedir.OpenOwned(dir)
 			if !errors.Is(err, tc.want) {
-				t.Fatalf("OpenPrivate = %v, want %v", err, tc.want)
+				t.Fatalf("OpenOwned = %v, want %v", err, tc.want)
 			}
 			fi, err := os.Stat(dir)
 			must(t, err)
-			want := tc.mode
-			if tc.want == nil {
-				want = 0o700 // OpenPrivate tightens a directory only its owner may write in
-			}
-			if fi.Mode()&(fs.ModePerm|fs.ModeSticky) != want {
-				t.Fatalf("mode %v afterwards, want %v", fi.Mode(), want)
+			if fi.Mode()&(fs.ModePerm|fs.ModeSticky) != tc.mode {
+				t.Fatalf("mode %v afterwards, want %v unchanged", fi.Mode(), tc.mode)
 			}
 		})
 	}
@@ -191,7 +187,7 @@ func TestCheckOwned(t *testing.T) {
 
 // TestWriteFile is atomic: the file has the new content and mode, and the temporary directory is empty.
 func TestWriteFile(t *testing.T) {
-	d, err := safedir.OpenPrivate(filepath.Join(t.TempDir(), "state"))
+	d, err := safedir.OpenOwned(filepath.Join(t.TempDir(), "state"))
 	must(t, err)
 	tmp, err := d.EnsureDir("tmp", 0o700)
 	must(t, err)
