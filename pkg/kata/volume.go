@@ -512,5 +512,5 @@ func foreign(err error) error {
 
 // foreignKind is ErrForeignEntry for the entry at path, described by fi.
 func foreignKind(path string, fi fs.FileInfo) error {
-	return fmt.Errorf("%s is %s: %w", path, fi.Mode().Type(), ErrForeignEntry)
+	return fmt.Errorf("%s is %s: %w", path, safedir.Kind(fi.Mode()), ErrForeignEntry)
 }

@@ -204,7 +204,7 @@ func (d *Dir) OpenFile(name string, flag int, perm fs.FileMode) (*os.File, error
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		_ = unix.Close(fd)
-		return nil, fmt.Errorf("open %s: %w: %s", d.Join(name), ErrWrongType, kindOf(st.Mode))
+		return nil, fmt.Errorf("open %s: %w: %s", d.Join(name), ErrWrongType, Kind((&fileInfo{st: st}).Mode()))
 	}
 	if err := unix.SetNonblock(fd, false); err != nil {
 		_ = unix.Close(fd)
@@ -380,6 +380,13 @@ func (d *Dir) openat(op, name string, flag int, perm uint32) (int, error) {
 		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) { // EAGAIN: a rename raced the lookup
 			continue
 		}
+		if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+			// Both answer for a link and for a non-directory; say which it is.
+			var st unix.Stat_t
+			if unix.Fstatat(d.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+				return -1, fmt.Errorf("%s %s: %w: %s", op, d.Join(name), ErrWrongType, Kind((&fileInfo{st: st}).Mode()))
+			}
+		}
 		if err != nil {
 			return -1, pathErr(op, d.Join(name), err, true)
 		}
@@ -429,20 +436,24 @@ func wrongType(err error) error {
 	return err
 }
 
-func kindOf(mode uint32) string {
-	switch mode & unix.S_IFMT {
-	case unix.S_IFDIR:
-		return "a directory"
-	case unix.S_IFLNK:
+// Kind describes the kind of entry of mode for messages: "a symbolic link", "a directory", "a regular
+// file", "a FIFO", "a socket", "a device node".
+func Kind(mode fs.FileMode) string {
+	switch {
+	case mode&fs.ModeSymlink != 0:
 		return "a symbolic link"
-	case unix.S_IFIFO:
+	case mode.IsDir():
+		return "a directory"
+	case mode.IsRegular():
+		return "a regular file"
+	case mode&fs.ModeNamedPipe != 0:
 		return "a FIFO"
-	case unix.S_IFSOCK:
+	case mode&fs.ModeSocket != 0:
 		return "a socket"
-	case unix.S_IFCHR, unix.S_IFBLK:
+	case mode&fs.ModeDevice != 0:
 		return "a device node"
 	}
-	return "not a regular file"
+	return "an entry of unknown kind"
 }
 
 func randomSuffix() string {

@@ -15,6 +15,7 @@ import (
 
 	"crust.dev/crust/pkg/kata"
 	"crust.dev/crust/pkg/kata/katatest"
+	"crust.dev/crust/pkg/safedir/safedirtest"
 )
 
 // The vectors were produced by running Kata's own code; pkg/kata keeps the copy.
@@ -264,4 +265,31 @@ func TestUnderCrustctl(t *testing.T) {
 	if strings.TrimSpace(out.String()) != "[]" || *global != "" {
 		t.Fatalf("printed %q, global -o %q", out.String(), *global)
 	}
+}
+
+// TestPlantedLink: a link planted at a volume directory's place is refused by add, get, remove and the
+// sandbox commands alike, blamed on --kata-dir, and nothing is written, read or removed where it points.
+func TestPlantedLink(t *testing.T) {
+	dir, outside := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, kata.MountInfoFileName), []byte(`{"device":"/dev/planted"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(dir, kata.VolumeDirName("/v"))); err != nil {
+		t.Fatal(err)
+	}
+	before := safedirtest.Snapshot(t, outside)
+	for _, args := range [][]string{
+		{"add", "--volume-path", "/v", "--mount-info", `{"device":"/dev/a"}`},
+		{"get", "--volume-path", "/v"},
+		{"remove", "--volume-path", "/v"},
+	} {
+		out, err := run(t, append([]string{"--kata-dir", dir}, args...)...)
+		if !errors.Is(err, kata.ErrForeignEntry) || !strings.HasPrefix(err.Error(), "--kata-dir: ") || out != "" {
+			t.Errorf("%q: %q, %v; want a --kata-dir error wrapping ErrForeignEntry", args, out, err)
+		}
+	}
+	if out := mustRun(t, "--kata-dir", dir, "list", "-o", "json"); strings.Contains(out, "planted") {
+		t.Errorf("list read through the link: %s", out)
+	}
+	safedirtest.Unchanged(t, before, outside)
 }
