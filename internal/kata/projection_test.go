@@ -336,7 +336,7 @@ func TestWriteOverAFileIsFailedPrecondition(t *testing.T) {
 	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Write(volume(nil)); !errors.Is(err, errdefs.ErrFailedPrecondition) || Kind(err) != crustv1.ProblemKind_PROBLEM_KIND_KATA_NOT_A_DIRECTORY {
+	if err := p.Write(volume(nil)); !errors.Is(err, errdefs.ErrFailedPrecondition) || Kind(err) != crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY {
 		t.Fatalf("Write over a file = %v, want FailedPrecondition", err)
 	}
 	if b, err := os.ReadFile(file); err != nil || string(b) != "x" {
@@ -394,7 +394,7 @@ func TestSync(t *testing.T) {
 
 	before, _ := os.Stat(name("/t/unchanged"))
 	failed, err := p.Sync([]*crustv1.Volume{unchanged, file, changed, long, missing, both}, []string{"/t/dropped", "/t/both", "/t/never"})
-	if err != nil || len(failed) != 2 || Kind(failed["/t/file"]) != crustv1.ProblemKind_PROBLEM_KIND_KATA_NOT_A_DIRECTORY ||
+	if err != nil || len(failed) != 2 || Kind(failed["/t/file"]) != crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY ||
 		Kind(failed[long.Spec.VolumeTargetPath]) != crustv1.ProblemKind_PROBLEM_KIND_KATA_PATH_TOO_LONG {
 		t.Fatalf("Sync = %v, %v; want the file and the long target reported", failed, err)
 	}

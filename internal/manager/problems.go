@@ -44,7 +44,7 @@ type problems struct {
 
 // projectionKinds are the kinds of a projection that could not be written; a target has at most one.
 var projectionKinds = []crustv1.ProblemKind{
-	crustv1.ProblemKind_PROBLEM_KIND_KATA_NOT_A_DIRECTORY,
+	crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY,
 	crustv1.ProblemKind_PROBLEM_KIND_KATA_PATH_TOO_LONG,
 	crustv1.ProblemKind_PROBLEM_KIND_KATA_WRITE_FAILED,
 }
@@ -155,9 +155,9 @@ func (m *Manager) quarantine(target string, err error, held bool) {
 		p.Message = "the record of this volume was dropped, but its Kata projection could not be removed: " + err.Error()
 		p.Remedy = fmt.Sprintf("A Kata runtime may still find this volume. Remove %s by hand, or run "+
 			"`crustctl direct-volume remove --kata-dir %s --volume-path %s`.", p.GetPath(), m.cfg.Projection.Dir(), target)
-	case kind == crustv1.ProblemKind_PROBLEM_KIND_KATA_NOT_A_DIRECTORY:
-		p.Message = "something other than a directory is where the volume's Kata directory belongs (path); " +
-			"crustd does not replace what it did not write"
+	case kind == crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY:
+		p.Message = "an entry crustd did not write is where the volume's Kata directory or its mountInfo.json " +
+			"belongs (path); crustd neither writes through it nor replaces it: " + err.Error()
 		p.Remedy = served + "a Kata runtime does not find it. Find out what put that entry there and delete it, " +
 			"then stage the volume again (its CSI driver does on the next NodePublishVolume) or restart crustd; " +
 			"unstaging the volume removes the entry too."
@@ -268,7 +268,7 @@ func (m *Manager) current() []*crustv1.Problem {
 }
 
 // ProblemCounts returns how many problems are known, by reason (the kind's name in lower case without
-// its prefix, such as "kata_not_a_directory"); every reason is present. For the metric.
+// its prefix, such as "kata_foreign_entry"); every reason is present. For the metric.
 func (m *Manager) ProblemCounts() map[string]int {
 	counts := map[string]int{}
 	for _, v := range crustv1.ProblemKind_value {

@@ -114,7 +114,7 @@ func TestStartSurvivesAFileAtAVolumeDir(t *testing.T) {
 			t.Fatalf("projection of a sound volume: %v", err)
 		}
 	}
-	got := e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_NOT_A_DIRECTORY, e.target(1)))
+	got := e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY, e.target(1)))
 	if got[0].GetPath() != e.volDir(e.target(1)) {
 		t.Fatalf("problem names %q, want the entry %s", got[0].GetPath(), e.volDir(e.target(1)))
 	}
@@ -155,7 +155,7 @@ func TestUnstageHealsAQuarantinedVolume(t *testing.T) {
 	}
 	e.plantFile(e.target(0))
 	e.reopen()
-	e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_NOT_A_DIRECTORY, e.target(0)))
+	e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY, e.target(0)))
 	if err := e.m.Unstage(ctx, e.target(0)); err != nil {
 		t.Fatalf("unstage of the quarantined volume: %v", err)
 	}
@@ -223,8 +223,8 @@ func TestStageOverAFileIsFailedPrecondition(t *testing.T) {
 	ctx := context.Background()
 	e.plantFile(e.target(0))
 	_, err := e.m.Stage(ctx, e.spec(0, 0))
-	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "not a directory") {
-		t.Fatalf("stage over a file: %v, want FailedPrecondition saying it is not a directory", err)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "a regular file") {
+		t.Fatalf("stage over a file: %v, want FailedPrecondition saying a regular file is there", err)
 	}
 	e.wantNothingHeld()
 }
@@ -326,7 +326,7 @@ func TestProblemsSeeDamageAfterStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.plantFile(e.target(1))
-	e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_NOT_A_DIRECTORY, e.target(1)),
+	e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY, e.target(1)),
 		problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_WRITE_FAILED, e.target(0)))
 	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
 		t.Fatalf("stage again: %v", err)

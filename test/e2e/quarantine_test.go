@@ -74,7 +74,7 @@ func TestOneBadEntryDoesNotTakeTheNodeDown(t *testing.T) {
 	if code != 3 {
 		t.Fatalf("doctor: exit %d, want 3: %s%s", code, out, errOut)
 	}
-	for _, want := range []string{"kata_not_a_directory", file, "kata_path_too_long", long, "kata_bad_sandbox_file", odd,
+	for _, want := range []string{"kata_foreign_entry", file, "kata_path_too_long", long, "kata_bad_sandbox_file", odd,
 		`$'a\xff'`, "corrupt_record", "TO DO"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("doctor does not say %q:\n%s", want, out)
@@ -92,15 +92,15 @@ func TestOneBadEntryDoesNotTakeTheNodeDown(t *testing.T) {
 	for _, p := range r.GetProblems() {
 		kinds = append(kinds, p.GetKind().String()+" "+p.GetVolumeTargetPath())
 	}
-	if want := []string{"PROBLEM_KIND_KATA_NOT_A_DIRECTORY " + file, "PROBLEM_KIND_KATA_PATH_TOO_LONG " + long,
+	if want := []string{"PROBLEM_KIND_KATA_FOREIGN_ENTRY " + file, "PROBLEM_KIND_KATA_PATH_TOO_LONG " + long,
 		"PROBLEM_KIND_KATA_BAD_SANDBOX_FILE " + odd, "PROBLEM_KIND_CORRUPT_RECORD "}; fmt.Sprint(kinds) != fmt.Sprint(want) {
 		t.Fatalf("doctor -o json: %q, want %q", kinds, want)
 	}
-	if out, _, code := d.crustctl("doctor", "-o", "yaml"); code != 3 || !strings.Contains(out, "kind: PROBLEM_KIND_KATA_NOT_A_DIRECTORY") {
+	if out, _, code := d.crustctl("doctor", "-o", "yaml"); code != 3 || !strings.Contains(out, "kind: PROBLEM_KIND_KATA_FOREIGN_ENTRY") {
 		t.Fatalf("doctor -o yaml: exit %d:\n%s", code, out)
 	}
 	_, body := httpGet(t, addr, "/metrics")
-	for _, reason := range []string{"kata_not_a_directory", "kata_path_too_long", "kata_bad_sandbox_file", "corrupt_record"} {
+	for _, reason := range []string{"kata_foreign_entry", "kata_path_too_long", "kata_bad_sandbox_file", "corrupt_record"} {
 		if want := fmt.Sprintf("crust_quarantined_entries{reason=%q} 1", reason); !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
@@ -127,7 +127,7 @@ func TestOneBadEntryDoesNotTakeTheNodeDown(t *testing.T) {
 	if errOut, code := stage(file); code != 0 {
 		t.Fatalf("stage once the file is gone: exit %d: %s", code, errOut)
 	}
-	if _, body := httpGet(t, addr, "/metrics"); !strings.Contains(body, `crust_quarantined_entries{reason="kata_not_a_directory"} 0`) {
+	if _, body := httpGet(t, addr, "/metrics"); !strings.Contains(body, `crust_quarantined_entries{reason="kata_foreign_entry"} 0`) {
 		t.Errorf("/metrics still counts a quarantined entry")
 	}
 }

@@ -205,7 +205,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	boot := machine.Boot()
 	log.Info("VM up", "accel", boot.Accel, "boot", boot.Took.Round(time.Millisecond), "kernel", boot.Kernel, "fallback", boot.Fallback)
-	if err := os.WriteFile(st.path(pidFile), []byte(strconv.Itoa(machine.Pid())+"\n"), 0o600); err != nil {
+	if err := writeNoFollow(st.path(pidFile), []byte(strconv.Itoa(machine.Pid())+"\n")); err != nil {
 		log.Warn("cannot record QEMU's pid", "err", err)
 	}
 	defer func() { _ = os.Remove(st.path(pidFile)) }()

@@ -318,7 +318,7 @@ func (c *Config) args(accel Accel) []string {
 // boot runs one attempt with one accelerator.
 func boot(ctx context.Context, cfg Config, accel Accel, timeout time.Duration) (*VM, error) {
 	cleanSockets(&cfg)
-	logf, err := os.OpenFile(cfg.path("qemu.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logf, err := os.OpenFile(cfg.path("qemu.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("vm: %w", err)
 	}

@@ -150,9 +150,10 @@ type ProblemKind int32
 const (
 	// Never sent.
 	ProblemKind_PROBLEM_KIND_UNSPECIFIED ProblemKind = 0
-	// Something other than a directory (a regular file, a device) is where the volume's Kata directory
-	// belongs. crust's handlers are served; a Kata runtime does not find the volume.
-	ProblemKind_PROBLEM_KIND_KATA_NOT_A_DIRECTORY ProblemKind = 1
+	// An entry crustd did not write (a link, a regular file, a device) is where the volume's Kata directory
+	// or its mountInfo.json belongs; crustd neither writes through it nor replaces it. crust's handlers
+	// are served; a Kata runtime does not find the volume.
+	ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY ProblemKind = 1
 	// The target path is too long to name a Kata directory (its base64url form exceeds NAME_MAX, so the
 	// path exceeds 189 bytes). crust's handlers are served; a Kata runtime cannot be.
 	ProblemKind_PROBLEM_KIND_KATA_PATH_TOO_LONG ProblemKind = 2
@@ -169,7 +170,7 @@ const (
 var (
 	ProblemKind_name = map[int32]string{
 		0: "PROBLEM_KIND_UNSPECIFIED",
-		1: "PROBLEM_KIND_KATA_NOT_A_DIRECTORY",
+		1: "PROBLEM_KIND_KATA_FOREIGN_ENTRY",
 		2: "PROBLEM_KIND_KATA_PATH_TOO_LONG",
 		3: "PROBLEM_KIND_KATA_WRITE_FAILED",
 		4: "PROBLEM_KIND_KATA_BAD_SANDBOX_FILE",
@@ -177,7 +178,7 @@ var (
 	}
 	ProblemKind_value = map[string]int32{
 		"PROBLEM_KIND_UNSPECIFIED":           0,
-		"PROBLEM_KIND_KATA_NOT_A_DIRECTORY":  1,
+		"PROBLEM_KIND_KATA_FOREIGN_ENTRY":    1,
 		"PROBLEM_KIND_KATA_PATH_TOO_LONG":    2,
 		"PROBLEM_KIND_KATA_WRITE_FAILED":     3,
 		"PROBLEM_KIND_KATA_BAD_SANDBOX_FILE": 4,
@@ -2317,10 +2318,10 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\x13FSGroupChangePolicy\x12&\n" +
 	"\"FS_GROUP_CHANGE_POLICY_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dFS_GROUP_CHANGE_POLICY_ALWAYS\x10\x01\x12+\n" +
-	"'FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH\x10\x02*\xe4\x01\n" +
+	"'FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH\x10\x02*\xe2\x01\n" +
 	"\vProblemKind\x12\x1c\n" +
-	"\x18PROBLEM_KIND_UNSPECIFIED\x10\x00\x12%\n" +
-	"!PROBLEM_KIND_KATA_NOT_A_DIRECTORY\x10\x01\x12#\n" +
+	"\x18PROBLEM_KIND_UNSPECIFIED\x10\x00\x12#\n" +
+	"\x1fPROBLEM_KIND_KATA_FOREIGN_ENTRY\x10\x01\x12#\n" +
 	"\x1fPROBLEM_KIND_KATA_PATH_TOO_LONG\x10\x02\x12\"\n" +
 	"\x1ePROBLEM_KIND_KATA_WRITE_FAILED\x10\x03\x12&\n" +
 	"\"PROBLEM_KIND_KATA_BAD_SANDBOX_FILE\x10\x04\x12\x1f\n" +
