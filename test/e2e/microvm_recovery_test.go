@@ -11,8 +11,8 @@ import (
 	"crust.dev/crust/test/harness"
 )
 
-// TestMicroVMQemuKilled kills QEMU (SIGKILL) under a running crust-microvm whose volume is mounted in the
-// guest. The handler, QEMU's parent, notices at once: it says in a log line and in its exit status
+// TestMicroVMQemuKilled first forces the release of a volume mounted in a running crust-microvm's guest:
+// the handler, alive, claims it again and says so. Then it kills QEMU (SIGKILL) under it. The handler, QEMU's parent, notices at once: it says in a log line and in its exit status
 // (handler.ExitVMDied) that it released the claims and did not restart the VM, releases the claim in
 // crustd, and leaves no socket and no process behind. One VM boot (TCG).
 func TestMicroVMQemuKilled(t *testing.T) {
@@ -31,6 +31,17 @@ func TestMicroVMQemuKilled(t *testing.T) {
 	}
 	if c := getVolume(t, d, target).GetClaim(); c.GetSandboxId() != name {
 		t.Fatalf("claim %v, want sandbox %s", c, name)
+	}
+
+	// An operator forces the release while the volume is mounted: the live handler claims it again.
+	if _, errOut, code := d.crustctl("release", target, "--force"); code != 0 {
+		t.Fatalf("release --force: exit %d: %s", code, errOut)
+	}
+	waitFor(t, 10*time.Second, "crust-microvm to claim its mounted volume again", func() bool {
+		return getVolume(t, d, target).GetClaim().GetSandboxId() == name
+	})
+	if got := m.WaitLogValue("crustd ended the claim of a volume mounted in the guest; claimed it again", "reason"); got != "RELEASE_REASON_FORCED" {
+		t.Errorf("claimed again, logged with reason %q:\n%s", got, m.Log())
 	}
 
 	qemu := m.QemuPid()

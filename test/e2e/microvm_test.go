@@ -270,13 +270,8 @@ func TestMicroVMSignalWhileBooting(t *testing.T) {
 	if socks, _ := filepath.Glob(filepath.Join(dir, "*.sock")); len(socks) > 0 {
 		t.Errorf("sockets left: %v", socks)
 	}
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), dir+"/") {
-			if pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p))); harness.ProcessAlive(pid) {
-				t.Errorf("a process still uses the sandbox's state: %s", strings.ReplaceAll(string(b), "\x00", " "))
-			}
-		}
+	for _, p := range sandboxProcesses(dir) {
+		t.Errorf("a process still uses the sandbox's state: %s", p)
 	}
 }
 
