@@ -279,9 +279,9 @@ func (m *Manager) ListPage(_ context.Context, after string, maxEntries, maxBytes
 }
 
 // Claim records that sandboxID uses the volume and returns the descriptor. The same sandbox claiming
-// again succeeds (its endpoint is updated); another sandbox is ErrFailedPrecondition until the claim is
-// released. The device must still be the one staged, at every claim, repeats included
-// (ErrFailedPrecondition otherwise).
+// again succeeds (its endpoint and the claiming process, see WithClaimer, are updated); another sandbox is
+// ErrFailedPrecondition until the claim is released. The device must still be the one staged, at every
+// claim, repeats included (ErrFailedPrecondition otherwise).
 func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string) (*crustv1.Volume, error) {
 	if err := errors.Join(
 		m.cfg.Validator.TargetPath("volume_target_path", target),
