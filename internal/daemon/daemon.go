@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"crust.dev/crust/internal/forward"
+	"crust.dev/crust/internal/handlerwatch"
 	"crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/metrics"
@@ -49,8 +50,11 @@ type Config struct {
 	HTTPAddr          string // "" disables metrics and health over HTTP
 	LockWait          time.Duration
 	GCInterval        time.Duration
-	LogLevel          slog.Level
-	LogFormat         string // text or json
+	// HandlerGrace is how long a runtime handler's endpoint may refuse before its claims are released;
+	// 0 disables the release (see handlerwatch).
+	HandlerGrace time.Duration
+	LogLevel     slog.Level
+	LogFormat    string // text or json
 }
 
 // Defaults returns the configuration DESIGN.md documents.
@@ -66,6 +70,7 @@ func Defaults() Config {
 		HTTPAddr:     "127.0.0.1:9809",
 		LockWait:     2 * time.Second,
 		GCInterval:   time.Minute,
+		HandlerGrace: handlerwatch.DefaultGrace,
 		LogFormat:    "text",
 	}
 }
@@ -134,6 +139,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	srv.SetServing(true)
 	met.SetReady(true)
 	log.Info("serving", "socket", cfg.Socket, "http", cfg.HTTPAddr)
+
+	hw := handlerwatch.New(handlerwatch.Config{Manager: m, Grace: cfg.HandlerGrace, Released: met.HandlerGone, Log: log})
+	hwCtx, hwStop := context.WithCancel(ctx)
+	hwDone := make(chan struct{})
+	go func() { hw.Run(hwCtx); close(hwDone) }()
+	defer func() { hwStop(); <-hwDone }()
 
 	gc := time.NewTicker(cfg.GCInterval)
 	defer gc.Stop()
@@ -210,6 +221,8 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, `address for /metrics, /healthz, /readyz ("" disables)`)
 	f.DurationVar(&cfg.LockWait, "lock-wait", cfg.LockWait, "how long a call waits for another on the same target before ABORTED")
 	f.DurationVar(&cfg.GCInterval, "gc-interval", cfg.GCInterval, "how often descriptors of deleted pods are collected")
+	f.DurationVar(&cfg.HandlerGrace, "handler-grace", cfg.HandlerGrace,
+		"release a runtime handler's claims once its endpoint has refused connections this long (at once when the claiming process has exited too); 0 never releases")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&format, "log-format", cfg.LogFormat, "text or json")
 	return cmd

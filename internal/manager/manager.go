@@ -279,9 +279,9 @@ func (m *Manager) ListPage(_ context.Context, after string, maxEntries, maxBytes
 }
 
 // Claim records that sandboxID uses the volume and returns the descriptor. The same sandbox claiming
-// again succeeds (its endpoint is updated); another sandbox is ErrFailedPrecondition until the claim is
-// released. The device must still be the one staged, at every claim, repeats included
-// (ErrFailedPrecondition otherwise).
+// again succeeds (its endpoint and the claiming process, see WithClaimer, are updated); another sandbox is
+// ErrFailedPrecondition until the claim is released. The device must still be the one staged, at every
+// claim, repeats included (ErrFailedPrecondition otherwise).
 func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string) (*crustv1.Volume, error) {
 	if err := errors.Join(
 		m.cfg.Validator.TargetPath("volume_target_path", target),
@@ -309,7 +309,8 @@ func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string)
 	if err := m.cfg.Validator.SameDevice(old); err != nil {
 		return nil, fmt.Errorf("volume %q: refusing to hand out its device: %w", target, err)
 	}
-	if c := old.GetClaim(); c != nil && c.GetHandlerEndpoint() == endpoint {
+	pid, start := claimerOf(ctx)
+	if c := old.GetClaim(); c != nil && c.GetHandlerEndpoint() == endpoint && c.GetClaimerPid() == pid && c.GetClaimerStartTime() == start {
 		return old, nil
 	}
 	// One writer per device, whatever the path: claims of one device through other targets are checked
@@ -323,7 +324,8 @@ func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string)
 		return nil, err
 	}
 	v := proto.CloneOf(old)
-	v.Claim = &crustv1.Claim{SandboxId: sandboxID, HandlerEndpoint: endpoint, ClaimTime: timestamppb.Now()}
+	v.Claim = &crustv1.Claim{SandboxId: sandboxID, HandlerEndpoint: endpoint, ClaimTime: timestamppb.Now(),
+		ClaimerPid: pid, ClaimerStartTime: start}
 	if err := m.cfg.Store.Put(v); err != nil {
 		return nil, errdefs.NoSpace(fmt.Errorf("store the claim on %q: %w", target, err))
 	}
@@ -359,13 +361,7 @@ func (m *Manager) Release(ctx context.Context, target, sandboxID string, force b
 	if holder := old.GetClaim().GetSandboxId(); holder != sandboxID && !force {
 		return fmt.Errorf("volume %q is claimed by sandbox %q, not %q: %w", target, holder, sandboxID, errdefs.ErrFailedPrecondition)
 	}
-	v := proto.CloneOf(old)
-	v.Claim = nil
-	if err := m.cfg.Store.Put(v); err != nil {
-		return errdefs.NoSpace(fmt.Errorf("store the release of %q: %w", target, err))
-	}
-	m.commit(target, v, crustv1.EventType_EVENT_TYPE_RELEASED)
-	return nil
+	return m.releaseLocked(old, releaseReason(force, sandboxID, old.GetClaim()), "")
 }
 
 // deviceKey is the lock key of a device; no target path (absolute) looks like it.
@@ -421,7 +417,9 @@ func (m *Manager) releaseKata(v *crustv1.Volume, sandboxID string, force bool) e
 		}
 		m.log.Info("released a Kata claim", "target", target, "sandbox", id, "force", force)
 	}
-	m.commit(target, v, crustv1.EventType_EVENT_TYPE_RELEASED)
+	ended := &crustv1.Claim{SandboxId: ids[0], Kata: true}
+	m.commitEvent(target, v, &crustv1.WatchVolumesResponse{Type: crustv1.EventType_EVENT_TYPE_RELEASED, Volume: v,
+		ReleaseReason: releaseReason(force, sandboxID, ended), ReleasedClaim: ended})
 	return nil
 }
 
@@ -621,17 +619,25 @@ func (m *Manager) withKataClaim(v *crustv1.Volume) *crustv1.Volume {
 // commit makes an acknowledged change visible: the in-memory map and the watchers, in one step so that
 // watchers see changes in revision order. v == nil removes target; the event then carries before[0].
 func (m *Manager) commit(target string, v *crustv1.Volume, typ crustv1.EventType, before ...*crustv1.Volume) {
+	ev := &crustv1.WatchVolumesResponse{Type: typ, Volume: v}
+	if v == nil {
+		ev.Volume = before[0]
+	}
+	m.commitEvent(target, v, ev)
+}
+
+// commitEvent is commit with an event of the caller's making; its revision is set here.
+func (m *Manager) commitEvent(target string, v *crustv1.Volume, ev *crustv1.WatchVolumesResponse) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	ev := v
 	if v == nil {
 		delete(m.vols, target)
-		ev = before[0]
 	} else {
 		m.vols[target] = v
 	}
 	m.rev++
-	m.broadcast(&crustv1.WatchVolumesResponse{Type: typ, Volume: ev, Revision: m.rev})
+	ev.Revision = m.rev
+	m.broadcast(ev)
 }
 
 func notFound(target string) error {

@@ -23,6 +23,7 @@ type Metrics struct {
 	Registry *prometheus.Registry
 	rpcs     *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	gone     *prometheus.CounterVec
 	ready    atomic.Bool
 }
 
@@ -39,8 +40,12 @@ func New() *Metrics {
 			Help:    "Time to serve a gRPC call, by method.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}, []string{"method"}),
+		gone: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "crust_handler_claims_released_total",
+			Help: "Claims crustd ended because their runtime handler was gone, by why: process_exited or endpoint_refused.",
+		}, []string{"why"}),
 	}
-	m.Registry.MustRegister(m.rpcs, m.duration, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.Registry.MustRegister(m.rpcs, m.duration, m.gone, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -49,6 +54,9 @@ func (m *Metrics) ObserveRPC(method, code string, d time.Duration) {
 	m.rpcs.WithLabelValues(method, code).Inc()
 	m.duration.WithLabelValues(method).Observe(d.Seconds())
 }
+
+// HandlerGone counts one claim ended because its handler was gone.
+func (m *Metrics) HandlerGone(why string) { m.gone.WithLabelValues(why).Inc() }
 
 // VolumeGauges registers crust_volumes{state="staged"|"claimed"}, read from counts at scrape time.
 func (m *Metrics) VolumeGauges(counts func() (staged, claimed int)) {

@@ -9,6 +9,7 @@ import (
 
 	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/manager"
+	"crust.dev/crust/internal/peercred"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
@@ -117,6 +118,10 @@ type runtime struct {
 }
 
 func (s *runtime) ClaimVolume(ctx context.Context, r *crustv1.ClaimVolumeRequest) (*crustv1.ClaimVolumeResponse, error) {
+	// The caller is recorded with the claim, so that crustd notices when that handler is gone.
+	if cred, ok := peercred.FromContext(ctx); ok {
+		ctx = manager.WithClaimer(ctx, cred.Pid)
+	}
 	v, err := s.m.Claim(ctx, r.GetVolumeTargetPath(), r.GetSandboxId(), r.GetHandlerEndpoint())
 	if err != nil {
 		return nil, toStatus(err)

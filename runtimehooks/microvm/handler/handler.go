@@ -23,9 +23,14 @@
 //   - On Stop, or when Run's context ends (crust-microvm run ends it on SIGTERM and SIGINT), each volume
 //     is unmounted, detached and released, the VM stopped and the sockets removed: no process and no
 //     socket are left; the lock file and the logs stay. A sandbox still booting just stops booting.
-//   - If the run process is killed outright, QEMU dies with it. Its claims stay in crustd (whose stats
-//     then answer UNAVAILABLE) until released, and a later run with the same name cleans the stale files
-//     and starts afresh.
+//   - If QEMU exits while the sandbox runs (killed, or a guest crash), the sandbox is not restarted: the
+//     guest's processes died with the VM, and a fresh VM would hide that from the runtime above. Run logs
+//     it, releases every claim and returns ErrVMDied (crust-microvm run exits ExitVMDied).
+//   - If crustd ends a claim while the volume is mounted (it took the handler for gone, or an operator
+//     forced it), the volume is claimed again (runtimehooks.Client.KeepClaims) and the claim logged.
+//   - If the run process is killed outright, QEMU dies with it (it gets SIGKILL when its parent dies).
+//     crustd releases the claims once it notices (its endpoint refuses and the process is gone), and a
+//     later run with the same name cleans the stale files and starts afresh.
 package handler
 
 import (
@@ -143,6 +148,10 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
+// ErrVMDied is returned (wrapped) by Run when QEMU exited while the sandbox ran; crust-microvm run then
+// exits with ExitVMDied.
+var ErrVMDied = errors.New("the VM died")
+
 // teardownTimeout bounds Run's clean-up after it was told to stop.
 const teardownTimeout = 2 * time.Minute
 
@@ -225,6 +234,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		wg.Go(func() { s.keepAttached(work, v) })
 	}
 	wg.Go(func() { s.watch(work) })
+	wg.Go(func() { s.keepClaims(work) })
 	log.Info("ready", "handler", endpoint, "volumes", len(s.order))
 
 	var why error
@@ -232,8 +242,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	case <-ctx.Done():
 		log.Info("stopping")
 	case <-machine.Done():
-		why = fmt.Errorf("the VM exited unexpectedly (console log: %s)", machine.ConsoleLog())
-		log.Error("VM exited unexpectedly", "console", machine.ConsoleLog())
+		// The guest's processes died with it: a fresh VM would be a sandbox without them, which the
+		// runtime above still believes to run. So the sandbox ends, its claims released, and the runtime
+		// sees it die and starts it again as it sees fit.
+		why = fmt.Errorf("%w: QEMU %s (console log: %s); the volumes' claims were released and the VM was not restarted",
+			ErrVMDied, machine.Exit(), machine.ConsoleLog())
+		log.Error("QEMU exited under the running sandbox; releasing the volumes' claims and stopping, not restarting the VM",
+			"qemu", machine.Exit(), "qemu_pid", machine.Pid(), "console", machine.ConsoleLog())
 	}
 	_ = l.Close()
 	endWork()

@@ -479,6 +479,16 @@ func (v *VM) Agent() *agentproto.Client { return v.agent }
 // guest power-off or crash).
 func (v *VM) Done() <-chan struct{} { return v.done }
 
+// Exit says how QEMU ended ("signal: killed", "exit status 1"); "" while it runs.
+func (v *VM) Exit() string {
+	select {
+	case <-v.done:
+		return v.cmd.ProcessState.String()
+	default:
+		return ""
+	}
+}
+
 // ConsoleLog is the path of the guest's serial console log.
 func (v *VM) ConsoleLog() string { return v.cfg.path("console.log") }
 

@@ -286,6 +286,64 @@ func (EventType) EnumDescriptor() ([]byte, []int) {
 	return file_crust_v1_crust_proto_rawDescGZIP(), []int{3}
 }
 
+// ReleaseReason says who ended a claim.
+type ReleaseReason int32
+
+const (
+	// Not a release, or a crustd that does not say.
+	ReleaseReason_RELEASE_REASON_UNSPECIFIED ReleaseReason = 0
+	// The claiming sandbox released it (ReleaseVolume with its sandbox id).
+	ReleaseReason_RELEASE_REASON_SANDBOX ReleaseReason = 1
+	// An operator released it with force.
+	ReleaseReason_RELEASE_REASON_FORCED ReleaseReason = 2
+	// crustd found the claiming handler gone: its endpoint refused connections for the grace period, or
+	// at once when the claiming process had exited. A handler that is in fact alive should claim again.
+	ReleaseReason_RELEASE_REASON_HANDLER_GONE ReleaseReason = 3
+)
+
+// Enum value maps for ReleaseReason.
+var (
+	ReleaseReason_name = map[int32]string{
+		0: "RELEASE_REASON_UNSPECIFIED",
+		1: "RELEASE_REASON_SANDBOX",
+		2: "RELEASE_REASON_FORCED",
+		3: "RELEASE_REASON_HANDLER_GONE",
+	}
+	ReleaseReason_value = map[string]int32{
+		"RELEASE_REASON_UNSPECIFIED":  0,
+		"RELEASE_REASON_SANDBOX":      1,
+		"RELEASE_REASON_FORCED":       2,
+		"RELEASE_REASON_HANDLER_GONE": 3,
+	}
+)
+
+func (x ReleaseReason) Enum() *ReleaseReason {
+	p := new(ReleaseReason)
+	*p = x
+	return p
+}
+
+func (x ReleaseReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReleaseReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_crust_v1_crust_proto_enumTypes[4].Descriptor()
+}
+
+func (ReleaseReason) Type() protoreflect.EnumType {
+	return &file_crust_v1_crust_proto_enumTypes[4]
+}
+
+func (x ReleaseReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReleaseReason.Descriptor instead.
+func (ReleaseReason) EnumDescriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{4}
+}
+
 // Unit of the numbers.
 type VolumeUsage_Unit int32
 
@@ -323,11 +381,11 @@ func (x VolumeUsage_Unit) String() string {
 }
 
 func (VolumeUsage_Unit) Descriptor() protoreflect.EnumDescriptor {
-	return file_crust_v1_crust_proto_enumTypes[4].Descriptor()
+	return file_crust_v1_crust_proto_enumTypes[5].Descriptor()
 }
 
 func (VolumeUsage_Unit) Type() protoreflect.EnumType {
-	return &file_crust_v1_crust_proto_enumTypes[4]
+	return &file_crust_v1_crust_proto_enumTypes[5]
 }
 
 func (x VolumeUsage_Unit) Number() protoreflect.EnumNumber {
@@ -572,9 +630,14 @@ type Claim struct {
 	// When the claim was made.
 	ClaimTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=claim_time,json=claimTime,proto3" json:"claim_time,omitempty"`
 	// True when the claim was read from the Kata projection (an unmodified Kata shim uses the volume).
-	Kata          bool `protobuf:"varint,4,opt,name=kata,proto3" json:"kata,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Kata bool `protobuf:"varint,4,opt,name=kata,proto3" json:"kata,omitempty"`
+	// The process that made the claim, as the kernel named the caller (SO_PEERCRED); 0 when unknown.
+	ClaimerPid int32 `protobuf:"varint,5,opt,name=claimer_pid,json=claimerPid,proto3" json:"claimer_pid,omitempty"`
+	// That process's start time, in clock ticks after boot (/proc/PID/stat, field 22), so that a reused pid
+	// is not taken for it; 0 when unknown. Claims are kept for one boot only, so the number stays meaningful.
+	ClaimerStartTime uint64 `protobuf:"varint,6,opt,name=claimer_start_time,json=claimerStartTime,proto3" json:"claimer_start_time,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Claim) Reset() {
@@ -633,6 +696,20 @@ func (x *Claim) GetKata() bool {
 		return x.Kata
 	}
 	return false
+}
+
+func (x *Claim) GetClaimerPid() int32 {
+	if x != nil {
+		return x.ClaimerPid
+	}
+	return 0
+}
+
+func (x *Claim) GetClaimerStartTime() uint64 {
+	if x != nil {
+		return x.ClaimerStartTime
+	}
+	return 0
 }
 
 // Volume is a stored descriptor with its state.
@@ -1889,7 +1966,13 @@ type WatchVolumesResponse struct {
 	// The volume after the change (before it, for EVENT_TYPE_UNSTAGED). Absent for EVENT_TYPE_SYNCED.
 	Volume *Volume `protobuf:"bytes,2,opt,name=volume,proto3" json:"volume,omitempty"`
 	// Increases by one with every change crustd makes durable, so a watcher can tell it missed none.
-	Revision      uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	// For EVENT_TYPE_RELEASED: who ended the claim.
+	ReleaseReason ReleaseReason `protobuf:"varint,4,opt,name=release_reason,json=releaseReason,proto3,enum=crust.v1.ReleaseReason" json:"release_reason,omitempty"`
+	// For EVENT_TYPE_RELEASED: the claim that ended.
+	ReleasedClaim *Claim `protobuf:"bytes,5,opt,name=released_claim,json=releasedClaim,proto3" json:"released_claim,omitempty"`
+	// For EVENT_TYPE_RELEASED by crustd: why, in words (which check failed and for how long).
+	Detail        string `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1943,6 +2026,27 @@ func (x *WatchVolumesResponse) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *WatchVolumesResponse) GetReleaseReason() ReleaseReason {
+	if x != nil {
+		return x.ReleaseReason
+	}
+	return ReleaseReason_RELEASE_REASON_UNSPECIFIED
+}
+
+func (x *WatchVolumesResponse) GetReleasedClaim() *Claim {
+	if x != nil {
+		return x.ReleasedClaim
+	}
+	return nil
+}
+
+func (x *WatchVolumesResponse) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
 }
 
 // RuntimeHandlerServiceGetVolumeStatsRequest names a claimed volume.
@@ -2205,14 +2309,17 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\fDeviceNumber\x12\x14\n" +
 	"\x05major\x18\x01 \x01(\rR\x05major\x12\x14\n" +
 	"\x05minor\x18\x02 \x01(\rR\x05minor\x12\x14\n" +
-	"\x05inode\x18\x03 \x01(\x04R\x05inode\"\xa0\x01\n" +
+	"\x05inode\x18\x03 \x01(\x04R\x05inode\"\xef\x01\n" +
 	"\x05Claim\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12)\n" +
 	"\x10handler_endpoint\x18\x02 \x01(\tR\x0fhandlerEndpoint\x129\n" +
 	"\n" +
 	"claim_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tclaimTime\x12\x12\n" +
-	"\x04kata\x18\x04 \x01(\bR\x04kata\"\xae\x02\n" +
+	"\x04kata\x18\x04 \x01(\bR\x04kata\x12\x1f\n" +
+	"\vclaimer_pid\x18\x05 \x01(\x05R\n" +
+	"claimerPid\x12,\n" +
+	"\x12claimer_start_time\x18\x06 \x01(\x04R\x10claimerStartTime\"\xae\x02\n" +
 	"\x06Volume\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.crust.v1.VolumeSpecR\x04spec\x122\n" +
 	"\x15resolved_backing_path\x18\x02 \x01(\tR\x13resolvedBackingPath\x12;\n" +
@@ -2289,11 +2396,14 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\x05force\x18\x03 \x01(\bR\x05force\"\x17\n" +
 	"\x15ReleaseVolumeResponse\":\n" +
 	"\x13WatchVolumesRequest\x12#\n" +
-	"\rsend_existing\x18\x01 \x01(\bR\fsendExisting\"\x85\x01\n" +
+	"\rsend_existing\x18\x01 \x01(\bR\fsendExisting\"\x95\x02\n" +
 	"\x14WatchVolumesResponse\x12'\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x13.crust.v1.EventTypeR\x04type\x12(\n" +
 	"\x06volume\x18\x02 \x01(\v2\x10.crust.v1.VolumeR\x06volume\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision\"y\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\x12>\n" +
+	"\x0erelease_reason\x18\x04 \x01(\x0e2\x17.crust.v1.ReleaseReasonR\rreleaseReason\x126\n" +
+	"\x0ereleased_claim\x18\x05 \x01(\v2\x0f.crust.v1.ClaimR\rreleasedClaim\x12\x16\n" +
+	"\x06detail\x18\x06 \x01(\tR\x06detail\"y\n" +
 	"*RuntimeHandlerServiceGetVolumeStatsRequest\x12,\n" +
 	"\x12volume_target_path\x18\x01 \x01(\tR\x10volumeTargetPath\x12\x1d\n" +
 	"\n" +
@@ -2334,7 +2444,12 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\x12EVENT_TYPE_CLAIMED\x10\x04\x12\x17\n" +
 	"\x13EVENT_TYPE_RELEASED\x10\x05\x12\x17\n" +
 	"\x13EVENT_TYPE_UNSTAGED\x10\x06\x12\x17\n" +
-	"\x13EVENT_TYPE_EXPANDED\x10\a2\xb2\x04\n" +
+	"\x13EVENT_TYPE_EXPANDED\x10\a*\x87\x01\n" +
+	"\rReleaseReason\x12\x1e\n" +
+	"\x1aRELEASE_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16RELEASE_REASON_SANDBOX\x10\x01\x12\x19\n" +
+	"\x15RELEASE_REASON_FORCED\x10\x02\x12\x1f\n" +
+	"\x1bRELEASE_REASON_HANDLER_GONE\x10\x032\xb2\x04\n" +
 	"\rVolumeService\x12J\n" +
 	"\vStageVolume\x12\x1c.crust.v1.StageVolumeRequest\x1a\x1d.crust.v1.StageVolumeResponse\x12P\n" +
 	"\rUnstageVolume\x12\x1e.crust.v1.UnstageVolumeRequest\x1a\x1f.crust.v1.UnstageVolumeResponse\x12D\n" +
@@ -2363,100 +2478,103 @@ func file_crust_v1_crust_proto_rawDescGZIP() []byte {
 	return file_crust_v1_crust_proto_rawDescData
 }
 
-var file_crust_v1_crust_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_crust_v1_crust_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
 var file_crust_v1_crust_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_crust_v1_crust_proto_goTypes = []any{
 	(VolumeType)(0),                                     // 0: crust.v1.VolumeType
 	(FSGroupChangePolicy)(0),                            // 1: crust.v1.FSGroupChangePolicy
 	(ProblemKind)(0),                                    // 2: crust.v1.ProblemKind
 	(EventType)(0),                                      // 3: crust.v1.EventType
-	(VolumeUsage_Unit)(0),                               // 4: crust.v1.VolumeUsage.Unit
-	(*VolumeSpec)(nil),                                  // 5: crust.v1.VolumeSpec
-	(*DeviceNumber)(nil),                                // 6: crust.v1.DeviceNumber
-	(*Claim)(nil),                                       // 7: crust.v1.Claim
-	(*Volume)(nil),                                      // 8: crust.v1.Volume
-	(*StageVolumeRequest)(nil),                          // 9: crust.v1.StageVolumeRequest
-	(*StageVolumeResponse)(nil),                         // 10: crust.v1.StageVolumeResponse
-	(*UnstageVolumeRequest)(nil),                        // 11: crust.v1.UnstageVolumeRequest
-	(*UnstageVolumeResponse)(nil),                       // 12: crust.v1.UnstageVolumeResponse
-	(*GetVolumeRequest)(nil),                            // 13: crust.v1.GetVolumeRequest
-	(*GetVolumeResponse)(nil),                           // 14: crust.v1.GetVolumeResponse
-	(*ListVolumesRequest)(nil),                          // 15: crust.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),                         // 16: crust.v1.ListVolumesResponse
-	(*GetVolumeStatsRequest)(nil),                       // 17: crust.v1.GetVolumeStatsRequest
-	(*VolumeUsage)(nil),                                 // 18: crust.v1.VolumeUsage
-	(*VolumeCondition)(nil),                             // 19: crust.v1.VolumeCondition
-	(*GetVolumeStatsResponse)(nil),                      // 20: crust.v1.GetVolumeStatsResponse
-	(*ExpandVolumeRequest)(nil),                         // 21: crust.v1.ExpandVolumeRequest
-	(*ExpandVolumeResponse)(nil),                        // 22: crust.v1.ExpandVolumeResponse
-	(*ListProblemsRequest)(nil),                         // 23: crust.v1.ListProblemsRequest
-	(*ListProblemsResponse)(nil),                        // 24: crust.v1.ListProblemsResponse
-	(*Problem)(nil),                                     // 25: crust.v1.Problem
-	(*ClaimVolumeRequest)(nil),                          // 26: crust.v1.ClaimVolumeRequest
-	(*ClaimVolumeResponse)(nil),                         // 27: crust.v1.ClaimVolumeResponse
-	(*ReleaseVolumeRequest)(nil),                        // 28: crust.v1.ReleaseVolumeRequest
-	(*ReleaseVolumeResponse)(nil),                       // 29: crust.v1.ReleaseVolumeResponse
-	(*WatchVolumesRequest)(nil),                         // 30: crust.v1.WatchVolumesRequest
-	(*WatchVolumesResponse)(nil),                        // 31: crust.v1.WatchVolumesResponse
-	(*RuntimeHandlerServiceGetVolumeStatsRequest)(nil),  // 32: crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
-	(*RuntimeHandlerServiceGetVolumeStatsResponse)(nil), // 33: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
-	(*RuntimeHandlerServiceExpandVolumeRequest)(nil),    // 34: crust.v1.RuntimeHandlerServiceExpandVolumeRequest
-	(*RuntimeHandlerServiceExpandVolumeResponse)(nil),   // 35: crust.v1.RuntimeHandlerServiceExpandVolumeResponse
-	nil,                           // 36: crust.v1.VolumeSpec.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
+	(ReleaseReason)(0),                                  // 4: crust.v1.ReleaseReason
+	(VolumeUsage_Unit)(0),                               // 5: crust.v1.VolumeUsage.Unit
+	(*VolumeSpec)(nil),                                  // 6: crust.v1.VolumeSpec
+	(*DeviceNumber)(nil),                                // 7: crust.v1.DeviceNumber
+	(*Claim)(nil),                                       // 8: crust.v1.Claim
+	(*Volume)(nil),                                      // 9: crust.v1.Volume
+	(*StageVolumeRequest)(nil),                          // 10: crust.v1.StageVolumeRequest
+	(*StageVolumeResponse)(nil),                         // 11: crust.v1.StageVolumeResponse
+	(*UnstageVolumeRequest)(nil),                        // 12: crust.v1.UnstageVolumeRequest
+	(*UnstageVolumeResponse)(nil),                       // 13: crust.v1.UnstageVolumeResponse
+	(*GetVolumeRequest)(nil),                            // 14: crust.v1.GetVolumeRequest
+	(*GetVolumeResponse)(nil),                           // 15: crust.v1.GetVolumeResponse
+	(*ListVolumesRequest)(nil),                          // 16: crust.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),                         // 17: crust.v1.ListVolumesResponse
+	(*GetVolumeStatsRequest)(nil),                       // 18: crust.v1.GetVolumeStatsRequest
+	(*VolumeUsage)(nil),                                 // 19: crust.v1.VolumeUsage
+	(*VolumeCondition)(nil),                             // 20: crust.v1.VolumeCondition
+	(*GetVolumeStatsResponse)(nil),                      // 21: crust.v1.GetVolumeStatsResponse
+	(*ExpandVolumeRequest)(nil),                         // 22: crust.v1.ExpandVolumeRequest
+	(*ExpandVolumeResponse)(nil),                        // 23: crust.v1.ExpandVolumeResponse
+	(*ListProblemsRequest)(nil),                         // 24: crust.v1.ListProblemsRequest
+	(*ListProblemsResponse)(nil),                        // 25: crust.v1.ListProblemsResponse
+	(*Problem)(nil),                                     // 26: crust.v1.Problem
+	(*ClaimVolumeRequest)(nil),                          // 27: crust.v1.ClaimVolumeRequest
+	(*ClaimVolumeResponse)(nil),                         // 28: crust.v1.ClaimVolumeResponse
+	(*ReleaseVolumeRequest)(nil),                        // 29: crust.v1.ReleaseVolumeRequest
+	(*ReleaseVolumeResponse)(nil),                       // 30: crust.v1.ReleaseVolumeResponse
+	(*WatchVolumesRequest)(nil),                         // 31: crust.v1.WatchVolumesRequest
+	(*WatchVolumesResponse)(nil),                        // 32: crust.v1.WatchVolumesResponse
+	(*RuntimeHandlerServiceGetVolumeStatsRequest)(nil),  // 33: crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
+	(*RuntimeHandlerServiceGetVolumeStatsResponse)(nil), // 34: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
+	(*RuntimeHandlerServiceExpandVolumeRequest)(nil),    // 35: crust.v1.RuntimeHandlerServiceExpandVolumeRequest
+	(*RuntimeHandlerServiceExpandVolumeResponse)(nil),   // 36: crust.v1.RuntimeHandlerServiceExpandVolumeResponse
+	nil,                           // 37: crust.v1.VolumeSpec.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
 }
 var file_crust_v1_crust_proto_depIdxs = []int32{
 	0,  // 0: crust.v1.VolumeSpec.volume_type:type_name -> crust.v1.VolumeType
 	1,  // 1: crust.v1.VolumeSpec.supplemental_group_change_policy:type_name -> crust.v1.FSGroupChangePolicy
-	36, // 2: crust.v1.VolumeSpec.metadata:type_name -> crust.v1.VolumeSpec.MetadataEntry
-	37, // 3: crust.v1.Claim.claim_time:type_name -> google.protobuf.Timestamp
-	5,  // 4: crust.v1.Volume.spec:type_name -> crust.v1.VolumeSpec
-	6,  // 5: crust.v1.Volume.device_number:type_name -> crust.v1.DeviceNumber
-	37, // 6: crust.v1.Volume.stage_time:type_name -> google.protobuf.Timestamp
-	7,  // 7: crust.v1.Volume.claim:type_name -> crust.v1.Claim
-	5,  // 8: crust.v1.StageVolumeRequest.spec:type_name -> crust.v1.VolumeSpec
-	8,  // 9: crust.v1.StageVolumeResponse.volume:type_name -> crust.v1.Volume
-	8,  // 10: crust.v1.GetVolumeResponse.volume:type_name -> crust.v1.Volume
-	8,  // 11: crust.v1.ListVolumesResponse.volumes:type_name -> crust.v1.Volume
-	4,  // 12: crust.v1.VolumeUsage.unit:type_name -> crust.v1.VolumeUsage.Unit
-	18, // 13: crust.v1.GetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
-	19, // 14: crust.v1.GetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
-	25, // 15: crust.v1.ListProblemsResponse.problems:type_name -> crust.v1.Problem
+	37, // 2: crust.v1.VolumeSpec.metadata:type_name -> crust.v1.VolumeSpec.MetadataEntry
+	38, // 3: crust.v1.Claim.claim_time:type_name -> google.protobuf.Timestamp
+	6,  // 4: crust.v1.Volume.spec:type_name -> crust.v1.VolumeSpec
+	7,  // 5: crust.v1.Volume.device_number:type_name -> crust.v1.DeviceNumber
+	38, // 6: crust.v1.Volume.stage_time:type_name -> google.protobuf.Timestamp
+	8,  // 7: crust.v1.Volume.claim:type_name -> crust.v1.Claim
+	6,  // 8: crust.v1.StageVolumeRequest.spec:type_name -> crust.v1.VolumeSpec
+	9,  // 9: crust.v1.StageVolumeResponse.volume:type_name -> crust.v1.Volume
+	9,  // 10: crust.v1.GetVolumeResponse.volume:type_name -> crust.v1.Volume
+	9,  // 11: crust.v1.ListVolumesResponse.volumes:type_name -> crust.v1.Volume
+	5,  // 12: crust.v1.VolumeUsage.unit:type_name -> crust.v1.VolumeUsage.Unit
+	19, // 13: crust.v1.GetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
+	20, // 14: crust.v1.GetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
+	26, // 15: crust.v1.ListProblemsResponse.problems:type_name -> crust.v1.Problem
 	2,  // 16: crust.v1.Problem.kind:type_name -> crust.v1.ProblemKind
-	8,  // 17: crust.v1.ClaimVolumeResponse.volume:type_name -> crust.v1.Volume
+	9,  // 17: crust.v1.ClaimVolumeResponse.volume:type_name -> crust.v1.Volume
 	3,  // 18: crust.v1.WatchVolumesResponse.type:type_name -> crust.v1.EventType
-	8,  // 19: crust.v1.WatchVolumesResponse.volume:type_name -> crust.v1.Volume
-	18, // 20: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
-	19, // 21: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
-	9,  // 22: crust.v1.VolumeService.StageVolume:input_type -> crust.v1.StageVolumeRequest
-	11, // 23: crust.v1.VolumeService.UnstageVolume:input_type -> crust.v1.UnstageVolumeRequest
-	13, // 24: crust.v1.VolumeService.GetVolume:input_type -> crust.v1.GetVolumeRequest
-	15, // 25: crust.v1.VolumeService.ListVolumes:input_type -> crust.v1.ListVolumesRequest
-	17, // 26: crust.v1.VolumeService.GetVolumeStats:input_type -> crust.v1.GetVolumeStatsRequest
-	21, // 27: crust.v1.VolumeService.ExpandVolume:input_type -> crust.v1.ExpandVolumeRequest
-	23, // 28: crust.v1.VolumeService.ListProblems:input_type -> crust.v1.ListProblemsRequest
-	26, // 29: crust.v1.RuntimeService.ClaimVolume:input_type -> crust.v1.ClaimVolumeRequest
-	28, // 30: crust.v1.RuntimeService.ReleaseVolume:input_type -> crust.v1.ReleaseVolumeRequest
-	30, // 31: crust.v1.RuntimeService.WatchVolumes:input_type -> crust.v1.WatchVolumesRequest
-	32, // 32: crust.v1.RuntimeHandlerService.GetVolumeStats:input_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
-	34, // 33: crust.v1.RuntimeHandlerService.ExpandVolume:input_type -> crust.v1.RuntimeHandlerServiceExpandVolumeRequest
-	10, // 34: crust.v1.VolumeService.StageVolume:output_type -> crust.v1.StageVolumeResponse
-	12, // 35: crust.v1.VolumeService.UnstageVolume:output_type -> crust.v1.UnstageVolumeResponse
-	14, // 36: crust.v1.VolumeService.GetVolume:output_type -> crust.v1.GetVolumeResponse
-	16, // 37: crust.v1.VolumeService.ListVolumes:output_type -> crust.v1.ListVolumesResponse
-	20, // 38: crust.v1.VolumeService.GetVolumeStats:output_type -> crust.v1.GetVolumeStatsResponse
-	22, // 39: crust.v1.VolumeService.ExpandVolume:output_type -> crust.v1.ExpandVolumeResponse
-	24, // 40: crust.v1.VolumeService.ListProblems:output_type -> crust.v1.ListProblemsResponse
-	27, // 41: crust.v1.RuntimeService.ClaimVolume:output_type -> crust.v1.ClaimVolumeResponse
-	29, // 42: crust.v1.RuntimeService.ReleaseVolume:output_type -> crust.v1.ReleaseVolumeResponse
-	31, // 43: crust.v1.RuntimeService.WatchVolumes:output_type -> crust.v1.WatchVolumesResponse
-	33, // 44: crust.v1.RuntimeHandlerService.GetVolumeStats:output_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
-	35, // 45: crust.v1.RuntimeHandlerService.ExpandVolume:output_type -> crust.v1.RuntimeHandlerServiceExpandVolumeResponse
-	34, // [34:46] is the sub-list for method output_type
-	22, // [22:34] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	9,  // 19: crust.v1.WatchVolumesResponse.volume:type_name -> crust.v1.Volume
+	4,  // 20: crust.v1.WatchVolumesResponse.release_reason:type_name -> crust.v1.ReleaseReason
+	8,  // 21: crust.v1.WatchVolumesResponse.released_claim:type_name -> crust.v1.Claim
+	19, // 22: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
+	20, // 23: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
+	10, // 24: crust.v1.VolumeService.StageVolume:input_type -> crust.v1.StageVolumeRequest
+	12, // 25: crust.v1.VolumeService.UnstageVolume:input_type -> crust.v1.UnstageVolumeRequest
+	14, // 26: crust.v1.VolumeService.GetVolume:input_type -> crust.v1.GetVolumeRequest
+	16, // 27: crust.v1.VolumeService.ListVolumes:input_type -> crust.v1.ListVolumesRequest
+	18, // 28: crust.v1.VolumeService.GetVolumeStats:input_type -> crust.v1.GetVolumeStatsRequest
+	22, // 29: crust.v1.VolumeService.ExpandVolume:input_type -> crust.v1.ExpandVolumeRequest
+	24, // 30: crust.v1.VolumeService.ListProblems:input_type -> crust.v1.ListProblemsRequest
+	27, // 31: crust.v1.RuntimeService.ClaimVolume:input_type -> crust.v1.ClaimVolumeRequest
+	29, // 32: crust.v1.RuntimeService.ReleaseVolume:input_type -> crust.v1.ReleaseVolumeRequest
+	31, // 33: crust.v1.RuntimeService.WatchVolumes:input_type -> crust.v1.WatchVolumesRequest
+	33, // 34: crust.v1.RuntimeHandlerService.GetVolumeStats:input_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
+	35, // 35: crust.v1.RuntimeHandlerService.ExpandVolume:input_type -> crust.v1.RuntimeHandlerServiceExpandVolumeRequest
+	11, // 36: crust.v1.VolumeService.StageVolume:output_type -> crust.v1.StageVolumeResponse
+	13, // 37: crust.v1.VolumeService.UnstageVolume:output_type -> crust.v1.UnstageVolumeResponse
+	15, // 38: crust.v1.VolumeService.GetVolume:output_type -> crust.v1.GetVolumeResponse
+	17, // 39: crust.v1.VolumeService.ListVolumes:output_type -> crust.v1.ListVolumesResponse
+	21, // 40: crust.v1.VolumeService.GetVolumeStats:output_type -> crust.v1.GetVolumeStatsResponse
+	23, // 41: crust.v1.VolumeService.ExpandVolume:output_type -> crust.v1.ExpandVolumeResponse
+	25, // 42: crust.v1.VolumeService.ListProblems:output_type -> crust.v1.ListProblemsResponse
+	28, // 43: crust.v1.RuntimeService.ClaimVolume:output_type -> crust.v1.ClaimVolumeResponse
+	30, // 44: crust.v1.RuntimeService.ReleaseVolume:output_type -> crust.v1.ReleaseVolumeResponse
+	32, // 45: crust.v1.RuntimeService.WatchVolumes:output_type -> crust.v1.WatchVolumesResponse
+	34, // 46: crust.v1.RuntimeHandlerService.GetVolumeStats:output_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
+	36, // 47: crust.v1.RuntimeHandlerService.ExpandVolume:output_type -> crust.v1.RuntimeHandlerServiceExpandVolumeResponse
+	36, // [36:48] is the sub-list for method output_type
+	24, // [24:36] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_crust_v1_crust_proto_init() }
@@ -2470,7 +2588,7 @@ func file_crust_v1_crust_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crust_v1_crust_proto_rawDesc), len(file_crust_v1_crust_proto_rawDesc)),
-			NumEnums:      5,
+			NumEnums:      6,
 			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   3,
