@@ -30,9 +30,6 @@ func TestPlantedLinks(t *testing.T) {
 		must(t, os.Mkdir(filepath.Join(e.dir, volName), 0o700))
 		must(t, os.Symlink(filepath.Join(e.outside, "shadow"), filepath.Join(e.dir, volName, MountInfoFileName)))
 	}
-	linkTemp := func(t *testing.T, e env) {
-		must(t, os.Symlink(e.outside, filepath.Join(e.dir, TempDirName)))
-	}
 	fileAtVolume := func(t *testing.T, e env) {
 		must(t, os.WriteFile(filepath.Join(e.dir, volName), []byte("x"), 0o600))
 	}
@@ -44,7 +41,6 @@ func TestPlantedLinks(t *testing.T) {
 	ids := func(e env) error { _, err := SandboxIDs(e.dir, testPath); return err }
 	record := func(e env) error { return RecordSandbox(e.dir, testPath, "sb1") }
 	forget := func(e env) error { return ForgetSandbox(e.dir, testPath, "sb-outside") }
-	remove := func(e env) error { return Remove(e.dir, testPath) }
 
 	cases := []struct {
 		name  string
@@ -59,12 +55,6 @@ func TestPlantedLinks(t *testing.T) {
 		{"Add over a link at mountInfo.json", linkMountInfo, add},
 		{"Get of a link at mountInfo.json", linkMountInfo, get},
 		{"RecordSandbox beside a link at mountInfo.json", linkMountInfo, record},
-		{"Add with a link at the temporary directory", linkTemp, add},
-		{"Remove with a link at the temporary directory", func(t *testing.T, e env) {
-			must(t, Add(e.dir, testPath, testInfo))
-			must(t, os.RemoveAll(filepath.Join(e.dir, TempDirName)))
-			linkTemp(t, e)
-		}, remove},
 		{"Add over a regular file at the volume directory", fileAtVolume, add},
 		{"Get of a regular file at the volume directory", fileAtVolume, get},
 		{"SandboxIDs of a regular file at the volume directory", fileAtVolume, ids},
@@ -110,6 +100,30 @@ func TestRemoveTakesAwayAPlantedEntry(t *testing.T) {
 			}
 			safedirtest.Unchanged(t, before, outside)
 			must(t, Add(dir, testPath, testInfo))
+		})
+	}
+}
+
+// TestPlantedTempDirIsReplaced: a link planted at the temporary directory's place is removed, itself,
+// and the directory made anew, so writes go on and nothing is written where the link pointed.
+func TestPlantedTempDirIsReplaced(t *testing.T) {
+	for name, op := range map[string]func(dir string) error{
+		"Add":    func(dir string) error { return Add(dir, testPath, testInfo) },
+		"Remove": func(dir string) error { return Remove(dir, testPath) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir, outside := t.TempDir(), t.TempDir()
+			must(t, Add(dir, testPath, testInfo))
+			must(t, os.RemoveAll(filepath.Join(dir, TempDirName)))
+			must(t, os.Symlink(outside, filepath.Join(dir, TempDirName)))
+			before := safedirtest.Snapshot(t, outside)
+			if err := op(dir); err != nil {
+				t.Fatal(err)
+			}
+			if fi, err := os.Lstat(filepath.Join(dir, TempDirName)); err != nil || !fi.IsDir() {
+				t.Fatalf("temporary directory after %s: %v, %v; want a directory", name, fi, err)
+			}
+			safedirtest.Unchanged(t, before, outside)
 		})
 	}
 }

@@ -486,8 +486,17 @@ func (d *Dir) openVolume(volumePath string) (*safedir.Dir, error) {
 }
 
 // tempDir opens the temporary directory, creating it when missing.
+//
+// The name is this package's own, so whatever else stands there (a planted link or file) is removed,
+// itself and never what it points to, and the directory made anew: a planted entry cannot stop writes.
 func (d *Dir) tempDir() (*safedir.Dir, error) {
 	tmp, err := d.d.EnsureDir(TempDirName, dirMode)
+	if errors.Is(err, safedir.ErrWrongType) {
+		if rerr := d.d.RemoveAll(TempDirName); rerr != nil {
+			return nil, foreign(err)
+		}
+		tmp, err = d.d.EnsureDir(TempDirName, dirMode)
+	}
 	if err != nil {
 		return nil, foreign(err)
 	}

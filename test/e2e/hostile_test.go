@@ -47,8 +47,6 @@ type hostileCase struct {
 	ignore []string
 	// alsoOK are other answers the issue allows (such as refusing to start instead of serving).
 	alsoOK []codes.Code
-	// pending names the helper branch whose fix this case waits for, when it fails on main today.
-	pending string
 }
 
 // hostileTally is what the suite saw.
@@ -289,11 +287,7 @@ func (h *hostileEnv) run(t *testing.T, c hostileCase, tally *hostileTally) {
 		problems = append(problems, "changed: "+strings.Join(diff, "; "))
 	}
 	if len(problems) > 0 {
-		label := c.name
-		if c.pending != "" {
-			label += " [waits for " + c.pending + "]"
-		}
-		tally.failed = append(tally.failed, label+": "+strings.Join(problems, "; "))
+		tally.failed = append(tally.failed, c.name+": "+strings.Join(problems, "; "))
 		t.Error(strings.Join(problems, "\n"))
 	}
 }
@@ -922,9 +916,9 @@ func (h *hostileEnv) cases() []hostileCase {
 	// ---- things planted in the Kata directory
 	// atNew plants mk's thing at the Kata directory of a new target and stages that target (unstaging it
 	// again when that succeeds: then nothing may have been written through the plant).
-	atNew := func(name, pending string, want codes.Code, mk func(p string) error, alsoOK ...codes.Code) hostileCase {
+	atNew := func(name string, want codes.Code, mk func(p string) error, alsoOK ...codes.Code) hostileCase {
 		target := h.target()
-		return hostileCase{name: "kata: " + name, pending: pending, want: want, alsoOK: alsoOK,
+		return hostileCase{name: "kata: " + name, want: want, alsoOK: alsoOK,
 			plant: plantAt(h.kataDir(target), mk),
 			act:   h.stageAndUndo(func(s *crustv1.VolumeSpec) { s.VolumeTargetPath = target })}
 	}
@@ -941,15 +935,15 @@ func (h *hostileEnv) cases() []hostileCase {
 	}
 	hardTarget := h.target()
 	add(
-		atNew("a symlink at a new volume's directory", "h1-links", codes.FailedPrecondition,
+		atNew("a symlink at a new volume's directory", codes.FailedPrecondition,
 			symlinkTo(filepath.Join(h.bait, "dir")), replaced...),
-		atNew("a symlink at a new volume's mountInfo.json", "", codes.FailedPrecondition,
+		atNew("a symlink at a new volume's mountInfo.json", codes.FailedPrecondition,
 			dirWith(symlinkTo(filepath.Join(h.bait, "secret"))), replaced...),
-		atNew("a regular file at a new volume's directory", "h2-quarantine", codes.FailedPrecondition, regular),
-		atNew("a FIFO at a new volume's directory", "h2-quarantine", codes.FailedPrecondition, fifo),
-		atNew("a FIFO at a new volume's mountInfo.json", "", codes.FailedPrecondition, dirWith(fifo), replaced...),
-		atNew("a socket at a new volume's mountInfo.json", "", codes.FailedPrecondition, dirWith(listening), replaced...),
-		atNew("a directory at a new volume's mountInfo.json", "h2-quarantine (a directory where a file belongs)",
+		atNew("a regular file at a new volume's directory", codes.FailedPrecondition, regular),
+		atNew("a FIFO at a new volume's directory", codes.FailedPrecondition, fifo),
+		atNew("a FIFO at a new volume's mountInfo.json", codes.FailedPrecondition, dirWith(fifo), replaced...),
+		atNew("a socket at a new volume's mountInfo.json", codes.FailedPrecondition, dirWith(listening), replaced...),
+		atNew("a directory at a new volume's mountInfo.json",
 			codes.FailedPrecondition, dirWith(directory)),
 		hostileCase{name: "kata: a hard link to the bait at a new volume's mountInfo.json", want: codes.OK,
 			plant: plantAt(h.kataDir(hardTarget), dirWith(func(p string) error { return os.Link(filepath.Join(h.bait, "secret"), p) })),
@@ -961,10 +955,10 @@ func (h *hostileEnv) cases() []hostileCase {
 				}
 				return err
 			}},
-		hostileCase{name: "kata: a non-UTF-8 sandbox-id file name, then list", pending: "h2-quarantine", want: codes.OK,
+		hostileCase{name: "kata: a non-UTF-8 sandbox-id file name, then list", want: codes.OK,
 			plant: plantAt(filepath.Join(h.kataDir(h.tB), "sb-\xff\xfe"), regular), act: func(*testing.T) error { return h.listAll() },
 			ignore: []string{"sb-\xff\xfe"}},
-		hostileCase{name: "kata: a sandbox-id symlink to the bait, then list", pending: "h1-links", want: codes.OK,
+		hostileCase{name: "kata: a sandbox-id symlink to the bait, then list", want: codes.OK,
 			plant: plantAt(filepath.Join(h.kataDir(h.tB), "sb-link"), symlinkTo(filepath.Join(h.bait, "secret"))),
 			act:   func(*testing.T) error { return h.listAll() }, ignore: []string{"sb-link"}},
 		hostileCase{name: "kata: a FIFO as a sandbox-id file, then list", want: codes.OK,
@@ -986,31 +980,31 @@ func (h *hostileEnv) cases() []hostileCase {
 					}
 				}
 			}, act: h.restartAndList},
-		hostileCase{name: "kata: a regular file where a staged volume's directory is, then restart", pending: "h2-quarantine",
+		hostileCase{name: "kata: a regular file where a staged volume's directory is, then restart",
 			want: codes.OK, plant: h.replaceWith(h.kataDir(h.tB), regular), act: h.restartAndList},
-		hostileCase{name: "kata: a symlink where a staged volume's directory is, then restart", pending: "h1-links",
+		hostileCase{name: "kata: a symlink where a staged volume's directory is, then restart",
 			want: codes.OK, plant: h.replaceWith(h.kataDir(h.tB), symlinkTo(filepath.Join(h.bait, "dir"))), act: h.restartAndList},
 		hostileCase{name: "kata: a stray directory with a 255-byte name, then restart", want: codes.OK,
 			plant: plantAt(filepath.Join(h.d.kata, long(255)), directory), act: h.restartAndList, ignore: []string{long(255)}},
-		hostileCase{name: "kata: a symlink at the projection's temporary directory, then stage", pending: "h1-links", want: codes.OK,
+		hostileCase{name: "kata: a symlink at the projection's temporary directory, then stage", want: codes.OK,
 			plant: h.replaceWith(filepath.Join(h.d.kata, ".crust-tmp"), symlinkTo(filepath.Join(h.bait, "dir"))),
 			act:   h.stageAndUndo(func(*crustv1.VolumeSpec) {})},
 	)
 
 	// ---- things planted in the state directory
 	add(
-		hostileCase{name: "state: a symlink at tmp/, then restart", pending: "h1-links", want: codes.OK, alsoOK: []codes.Code{codes.Unavailable},
+		hostileCase{name: "state: a symlink at tmp/, then restart", want: codes.OK, alsoOK: []codes.Code{codes.Unavailable},
 			plant: h.replaceWith(filepath.Join(h.d.state, "tmp"), symlinkTo(filepath.Join(h.bait, "dir"))), act: h.restartAndList},
-		hostileCase{name: "state: a symlink at tmp/, then stage", pending: "h1-links", want: codes.OK,
+		hostileCase{name: "state: a symlink at tmp/, then stage", want: codes.OK,
 			plant: h.replaceWith(filepath.Join(h.d.state, "tmp"), symlinkTo(filepath.Join(h.bait, "dir"))),
 			act:   h.stageAndUndo(func(*crustv1.VolumeSpec) {})},
-		hostileCase{name: "state: a symlink at volumes/, then restart", pending: "h1-links", want: codes.Unavailable,
+		hostileCase{name: "state: a symlink at volumes/, then restart", want: codes.Unavailable,
 			plant: h.replaceWith(filepath.Join(h.d.state, "volumes"), symlinkTo(filepath.Join(h.bait, "dir"))),
 			act:   h.restartAndList},
-		hostileCase{name: "state: a record that is a symlink to the bait, then restart", pending: "h1-links", want: codes.OK,
+		hostileCase{name: "state: a record that is a symlink to the bait, then restart", want: codes.OK,
 			plant: plantAt(filepath.Join(h.d.state, "volumes", strings.Repeat("e", 64)+".json"), symlinkTo(filepath.Join(h.bait, "secret"))),
 			act:   h.restartAndList, ignore: []string{strings.Repeat("e", 64)}},
-		hostileCase{name: "state: a record that is a FIFO, then restart", pending: "h1-links", want: codes.OK,
+		hostileCase{name: "state: a record that is a FIFO, then restart", want: codes.OK,
 			plant: plantAt(filepath.Join(h.d.state, "volumes", strings.Repeat("f", 64)+".json"), fifo),
 			act:   h.restartAndList, ignore: []string{strings.Repeat("f", 64)}},
 		hostileCase{name: "state: a 1 GiB sparse record, then restart", want: codes.OK,
@@ -1021,9 +1015,9 @@ func (h *hostileEnv) cases() []hostileCase {
 				return os.Truncate(p, 1<<30)
 			}),
 			act: h.restartAndList, ignore: []string{strings.Repeat("d", 64)}},
-		hostileCase{name: "state: a regular file at tmp/, then restart", pending: "h1-links", want: codes.OK, alsoOK: []codes.Code{codes.Unavailable},
+		hostileCase{name: "state: a regular file at tmp/, then restart", want: codes.OK, alsoOK: []codes.Code{codes.Unavailable},
 			plant: h.replaceWith(filepath.Join(h.d.state, "tmp"), regular), act: h.restartAndList},
-		hostileCase{name: "state: a symlink at corrupt/ and a damaged record, then restart", pending: "h1-links", want: codes.OK, alsoOK: []codes.Code{codes.Unavailable},
+		hostileCase{name: "state: a symlink at corrupt/ and a damaged record, then restart", want: codes.OK, alsoOK: []codes.Code{codes.Unavailable},
 			plant: func(t *testing.T) func() {
 				undo1 := h.replaceWith(filepath.Join(h.d.state, "corrupt"), symlinkTo(filepath.Join(h.bait, "dir")))(t)
 				undo2 := plantAt(filepath.Join(h.d.state, "volumes", strings.Repeat("c", 64)+".json"), regular)(t)
