@@ -2,16 +2,15 @@ package hostdev
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/test/harness"
 )
 
 func TestRefreshSeesAGrownLoopDevice(t *testing.T) {
-	img, dev := attachLoop(t, 8<<20)
+	dev, img := harness.Loop(t, 8<<20)
 
 	for _, tc := range []struct {
 		name  string
@@ -48,27 +47,4 @@ func TestRefreshSeesAGrownLoopDevice(t *testing.T) {
 	if _, err := Refresh(filepath.Join(t.TempDir(), "gone"), crustv1.VolumeType_VOLUME_TYPE_BLOCK); err == nil {
 		t.Fatal("a missing device refreshed")
 	}
-}
-
-// attachLoop attaches a loop device to a new image of size bytes for the test's time (skipping unless
-// root) and returns the image and the device.
-func attachLoop(t *testing.T, size int64) (img, dev string) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a loop device")
-	}
-	img = filepath.Join(t.TempDir(), "disk.img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, size); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
-	if err != nil {
-		t.Fatalf("losetup: %v %s", err, out)
-	}
-	dev = strings.TrimSpace(string(out))
-	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
-	return img, dev
 }

@@ -4,40 +4,20 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/test/harness"
 )
-
-// loopDevice attaches a sparse file of size bytes to a loop device and returns both.
-func loopDevice(t *testing.T, size int64) (dev, img string) {
-	t.Helper()
-	img = filepath.Join(t.TempDir(), "disk.img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, size); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
-	if err != nil {
-		t.Skipf("no loop device: %v %s", err, out)
-	}
-	dev = strings.TrimSpace(string(out))
-	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
-	return dev, img
-}
 
 // Before any sandbox claims a volume, stats answer from the device and expansion grows the host's view
 // of the device and records the size asked for, durably; a claim used to be required for both.
 func TestStatsAndExpandBeforeAnyClaim(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	dev, img := loopDevice(t, 8<<20)
+	dev, img := harness.Loop(t, 8<<20)
 	e.addReal(dev)
 	e.reopen()
 	spec := e.spec(0, 0)

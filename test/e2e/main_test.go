@@ -18,6 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/test/harness"
 )
 
 var binDir string
@@ -182,25 +183,7 @@ func runAs(t *testing.T, cred *syscall.Credential, bin string, args ...string) (
 // loopDevice attaches a sparse file of size bytes to a free loop device and detaches it at cleanup.
 func loopDevice(t *testing.T, size int64) string {
 	t.Helper()
-	img := filepath.Join(t.TempDir(), "disk.img")
-	f, err := os.Create(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Truncate(size); err != nil {
-		t.Fatal(err)
-	}
-	_ = f.Close()
-	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
-	if err != nil {
-		t.Fatalf("losetup: %v: %s", err, out)
-	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() {
-		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-			t.Errorf("losetup -d %s: %v: %s", dev, err, out)
-		}
-	})
+	dev, _ := harness.Loop(t, size)
 	return dev
 }
 
