@@ -24,6 +24,7 @@ type Metrics struct {
 	rpcs     *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	ready    atomic.Bool
+	gc       prometheus.Counter
 }
 
 // New returns a registry with the RPC metrics and the Go and process collectors.
@@ -40,7 +41,11 @@ func New() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}, []string{"method"}),
 	}
-	m.Registry.MustRegister(m.rpcs, m.duration, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.gc = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "crust_garbage_collected_volumes_total",
+		Help: "Descriptors unstaged because the kubelet directory of their pod was gone.",
+	})
+	m.Registry.MustRegister(m.rpcs, m.duration, m.gc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -49,6 +54,9 @@ func (m *Metrics) ObserveRPC(method, code string, d time.Duration) {
 	m.rpcs.WithLabelValues(method, code).Inc()
 	m.duration.WithLabelValues(method).Observe(d.Seconds())
 }
+
+// CollectedGarbage counts n descriptors of deleted pods unstaged by the collector.
+func (m *Metrics) CollectedGarbage(n int) { m.gc.Add(float64(n)) }
 
 // VolumeGauges registers crust_volumes{state="staged"|"claimed"}, read from counts at scrape time.
 func (m *Metrics) VolumeGauges(counts func() (staged, claimed int)) {
