@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 
@@ -106,12 +107,9 @@ func (p *Proxy) withoutMountGroup(ctx context.Context, c *csi.VolumeCapability) 
 // ownStats answers NodeGetVolumeStats for a volume of the driver's when the driver lacks
 // GET_VOLUME_STATS: statfs of a mounted directory, the size of a raw block device.
 func ownStats(path string) (*csi.NodeGetVolumeStatsResponse, error) {
-	fi, err := os.Stat(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, status.Errorf(codes.NotFound, "volume_path %s does not exist", path)
-	}
+	fi, err := statVolumePath(path)
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "volume_path: %v", err)
+		return nil, err
 	}
 	if fi.Mode()&os.ModeDevice != 0 {
 		size, err := deviceSize(path)
@@ -121,4 +119,21 @@ func ownStats(path string) (*csi.NodeGetVolumeStatsResponse, error) {
 		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, nil
 	}
 	return statfsUsage(path)
+}
+
+// statVolumePath stats the volume_path of a request the proxy answers for the driver: NotFound when
+// nothing is there, or when the path is not absolute (CSI's paths are; a relative one would be looked up
+// from the proxy's working directory, where no volume is).
+func statVolumePath(path string) (os.FileInfo, error) {
+	if !filepath.IsAbs(path) {
+		return nil, status.Errorf(codes.NotFound, "volume_path %q is not absolute: no volume is there", path)
+	}
+	fi, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, status.Errorf(codes.NotFound, "volume_path %s does not exist", path)
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "volume_path: %v", err)
+	}
+	return fi, nil
 }

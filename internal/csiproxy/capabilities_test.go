@@ -79,6 +79,10 @@ func TestServedCapabilities(t *testing.T) {
 	if _, err := node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: "v1", VolumePath: filepath.Join(dir, "nope")}); status.Code(err) != codes.NotFound {
 		t.Errorf("node expansion of a path that is not there: %v, want NotFound", err)
 	}
+	t.Chdir(dir) // "rw" exists relative to it, but a relative path names no volume
+	if _, err := node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: "v1", VolumePath: "rw"}); status.Code(err) != codes.NotFound {
+		t.Errorf("node expansion of a relative path: %v, want NotFound", err)
+	}
 	if r, err := node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: "v1", VolumePath: filepath.Join(dir, "rw")}); err != nil || r.GetUsage()[0].GetTotal() != 42 {
 		t.Errorf("stats of a driver that has them: %v, %v; want the driver's", r, err)
 	}
@@ -95,5 +99,14 @@ func TestOwnStats(t *testing.T) {
 	}
 	if _, err := ownStats(filepath.Join(t.TempDir(), "nope")); status.Code(err) != codes.NotFound {
 		t.Fatalf("stats of nothing: %v, want NotFound", err)
+	}
+	// A relative path names no volume, even where the working directory has something at it.
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "some", "path"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	if _, err := ownStats("some/path"); status.Code(err) != codes.NotFound {
+		t.Fatalf("stats of a relative path: %v, want NotFound", err)
 	}
 }

@@ -1,16 +1,15 @@
 package csiproxy
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
-
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"crust.dev/crust/internal/hostdev"
 )
 
 // resolveDevice returns a name under /dev of the block device bind-mounted (or created) at node:
@@ -32,28 +31,12 @@ func resolveDevice(node string) (string, error) {
 	if p := fmt.Sprintf("/dev/block/%d:%d", maj, mnr); same(p) {
 		return p, nil
 	}
-	if name := ueventDevname(fmt.Sprintf("/sys/dev/block/%d:%d/uevent", maj, mnr)); name != "" {
-		if p := filepath.Join("/dev", name); same(p) {
+	if bd, err := (hostdev.Sysfs{}).Block(maj, mnr); err == nil {
+		if p := filepath.Join("/dev", bd.Name); same(p) {
 			return p, nil
 		}
 	}
 	return node, nil
-}
-
-// ueventDevname returns DEVNAME from a sysfs uevent file, or "".
-func ueventDevname(path string) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer func() { _ = f.Close() }()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "DEVNAME="); ok && !strings.Contains(v, "..") {
-			return v
-		}
-	}
-	return ""
 }
 
 // deviceSize returns a block device's size in bytes.

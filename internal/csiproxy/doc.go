@@ -10,7 +10,8 @@
 // included), and the driver's answer (response, or status with code, message and details) is returned as
 // it came, with these exceptions, which servedCaps details: NodeGetCapabilities adds GET_VOLUME_STATS,
 // EXPAND_VOLUME and VOLUME_MOUNT_GROUP to the driver's capabilities, and for a driver without them the
-// proxy answers stats itself, expands as kubelet would without node expansion (not at all), and keeps
+// proxy answers stats itself, expands as kubelet would without node expansion (not at all; both answer
+// NOT_FOUND for a volume_path that is missing or not absolute, as CSI says for a volume not there), and keeps
 // volume_mount_group from the driver and gives the published filesystem the group itself. Calls to any other service or method (the Controller service, when the driver serves it on the
 // same socket, and methods newer than this build) are forwarded as raw frames. Requests are logged through
 // one interceptor; fields CSI marks csi_secret are replaced by "***stripped***" before anything is logged,
@@ -56,6 +57,8 @@
 // NodeGetVolumeStats, NodeGetVolumeHealth and NodeExpandVolume of a deferred volume go to crustd
 // (GetVolumeStats, ExpandVolume), which forwards them to the runtime handler that claimed the volume; for expansion the
 // driver's NodeExpandVolume is called first on the private block path when the driver has EXPAND_VOLUME.
+// Before any sandbox claims the volume crustd answers them itself: stats give the device's size with usage
+// unknown, and an expansion is recorded and carried out by the handler when it mounts the volume.
 //
 // Host-mounted: the same raw block publish to the private path, then the proxy formats the device when it
 // holds no filesystem and mounts it on kubelet's target path (k8s.io/mount-utils SafeFormatAndMount), so
@@ -118,6 +121,6 @@
 // The private block paths must be visible to the driver and the proxy alike, and the devices to crustd:
 // kubelet's target paths are (a containerised driver mounts <kubelet>/pods with bidirectional
 // propagation), and the proxy needs the host's /dev and /sys to name a device crustd accepts (with neither,
-// the private node itself is deposited, which crustd's --device-allow must then admit). The driver must
-// support raw block volumes.
+// the private node itself is deposited, which crustd's --device-allow must then admit, as it must the
+// kernel's /dev name for the node's number). The driver must support raw block volumes.
 package csiproxy

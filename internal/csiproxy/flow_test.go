@@ -168,9 +168,11 @@ func TestDeferredAndHostMount(t *testing.T) {
 	if _, err := e.crust.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: vmTarget}); err != nil {
 		t.Fatalf("the descriptor is gone after a refused repeat: %v", err)
 	}
-	// Before a sandbox claims it, stats say so.
-	if _, err := node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: vol.GetVolumeId(), VolumePath: vmTarget}); status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("stats of an unclaimed deferred volume: %v, want FAILED_PRECONDITION", err)
+	// Before a sandbox claims it, stats come from the device: its size, usage unknown.
+	pre, err := node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: vol.GetVolumeId(), VolumePath: vmTarget})
+	if u := pre.GetUsage(); err != nil || len(u) != 1 || u[0].GetUnit() != csi.VolumeUsage_BYTES ||
+		u[0].GetTotal() != vol.GetCapacityBytes() || u[0].GetUsed() != 0 {
+		t.Fatalf("stats of an unclaimed deferred volume: %v, %v; want the device's %d bytes, usage unknown", pre, err, vol.GetCapacityBytes())
 	}
 	sb := sandbox.New(t, e.crustSock, "sandbox-1")
 	guest := sb.Start(vmTarget)

@@ -527,7 +527,12 @@ func (e *env) checkAfterKill(k int, slots []*killSlot, bootID string) {
 		e.t.Fatal(err)
 	}
 	for _, n := range names {
-		r, err := readRecordFile(filepath.Join(e.state, "records", n.Name()), bootID)
+		b, err := os.ReadFile(filepath.Join(e.state, "records", n.Name()))
+		if err != nil {
+			e.t.Errorf("kill %d: record %s: %v", k, n.Name(), err)
+			continue
+		}
+		r, err := decodeRecord(b, bootID)
 		if err != nil {
 			e.t.Errorf("kill %d: record %s: %v", k, n.Name(), err)
 			continue

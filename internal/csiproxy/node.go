@@ -483,8 +483,8 @@ func (p *Proxy) NodeExpandVolume(ctx context.Context, r *csi.NodeExpandVolumeReq
 		if has, err := p.driverHas(ctx, csi.NodeServiceCapability_RPC_EXPAND_VOLUME); err == nil && !has &&
 			r.GetVolumeId() != "" && r.GetVolumePath() != "" {
 			// What kubelet does for a driver without node expansion: nothing.
-			if _, err := os.Stat(r.GetVolumePath()); err != nil {
-				return nil, status.Errorf(codes.NotFound, "volume_path %s: %v", r.GetVolumePath(), err)
+			if _, err := statVolumePath(r.GetVolumePath()); err != nil {
+				return nil, err
 			}
 			return &csi.NodeExpandVolumeResponse{}, nil
 		}

@@ -16,6 +16,7 @@ import (
 
 	"crust.dev/crust/internal/dirlock"
 	"crust.dev/crust/internal/recordfile"
+	"crust.dev/crust/pkg/safedir"
 )
 
 // recordVersion is the record format this code writes and the newest it reads.
@@ -93,8 +94,9 @@ func recordKey(k Kind, path string) string {
 // state is the crash-safe record store with an in-memory index. Calls for one path must be serialised by
 // the caller; different paths may be used concurrently.
 type state struct {
-	dir, records, tmp, corrupt, block string
-	bootID                            string
+	dir, block   string       // paths: block holds the private publish paths handed to the driver
+	records, tmp *safedir.Dir // opened once; every record operation is relative to them
+	bootID       string
 
 	lock *dirlock.Lock // held while the state is open
 
@@ -102,21 +104,18 @@ type state struct {
 	idx map[string]*Record // by recordKey
 }
 
-// close releases the state directory for another process.
+// close releases the state directory for another process. The record directories stay open (a put
+// racing the shutdown fails no worse than before); the process is ending.
 func (s *state) close() { s.lock.Release() }
 
 // openState creates the directories, empties tmp/, and loads the records as the package doc describes.
+// The state directory must be ours and writable by us alone, and neither it nor its subdirectories may be
+// symbolic links (see safedir.OpenOwned); every record operation is relative to the opened directories
+// and never follows a link.
 func openState(dir, bootID string, log *slog.Logger) (*state, error) {
-	s := &state{
-		dir: dir, bootID: bootID,
-		records: filepath.Join(dir, "records"), tmp: filepath.Join(dir, "tmp"),
-		corrupt: filepath.Join(dir, "corrupt"), block: filepath.Join(dir, "block"),
-		idx: map[string]*Record{},
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("state: %w", err)
-	}
-	// One proxy per state directory: a second one fails at once, naming the first.
+	s := &state{dir: dir, bootID: bootID, block: filepath.Join(dir, "block"), idx: map[string]*Record{}}
+	// One proxy per state directory: a second one fails at once, naming the first. Acquire also creates
+	// dir and checks its owner and mode.
 	lock, err := dirlock.Acquire(dir, "crust-csi-proxy")
 	if err != nil {
 		return nil, fmt.Errorf("--state-dir: %w", err)
@@ -128,34 +127,42 @@ func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 			lock.Release()
 		}
 	}()
-	for _, d := range []string{s.records, s.tmp, s.corrupt, s.block} {
-		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+	root, err := safedir.OpenOwned(dir)
+	if err != nil {
+		return nil, fmt.Errorf("--state-dir: %w", err)
+	}
+	defer func() { _ = root.Close() }()
+	var subs [4]*safedir.Dir
+	for i, name := range []string{"records", "tmp", "corrupt", "block"} {
+		if subs[i], err = root.EnsureDir(name, 0o700); err != nil {
 			return nil, fmt.Errorf("state: %w", err)
 		}
 	}
-	if err := recordfile.SyncDir(dir); err != nil {
+	s.records, s.tmp = subs[0], subs[1]
+	corrupt := subs[2]
+	defer func() { _, _ = corrupt.Close(), subs[3].Close() }()
+	if err := root.Sync(); err != nil {
 		return nil, fmt.Errorf("state: %w", err)
 	}
-	tmps, err := os.ReadDir(s.tmp)
+	tmps, err := s.tmp.Names()
 	if err != nil {
 		return nil, fmt.Errorf("state: %w", err)
 	}
-	for _, e := range tmps {
-		_ = os.RemoveAll(filepath.Join(s.tmp, e.Name()))
+	for _, name := range tmps {
+		_ = s.tmp.RemoveAll(name)
 	}
-	entries, err := os.ReadDir(s.records)
+	entries, err := s.records.Names()
 	if err != nil {
 		return nil, fmt.Errorf("state: %w", err)
 	}
 	type bad struct{ name, reason string }
 	var damaged []bad
-	for _, e := range entries {
-		name := e.Name()
-		r, err := readRecordFile(filepath.Join(s.records, name), bootID)
+	for _, name := range entries {
+		r, err := readRecordFile(s.records, name, bootID)
 		switch {
 		case errors.Is(err, errNewerVersion):
 			return nil, fmt.Errorf("state: %s: %w; refusing to start so that a downgrade loses nothing",
-				filepath.Join(s.records, name), err)
+				s.records.Join(name), err)
 		case err != nil:
 			damaged = append(damaged, bad{name, err.Error()})
 			continue
@@ -172,15 +179,15 @@ func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 	}
 	now := time.Now().UTC().Format("20060102T150405.000000000Z")
 	for _, b := range damaged {
-		to := filepath.Join(s.corrupt, b.name+"."+now)
+		to := b.name + "." + now
 		log.Error("state: moving a damaged record aside; what it recorded may need cleaning up by hand",
-			"file", filepath.Join(s.records, b.name), "to", to, "reason", b.reason)
-		if err := os.Rename(filepath.Join(s.records, b.name), to); err != nil {
+			"file", s.records.Join(b.name), "to", corrupt.Join(to), "reason", b.reason)
+		if err := s.records.Rename(b.name, corrupt, to); err != nil {
 			return nil, fmt.Errorf("state: %w", err)
 		}
 	}
 	if len(damaged) > 0 {
-		if err := recordfile.SyncDir(s.records); err != nil {
+		if err := errors.Join(corrupt.Sync(), s.records.Sync()); err != nil {
 			return nil, fmt.Errorf("state: %w", err)
 		}
 	}
@@ -188,9 +195,9 @@ func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 	return s, nil
 }
 
-// readRecordFile reads and verifies one record file.
-func readRecordFile(path, bootID string) (*Record, error) {
-	b, err := recordfile.Read(path)
+// readRecordFile reads and verifies the record file name of dir (never through a link).
+func readRecordFile(dir *safedir.Dir, name, bootID string) (*Record, error) {
+	b, err := recordfile.Read(dir, name)
 	if err != nil {
 		return nil, err
 	}
@@ -270,10 +277,10 @@ func (s *state) put(r *Record) error {
 // delete removes the record of (k, path) durably; an unknown one is not an error.
 func (s *state) delete(k Kind, path string) error {
 	key := recordKey(k, path)
-	if err := os.Remove(filepath.Join(s.records, key+".json")); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := s.records.Remove(key + ".json"); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("state: %w", err)
 	}
-	if err := recordfile.SyncDir(s.records); err != nil {
+	if err := s.records.Sync(); err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
 	s.mu.Lock()

@@ -156,3 +156,37 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 	})
 }
+
+// A symbolic link planted at the place of one of the state directory's subdirectories makes openState
+// fail naming it, and nothing is removed, read or moved through it.
+func TestStatePlantedLinks(t *testing.T) {
+	for _, sub := range []string{"tmp", "records", "corrupt", "block"} {
+		t.Run(sub, func(t *testing.T) {
+			dir, outside := t.TempDir(), t.TempDir()
+			if err := os.WriteFile(filepath.Join(outside, "keep"), []byte("keep"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(outside, filepath.Join(dir, sub)); err != nil {
+				t.Fatal(err)
+			}
+			fi, err := os.Stat(outside)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mode := fi.Mode()
+			s, err := openState(dir, "b", testLog(t))
+			if err == nil {
+				s.close()
+				t.Fatalf("openState accepted a link at %s", sub)
+			}
+			if !strings.Contains(err.Error(), filepath.Join(dir, sub)) {
+				t.Errorf("the error does not name %s: %v", sub, err)
+			}
+			entries, _ := os.ReadDir(outside)
+			fi, _ = os.Stat(outside)
+			if len(entries) != 1 || fi.Mode() != mode {
+				t.Errorf("the link's target changed: %v, %v", entries, fi.Mode())
+			}
+		})
+	}
+}

@@ -3,7 +3,7 @@
 //
 // Promises: data goes to stdout in the format chosen with -o (table, json or yaml; json and yaml are the
 // API's protobuf JSON mapping, stable field names); errors go to stderr as "crustctl: CODE: message" with
-// the gRPC code, and the exit status is 1 (2 for a usage error).
+// the gRPC code, and the exit status is 1 (2 for a usage error). `doctor` exits 3 when it found problems.
 package ctl
 
 import (
@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -29,6 +30,21 @@ type usageError struct{ error }
 
 // Main runs crustctl with args and returns the exit status.
 func Main(args []string, stdout, stderr io.Writer) int {
+	// Every string crustctl sends is a protobuf string, which must be UTF-8: name the argument that is
+	// not, rather than let the encoder fail with an INTERNAL that names none.
+	for i, a := range args {
+		if utf8.ValidString(a) {
+			continue
+		}
+		what := fmt.Sprintf("argument %d", i+1)
+		if name, _, ok := strings.Cut(a, "="); ok && strings.HasPrefix(a, "-") && utf8.ValidString(name) {
+			what = name
+		} else if i > 0 && strings.HasPrefix(args[i-1], "-") {
+			what = "the value of " + args[i-1]
+		}
+		fmt.Fprintf(stderr, "crustctl: %s is not valid UTF-8\n", what)
+		return 2
+	}
 	cmd := NewCommand()
 	cmd.SetArgs(args)
 	cmd.SetOut(stdout)
@@ -37,6 +53,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	err := cmd.Execute()
 	if err == nil {
 		return 0
+	}
+	if errors.Is(err, errProblemsFound) {
+		return 3
 	}
 	if s, ok := status.FromError(err); ok {
 		fmt.Fprintf(stderr, "crustctl: %s: %s\n", s.Code(), s.Message())
@@ -71,7 +90,7 @@ func NewCommand() *cobra.Command {
 	pf.DurationVar(&g.timeout, "timeout", 30*time.Second, "how long a call may take")
 	root.AddCommand(
 		g.lsCmd(), g.getCmd(), g.stageCmd(), g.unstageCmd(), g.statsCmd(), g.expandCmd(),
-		g.claimCmd(), g.releaseCmd(), g.watchCmd(), directvolume.NewCommand(),
+		g.claimCmd(), g.releaseCmd(), g.watchCmd(), g.doctorCmd(), directvolume.NewCommand(),
 	)
 	return root
 }
@@ -199,7 +218,7 @@ func (g *globals) unstageCmd() *cobra.Command {
 
 func (g *globals) statsCmd() *cobra.Command {
 	return &cobra.Command{
-		Use: "stats TARGET", Short: "Show usage measured inside the sandbox that claimed the volume", Args: cobra.ExactArgs(1),
+		Use: "stats TARGET", Short: "Show a volume's usage, measured inside the sandbox that claimed it (before any claim: the device's size)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				r, err := crustv1.NewVolumeServiceClient(conn).GetVolumeStats(ctx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: args[0]})
@@ -215,7 +234,7 @@ func (g *globals) statsCmd() *cobra.Command {
 func (g *globals) expandCmd() *cobra.Command {
 	var size string
 	cmd := &cobra.Command{
-		Use: "expand TARGET --size BYTES", Short: "Grow a claimed volume online", Args: cobra.ExactArgs(1),
+		Use: "expand TARGET --size BYTES", Short: "Grow a volume: online in the sandbox that claimed it, or at its next mount when none has", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n, err := ParseBytes(size)
 			if err != nil {

@@ -83,8 +83,11 @@ func statsRows(t *table, r *crustv1.GetVolumeStatsResponse) {
 		unit := strings.ToLower(strings.TrimPrefix(u.GetUnit().String(), "UNIT_"))
 		t.row(unit, strconv.FormatInt(u.GetTotal(), 10), strconv.FormatInt(u.GetUsed(), 10), strconv.FormatInt(u.GetAvailable(), 10))
 	}
-	if c := r.GetVolumeCondition(); c.GetAbnormal() {
+	switch c := r.GetVolumeCondition(); {
+	case c.GetAbnormal():
 		t.row("condition", "abnormal", c.GetMessage(), "")
+	case c.GetMessage() != "": // such as a volume no sandbox has mounted yet
+		t.row("condition", "normal", c.GetMessage(), "")
 	}
 }
 

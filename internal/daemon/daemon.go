@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"crust.dev/crust/internal/forward"
+	"crust.dev/crust/internal/handlerwatch"
 	"crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/metrics"
@@ -31,14 +32,17 @@ import (
 
 // Config is crustd's configuration; the flags of NewCommand fill it.
 type Config struct {
-	Socket          string
-	StateDir        string
-	KataDir         string   // "" disables the Kata projection
-	KataShimDirs    []string // where Kata shims serve stats and resize, tried in order; empty: Kata's defaults
-	KubeletDir      string
-	DeviceAllow     []string
-	AllowFileBacked bool
-	MetadataKeys    []string
+	Socket       string
+	StateDir     string
+	KataDir      string   // "" disables the Kata projection
+	KataShimDirs []string // where Kata shims serve stats and resize, tried in order; empty: Kata's defaults
+	KubeletDir   string
+	DeviceAllow  []string
+	// DeviceAllowKinds are the kinds of block device allowed (loop, dm, ...), decided from sysfs; empty
+	// allows every kind.
+	DeviceAllowKinds []string
+	AllowFileBacked  bool
+	MetadataKeys     []string
 	// AllowMountOptions are the privileged mount options (dev, suid) descriptors may carry.
 	AllowMountOptions []string
 	AllowUIDs         []uint32
@@ -46,8 +50,11 @@ type Config struct {
 	HTTPAddr          string // "" disables metrics and health over HTTP
 	LockWait          time.Duration
 	GCInterval        time.Duration
-	LogLevel          slog.Level
-	LogFormat         string // text or json
+	// HandlerGrace is how long a runtime handler's endpoint may refuse before its claims are released;
+	// 0 disables the release (see handlerwatch).
+	HandlerGrace time.Duration
+	LogLevel     slog.Level
+	LogFormat    string // text or json
 }
 
 // Defaults returns the configuration DESIGN.md documents.
@@ -63,6 +70,7 @@ func Defaults() Config {
 		HTTPAddr:     "127.0.0.1:9809",
 		LockWait:     2 * time.Second,
 		GCInterval:   time.Minute,
+		HandlerGrace: handlerwatch.DefaultGrace,
 		LogFormat:    "text",
 	}
 }
@@ -70,7 +78,7 @@ func Defaults() Config {
 // Run serves until ctx ends, then stops gracefully. It returns an error when start-up fails.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	v, err := validate.New(validate.Config{
-		KubeletDir: cfg.KubeletDir, DeviceAllow: cfg.DeviceAllow,
+		KubeletDir: cfg.KubeletDir, DeviceAllow: cfg.DeviceAllow, DeviceAllowKinds: cfg.DeviceAllowKinds,
 		AllowFileBacked: cfg.AllowFileBacked, MetadataKeys: cfg.MetadataKeys, AllowMountOptions: cfg.AllowMountOptions,
 	})
 	if err != nil {
@@ -111,6 +119,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	met := metrics.New()
 	met.VolumeGauges(m.Counts)
+	met.QuarantineGauge(m.ProblemCounts)
 	srv := server.New(server.Config{
 		Manager: m, Policy: peercred.Policy{UIDs: cfg.AllowUIDs, GIDs: cfg.AllowGIDs}, Metrics: met, Log: log,
 	})
@@ -130,6 +139,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	srv.SetServing(true)
 	met.SetReady(true)
 	log.Info("serving", "socket", cfg.Socket, "http", cfg.HTTPAddr)
+
+	hw := handlerwatch.New(handlerwatch.Config{Manager: m, Grace: cfg.HandlerGrace, Released: met.HandlerGone, Log: log})
+	hwCtx, hwStop := context.WithCancel(ctx)
+	hwDone := make(chan struct{})
+	go func() { hw.Run(hwCtx); close(hwDone) }()
+	defer func() { hwStop(); <-hwDone }()
 
 	gc := time.NewTicker(cfg.GCInterval)
 	defer gc.Stop()
@@ -194,7 +209,10 @@ func NewCommand() *cobra.Command {
 	f.StringSliceVar(&cfg.KataShimDirs, "kata-shim-dirs", cfg.KataShimDirs,
 		"directories of Kata sandboxes, tried in order for <dir>/<sandbox id>/shim-monitor.sock (stats and resize of volumes a Kata shim uses)")
 	f.StringVar(&cfg.KubeletDir, "kubelet-dir", cfg.KubeletDir, "kubelet root; target paths must lie under it")
-	f.StringSliceVar(&cfg.DeviceAllow, "device-allow", cfg.DeviceAllow, "glob a device must match after symlinks are resolved (repeatable)")
+	f.StringSliceVar(&cfg.DeviceAllow, "device-allow", cfg.DeviceAllow, "glob a device must match after symlinks are resolved, "+
+		"as must the kernel's name for a block device outside /dev (repeatable)")
+	f.StringSliceVar(&cfg.DeviceAllowKinds, "device-allow-kind", nil, "kinds of block device allowed, decided from sysfs: "+
+		"loop, dm, md, nvme, pmem, virtio, scsi, rbd, other (comma-separated or repeatable; every kind when unset)")
 	f.BoolVar(&cfg.AllowFileBacked, "allow-file-backed", false, "accept regular image files as volumes (VOLUME_TYPE_FILE)")
 	f.StringSliceVar(&cfg.MetadataKeys, "metadata-key", nil, "extra metadata key to accept (repeatable)")
 	f.StringSliceVar(&cfg.AllowMountOptions, "allow-mount-option", nil, "privileged mount option to accept in descriptors: dev or suid (repeatable; none by default)")
@@ -203,6 +221,8 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, `address for /metrics, /healthz, /readyz ("" disables)`)
 	f.DurationVar(&cfg.LockWait, "lock-wait", cfg.LockWait, "how long a call waits for another on the same target before ABORTED")
 	f.DurationVar(&cfg.GCInterval, "gc-interval", cfg.GCInterval, "how often descriptors of deleted pods are collected")
+	f.DurationVar(&cfg.HandlerGrace, "handler-grace", cfg.HandlerGrace,
+		"release a runtime handler's claims once its endpoint has refused connections this long (at once when the claiming process has exited too); 0 never releases")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&format, "log-format", cfg.LogFormat, "text or json")
 	return cmd

@@ -3,7 +3,7 @@
 // naming the first.
 //
 // What it promises: Acquire takes an exclusive, non-blocking flock(2) on <dir>/lock, a regular file it
-// opens without following a symbolic link, and writes the holder's pid and name into it. The lock is
+// opens relative to dir without following a symbolic link, and writes the holder's pid and name into it. The lock is
 // the kernel's: it goes with the holder's process, however that ends, so a crash never leaves a stale
 // lock. A second Acquire, from any process, fails at once with ErrHeld and the holder's pid and name.
 package dirlock
@@ -11,11 +11,13 @@ package dirlock
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"crust.dev/crust/pkg/safedir"
 )
 
 // ErrHeld is wrapped by Acquire's error when another holder has the directory.
@@ -24,28 +26,30 @@ var ErrHeld = errors.New("state directory in use")
 // Lock is a held directory.
 type Lock struct{ f *os.File }
 
-// Acquire locks dir for this process, recording who as the holder's name (such as "crustd").
+// Acquire locks dir for this process, recording who as the holder's name (such as "crustd"). dir is
+// created (0700) when missing and opened as safedir.OpenOwned does: a symbolic link at its place, a
+// directory another user owns or may write in, or anything but a regular file at <dir>/lock is refused
+// with an error naming it, before anything is created in it.
 func Acquire(dir, who string) (*Lock, error) {
-	path := filepath.Join(dir, "lock")
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	d, err := safedir.OpenOwned(dir)
 	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
 	}
-	f := os.NewFile(uintptr(fd), path)
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		_ = f.Close()
-		return nil, fmt.Errorf("lock %s: not a regular file", path)
+	f, err := d.OpenFile("lock", os.O_RDWR|os.O_CREATE, 0o600)
+	_ = d.Close()
+	if err != nil {
+		return nil, fmt.Errorf("lock: %w", err)
 	}
-	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		holder := "unknown"
-		if b, rerr := os.ReadFile(path); rerr == nil && len(strings.TrimSpace(string(b))) > 0 {
+		if b, rerr := io.ReadAll(io.NewSectionReader(f, 0, 4096)); rerr == nil && len(strings.TrimSpace(string(b))) > 0 {
 			holder = strings.TrimSpace(string(b))
 		}
 		_ = f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return nil, fmt.Errorf("%s is held by %s: %w", dir, holder, ErrHeld)
 		}
-		return nil, fmt.Errorf("lock %s: %w", path, err)
+		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
 	}
 	if err := f.Truncate(0); err == nil {
 		_, _ = fmt.Fprintf(f, "pid %d (%s)\n", os.Getpid(), who)

@@ -17,10 +17,21 @@ import (
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
+// Size returns the size in bytes of the device at resolvedPath as the host sees it now (of the file, for
+// an image file), and changes nothing: a loop device whose backing file grew reports its old size until
+// Refresh.
+func Size(resolvedPath string, t crustv1.VolumeType) (int64, error) {
+	return size(resolvedPath, t, false)
+}
+
 // Refresh makes the device at resolvedPath report its backing's current size (for a loop device, the
 // equivalent of `losetup -c`) and returns its size in bytes. For an image file (VOLUME_TYPE_FILE) it returns
 // the file's size. Refreshing a device whose size did not change changes nothing.
 func Refresh(resolvedPath string, t crustv1.VolumeType) (int64, error) {
+	return size(resolvedPath, t, true)
+}
+
+func size(resolvedPath string, t crustv1.VolumeType, refresh bool) (int64, error) {
 	if t == crustv1.VolumeType_VOLUME_TYPE_FILE {
 		fi, err := os.Stat(resolvedPath)
 		if err != nil {
@@ -34,7 +45,7 @@ func Refresh(resolvedPath string, t crustv1.VolumeType) (int64, error) {
 	}
 	defer func() { _ = f.Close() }()
 	fd := int(f.Fd())
-	if strings.HasPrefix(filepath.Base(resolvedPath), "loop") {
+	if refresh && strings.HasPrefix(filepath.Base(resolvedPath), "loop") {
 		if err := unix.IoctlSetInt(fd, unix.LOOP_SET_CAPACITY, 0); err != nil {
 			return 0, fmt.Errorf("refresh the size of loop device %s: %w", resolvedPath, err)
 		}

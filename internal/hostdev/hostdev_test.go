@@ -11,22 +11,7 @@ import (
 )
 
 func TestRefreshSeesAGrownLoopDevice(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a loop device")
-	}
-	img := filepath.Join(t.TempDir(), "disk.img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, 8<<20); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
-	if err != nil {
-		t.Fatalf("losetup: %v %s", err, out)
-	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
+	img, dev := attachLoop(t, 8<<20)
 
 	for _, tc := range []struct {
 		name  string
@@ -45,12 +30,45 @@ func TestRefreshSeesAGrownLoopDevice(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		before, err := Size(tc.path, tc.vtype)
+		if err != nil {
+			t.Fatalf("%s: size: %v", tc.name, err)
+		}
+		if tc.grow > 0 && tc.vtype == crustv1.VolumeType_VOLUME_TYPE_BLOCK && before == tc.want {
+			t.Fatalf("%s: Size saw the grown backing file (%d) before Refresh told the loop device", tc.name, before)
+		}
 		got, err := Refresh(tc.path, tc.vtype)
 		if err != nil || got != tc.want {
 			t.Fatalf("%s: %d, %v; want %d", tc.name, got, err, tc.want)
+		}
+		if after, err := Size(tc.path, tc.vtype); err != nil || after != tc.want {
+			t.Fatalf("%s: size after refresh %d, %v; want %d", tc.name, after, err, tc.want)
 		}
 	}
 	if _, err := Refresh(filepath.Join(t.TempDir(), "gone"), crustv1.VolumeType_VOLUME_TYPE_BLOCK); err == nil {
 		t.Fatal("a missing device refreshed")
 	}
+}
+
+// attachLoop attaches a loop device to a new image of size bytes for the test's time (skipping unless
+// root) and returns the image and the device.
+func attachLoop(t *testing.T, size int64) (img, dev string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a loop device")
+	}
+	img = filepath.Join(t.TempDir(), "disk.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, size); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup: %v %s", err, out)
+	}
+	dev = strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
+	return img, dev
 }

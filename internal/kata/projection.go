@@ -34,45 +34,72 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os"
 	"slices"
 	"strconv"
+	"unicode/utf8"
 
 	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	katafmt "crust.dev/crust/pkg/kata"
+	"crust.dev/crust/pkg/safedir"
 )
 
 // Projection writes descriptors into one Kata direct-volume directory. A disabled Projection (from New
 // with an empty dir) does nothing and reports no sandboxes. The methods may be called concurrently for
 // different target paths; calls for one target path must be serialised by the caller.
 type Projection struct {
-	dir string
+	dir *katafmt.Dir // nil when disabled
 }
 
-// New returns the projection into dir, creating dir (mode 0700, as Kata does) when missing. An empty dir
-// returns a disabled projection.
+// New returns the projection into dir, opened once for the daemon's life, creating dir (mode 0700, as
+// Kata does) when missing. It fails with errdefs.ErrFailedPrecondition, naming the path, the owner and
+// the mode, when another user owns dir or may write in it, or when dir is a symbolic link: everything in
+// it is done relative to the opened directory and never follows a link (see katafmt.ErrForeignEntry).
+// An empty dir returns a disabled projection.
 func New(dir string) (*Projection, error) {
 	if dir == "" {
 		return &Projection{}, nil
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	d, err := katafmt.OpenDir(dir)
+	if errors.Is(err, safedir.ErrInsecure) || errors.Is(err, katafmt.ErrForeignEntry) {
+		return nil, fmt.Errorf("kata directory: %w: %w", err, errdefs.ErrFailedPrecondition)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("kata directory: %w", err)
 	}
-	return &Projection{dir: dir}, nil
+	return &Projection{dir: d}, nil
 }
 
 // Enabled says whether the projection writes anything.
-func (p *Projection) Enabled() bool { return p.dir != "" }
+func (p *Projection) Enabled() bool { return p.dir != nil }
 
 // Dir returns the Kata direct-volume directory, or "" when the projection is disabled.
-func (p *Projection) Dir() string { return p.dir }
+func (p *Projection) Dir() string {
+	if p.dir == nil {
+		return ""
+	}
+	return p.dir.Path()
+}
+
+// Check says whether target can be projected at all: a target path longer than
+// katafmt.MaxVolumePathLen has no Kata directory name, and is a *errdefs.FieldError on
+// spec.volume_target_path. A disabled projection takes every target.
+func (p *Projection) Check(target string) error {
+	if p.dir == nil || len(target) <= katafmt.MaxVolumePathLen {
+		return nil
+	}
+	return errdefs.Field("spec.volume_target_path", "is %d bytes long; the Kata projection (--kata-dir) names a volume's "+
+		"directory by the base64url form of its target path, which must fit in a file name (NAME_MAX, 255 bytes), "+
+		"so the path may be at most %d bytes", len(target), katafmt.MaxVolumePathLen)
+}
 
 // Write projects v: it writes the MountInfo of v's spec as the mountInfo.json of its target path,
 // atomically, keeping the sandbox-id files already there. Writing the same descriptor again is a no-op
-// (the file is not rewritten when its content is already right).
+// (the file is not rewritten when its content is already right). Something other than a directory where
+// the volume directory belongs is errdefs.ErrFailedPrecondition, and is left as it is; a target Check
+// refuses is its *errdefs.FieldError.
 func (p *Projection) Write(v *crustv1.Volume) error {
-	if p.dir == "" {
+	if p.dir == nil {
 		return nil
 	}
 	spec := v.GetSpec()
@@ -80,42 +107,61 @@ func (p *Projection) Write(v *crustv1.Volume) error {
 		return errdefs.Field("spec", "is required")
 	}
 	target := spec.GetVolumeTargetPath()
-	if err := katafmt.AddMountInfo(p.dir, target, MountInfo(v)); err != nil {
+	if err := p.Check(target); err != nil {
+		return err
+	}
+	if err := p.dir.AddMountInfo(target, MountInfo(v)); err != nil {
 		return wrap(target, err)
 	}
 	return nil
 }
 
-// Remove deletes the projection of target with its sandbox-id files. A target that has none is not an
+// Remove deletes the projection of target with its sandbox-id files, or whatever else is where its
+// volume directory belongs. A target that has none (a target Check refuses never has one) is not an
 // error.
 func (p *Projection) Remove(target string) error {
-	if p.dir == "" {
+	if p.dir == nil || p.Check(target) != nil {
 		return nil
 	}
-	return wrap(target, katafmt.Remove(p.dir, target))
+	return wrap(target, p.dir.Remove(target))
 }
 
 // SandboxIDs returns the sandboxes a Kata shim recorded in the projection of target, in the order Kata
 // reads them (it uses the first); none is an empty list. A target that has no projection is
-// errdefs.ErrNotFound. A disabled projection returns an empty list.
-func (p *Projection) SandboxIDs(target string) ([]string, error) {
-	if p.dir == "" {
-		return nil, nil
+// errdefs.ErrNotFound; a disabled projection, and a target Check refuses, return empty lists.
+//
+// Names that are not UTF-8 are returned apart, in bad, and are not sandbox ids: a Kata shim names the
+// file by its sandbox id, and sandbox ids are ASCII (containerd allows only letters, digits and "._-";
+// CRI-O makes hex ids), so such a file was put there by something else and stands for no sandbox.
+// Counting it as a claim would let whoever planted it hold the volume against every handler, and it
+// cannot be put in an answer (protobuf strings are UTF-8). Kata itself takes the first name of the
+// directory for the sandbox id, whatever it is, so such a name sorted before a real id misleads Kata's
+// own stats and resize: it is reported, not ignored.
+func (p *Projection) SandboxIDs(target string) (ids, bad []string, err error) {
+	if p.dir == nil || p.Check(target) != nil {
+		return nil, nil, nil
 	}
-	ids, err := katafmt.SandboxIDs(p.dir, target)
+	names, err := p.dir.SandboxIDs(target)
 	if err != nil {
-		return nil, wrap(target, err)
+		return nil, nil, wrap(target, err)
 	}
-	return ids, nil
+	for _, n := range names {
+		if utf8.ValidString(n) {
+			ids = append(ids, n)
+		} else {
+			bad = append(bad, n)
+		}
+	}
+	return ids, bad, nil
 }
 
 // ForgetSandbox removes a Kata shim's record that sandboxID uses target (a forced release of a Kata
 // claim); a record that is not there is not an error.
 func (p *Projection) ForgetSandbox(target, sandboxID string) error {
-	if p.dir == "" {
+	if p.dir == nil {
 		return nil
 	}
-	if err := katafmt.ForgetSandbox(p.dir, target, sandboxID); err != nil {
+	if err := p.dir.ForgetSandbox(target, sandboxID); err != nil {
 		return wrap(target, err)
 	}
 	return nil
@@ -124,26 +170,36 @@ func (p *Projection) ForgetSandbox(target, sandboxID string) error {
 // Sync rebuilds the projection at daemon start: it deletes what interrupted writes left in the temporary
 // directory, writes every descriptor in keep (rewriting a mountInfo.json only when its content differs,
 // keeping sandbox-id files), and removes the projection of every target in drop that is not also in
-// keep. It touches no other volume directory. It goes on past failures and returns them all joined.
-func (p *Projection) Sync(keep []*crustv1.Volume, drop []string) error {
-	if p.dir == "" {
-		return nil
+// keep. It touches no other volume directory. One entry never stops it: it goes on past every failure
+// and returns them by target path in failed (nil when there is none), with the error of Write or
+// Remove. err is a failure to empty the temporary directory, which stops nothing either.
+func (p *Projection) Sync(keep []*crustv1.Volume, drop []string) (failed map[string]error, err error) {
+	if p.dir == nil {
+		return nil, nil
 	}
-	if err := katafmt.CleanTemp(p.dir); err != nil {
-		return fmt.Errorf("clean the kata temporary directory: %w", err)
+	if cerr := p.dir.CleanTemp(); cerr != nil {
+		err = fmt.Errorf("clean the kata temporary directory: %w", cerr)
 	}
-	var errs []error
+	note := func(target string, werr error) {
+		if werr == nil {
+			return
+		}
+		if failed == nil {
+			failed = map[string]error{}
+		}
+		failed[target] = werr
+	}
 	kept := make(map[string]bool, len(keep))
 	for _, v := range keep {
 		kept[v.GetSpec().GetVolumeTargetPath()] = true
-		errs = append(errs, p.Write(v))
+		note(v.GetSpec().GetVolumeTargetPath(), p.Write(v))
 	}
 	for _, target := range drop {
 		if !kept[target] {
-			errs = append(errs, p.Remove(target))
+			note(target, p.Remove(target))
 		}
 	}
-	return errors.Join(errs...)
+	return failed, err
 }
 
 // MountInfo returns what the projection writes for v (see the package documentation). The device is
@@ -188,15 +244,29 @@ func MountInfo(v *crustv1.Volume) *katafmt.MountInfo {
 	return info
 }
 
-// wrap names target in err, and turns a target path Kata cannot hold into bad input.
+// wrap names target in err, turns a target path Kata cannot hold into bad input, and an entry planted
+// where the format puts another kind into a failed precondition (it was never written through).
 func wrap(target string, err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, katafmt.ErrForeignEntry):
+		return fmt.Errorf("kata projection of %q: %w: %w", target, err, errdefs.ErrFailedPrecondition)
 	case errors.Is(err, katafmt.ErrInvalidVolumePath):
 		return errdefs.Field("spec.volume_target_path", "%v", err)
 	case errors.Is(err, katafmt.ErrNotFound):
 		return fmt.Errorf("kata projection of %q: %w", target, errdefs.ErrNotFound)
 	}
 	return fmt.Errorf("kata projection of %q: %w", target, err)
+}
+
+// Kind says which kind of problem a failed Write, Remove or SandboxIDs is, for reports.
+func Kind(err error) crustv1.ProblemKind {
+	switch {
+	case errors.Is(err, errdefs.ErrFailedPrecondition):
+		return crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY
+	case errors.Is(err, errdefs.ErrInvalidArgument):
+		return crustv1.ProblemKind_PROBLEM_KIND_KATA_PATH_TOO_LONG
+	}
+	return crustv1.ProblemKind_PROBLEM_KIND_KATA_WRITE_FAILED
 }

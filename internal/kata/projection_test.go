@@ -204,7 +204,7 @@ func TestWriteKeepsSandboxesAndIsIdempotent(t *testing.T) {
 	if got := readMountInfo(t, p.Dir(), target); !strings.Contains(got, `"fstype":"xfs"`) {
 		t.Fatalf("not rewritten: %s", got)
 	}
-	ids, err := p.SandboxIDs(target)
+	ids, _, err := p.SandboxIDs(target)
 	if err != nil || !slices.Equal(ids, []string{"sandbox-1"}) {
 		t.Fatalf("SandboxIDs = %v, %v", ids, err)
 	}
@@ -248,8 +248,8 @@ func TestOnlyKataFilesEverAppear(t *testing.T) {
 		}
 	}
 	other := volume(func(s *crustv1.VolumeSpec) { s.VolumeTargetPath = "/other" })
-	if err := p.Sync([]*crustv1.Volume{volume(nil), other}, nil); err != nil {
-		t.Fatal(err)
+	if failed, err := p.Sync([]*crustv1.Volume{volume(nil), other}, nil); failed != nil || err != nil {
+		t.Fatal(failed, err)
 	}
 
 	allowed := map[string]bool{
@@ -302,22 +302,48 @@ func TestRemove(t *testing.T) {
 
 func TestSandboxIDs(t *testing.T) {
 	p := newProjection(t)
-	if _, err := p.SandboxIDs(target); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, _, err := p.SandboxIDs(target); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("SandboxIDs of nothing = %v", err)
 	}
 	if err := p.Write(volume(nil)); err != nil {
 		t.Fatal(err)
 	}
-	if ids, err := p.SandboxIDs(target); err != nil || len(ids) != 0 {
-		t.Fatalf("SandboxIDs = %v, %v", ids, err)
+	if ids, bad, err := p.SandboxIDs(target); err != nil || len(ids) != 0 || len(bad) != 0 {
+		t.Fatalf("SandboxIDs = %v, %v, %v", ids, bad, err)
 	}
 	for _, id := range []string{"b", "a"} {
 		if err := katafmt.RecordSandbox(p.Dir(), target, id); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if ids, err := p.SandboxIDs(target); err != nil || !slices.Equal(ids, []string{"a", "b"}) {
-		t.Fatalf("SandboxIDs = %v, %v", ids, err)
+	// Names that are not UTF-8 come apart, never as sandbox ids, wherever they sort.
+	for _, name := range []string{"\xff", "0\x80", "a\xc3"} {
+		if err := os.WriteFile(filepath.Join(p.Dir(), katafmt.VolumeDirName(target), name), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids, bad, err := p.SandboxIDs(target)
+	if err != nil || !slices.Equal(ids, []string{"a", "b"}) || !slices.Equal(bad, []string{"0\x80", "a\xc3", "\xff"}) {
+		t.Fatalf("SandboxIDs = %q, %q, %v", ids, bad, err)
+	}
+}
+
+// TestWriteOverAFileIsFailedPrecondition: something other than a directory where the volume directory
+// belongs is a state conflict, left as it is.
+func TestWriteOverAFileIsFailedPrecondition(t *testing.T) {
+	p := newProjection(t)
+	file := filepath.Join(p.Dir(), katafmt.VolumeDirName(target))
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Write(volume(nil)); !errors.Is(err, errdefs.ErrFailedPrecondition) || Kind(err) != crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY {
+		t.Fatalf("Write over a file = %v, want FailedPrecondition", err)
+	}
+	if b, err := os.ReadFile(file); err != nil || string(b) != "x" {
+		t.Fatalf("the file was touched: %q, %v", b, err)
+	}
+	if _, _, err := p.SandboxIDs(target); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("SandboxIDs of a file = %v, want FailedPrecondition", err)
 	}
 }
 
@@ -357,9 +383,20 @@ func TestSync(t *testing.T) {
 	name := func(target string) string {
 		return filepath.Join(p.Dir(), katafmt.VolumeDirName(target), katafmt.MountInfoFileName)
 	}
-	before, _ := os.Stat(name("/t/unchanged"))
-	if err := p.Sync([]*crustv1.Volume{unchanged, changed, missing, both}, []string{"/t/dropped", "/t/both", "/t/never"}); err != nil {
+	// A regular file where one volume's directory belongs, and a target Kata cannot name: Sync goes on.
+	if err := os.WriteFile(filepath.Join(p.Dir(), katafmt.VolumeDirName("/t/file")), nil, 0o600); err != nil {
 		t.Fatal(err)
+	}
+	file := volume(func(s *crustv1.VolumeSpec) { s.VolumeTargetPath = "/t/file" })
+	long := volume(func(s *crustv1.VolumeSpec) {
+		s.VolumeTargetPath = "/t/" + strings.Repeat("l", katafmt.MaxVolumePathLen)
+	})
+
+	before, _ := os.Stat(name("/t/unchanged"))
+	failed, err := p.Sync([]*crustv1.Volume{unchanged, file, changed, long, missing, both}, []string{"/t/dropped", "/t/both", "/t/never"})
+	if err != nil || len(failed) != 2 || Kind(failed["/t/file"]) != crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY ||
+		Kind(failed[long.Spec.VolumeTargetPath]) != crustv1.ProblemKind_PROBLEM_KIND_KATA_PATH_TOO_LONG {
+		t.Fatalf("Sync = %v, %v; want the file and the long target reported", failed, err)
 	}
 
 	if after, _ := os.Stat(name("/t/unchanged")); !os.SameFile(before, after) {
@@ -371,7 +408,7 @@ func TestSync(t *testing.T) {
 			t.Errorf("%s: %s, want %s", v.Spec.VolumeTargetPath, got, want)
 		}
 	}
-	if ids, _ := p.SandboxIDs("/t/changed"); !slices.Equal(ids, []string{"sb-changed"}) {
+	if ids, _, _ := p.SandboxIDs("/t/changed"); !slices.Equal(ids, []string{"sb-changed"}) {
 		t.Errorf("sandbox of a rewritten projection: %v", ids)
 	}
 	if _, err := os.Stat(filepath.Join(p.Dir(), katafmt.VolumeDirName("/t/dropped"))); !errors.Is(err, os.ErrNotExist) {
@@ -416,11 +453,11 @@ func TestDisabled(t *testing.T) {
 	if err := p.Remove(target); err != nil {
 		t.Fatal(err)
 	}
-	if ids, err := p.SandboxIDs(target); err != nil || ids != nil {
+	if ids, _, err := p.SandboxIDs(target); err != nil || ids != nil {
 		t.Fatalf("SandboxIDs = %v, %v", ids, err)
 	}
-	if err := p.Sync([]*crustv1.Volume{volume(nil)}, []string{target}); err != nil {
-		t.Fatal(err)
+	if failed, err := p.Sync([]*crustv1.Volume{volume(nil)}, []string{target}); failed != nil || err != nil {
+		t.Fatal(failed, err)
 	}
 }
 

@@ -8,6 +8,8 @@
 //     Kata projection follows it, and on start it is rebuilt from the store (Open), so a crash at any
 //     instant leaves each descriptor wholly old or wholly new in both.
 //   - A refused request (validation, conflict) changes nothing.
+//   - One bad entry never stops the start or breaks an answer about the others: what cannot be
+//     projected or read is quarantined and reported (see Problems).
 //   - Watchers see the changes in the order they were made durable, each with a revision one higher than
 //     the previous one.
 //
@@ -19,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -53,7 +56,7 @@ type Config struct {
 	Validator  *validate.Validator
 	Store      *store.Store
 	Projection *kata.Projection
-	Forwarder  Forwarder // nil: stats and expansion fail with FailedPrecondition
+	Forwarder  Forwarder // nil: stats and expansion of a claimed volume fail with FailedPrecondition
 	// KubeletDir is the kubelet root; descriptors under <KubeletDir>/pods/<uid>/ are garbage-collected
 	// once that pod directory is gone.
 	KubeletDir string
@@ -74,11 +77,14 @@ type Manager struct {
 	vols     map[string]*crustv1.Volume // by target path; values are never mutated, only replaced
 	rev      uint64
 	watchers map[*Watcher]struct{}
+
+	problems problems
 }
 
 // Open loads the descriptors the store kept from this boot and rebuilds the Kata projection from them
 // (records of an earlier boot or corrupt ones are gone from the store by then, and their projection is
-// removed).
+// removed). A descriptor whose projection cannot be written is held and served all the same, and
+// quarantined; the records the store moved aside are reported (Problems). No entry makes Open fail.
 func Open(cfg Config, loaded *store.LoadReport) (*Manager, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -96,14 +102,40 @@ func Open(cfg Config, loaded *store.LoadReport) (*Manager, error) {
 	for _, v := range loaded.Volumes {
 		m.vols[v.GetSpec().GetVolumeTargetPath()] = v
 	}
-	if err := cfg.Projection.Sync(loaded.Volumes, loaded.Dropped); err != nil {
-		return nil, fmt.Errorf("rebuild the Kata projection: %w", err)
+	failed, err := cfg.Projection.Sync(loaded.Volumes, loaded.Dropped)
+	if err != nil {
+		m.log.Warn("rebuild the Kata projection", "err", err)
+	}
+	for _, target := range slices.Sorted(maps.Keys(failed)) {
+		_, held := m.vols[target]
+		m.quarantine(target, failed[target], held)
+	}
+	for _, path := range loaded.Corrupt {
+		m.problems.put(&crustv1.Problem{
+			Kind:    crustv1.ProblemKind_PROBLEM_KIND_CORRUPT_RECORD,
+			Path:    path,
+			Message: "a store record could not be read and was moved aside at start; crustd no longer holds its volume",
+			Remedy: "The volume's CSI driver stages it again on its next NodePublishVolume (kubelet retries it for " +
+				"running pods). Inspect the file, then delete it; this report goes with it.",
+		})
 	}
 	return m, nil
 }
 
 // Stage deposits a descriptor. The same spec again returns the stored volume and changes nothing; another
 // spec for the same target is ErrAlreadyExists.
+//
+// With the Kata projection on, a target path too long for a Kata directory name is refused with a
+// *errdefs.FieldError on spec.volume_target_path, and nothing is stored. A caller that stages a volume
+// expects the node's runtimes to find it; a Kata runtime that does not find a direct-assigned volume
+// shares the (empty, unmounted) target directory with the sandbox instead, so the pod would start on an
+// empty volume and its writes would land on the node's disk. Refusing lets the CSI driver fail the
+// publish visibly. (Such a descriptor stored while the projection was off is still held and served to
+// crust's own handlers; it is quarantined, and staging it again gets the same refusal.)
+//
+// Something other than a directory where the target's Kata volume directory belongs is
+// ErrFailedPrecondition: crustd leaves it alone and stores nothing. Staging a quarantined descriptor again
+// (same spec) writes its projection again; once that succeeds the quarantine ends.
 func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1.Volume, error) {
 	checked, err := m.cfg.Validator.Spec(spec)
 	if err != nil {
@@ -126,7 +158,18 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 				target, devString(old.GetDeviceNumber()), spec.GetVolumeBackingPath(), devString(checked.DeviceNumber),
 				errdefs.ErrAlreadyExists)
 		}
+		if m.problems.has(target, projectionKinds...) {
+			if err := m.cfg.Projection.Write(old); err != nil {
+				m.quarantine(target, err, true)
+				return nil, errdefs.NoSpace(fmt.Errorf("volume %q is staged and served to crust's own handlers, but "+
+					"its Kata projection cannot be written: %w", target, err))
+			}
+			m.healed(target)
+		}
 		return m.withKataClaim(old), nil
+	}
+	if err := m.cfg.Projection.Check(target); err != nil {
+		return nil, err
 	}
 
 	v := &crustv1.Volume{
@@ -149,7 +192,8 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 	return v, nil
 }
 
-// Unstage removes a descriptor, with its claim if it has one. An unknown target is not an error.
+// Unstage removes a descriptor, with its claim if it has one, and its Kata projection (whatever is where
+// the volume directory belongs), which ends any quarantine of it. An unknown target is not an error.
 func (m *Manager) Unstage(ctx context.Context, target string) error {
 	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
 		return err
@@ -165,6 +209,10 @@ func (m *Manager) Unstage(ctx context.Context, target string) error {
 func (m *Manager) unstageLocked(target string) error {
 	old := m.get(target)
 	if old == nil {
+		// The projection of a dropped record that could not be removed at start: try again.
+		if m.problems.has(target, projectionKinds...) && m.cfg.Projection.Remove(target) == nil {
+			m.healed(target)
+		}
 		return nil
 	}
 	if c := old.GetClaim(); c != nil {
@@ -174,6 +222,8 @@ func (m *Manager) unstageLocked(target string) error {
 	if err := m.cfg.Projection.Remove(target); err != nil {
 		return fmt.Errorf("remove the Kata projection of %q: %w", target, err)
 	}
+	m.healed(target)
+	m.noteBadNames(target, nil)
 	if err := m.cfg.Store.Delete(target); err != nil {
 		return fmt.Errorf("delete the record of %q: %w", target, err)
 	}
@@ -229,9 +279,9 @@ func (m *Manager) ListPage(_ context.Context, after string, maxEntries, maxBytes
 }
 
 // Claim records that sandboxID uses the volume and returns the descriptor. The same sandbox claiming
-// again succeeds (its endpoint is updated); another sandbox is ErrFailedPrecondition until the claim is
-// released. The device must still be the one staged, at every claim, repeats included
-// (ErrFailedPrecondition otherwise).
+// again succeeds (its endpoint and the claiming process, see WithClaimer, are updated); another sandbox is
+// ErrFailedPrecondition until the claim is released. The device must still be the one staged, at every
+// claim, repeats included (ErrFailedPrecondition otherwise).
 func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string) (*crustv1.Volume, error) {
 	if err := errors.Join(
 		m.cfg.Validator.TargetPath("volume_target_path", target),
@@ -259,7 +309,8 @@ func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string)
 	if err := m.cfg.Validator.SameDevice(old); err != nil {
 		return nil, fmt.Errorf("volume %q: refusing to hand out its device: %w", target, err)
 	}
-	if c := old.GetClaim(); c != nil && c.GetHandlerEndpoint() == endpoint {
+	pid, start := claimerOf(ctx)
+	if c := old.GetClaim(); c != nil && c.GetHandlerEndpoint() == endpoint && c.GetClaimerPid() == pid && c.GetClaimerStartTime() == start {
 		return old, nil
 	}
 	// One writer per device, whatever the path: claims of one device through other targets are checked
@@ -273,7 +324,8 @@ func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string)
 		return nil, err
 	}
 	v := proto.CloneOf(old)
-	v.Claim = &crustv1.Claim{SandboxId: sandboxID, HandlerEndpoint: endpoint, ClaimTime: timestamppb.Now()}
+	v.Claim = &crustv1.Claim{SandboxId: sandboxID, HandlerEndpoint: endpoint, ClaimTime: timestamppb.Now(),
+		ClaimerPid: pid, ClaimerStartTime: start}
 	if err := m.cfg.Store.Put(v); err != nil {
 		return nil, errdefs.NoSpace(fmt.Errorf("store the claim on %q: %w", target, err))
 	}
@@ -309,13 +361,7 @@ func (m *Manager) Release(ctx context.Context, target, sandboxID string, force b
 	if holder := old.GetClaim().GetSandboxId(); holder != sandboxID && !force {
 		return fmt.Errorf("volume %q is claimed by sandbox %q, not %q: %w", target, holder, sandboxID, errdefs.ErrFailedPrecondition)
 	}
-	v := proto.CloneOf(old)
-	v.Claim = nil
-	if err := m.cfg.Store.Put(v); err != nil {
-		return errdefs.NoSpace(fmt.Errorf("store the release of %q: %w", target, err))
-	}
-	m.commit(target, v, crustv1.EventType_EVENT_TYPE_RELEASED)
-	return nil
+	return m.releaseLocked(old, releaseReason(force, sandboxID, old.GetClaim()), "")
 }
 
 // deviceKey is the lock key of a device; no target path (absolute) looks like it.
@@ -355,7 +401,7 @@ func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string) error {
 // an error.
 func (m *Manager) releaseKata(v *crustv1.Volume, sandboxID string, force bool) error {
 	target := v.GetSpec().GetVolumeTargetPath()
-	ids, err := m.cfg.Projection.SandboxIDs(target)
+	ids, _, err := m.cfg.Projection.SandboxIDs(target)
 	if err != nil || len(ids) == 0 {
 		return nil
 	}
@@ -371,21 +417,47 @@ func (m *Manager) releaseKata(v *crustv1.Volume, sandboxID string, force bool) e
 		}
 		m.log.Info("released a Kata claim", "target", target, "sandbox", id, "force", force)
 	}
-	m.commit(target, v, crustv1.EventType_EVENT_TYPE_RELEASED)
+	ended := &crustv1.Claim{SandboxId: ids[0], Kata: true}
+	m.commitEvent(target, v, &crustv1.WatchVolumesResponse{Type: crustv1.EventType_EVENT_TYPE_RELEASED, Volume: v,
+		ReleaseReason: releaseReason(force, sandboxID, ended), ReleasedClaim: ended})
 	return nil
 }
 
-// Stats asks the claiming sandbox's handler for the volume's usage.
+// NotMountedMessage is the volume condition's message in the stats of a volume no sandbox holds yet.
+const NotMountedMessage = "not yet mounted in a sandbox: the total is the device's size; used and available are " +
+	"measured once a sandbox mounts the volume"
+
+// Stats asks the claiming sandbox's handler for the volume's usage. Before any sandbox claims the volume
+// it answers from the host: the device's size as the total bytes, used and available unknown (zero), no
+// inode entry, and a condition, not abnormal, that says so (NotMountedMessage). A device that is no
+// longer the one staged is ErrFailedPrecondition.
 func (m *Manager) Stats(ctx context.Context, target string) (*crustv1.GetVolumeStatsResponse, error) {
-	v, err := m.claimed(target)
+	v, err := m.Get(ctx, target)
 	if err != nil {
+		return nil, err
+	}
+	if v.GetClaim() == nil {
+		size, err := m.unclaimedDevice(v, hostdev.Size)
+		if err != nil {
+			return nil, err
+		}
+		return &crustv1.GetVolumeStatsResponse{
+			Usage:           []*crustv1.VolumeUsage{{Unit: crustv1.VolumeUsage_UNIT_BYTES, Total: size}},
+			VolumeCondition: &crustv1.VolumeCondition{Message: NotMountedMessage},
+		}, nil
+	}
+	if err := m.forwarding(v); err != nil {
 		return nil, err
 	}
 	return m.cfg.Forwarder.Stats(ctx, v)
 }
 
-// Expand asks the claiming sandbox's handler to grow the volume online to at least requiredBytes (and at
-// most limitBytes when that is not zero), and returns the capacity the sandbox then sees.
+// Expand grows the volume to at least requiredBytes (and at most limitBytes when that is not zero) and
+// returns its capacity. The claiming sandbox's handler grows it online. Before any sandbox claims the
+// volume, Expand makes the host see the device's current size, records requiredBytes durably as the
+// volume's requested_bytes (the largest asked for is kept; watchers get EVENT_TYPE_EXPANDED when it
+// grows) and returns the device's size: the handler that claims the volume grows the filesystem when it
+// mounts it. A device smaller than requiredBytes is ErrFailedPrecondition and changes nothing.
 func (m *Manager) Expand(ctx context.Context, target string, requiredBytes, limitBytes int64) (int64, error) {
 	if requiredBytes <= 0 {
 		return 0, errdefs.Field("required_bytes", "must be positive, got %d", requiredBytes)
@@ -398,12 +470,21 @@ func (m *Manager) Expand(ctx context.Context, target string, requiredBytes, limi
 		return 0, err
 	}
 	defer unlock()
-	v, err := m.claimed(target)
+	v, err := m.Get(ctx, target)
 	if err != nil {
 		return 0, err
 	}
 	// The host's view first: a loop device learns that its backing file grew only when told.
-	deviceBytes, err := hostdev.Refresh(v.GetResolvedBackingPath(), v.GetSpec().GetVolumeType())
+	var deviceBytes int64
+	claimed := v.GetClaim() != nil
+	if claimed {
+		if err := m.forwarding(v); err != nil {
+			return 0, err
+		}
+		deviceBytes, err = hostdev.Refresh(v.GetResolvedBackingPath(), v.GetSpec().GetVolumeType())
+	} else {
+		deviceBytes, err = m.unclaimedDevice(v, hostdev.Refresh)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -411,7 +492,12 @@ func (m *Manager) Expand(ctx context.Context, target string, requiredBytes, limi
 		return 0, fmt.Errorf("volume %q: its device %s holds %d bytes, less than the %d asked for; grow the backing volume first (ControllerExpandVolume): %w",
 			target, v.GetResolvedBackingPath(), deviceBytes, requiredBytes, errdefs.ErrFailedPrecondition)
 	}
-	capacity, err := m.cfg.Forwarder.Expand(ctx, v, requiredBytes, deviceBytes)
+	capacity := deviceBytes
+	if claimed {
+		capacity, err = m.cfg.Forwarder.Expand(ctx, v, requiredBytes, deviceBytes)
+	} else {
+		err = m.recordRequested(v, requiredBytes)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -421,24 +507,39 @@ func (m *Manager) Expand(ctx context.Context, target string, requiredBytes, limi
 	return capacity, nil
 }
 
-// claimed returns the volume at target with its claim, or the error that says why stats and expansion
-// cannot be forwarded.
-func (m *Manager) claimed(target string) (*crustv1.Volume, error) {
-	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
-		return nil, err
+// recordRequested makes requiredBytes the requested_bytes of v (a stored volume without a claim), durably,
+// unless it already asks as much. The caller holds v's target lock.
+func (m *Manager) recordRequested(v *crustv1.Volume, requiredBytes int64) error {
+	target := v.GetSpec().GetVolumeTargetPath()
+	if v.GetRequestedBytes() >= requiredBytes {
+		return nil
 	}
-	v := m.get(target)
-	if v == nil {
-		return nil, notFound(target)
+	nv := proto.CloneOf(v)
+	nv.RequestedBytes = requiredBytes
+	if err := m.cfg.Store.Put(nv); err != nil {
+		return errdefs.NoSpace(fmt.Errorf("store the requested size of %q: %w", target, err))
 	}
-	v = m.withKataClaim(v)
-	if v.GetClaim() == nil {
-		return nil, fmt.Errorf("volume %q is not claimed by any sandbox: %w", target, errdefs.ErrFailedPrecondition)
+	m.commit(target, nv, crustv1.EventType_EVENT_TYPE_EXPANDED)
+	m.log.Info("expansion before any claim recorded; the handler grows the filesystem when it mounts",
+		"target", target, "requested_bytes", requiredBytes)
+	return nil
+}
+
+// unclaimedDevice checks that v's device is still the one staged and returns its size as measure finds it
+// (hostdev.Size, or hostdev.Refresh to make the host see a grown backing first).
+func (m *Manager) unclaimedDevice(v *crustv1.Volume, measure func(string, crustv1.VolumeType) (int64, error)) (int64, error) {
+	if err := m.cfg.Validator.SameDevice(v); err != nil {
+		return 0, fmt.Errorf("volume %q: %w", v.GetSpec().GetVolumeTargetPath(), err)
 	}
+	return measure(v.GetResolvedBackingPath(), v.GetSpec().GetVolumeType())
+}
+
+// forwarding says why stats and expansion of the claimed volume v cannot be forwarded, or nil.
+func (m *Manager) forwarding(v *crustv1.Volume) error {
 	if m.cfg.Forwarder == nil {
-		return nil, fmt.Errorf("volume %q: this crustd forwards to no runtime handler: %w", target, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("volume %q: this crustd forwards to no runtime handler: %w", v.GetSpec().GetVolumeTargetPath(), errdefs.ErrFailedPrecondition)
 	}
-	return v, nil
+	return nil
 }
 
 // CollectGarbage unstages the descriptors of pods whose kubelet pod directory is gone and returns their
@@ -498,11 +599,15 @@ func (m *Manager) withKataClaim(v *crustv1.Volume) *crustv1.Volume {
 	if v.GetClaim() != nil {
 		return v
 	}
-	ids, err := m.cfg.Projection.SandboxIDs(v.GetSpec().GetVolumeTargetPath())
+	target := v.GetSpec().GetVolumeTargetPath()
+	ids, bad, err := m.cfg.Projection.SandboxIDs(target)
 	if err != nil {
-		m.log.Warn("read Kata sandbox ids", "target", v.GetSpec().GetVolumeTargetPath(), "err", err)
+		if !m.problems.has(target, projectionKinds...) { // a quarantined projection is reported already
+			m.log.Warn("read Kata sandbox ids", "target", target, "err", err)
+		}
 		return v
 	}
+	m.noteBadNames(target, bad)
 	if len(ids) == 0 {
 		return v
 	}
@@ -514,17 +619,25 @@ func (m *Manager) withKataClaim(v *crustv1.Volume) *crustv1.Volume {
 // commit makes an acknowledged change visible: the in-memory map and the watchers, in one step so that
 // watchers see changes in revision order. v == nil removes target; the event then carries before[0].
 func (m *Manager) commit(target string, v *crustv1.Volume, typ crustv1.EventType, before ...*crustv1.Volume) {
+	ev := &crustv1.WatchVolumesResponse{Type: typ, Volume: v}
+	if v == nil {
+		ev.Volume = before[0]
+	}
+	m.commitEvent(target, v, ev)
+}
+
+// commitEvent is commit with an event of the caller's making; its revision is set here.
+func (m *Manager) commitEvent(target string, v *crustv1.Volume, ev *crustv1.WatchVolumesResponse) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	ev := v
 	if v == nil {
 		delete(m.vols, target)
-		ev = before[0]
 	} else {
 		m.vols[target] = v
 	}
 	m.rev++
-	m.broadcast(&crustv1.WatchVolumesResponse{Type: typ, Volume: ev, Revision: m.rev})
+	ev.Revision = m.rev
+	m.broadcast(ev)
 }
 
 func notFound(target string) error {

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/internal/hostdev/sysfstree"
 	"crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/store"
 	"crust.dev/crust/internal/validate"
@@ -24,18 +25,21 @@ import (
 )
 
 // env is a manager on real parts: store, Kata projection and validator in temp dirs, with block device
-// nodes made by mknod (never opened, only stat'ed).
+// nodes made by mknod (never opened, only stat'ed) and what the kernel would say of them in a sysfs
+// tree (more devices than a host has).
 type env struct {
-	t        *testing.T
+	t        testing.TB
 	root     string
 	kubelet  string
 	devDir   string
 	stateDir string
 	kataDir  string
+	allow    []string // device patterns allowed besides devDir's nodes
+	sysfs    string
 	m        *Manager
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to make block device nodes")
@@ -47,6 +51,7 @@ func newEnv(t *testing.T) *env {
 		devDir:   filepath.Join(root, "dev"),
 		stateDir: filepath.Join(root, "state"),
 		kataDir:  filepath.Join(root, "kata"),
+		sysfs:    filepath.Join(root, "sys"),
 	}
 	for _, d := range []string{e.kubelet, e.devDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -66,32 +71,58 @@ func (e *env) mknod(name string, major, minor uint32) string {
 	if err := unix.Mknod(p, unix.S_IFBLK|0o600, int(unix.Mkdev(major, minor))); err != nil {
 		e.t.Fatal(err)
 	}
+	if err := sysfstree.Add(e.sysfs, sysfstree.Device{Dir: fmt.Sprintf("virtual/block/%d:%d", major, minor),
+		Major: major, Minor: minor, Name: name}); err != nil {
+		e.t.Fatal(err)
+	}
 	return p
+}
+
+// addReal tells the env's sysfs tree what the kernel calls the real block device dev, so that a test may
+// stage it.
+func (e *env) addReal(dev string) {
+	e.t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		e.t.Fatal(err)
+	}
+	major, minor := unix.Major(st.Rdev), unix.Minor(st.Rdev)
+	if err := sysfstree.Add(e.sysfs, sysfstree.Device{Dir: fmt.Sprintf("virtual/block/%d:%d", major, minor),
+		Major: major, Minor: minor, Name: filepath.Base(dev)}); err != nil {
+		e.t.Fatal(err)
+	}
+	e.allow = append(e.allow, dev)
 }
 
 // reopen starts a new manager on the same directories, as a restarted crustd would.
 func (e *env) reopen() {
 	e.t.Helper()
-	v, err := validate.New(validate.Config{KubeletDir: e.kubelet, DeviceAllow: []string{e.devDir + "/*"}})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	st, loaded, err := store.Open(e.stateDir, "boot-1", log)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	proj, err := kata.New(e.kataDir)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.m, err = Open(Config{Validator: v, Store: st, Projection: proj, KubeletDir: e.kubelet, LockWait: time.Minute, WatchBuffer: 16, Log: log}, loaded)
-	if err != nil {
+	if err := e.open(); err != nil {
 		e.t.Fatal(err)
 	}
 }
 
-type testWriter struct{ t *testing.T }
+// open is reopen that returns Open's error, for tests of what a start must survive.
+func (e *env) open() error {
+	v, err := validate.New(validate.Config{KubeletDir: e.kubelet, DeviceAllow: append([]string{e.devDir + "/*", "/dev/disk*"}, e.allow...),
+		Sysfs: e.sysfs})
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	st, loaded, err := store.Open(e.stateDir, "boot-1", log)
+	if err != nil {
+		return err
+	}
+	proj, err := kata.New(e.kataDir)
+	if err != nil {
+		return err
+	}
+	e.m, err = Open(Config{Validator: v, Store: st, Projection: proj, KubeletDir: e.kubelet, LockWait: time.Minute, WatchBuffer: 16, Log: log}, loaded)
+	return err
+}
+
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
 

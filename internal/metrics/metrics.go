@@ -23,6 +23,7 @@ type Metrics struct {
 	Registry *prometheus.Registry
 	rpcs     *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	gone     *prometheus.CounterVec
 	ready    atomic.Bool
 	gc       prometheus.Counter
 }
@@ -40,12 +41,16 @@ func New() *Metrics {
 			Help:    "Time to serve a gRPC call, by method.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}, []string{"method"}),
+		gone: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "crust_handler_claims_released_total",
+			Help: "Claims crustd ended because their runtime handler was gone, by why: process_exited or endpoint_refused.",
+		}, []string{"why"}),
 	}
 	m.gc = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "crust_garbage_collected_volumes_total",
 		Help: "Descriptors unstaged because the kubelet directory of their pod was gone.",
 	})
-	m.Registry.MustRegister(m.rpcs, m.duration, m.gc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.Registry.MustRegister(m.rpcs, m.duration, m.gone, m.gc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -54,6 +59,9 @@ func (m *Metrics) ObserveRPC(method, code string, d time.Duration) {
 	m.rpcs.WithLabelValues(method, code).Inc()
 	m.duration.WithLabelValues(method).Observe(d.Seconds())
 }
+
+// HandlerGone counts one claim ended because its handler was gone.
+func (m *Metrics) HandlerGone(why string) { m.gone.WithLabelValues(why).Inc() }
 
 // CollectedGarbage counts n descriptors of deleted pods unstaged by the collector.
 func (m *Metrics) CollectedGarbage(n int) { m.gc.Add(float64(n)) }
@@ -72,6 +80,28 @@ func (m *Metrics) VolumeGauges(counts func() (staged, claimed int)) {
 			}
 			return float64(s)
 		}))
+	}
+}
+
+// QuarantineGauge registers crust_quarantined_entries{reason}: how many entries crustd set aside instead
+// of failing for (a Kata projection it could not write, a non-UTF-8 file in a Kata volume directory, a
+// damaged store record), by reason, read from counts at scrape time. Every reason counts returns is
+// reported, zeros included, so that an alert can compare with 0.
+func (m *Metrics) QuarantineGauge(counts func() map[string]int) {
+	m.Registry.MustRegister(&quarantine{counts: counts, desc: prometheus.NewDesc("crust_quarantined_entries",
+		"Entries crustd set aside and reports through crustctl doctor, by reason.", []string{"reason"}, nil)})
+}
+
+type quarantine struct {
+	counts func() map[string]int
+	desc   *prometheus.Desc
+}
+
+func (q *quarantine) Describe(ch chan<- *prometheus.Desc) { ch <- q.desc }
+
+func (q *quarantine) Collect(ch chan<- prometheus.Metric) {
+	for reason, n := range q.counts() {
+		ch <- prometheus.MustNewConstMetric(q.desc, prometheus.GaugeValue, float64(n), reason)
 	}
 }
 

@@ -4,7 +4,8 @@
 //	{"version":V,"bootId":"<boot id>","sha256":"<hex sha256 of the payload bytes>","<field>":<payload>}\n
 //
 // written atomically and durably: a temporary file in a directory of the caller's on the same filesystem,
-// fsync, rename over the final name, fsync of the directory. A reader sees the old file or the new one,
+// fsync, rename over the final name, fsync of the directory; every file operation is relative to a
+// directory the caller opened (safedir) and never follows a symbolic link. A reader sees the old file or the new one,
 // never a torn one, and a record a crash cut short fails its checksum.
 //
 // The payload is any JSON the caller encodes; the checksum is over its bytes exactly as stored, which is
@@ -19,10 +20,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
-	"github.com/google/renameio/v2"
+	"crust.dev/crust/pkg/safedir"
 )
 
 // MaxSize bounds a record file; Read refuses to load more.
@@ -100,49 +100,22 @@ func Decode(data []byte, version int, field string) (bootID string, payload []by
 	return bootID, payload, nil
 }
 
-// Write puts data at dir/name atomically and durably, preparing it in tmpDir (same filesystem). The file
-// has mode 0600.
-func Write(dir, tmpDir, name string, data []byte) error {
-	f, err := renameio.NewPendingFile(filepath.Join(dir, name),
-		renameio.WithTempDir(tmpDir), renameio.WithStaticPermissions(0o600))
-	if err != nil {
-		return err
-	}
-	// A no-op after CloseAtomicallyReplace; otherwise it removes the temporary file.
-	defer func() { _ = f.Cleanup() }()
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	// Fsyncs the file, then renames it over the record.
-	if err := f.CloseAtomicallyReplace(); err != nil {
-		return err
-	}
-	// renameio does not fsync the directory, and until that is done the rename may be lost on power failure.
-	return SyncDir(dir)
+// Write puts data at name in dir atomically and durably, preparing it in tmp (same filesystem), never
+// through a symbolic link (see safedir.Dir.WriteFile). The file has mode 0600.
+func Write(dir, tmp *safedir.Dir, name string, data []byte) error {
+	return dir.WriteFile(name, data, 0o600, tmp)
 }
 
-// Read returns the content of the record file at path, reading at most one byte past MaxSize so that a
-// huge file is never loaded whole (Decode then refuses it).
-func Read(path string) ([]byte, error) {
-	f, err := os.Open(path)
+// Read returns the content of the record file name in dir, reading at most one byte past MaxSize so that
+// a huge file is never loaded whole (Decode then refuses it). A symbolic link or anything but a regular
+// file at name is an error wrapping safedir.ErrWrongType, and is not read through.
+func Read(dir *safedir.Dir, name string) ([]byte, error) {
+	f, err := dir.OpenFile(name, os.O_RDONLY, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = f.Close() }() // read-only: nothing to lose
 	return io.ReadAll(io.LimitReader(f, MaxSize+1))
-}
-
-// SyncDir fsyncs a directory, making the creations, renames and removals of its entries durable.
-func SyncDir(path string) error {
-	d, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 // bootIDPath is where the kernel publishes the id of the running boot.

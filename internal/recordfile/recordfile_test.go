@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"crust.dev/crust/pkg/safedir"
 )
 
 func TestRoundTripAndRefusals(t *testing.T) {
@@ -49,11 +51,21 @@ func TestRoundTripAndRefusals(t *testing.T) {
 
 func TestWriteIsAtomicWithTheTempElsewhere(t *testing.T) {
 	dir, tmp := t.TempDir(), t.TempDir()
+	d, err := safedir.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = d.Close() }()
+	td, err := safedir.Open(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = td.Close() }()
 	for _, content := range []string{"one", "two"} {
-		if err := Write(dir, tmp, "r.json", []byte(content)); err != nil {
+		if err := Write(d, td, "r.json", []byte(content)); err != nil {
 			t.Fatal(err)
 		}
-		got, err := Read(filepath.Join(dir, "r.json"))
+		got, err := Read(d, "r.json")
 		if err != nil || string(got) != content {
 			t.Fatalf("Read = %q, %v; want %q", got, err, content)
 		}

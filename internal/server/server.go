@@ -5,7 +5,9 @@
 //
 // Promises: the socket is created with mode 0600 (through the umask, so it never exists with a wider
 // mode); a caller whose uid and gid are both off the allow-list gets PERMISSION_DENIED for every call
-// except health checks; a panic in a handler is answered with INTERNAL and does not bring the daemon down.
+// except health checks; a request that does not decode (a string that is not UTF-8, bytes that are not
+// the message) is answered with INVALID_ARGUMENT naming the field; a panic in a handler is answered with
+// INTERNAL and does not bring the daemon down.
 package server
 
 import (
@@ -53,9 +55,10 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	ic := &interceptors{policy: cfg.Policy, metrics: cfg.Metrics, log: cfg.Log}
+	ic := &interceptors{policy: cfg.Policy, metrics: cfg.Metrics, log: cfg.Log, codec: newRequestCodec()}
 	g := grpc.NewServer(
 		grpc.Creds(peercred.New()),
+		grpc.ForceServerCodecV2(ic.codec),
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
 		grpc.ChainUnaryInterceptor(ic.unary),
 		grpc.ChainStreamInterceptor(ic.stream),
@@ -82,6 +85,7 @@ type interceptors struct {
 	policy  peercred.Policy
 	metrics *metrics.Metrics
 	log     *slog.Logger
+	codec   *requestCodec
 }
 
 func (ic *interceptors) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
@@ -93,8 +97,12 @@ func (ic *interceptors) unary(ctx context.Context, req any, info *grpc.UnaryServ
 		}
 		ic.done(ctx, info.FullMethod, req, err, start)
 	}()
+	bad := ic.codec.take(req) // taken before anything can return, so that nothing is left behind
 	if err := ic.authorise(ctx, info.FullMethod); err != nil {
 		return nil, err
+	}
+	if bad != nil {
+		return nil, toStatus(bad)
 	}
 	return handler(ctx, req)
 }
@@ -111,7 +119,7 @@ func (ic *interceptors) stream(srv any, ss grpc.ServerStream, info *grpc.StreamS
 	if err := ic.authorise(ss.Context(), info.FullMethod); err != nil {
 		return err
 	}
-	return handler(srv, ss)
+	return handler(srv, checkedStream{ServerStream: ss, codec: ic.codec})
 }
 
 func (ic *interceptors) authorise(ctx context.Context, method string) error {

@@ -5,9 +5,11 @@ import (
 	"encoding/base64"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/manager"
+	"crust.dev/crust/internal/peercred"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
@@ -88,6 +90,27 @@ func (s *volumes) ExpandVolume(ctx context.Context, r *crustv1.ExpandVolumeReque
 	return &crustv1.ExpandVolumeResponse{CapacityBytes: capacity}, nil
 }
 
+// Bounds of a ListProblems answer, well inside gRPC's default 4 MiB message limit.
+const (
+	problemsMax   = 1000
+	problemsBytes = 3 << 20
+)
+
+func (s *volumes) ListProblems(ctx context.Context, _ *crustv1.ListProblemsRequest) (*crustv1.ListProblemsResponse, error) {
+	all := s.m.Problems(ctx)
+	resp := &crustv1.ListProblemsResponse{}
+	size := 0
+	for i, p := range all {
+		size += proto.Size(p)
+		if i == problemsMax || size > problemsBytes {
+			resp.Omitted = int32(len(all) - i) //nolint:gosec // len(all) is far below 2^31
+			break
+		}
+		resp.Problems = append(resp.Problems, p)
+	}
+	return resp, nil
+}
+
 // runtime serves RuntimeService for runtime handlers.
 type runtime struct {
 	crustv1.UnimplementedRuntimeServiceServer
@@ -95,6 +118,10 @@ type runtime struct {
 }
 
 func (s *runtime) ClaimVolume(ctx context.Context, r *crustv1.ClaimVolumeRequest) (*crustv1.ClaimVolumeResponse, error) {
+	// The caller is recorded with the claim, so that crustd notices when that handler is gone.
+	if cred, ok := peercred.FromContext(ctx); ok {
+		ctx = manager.WithClaimer(ctx, cred.Pid)
+	}
 	v, err := s.m.Claim(ctx, r.GetVolumeTargetPath(), r.GetSandboxId(), r.GetHandlerEndpoint())
 	if err != nil {
 		return nil, toStatus(err)

@@ -15,6 +15,8 @@
 //   - Open deletes the records written under another boot id and reports their target paths.
 //   - Open fails, before it deletes or moves any record, when it finds a record of a newer format version,
 //     so that running an older crustd over a newer one's state loses nothing.
+//   - No file operation follows a symbolic link: Open refuses a link at the place of dir or of one of its
+//     subdirectories, and a link among the records is moved aside as damaged, never read through.
 //
 // Only one process may use a store directory at a time; the store does not lock it, crustd does
 // (internal/dirlock: <dir>/lock, which Open leaves alone).
@@ -23,7 +25,7 @@
 //
 // This format is a contract: a change that older code cannot read correctly takes a new record version.
 //
-//	<dir>/                                    created mode 0700 if missing; an existing one is left as it is
+//	<dir>/                                    ours, writable by us alone; created mode 0700 if missing
 //	<dir>/volumes/                            mode 0700
 //	<dir>/volumes/<key>.json                  one record per target path, mode 0600
 //	<dir>/tmp/                                mode 0700; files of writes in progress; emptied by Open
@@ -75,9 +77,8 @@ package store
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -85,6 +86,7 @@ import (
 	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/recordfile"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/safedir"
 )
 
 // corruptTimeFormat is the suffix of a file moved into corrupt/.
@@ -93,8 +95,8 @@ const corruptTimeFormat = "20060102T150405.000000000Z"
 // Store persists descriptors under one directory. Create it with Open.
 type Store struct {
 	bootID  string
-	volumes string // <dir>/volumes
-	tmp     string // <dir>/tmp
+	volumes *safedir.Dir // <dir>/volumes
+	tmp     *safedir.Dir // <dir>/tmp
 }
 
 // LoadReport is what Open found.
@@ -111,6 +113,13 @@ type LoadReport struct {
 // as the package documentation describes. bootID is the current boot's id (see recordfile.ReadBootID); records are
 // written with it, and records with another one are dropped. A nil log means slog.Default().
 //
+// dir and its subdirectories are opened once, without following a symbolic link, and every file
+// operation of the Store is done relative to them, never through a link. Open fails with
+// errdefs.ErrFailedPrecondition, naming the path, when dir or one of its subdirectories is a symbolic link
+// or not a directory, or when dir is owned by another user than this process's effective one or writable
+// by its group or others (the error names the owner and the mode); it then changes nothing. A missing
+// dir is created mode 0700; an existing one keeps its mode.
+//
 // Open fails on a record of a newer format version (before it deletes or moves any record) and on I/O
 // errors; it does not fail because of a damaged record.
 func Open(dir, bootID string, log *slog.Logger) (*Store, *LoadReport, error) {
@@ -120,42 +129,32 @@ func Open(dir, bootID string, log *slog.Logger) (*Store, *LoadReport, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Store{
-		bootID:  bootID,
-		volumes: filepath.Join(dir, "volumes"),
-		tmp:     filepath.Join(dir, "tmp"),
+	root, err := safedir.OpenOwned(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("store: %w", precondition(err))
 	}
-	corrupt := filepath.Join(dir, "corrupt")
-
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, nil, fmt.Errorf("store: %w", err)
-		}
-		if err := recordfile.SyncDir(filepath.Dir(dir)); err != nil {
-			return nil, nil, fmt.Errorf("store: %w", err)
+	defer func() { _ = root.Close() }() // the subdirectories stay open
+	var subs [3]*safedir.Dir
+	for i, name := range []string{"volumes", "tmp", "corrupt"} {
+		if subs[i], err = root.EnsureDir(name, 0o700); err != nil {
+			return nil, nil, fmt.Errorf("store: %w", precondition(err))
 		}
 	}
-	for _, d := range []string{s.volumes, s.tmp, corrupt} {
-		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-			return nil, nil, fmt.Errorf("store: %w", err)
-		}
-		// Mkdir is subject to the umask, and the directory may have existed with another mode.
-		if err := os.Chmod(d, 0o700); err != nil {
-			return nil, nil, fmt.Errorf("store: %w", err)
-		}
-	}
+	volumes, tmp, corrupt := subs[0], subs[1], subs[2]
+	defer func() { _ = corrupt.Close() }()
+	s := &Store{bootID: bootID, volumes: volumes, tmp: tmp}
 	// Make the subdirectories' entries durable before any record is written into them.
-	if err := recordfile.SyncDir(dir); err != nil {
+	if err := root.Sync(); err != nil {
 		return nil, nil, fmt.Errorf("store: %w", err)
 	}
 
-	if err := removeContents(s.tmp, log); err != nil {
-		return nil, nil, fmt.Errorf("store: clean %s: %w", s.tmp, err)
+	if err := removeContents(tmp, log); err != nil {
+		return nil, nil, fmt.Errorf("store: clean %s: %w", tmp.Path(), err)
 	}
 
 	// Classify every record before deleting or moving any, so that a record of a newer version fails Open
 	// with all records where they were.
-	entries, err := os.ReadDir(s.volumes)
+	entries, err := volumes.Names()
 	if err != nil {
 		return nil, nil, fmt.Errorf("store: %w", err)
 	}
@@ -165,17 +164,12 @@ func Open(dir, bootID string, log *slog.Logger) (*Store, *LoadReport, error) {
 		bad     []damaged
 		dropped []string // file names
 	)
-	for _, e := range entries {
-		name := e.Name()
-		if !e.Type().IsRegular() {
-			bad = append(bad, damaged{name, "not a regular file: " + e.Type().String()})
-			continue
-		}
-		rec, err := readRecord(filepath.Join(s.volumes, name))
+	for _, name := range entries {
+		rec, err := readRecord(volumes, name)
 		switch {
 		case errors.Is(err, errNewerVersion):
 			return nil, nil, fmt.Errorf("store: %s: %w; refusing to load anything so that a downgrade loses nothing: %w",
-				filepath.Join(s.volumes, name), err, errdefs.ErrFailedPrecondition)
+				volumes.Join(name), err, errdefs.ErrFailedPrecondition)
 		case errors.Is(err, errIO):
 			return nil, nil, fmt.Errorf("store: %w", err)
 		case err != nil:
@@ -197,26 +191,26 @@ func Open(dir, bootID string, log *slog.Logger) (*Store, *LoadReport, error) {
 	}
 
 	for _, name := range dropped {
-		if err := os.Remove(filepath.Join(s.volumes, name)); err != nil {
+		if err := volumes.Remove(name); err != nil {
 			return nil, nil, fmt.Errorf("store: drop record of another boot: %w", err)
 		}
 	}
 	now := time.Now().UTC().Format(corruptTimeFormat)
 	for _, b := range bad {
-		to := filepath.Join(corrupt, b.name+"."+now)
-		log.Warn("store: moving a corrupt record aside", "file", filepath.Join(s.volumes, b.name), "to", to, "reason", b.reason)
-		if err := os.Rename(filepath.Join(s.volumes, b.name), to); err != nil {
+		to := b.name + "." + now
+		log.Warn("store: moving a corrupt record aside", "file", volumes.Join(b.name), "to", corrupt.Join(to), "reason", b.reason)
+		if err := volumes.Rename(b.name, corrupt, to); err != nil {
 			return nil, nil, fmt.Errorf("store: move corrupt record aside: %w", err)
 		}
-		report.Corrupt = append(report.Corrupt, to)
+		report.Corrupt = append(report.Corrupt, corrupt.Join(to))
 	}
 	if len(bad) > 0 {
-		if err := recordfile.SyncDir(corrupt); err != nil {
+		if err := corrupt.Sync(); err != nil {
 			return nil, nil, fmt.Errorf("store: %w", err)
 		}
 	}
 	if len(bad) > 0 || len(dropped) > 0 {
-		if err := recordfile.SyncDir(s.volumes); err != nil {
+		if err := volumes.Sync(); err != nil {
 			return nil, nil, fmt.Errorf("store: %w", err)
 		}
 	}
@@ -227,6 +221,15 @@ func Open(dir, bootID string, log *slog.Logger) (*Store, *LoadReport, error) {
 	slices.Sort(report.Dropped)
 	slices.Sort(report.Corrupt)
 	return s, &report, nil
+}
+
+// precondition marks a state directory that is not what crustd may work in (a link, another owner, a
+// loose mode) as a failed precondition: the operator must fix it.
+func precondition(err error) error {
+	if errors.Is(err, safedir.ErrWrongType) || errors.Is(err, safedir.ErrInsecure) {
+		return fmt.Errorf("%w: %w", err, errdefs.ErrFailedPrecondition)
+	}
+	return err
 }
 
 // Put stores v, replacing the record of its target path if there is one. The record is durable when Put
@@ -261,13 +264,13 @@ func (s *Store) Delete(target string) error {
 	if target == "" {
 		return fmt.Errorf("store: empty target path: %w", errdefs.ErrInvalidArgument)
 	}
-	err := os.Remove(filepath.Join(s.volumes, keyOf(target)+".json"))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	err := s.volumes.Remove(keyOf(target) + ".json")
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("store: delete %q: %w", target, err)
 	}
 	// Sync even when the file was already gone: an earlier Delete may have unlinked it and then failed to
 	// sync, and this call must not report success for a removal that is not yet durable.
-	if err := recordfile.SyncDir(s.volumes); err != nil {
+	if err := s.volumes.Sync(); err != nil {
 		return fmt.Errorf("store: delete %q: %w", target, err)
 	}
 	return nil
@@ -276,24 +279,28 @@ func (s *Store) Delete(target string) error {
 // errIO marks a failure to read a record file, as opposed to a damaged record.
 var errIO = errors.New("I/O error")
 
-// readRecord reads and decodes one record file.
-func readRecord(path string) (record, error) {
-	data, err := recordfile.Read(path)
+// readRecord reads and decodes the record file name of dir. Anything but a regular file (a link
+// included, never read through) is a damaged record, not an I/O error.
+func readRecord(dir *safedir.Dir, name string) (record, error) {
+	data, err := recordfile.Read(dir, name)
+	if errors.Is(err, safedir.ErrWrongType) {
+		return record{}, err
+	}
 	if err != nil {
 		return record{}, fmt.Errorf("%w: %w", errIO, err)
 	}
 	return decodeRecord(data)
 }
 
-// removeContents removes everything inside dir, leaving dir itself.
-func removeContents(dir string, log *slog.Logger) error {
-	entries, err := os.ReadDir(dir)
+// removeContents removes everything inside dir, leaving dir itself, never following a link.
+func removeContents(dir *safedir.Dir, log *slog.Logger) error {
+	names, err := dir.Names()
 	if err != nil {
 		return err
 	}
-	for _, e := range entries {
-		log.Debug("store: removing a leftover temporary file", "file", filepath.Join(dir, e.Name()))
-		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+	for _, name := range names {
+		log.Debug("store: removing a leftover temporary file", "file", dir.Join(name))
+		if err := dir.RemoveAll(name); err != nil {
 			return err
 		}
 	}

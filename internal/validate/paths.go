@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/internal/hostdev"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
@@ -113,7 +115,8 @@ func (v *Validator) TargetPath(field, p string) error {
 // resolved with its device number. It promises: the path is absolute and valid (see TargetPath's string
 // rules, except cleanliness), every symlink in it resolves, the resolved path matches a DeviceAllow
 // pattern, and the resolved file is a block device for BLOCK and PMEM, or a regular file for FILE (which
-// also needs AllowFileBacked). The number is the block device's major and minor, or for a file the major
+// also needs AllowFileBacked). A block device is also checked against what the kernel says of its
+// number (see kernelDevice): its name, and its kind against DeviceAllowKinds. The number is the block device's major and minor, or for a file the major
 // and minor of its file system's device and its inode. A refusal is a *errdefs.FieldError naming field.
 //
 // At claim time, use SameDevice, which calls Device and compares the result with what was staged.
@@ -164,10 +167,14 @@ func (v *Validator) Device(field, path string, t crustv1.VolumeType) (resolved s
 	}
 	switch kind {
 	case unix.S_IFBLK:
-		return resolved, &crustv1.DeviceNumber{
+		dn := &crustv1.DeviceNumber{
 			Major: unix.Major(uint64(st.Rdev)), // Rdev is not uint64 on every arch
 			Minor: unix.Minor(uint64(st.Rdev)),
-		}, nil
+		}
+		if err := v.kernelDevice(field, resolved, dn); err != nil {
+			return "", nil, err
+		}
+		return resolved, dn, nil
 	case unix.S_IFREG:
 		return "", nil, errdefs.Field(field, "%q is a regular file, not a block device (an image file needs "+
 			"volume_type VOLUME_TYPE_FILE)", resolved)
@@ -199,6 +206,48 @@ func (v *Validator) SameDevice(vol *crustv1.Volume) error {
 			resolved, formatDN(dn), formatDN(vol.GetDeviceNumber()), errdefs.ErrFailedPrecondition)
 	}
 	return nil
+}
+
+// kernelDevice checks a block device node against what the kernel says about its number
+// (/sys/dev/block/MAJ:MIN): the kernel has such a device; a node under /dev carries one of the kernel's
+// names for it, so that a node made elsewhere with another device's number cannot pass for an allowed
+// name; a node outside /dev is admitted only when the kernel's name for it matches DeviceAllow as well;
+// and the device's kind is one DeviceAllowKinds admits.
+func (v *Validator) kernelDevice(field, resolved string, dn *crustv1.DeviceNumber) error {
+	sys := fmt.Sprintf("/sys/dev/block/%d:%d", dn.GetMajor(), dn.GetMinor())
+	bd, err := v.sysfs.Block(dn.GetMajor(), dn.GetMinor())
+	if errors.Is(err, hostdev.ErrNoBlockDevice) {
+		return errdefs.Field(field, "%q is block device %s, which the kernel does not have (no %s)",
+			resolved, formatDN(dn), sys)
+	}
+	if err != nil {
+		return errdefs.Field(field, "%q cannot be checked against what the kernel says of it: %v", resolved, err)
+	}
+	if rel, ok := strings.CutPrefix(resolved, "/dev/"); ok {
+		if !slices.Contains(bd.Names, rel) {
+			return errdefs.Field(field, "%q is block device %s, which the kernel calls /dev/%s (%s): a device "+
+				"node under /dev must carry the kernel's name for its number", resolved, formatDN(dn), bd.Name, sys)
+		}
+	} else if !slices.ContainsFunc(bd.Names, func(n string) bool { return v.deviceAllowed("/dev/" + n) }) {
+		return errdefs.Field(field, "%q is block device %s, which the kernel calls /dev/%s (%s); that name "+
+			"matches none of the --device-allow patterns %q", resolved, formatDN(dn), bd.Name, sys, v.allow)
+	}
+	if v.kinds != nil && !v.kinds[bd.Kind] {
+		return errdefs.Field(field, "%q is a %s device (/dev/%s, as %s says), a kind --device-allow-kind "+
+			"does not allow (it allows %s)", resolved, bd.Kind, bd.Name, sys, v.kindList())
+	}
+	return nil
+}
+
+// kindList names the allowed kinds in hostdev.Kinds' order.
+func (v *Validator) kindList() string {
+	var out []string
+	for _, k := range hostdev.Kinds {
+		if v.kinds[k] {
+			out = append(out, string(k))
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 func (v *Validator) deviceAllowed(resolved string) bool {

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/internal/hostdev"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
@@ -42,6 +43,14 @@ type Config struct {
 	// DefaultDeviceAllow. Note that "*" does not match "/": "/dev/*" allows /dev/dm-3 (what /dev/mapper/x
 	// and /dev/vg/lv resolve to) but not a path in a subdirectory of /dev.
 	DeviceAllow []string
+	// DeviceAllowKinds are the kinds of block device accepted (--device-allow-kind; see hostdev.Kinds),
+	// decided from what the kernel says about the device's number, never from its name. Empty means every
+	// kind. A block device must be admitted by DeviceAllow and by DeviceAllowKinds; image files are
+	// admitted by DeviceAllow alone.
+	DeviceAllowKinds []string
+	// Sysfs is where sysfs is mounted, which says what each block device number is; "" means /sys.
+	// Tests of the packages above this one point it at a tree made by hostdev/sysfstree.
+	Sysfs string
 	// AllowFileBacked accepts VOLUME_TYPE_FILE, a raw image in a regular file (--allow-file-backed).
 	AllowFileBacked bool
 	// MetadataKeys are metadata keys accepted besides the built-in ones: encryptionKey and
@@ -62,6 +71,8 @@ type Validator struct {
 	root      string // kubelet root as configured (clean, absolute)
 	realRoot  string // kubelet root with symlinks resolved
 	allow     []string
+	kinds     map[hostdev.Kind]bool // nil: every kind
+	sysfs     hostdev.Sysfs
 	allowFile bool
 	metaKeys  map[string]bool
 	// allowedOpts are the PrivilegedMountOptions the operator allows.
@@ -81,7 +92,7 @@ type Checked struct {
 }
 
 // New returns a Validator for cfg. It fails when KubeletDir is not an existing directory (or is "/"),
-// when a DeviceAllow pattern is malformed or not absolute, or when a MetadataKeys entry is empty, too
+// when a DeviceAllow pattern is malformed or not absolute, when a DeviceAllowKinds entry is not a kind, or when a MetadataKeys entry is empty, too
 // long, or one of the Kata keys that have a typed field.
 func New(cfg Config) (*Validator, error) {
 	if cfg.KubeletDir == "" {
@@ -117,6 +128,18 @@ func New(cfg Config) (*Validator, error) {
 		}
 	}
 
+	var kinds map[hostdev.Kind]bool
+	for _, s := range cfg.DeviceAllowKinds {
+		k, err := hostdev.ParseKind(s)
+		if err != nil {
+			return nil, fmt.Errorf("validate: device allow kind: %w", err)
+		}
+		if kinds == nil {
+			kinds = map[hostdev.Kind]bool{}
+		}
+		kinds[k] = true
+	}
+
 	allowedOpts := map[string]bool{}
 	for _, o := range cfg.AllowMountOptions {
 		if !slices.Contains(PrivilegedMountOptions, o) {
@@ -146,6 +169,8 @@ func New(cfg Config) (*Validator, error) {
 		root:        root,
 		realRoot:    realRoot,
 		allow:       append([]string(nil), allow...),
+		kinds:       kinds,
+		sysfs:       hostdev.Sysfs{Root: cfg.Sysfs},
 		allowFile:   cfg.AllowFileBacked,
 		metaKeys:    keys,
 		allowedOpts: allowedOpts,

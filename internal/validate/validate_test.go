@@ -27,9 +27,12 @@ const (
 //	data/kubelet/pods/<uid1>/afile                a regular file
 //	data/kubelet/pods/<uid1>/volumes/kubernetes.io~csi/pv1/   a directory
 //	data/kubelet/pods/<uid1>/volumes/kubernetes.io~csi/link -> <tmp>/elsewhere
-//	dev/loop200 (block 7:200), dev/loop201 (block 7:201), dev/by-id/disk -> ../loop200
-//	dev/null (char 1:3), dev/image.img (regular), dev/dir/, dev/fifo, dev/dangling -> nothing,
-//	dev/escape -> ../outside/blk (block 7:202, not allowed)
+//	dev/loop200, dev/loop201: nodes with the numbers of real loop devices 0 and 1 (see realLoops),
+//	dev/by-id/disk -> ../loop200, dev/null (char 1:3), dev/image.img (regular), dev/dir/, dev/fifo,
+//	dev/dangling -> nothing, dev/escape -> ../outside/blk (real loop device 2's number, not allowed)
+//
+// The validators allow <tmp>/dev/* and /dev/loop*: a node outside /dev passes only when the kernel's name
+// for its number is allowed too.
 type env struct {
 	tmp, root, realRoot, dev string
 	csi                      string // <root>/pods/<uid1>/volumes/kubernetes.io~csi
@@ -40,6 +43,8 @@ type env struct {
 	v                        *Validator // file-backed volumes refused, no extra metadata keys
 	vFile                    *Validator // file-backed volumes allowed, extra metadata keys
 	extraKeys                []string   // vFile's extra metadata keys
+	allow                    []string   // the validators' DeviceAllow
+	loops                    [3]loopDev // the real devices whose numbers blk, blk2 and other carry
 }
 
 func newEnv(t testing.TB) *env {
@@ -65,9 +70,11 @@ func newEnv(t testing.TB) *env {
 	must(t, os.Symlink("data/kubelet", e.root))
 	must(t, os.Symlink(tmp+"/elsewhere", realCSI+"/link"))
 	must(t, os.WriteFile(e.realRoot+"/pods/"+uid1+"/afile", nil, 0o644))
-	must(t, unix.Mknod(e.blk, unix.S_IFBLK|0o600, int(unix.Mkdev(7, 200))))
-	must(t, unix.Mknod(e.blk2, unix.S_IFBLK|0o600, int(unix.Mkdev(7, 201))))
-	must(t, unix.Mknod(e.other, unix.S_IFBLK|0o600, int(unix.Mkdev(7, 202))))
+	loops := realLoops(t)
+	e.loops = loops
+	must(t, unix.Mknod(e.blk, unix.S_IFBLK|0o600, loops[0].mkdev()))
+	must(t, unix.Mknod(e.blk2, unix.S_IFBLK|0o600, loops[1].mkdev()))
+	must(t, unix.Mknod(e.other, unix.S_IFBLK|0o600, loops[2].mkdev()))
 	must(t, unix.Mknod(e.chr, unix.S_IFCHR|0o600, int(unix.Mkdev(1, 3))))
 	must(t, unix.Mkfifo(e.fifo, 0o600))
 	must(t, os.WriteFile(e.image, make([]byte, 4096), 0o600))
@@ -75,13 +82,14 @@ func newEnv(t testing.TB) *env {
 	must(t, os.Symlink("missing", e.dangling))
 	must(t, os.Symlink("../outside/blk", e.escape))
 
-	e.v, err = New(Config{KubeletDir: e.root, DeviceAllow: []string{e.dev + "/*"}})
+	e.allow = []string{e.dev + "/*", "/dev/loop*"}
+	e.v, err = New(Config{KubeletDir: e.root, DeviceAllow: e.allow})
 	must(t, err)
 	for i := range 11 {
 		e.extraKeys = append(e.extraKeys, fmt.Sprintf("example.com/k%d", i))
 	}
 	e.extraKeys = append(e.extraKeys, strings.Repeat("k", maxMetadataKeyLen))
-	e.vFile, err = New(Config{KubeletDir: e.root, DeviceAllow: []string{e.dev + "/*"}, AllowFileBacked: true,
+	e.vFile, err = New(Config{KubeletDir: e.root, DeviceAllow: e.allow, AllowFileBacked: true,
 		MetadataKeys: e.extraKeys})
 	must(t, err)
 	return e
@@ -159,9 +167,9 @@ func TestValidate(t *testing.T) {
 	endpoint := func(ep string) func(t *testing.T) result {
 		return plain(func() error { return HandlerEndpoint("handler_endpoint", ep) })
 	}
-	blockDN := func(minor uint32) func(t *testing.T, c *Checked) {
+	blockDN := func(loop int) func(t *testing.T, c *Checked) {
 		return func(t *testing.T, c *Checked) {
-			want := &crustv1.DeviceNumber{Major: 7, Minor: minor}
+			want := e.loops[loop].dn()
 			if !proto.Equal(c.DeviceNumber, want) || c.ResolvedBackingPath != e.blk {
 				t.Errorf("got %v at %q, want %v at %q", c.DeviceNumber, c.ResolvedBackingPath, want, e.blk)
 			}
@@ -420,7 +428,7 @@ func TestValidate(t *testing.T) {
 
 		// ---- accepted: specs
 		{name: "good spec, normalised to BLOCK", run: spec(func(*crustv1.VolumeSpec) {}), check: func(t *testing.T, c *Checked) {
-			blockDN(200)(t, c)
+			blockDN(0)(t, c)
 			want := e.good()
 			want.VolumeType = crustv1.VolumeType_VOLUME_TYPE_BLOCK
 			if !proto.Equal(c.Spec, want) {
@@ -428,14 +436,14 @@ func TestValidate(t *testing.T) {
 			}
 		}},
 		{name: "device through a symlink", run: spec(backing(e.link, blk)), check: func(t *testing.T, c *Checked) {
-			blockDN(200)(t, c)
+			blockDN(0)(t, c)
 			if c.Spec.VolumeBackingPath != e.link {
 				t.Errorf("backing path %q was rewritten", c.Spec.VolumeBackingPath)
 			}
 		}},
-		{name: "device path with dot-dot inside the allow-list", run: spec(backing(e.dev+"/by-id/../loop200", blk)), check: blockDN(200)},
+		{name: "device path with dot-dot inside the allow-list", run: spec(backing(e.dev+"/by-id/../loop200", blk)), check: blockDN(0)},
 		{name: "PMEM on a block device", run: spec(backing(e.blk, crustv1.VolumeType_VOLUME_TYPE_PMEM)), check: func(t *testing.T, c *Checked) {
-			blockDN(200)(t, c)
+			blockDN(0)(t, c)
 			if c.Spec.VolumeType != crustv1.VolumeType_VOLUME_TYPE_PMEM {
 				t.Errorf("type = %v", c.Spec.VolumeType)
 			}
@@ -602,6 +610,7 @@ func TestDefaultDeviceAllow(t *testing.T) {
 // TestSameDevice checks the claim-time comparison: the staged device is still there, or the refusal is a
 // failed precondition (not invalid input) that says what changed.
 func TestSameDevice(t *testing.T) {
+	loops := realLoops(t)
 	tests := []struct {
 		name   string
 		file   bool                                  // stage the image file instead of the block device
@@ -612,9 +621,9 @@ func TestSameDevice(t *testing.T) {
 		{name: "unchanged image file", file: true, errSub: ""},
 		{name: "device node replaced", change: func(t *testing.T, e *env) *Validator {
 			must(t, os.Remove(e.blk))
-			must(t, unix.Mknod(e.blk, unix.S_IFBLK|0o600, int(unix.Mkdev(7, 201))))
+			must(t, unix.Mknod(e.blk, unix.S_IFBLK|0o600, e.loops[1].mkdev()))
 			return nil
-		}, errSub: "is now device 7:201, not 7:200"},
+		}, errSub: "is now device " + loops[1].String() + ", not " + loops[0].String()},
 		{name: "symlink retargeted", change: func(t *testing.T, e *env) *Validator {
 			must(t, os.Remove(e.link))
 			must(t, os.Symlink("../loop201", e.link))
@@ -626,11 +635,11 @@ func TestSameDevice(t *testing.T) {
 		}, errSub: "cannot be resolved"},
 		{name: "replaced by a char device", change: func(t *testing.T, e *env) *Validator {
 			must(t, os.Remove(e.blk))
-			must(t, unix.Mknod(e.blk, unix.S_IFCHR|0o600, int(unix.Mkdev(7, 200))))
+			must(t, unix.Mknod(e.blk, unix.S_IFCHR|0o600, e.loops[0].mkdev()))
 			return nil
 		}, errSub: "is a character device"},
 		{name: "allow-list narrowed", change: func(t *testing.T, e *env) *Validator {
-			v, err := New(Config{KubeletDir: e.root, DeviceAllow: []string{e.dev + "/nvme*"}, AllowFileBacked: true})
+			v, err := New(Config{KubeletDir: e.root, DeviceAllow: []string{e.dev + "/nvme*", "/dev/loop*"}, AllowFileBacked: true})
 			must(t, err)
 			return v
 		}, errSub: "matches none of the --device-allow patterns"},
@@ -732,7 +741,7 @@ func TestPrivilegedMountOptions(t *testing.T) {
 	if _, err := e.v.Spec(withFlags("nodev", "nosuid", "exec", "noexec")); err != nil {
 		t.Errorf("harmless options: %v", err)
 	}
-	allowing, err := New(Config{KubeletDir: e.root, DeviceAllow: []string{e.dev + "/*"}, AllowMountOptions: []string{"dev"}})
+	allowing, err := New(Config{KubeletDir: e.root, DeviceAllow: e.allow, AllowMountOptions: []string{"dev"}})
 	if err != nil {
 		t.Fatal(err)
 	}

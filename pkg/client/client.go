@@ -98,13 +98,15 @@ func (c *Client) Unpublish(ctx context.Context, req *csi.NodeUnpublishVolumeRequ
 }
 
 // Stats answers NodeGetVolumeStats for the deferred volume at req's volume_path with the usage (bytes and
-// inodes) measured inside the sandbox that uses it (the volume's condition is Health's). It fails with NotFound when crustd holds
-// nothing at that path and FailedPrecondition while no sandbox uses the volume.
+// inodes) measured inside the sandbox that uses it (the volume's condition is Health's). Before any
+// sandbox uses the volume it answers one bytes entry whose total is the device's size, used and available
+// unknown (zero; kubelet reports them as zero). It fails with NotFound when crustd holds nothing at that
+// path (a path crustd would refuse, such as a relative one, included) or holds it for another volume.
 func (c *Client) Stats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	if err := required("volume_id", req.GetVolumeId(), "volume_path", req.GetVolumePath()); err != nil {
 		return nil, err
 	}
-	if _, err := c.heldFor(ctx, req.GetVolumePath(), req.GetVolumeId()); err != nil {
+	if err := c.mustHold(ctx, req.GetVolumePath(), req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	r, err := c.volumes.GetVolumeStats(ctx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: req.GetVolumePath()})
@@ -138,7 +140,7 @@ func (c *Client) Health(ctx context.Context, req *csi.NodeGetVolumeHealthRequest
 	if err := required("volume_id", req.GetVolumeId(), "volume_publish_path", req.GetVolumePublishPath()); err != nil {
 		return nil, err
 	}
-	if _, err := c.heldFor(ctx, req.GetVolumePublishPath(), req.GetVolumeId()); err != nil {
+	if err := c.mustHold(ctx, req.GetVolumePublishPath(), req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	r, err := c.volumes.GetVolumeStats(ctx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: req.GetVolumePublishPath()})
@@ -157,9 +159,11 @@ func (c *Client) Health(ctx context.Context, req *csi.NodeGetVolumeHealthRequest
 // Expand answers NodeExpandVolume for the deferred volume at req's volume_path: the sandbox that uses it
 // grows the filesystem online to at least capacity_range.required_bytes, and the response carries the
 // capacity the sandbox then sees. The device must already be grown (ControllerExpandVolume). A volume
-// already that large is a success. It fails with InvalidArgument when the request has no required_bytes
-// (there is no size to grow to), NotFound when crustd holds nothing at that path and FailedPrecondition
-// while no sandbox uses the volume.
+// already that large is a success. Before any sandbox uses the volume, crustd records the size and the
+// response carries the device's size; the sandbox grows the filesystem when it mounts the volume. It
+// fails with InvalidArgument when the request has no required_bytes (there is no size to grow to),
+// NotFound when crustd holds nothing at that path (as Stats) and FailedPrecondition when the device is
+// smaller than required_bytes.
 func (c *Client) Expand(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
 	if err := required("volume_id", req.GetVolumeId(), "volume_path", req.GetVolumePath()); err != nil {
 		return nil, err
@@ -169,7 +173,7 @@ func (c *Client) Expand(ctx context.Context, req *csi.NodeExpandVolumeRequest) (
 		return nil, status.Error(codes.InvalidArgument,
 			"capacity_range.required_bytes: a deferred volume is grown to a size, so it must be positive")
 	}
-	if _, err := c.heldFor(ctx, req.GetVolumePath(), req.GetVolumeId()); err != nil {
+	if err := c.mustHold(ctx, req.GetVolumePath(), req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	r, err := c.volumes.ExpandVolume(ctx, &crustv1.ExpandVolumeRequest{
@@ -186,8 +190,8 @@ func (c *Client) Expand(ctx context.Context, req *csi.NodeExpandVolumeRequest) (
 // volume's): a call naming one volume never acts on another's path.
 func (c *Client) heldFor(ctx context.Context, targetPath, volumeID string) (bool, error) {
 	r, err := c.volumes.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: targetPath})
-	if status.Code(err) == codes.NotFound {
-		return false, nil
+	if code := status.Code(err); code == codes.NotFound || code == codes.InvalidArgument {
+		return false, nil // a path crustd refuses holds nothing
 	}
 	if err != nil {
 		return false, err
@@ -196,6 +200,16 @@ func (c *Client) heldFor(ctx context.Context, targetPath, volumeID string) (bool
 		return true, status.Errorf(codes.NotFound, "volume %s is not at %s (volume %s is)", volumeID, targetPath, id)
 	}
 	return true, nil
+}
+
+// mustHold fails with NotFound unless crustd holds targetPath for volumeID (heldFor): the CSI answer for a
+// volume that is not at the path it names.
+func (c *Client) mustHold(ctx context.Context, targetPath, volumeID string) error {
+	held, err := c.heldFor(ctx, targetPath, volumeID)
+	if err == nil && !held {
+		err = status.Errorf(codes.NotFound, "volume %s is not at %s: crustd holds no deferred volume there", volumeID, targetPath)
+	}
+	return err
 }
 
 // Holds reports whether crustd holds a descriptor at targetPath, that is, whether the volume published

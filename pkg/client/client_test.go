@@ -274,11 +274,21 @@ func TestStatsHealthExpandForwarded(t *testing.T) {
 	}
 	sreq := &csi.NodeGetVolumeStatsRequest{VolumeId: "vol-1", VolumePath: tp}
 	ereq := &csi.NodeExpandVolumeRequest{VolumeId: "vol-1", VolumePath: tp, CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}}
-	if _, err := c.Stats(ctx, sreq); status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("stats before a claim: %v, want FailedPrecondition", err)
+	// Before a claim: the device's size, usage unknown; expansion is recorded and answers the device's size.
+	if st, err := c.Stats(ctx, sreq); err != nil || !proto.Equal(st, &csi.NodeGetVolumeStatsResponse{
+		Usage: []*csi.VolumeUsage{{Total: 64 << 20, Unit: csi.VolumeUsage_BYTES}}}) {
+		t.Fatalf("stats before a claim: %v, %v; want the image's 64 MiB, usage unknown", st, err)
 	}
-	if _, err := c.Expand(ctx, ereq); status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("expand before a claim: %v, want FailedPrecondition", err)
+	if hr, err := c.Health(ctx, &csi.NodeGetVolumeHealthRequest{VolumeId: "vol-1", VolumePublishPath: tp}); err != nil ||
+		len(hr.GetVolumeHealth().GetHealthStatuses()) != 0 {
+		t.Fatalf("health before a claim: %v, %v; want no adverse condition", hr, err)
+	}
+	if er, err := c.Expand(ctx, ereq); err != nil || er.GetCapacityBytes() != 64<<20 {
+		t.Fatalf("expand before a claim: %v, %v; want the image's 64 MiB", er, err)
+	}
+	if v, err := c.Volumes().GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: tp}); err != nil ||
+		v.GetVolume().GetRequestedBytes() != 32<<20 {
+		t.Fatalf("requested_bytes after expand before a claim: %v, %v; want %d", v, err, 32<<20)
 	}
 
 	h := &handler{capacity: 16 << 20}
@@ -348,6 +358,25 @@ func TestStatsHealthExpandForwarded(t *testing.T) {
 	}
 	if _, err := c.Unpublish(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "vol-1", TargetPath: tp}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Stats, Health and Expand of a volume crustd does not hold at the path named answer NotFound, as CSI
+// says for a volume that does not exist at that path, whatever the path looks like (csi-sanity sends
+// the relative "some/path", which crustd refuses as a target).
+func TestUnknownVolumeIsNotFound(t *testing.T) {
+	c, ctx := newClient(t), ctxT(t)
+	for _, p := range []string{"some/path", target(t, "cccccccc-0000-4000-8000-000000000001", "pv-none"), "/elsewhere/mount"} {
+		if _, err := c.Stats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: "vol-x", VolumePath: p}); status.Code(err) != codes.NotFound {
+			t.Errorf("stats at %q: %v, want NotFound", p, err)
+		}
+		if _, err := c.Expand(ctx, &csi.NodeExpandVolumeRequest{VolumeId: "vol-x", VolumePath: p,
+			CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20}}); status.Code(err) != codes.NotFound {
+			t.Errorf("expand at %q: %v, want NotFound", p, err)
+		}
+		if _, err := c.Health(ctx, &csi.NodeGetVolumeHealthRequest{VolumeId: "vol-x", VolumePublishPath: p}); status.Code(err) != codes.NotFound {
+			t.Errorf("health at %q: %v, want NotFound", p, err)
+		}
 	}
 }
 

@@ -20,8 +20,8 @@
 //
 // Every method returns gRPC status errors whose codes are CSI's, so a driver returns them as they are:
 // InvalidArgument for a missing or bad field (the message names it), AlreadyExists for a target published
-// with other parameters, NotFound, FailedPrecondition (no sandbox uses the volume yet, so there are no
-// stats), Aborted (another call on the same target is in flight), Unavailable (crustd or the runtime
+// with other parameters, NotFound (no deferred volume of that id at that path), FailedPrecondition (a
+// device smaller than the size asked, or no longer the one published), Aborted (another call on the same target is in flight), Unavailable (crustd or the runtime
 // handler cannot be reached), PermissionDenied (the driver's uid is not allowed by crustd).
 package client
 

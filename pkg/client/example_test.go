@@ -64,10 +64,12 @@ func ExampleClient_Publish() {
 		"pod", s.GetMetadata()[client.PodNamespaceKey]+"/"+s.GetMetadata()[client.PodNameKey])
 
 	// NodeGetVolumeStats: the path is deferred, so crustd answers, from the sandbox that uses the volume.
-	// No sandbox does yet.
+	// No sandbox does yet: the total is the device's size, and usage is not known.
 	if held, _ := crust.Holds(ctx, req.GetTargetPath()); held {
-		_, err := crust.Stats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: "pv-1", VolumePath: req.GetTargetPath()})
-		fmt.Println("stats:", status.Code(err))
+		st, err := crust.Stats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: "pv-1", VolumePath: req.GetTargetPath()})
+		for _, u := range st.GetUsage() {
+			fmt.Println("stats:", status.Code(err), u.GetUnit(), "total", u.GetTotal()>>20, "MiB")
+		}
 	}
 
 	// NodeUnpublishVolume.
@@ -80,6 +82,6 @@ func ExampleClient_Publish() {
 	fmt.Println("held after unpublish:", held)
 	// Output:
 	// deposited: xfs [noatime] fsGroup 2000 pod shop/web-0
-	// stats: FailedPrecondition
+	// stats: OK BYTES total 64 MiB
 	// held after unpublish: false
 }

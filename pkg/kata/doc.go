@@ -12,6 +12,12 @@
 // never puts anything else there: it prepares files and directories in TempDirName, a dot-directory of
 // dir (on the same filesystem, and never a valid volume directory name) and renames them into place.
 //
+// The directory may be reached by others (Kata's shims, other drivers' `kata-runtime direct-volume add`),
+// so it is treated as hostile: Dir opens it once, refuses it when another user owns it or may write in
+// it, and does every operation relative to it without following a symbolic link (crust.dev/crust/pkg/safedir).
+// An entry that is not what the layout above puts at its place is ErrForeignEntry and is never written,
+// read or removed through. The package functions (Add, Get, ...) open the directory for one call.
+//
 // Add, Remove, Get and SandboxIDs behave like `kata-runtime direct-volume` and Kata's runtime on the same
 // files, with two differences that only make them safer: writes are atomic and durable (Kata writes in
 // place), and input is checked before anything is created (Kata creates the volume directory first).

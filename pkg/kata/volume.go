@@ -7,12 +7,10 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 
-	"github.com/google/renameio/v2"
+	"crust.dev/crust/pkg/safedir"
 )
 
 // TempDirName is the directory, inside the direct-volume directory, where this package prepares files and
@@ -22,6 +20,8 @@ const TempDirName = ".crust-tmp"
 const (
 	dirMode  = 0o700
 	fileMode = 0o600
+	// maxMountInfoSize bounds what Get reads of a mountInfo.json.
+	maxMountInfoSize = 1 << 20
 )
 
 var (
@@ -29,6 +29,12 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrInvalidSandboxID is returned by RecordSandbox for an id that cannot be a file name.
 	ErrInvalidSandboxID = errors.New("invalid sandbox id")
+	// ErrForeignEntry is wrapped, with the path, by the error for an entry that is not what the format
+	// puts at its place: a symbolic link anywhere (the direct-volume directory itself included), a
+	// non-directory where a volume directory or the temporary directory belongs, anything but a regular
+	// file at mountInfo.json. Such an entry is never written, read, moved or removed through; someone
+	// other than the format's writers put it there.
+	ErrForeignEntry = errors.New("not what the direct-volume format puts there")
 )
 
 // Volume is one direct-assigned volume as Kata sees it.
@@ -41,19 +47,76 @@ type Volume struct {
 	SandboxIDs []string
 }
 
+// Dir is a direct-volume directory, opened once: every operation is done relative to it and never
+// follows a symbolic link (see ErrForeignEntry). Its methods may be called concurrently for different
+// volume paths; calls for one volume path must be serialised by the caller.
+type Dir struct {
+	d *safedir.Dir
+}
+
+// OpenDir opens the direct-volume directory at path, creating it (mode 0700, as Kata does) when missing.
+// It fails with ErrForeignEntry when a symbolic link is at path's place, and with an error wrapping
+// safedir.ErrInsecure when another user owns the directory or may write in it: such a user could plant
+// entries, so nothing is done there. A directory that others may read (Kata makes it 0700; kubelet's
+// DirectoryOrCreate makes 0755) is accepted: each volume directory is 0700 and each mountInfo.json 0600.
+func OpenDir(path string) (*Dir, error) {
+	if err := os.MkdirAll(path, dirMode); err != nil {
+		return nil, err
+	}
+	return openDir(path)
+}
+
+// openDir opens the existing direct-volume directory at path and checks its owner and mode.
+func openDir(path string) (*Dir, error) {
+	d, err := safedir.Open(path)
+	if err != nil {
+		return nil, foreign(err)
+	}
+	if err := d.CheckOwned(); err != nil {
+		_ = d.Close()
+		return nil, err
+	}
+	return &Dir{d: d}, nil
+}
+
+// Path returns the path the directory was opened at.
+func (d *Dir) Path() string { return d.d.Path() }
+
+// Close closes the directory.
+func (d *Dir) Close() error { return d.d.Close() }
+
+// withDir opens the direct-volume directory at path (creating it when create), runs fn on it and closes
+// it. A directory that does not exist, when not created, returns missing.
+func withDir(path string, create bool, missing error, fn func(*Dir) error) error {
+	var (
+		d   *Dir
+		err error
+	)
+	if create {
+		d, err = OpenDir(path)
+	} else {
+		d, err = openDir(path)
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return missing
+	}
+	if err != nil {
+		return err
+	}
+	defer func() { _ = d.Close() }() // nothing written through the directory's own descriptor
+	return fn(d)
+}
+
 // Add records mountInfo, a JSON MountInfo, for volumePath under dir, as `kata-runtime direct-volume add`
 // does: the file holds mountInfo byte for byte, and sandbox-id files already in the volume directory stay.
 // mountInfo must decode with ParseMountInfo; otherwise Add fails with ErrInvalidMountInfo and creates
 // nothing. Add is atomic and durable: after a crash the volume has either its old mount info (or none) or
-// the new one. Adding the same mount info again changes nothing.
+// the new one. Adding the same mount info again changes nothing. Add opens dir as OpenDir does.
 func Add(dir, volumePath, mountInfo string) error {
-	if err := checkVolumePath(volumePath); err != nil {
+	if err := checkAdd(volumePath, mountInfo); err != nil {
 		return err
 	}
-	if _, err := ParseMountInfo([]byte(mountInfo)); err != nil {
-		return err
-	}
-	return writeMountInfo(dir, volumePath, []byte(mountInfo))
+	return withDir(dir, true, nil, func(d *Dir) error { return d.Add(volumePath, mountInfo) })
 }
 
 // AddMountInfo is Add with info encoded as Kata encodes it.
@@ -65,74 +128,175 @@ func AddMountInfo(dir, volumePath string, info *MountInfo) error {
 	return Add(dir, volumePath, string(data))
 }
 
-// Remove deletes the volume directory of volumePath with everything in it, sandbox-id files included, as
-// `kata-runtime direct-volume remove` does. A volume that is not there is not an error. The directory
-// disappears at once: it is first renamed into the temporary directory, then deleted.
+// Remove deletes the volume directory of volumePath under dir; see Dir.Remove. A dir that does not exist
+// holds no volume.
 func Remove(dir, volumePath string) error {
 	if err := checkVolumePath(volumePath); err != nil {
 		return err
 	}
-	volDir := filepath.Join(dir, VolumeDirName(volumePath))
-	if _, err := os.Lstat(volDir); errors.Is(err, fs.ErrNotExist) {
+	return withDir(dir, false, nil, func(d *Dir) error { return d.Remove(volumePath) })
+}
+
+// Get returns the mount info of volumePath under dir; see Dir.Get.
+func Get(dir, volumePath string) (info *MountInfo, err error) {
+	if err := checkVolumePath(volumePath); err != nil {
+		return nil, err
+	}
+	err = withDir(dir, false, notFound(volumePath), func(d *Dir) error {
+		info, err = d.Get(volumePath)
+		return err
+	})
+	return info, err
+}
+
+// SandboxIDs returns the sandbox ids recorded for volumePath under dir; see Dir.SandboxIDs.
+func SandboxIDs(dir, volumePath string) (ids []string, err error) {
+	if err := checkVolumePath(volumePath); err != nil {
+		return nil, err
+	}
+	err = withDir(dir, false, notFound(volumePath), func(d *Dir) error {
+		ids, err = d.SandboxIDs(volumePath)
+		return err
+	})
+	return ids, err
+}
+
+// RecordSandbox records that sandboxID uses volumePath under dir; see Dir.RecordSandbox.
+func RecordSandbox(dir, volumePath, sandboxID string) error {
+	if err := errors.Join(checkVolumePath(volumePath), checkSandboxID(sandboxID)); err != nil {
+		return err
+	}
+	return withDir(dir, false, notFound(volumePath), func(d *Dir) error { return d.RecordSandbox(volumePath, sandboxID) })
+}
+
+// ForgetSandbox removes the record that sandboxID uses volumePath under dir; see Dir.ForgetSandbox.
+func ForgetSandbox(dir, volumePath, sandboxID string) error {
+	if err := errors.Join(checkVolumePath(volumePath), checkSandboxID(sandboxID)); err != nil {
+		return err
+	}
+	return withDir(dir, false, nil, func(d *Dir) error { return d.ForgetSandbox(volumePath, sandboxID) })
+}
+
+// List returns every volume under dir; see Dir.List. A dir that does not exist holds no volumes.
+func List(dir string) (vols []Volume, err error) {
+	err = withDir(dir, false, nil, func(d *Dir) error {
+		vols, err = d.List()
+		return err
+	})
+	return vols, err
+}
+
+// CleanTemp deletes what interrupted writes left under dir; see Dir.CleanTemp. A missing directory is not
+// an error.
+func CleanTemp(dir string) error {
+	return withDir(dir, false, nil, func(d *Dir) error { return d.CleanTemp() })
+}
+
+// Add records mountInfo for volumePath; see the package function Add.
+func (d *Dir) Add(volumePath, mountInfo string) error {
+	if err := checkAdd(volumePath, mountInfo); err != nil {
+		return err
+	}
+	return d.writeMountInfo(VolumeDirName(volumePath), []byte(mountInfo))
+}
+
+// AddMountInfo is Add with info encoded as Kata encodes it.
+func (d *Dir) AddMountInfo(volumePath string, info *MountInfo) error {
+	data, err := json.Marshal(info)
+	if err != nil {
+		return err
+	}
+	return d.Add(volumePath, string(data))
+}
+
+// Remove deletes the volume directory of volumePath with everything in it, sandbox-id files included, as
+// `kata-runtime direct-volume remove` does. A volume that is not there is not an error. Whatever else
+// stands at the volume directory's place (a planted file or link) is removed the same way, itself and
+// never what it points to, so that removing a volume heals its place. The directory disappears at once:
+// it is first renamed into the temporary directory, then deleted.
+func (d *Dir) Remove(volumePath string) error {
+	if err := checkVolumePath(volumePath); err != nil {
+		return err
+	}
+	name := VolumeDirName(volumePath)
+	if _, err := d.d.Lstat(name); errors.Is(err, fs.ErrNotExist) {
 		return nil
+	} else if err != nil {
+		return err
 	}
-	tmp, err := tempDir(dir)
+	tmp, err := d.tempDir()
 	if err != nil {
 		return err
 	}
-	trash, err := os.MkdirTemp(tmp, "remove-")
+	defer func() { _ = tmp.Close() }()
+	trash, err := tmp.MkdirTemp("remove-")
 	if err != nil {
 		return err
 	}
-	if err := os.Rename(volDir, filepath.Join(trash, "volume")); err != nil {
-		_ = os.Remove(trash)
+	trashDir, err := tmp.OpenDir(trash)
+	if err != nil {
+		return err
+	}
+	err = d.d.Rename(name, trashDir, "volume")
+	_ = trashDir.Close()
+	if err != nil {
+		_ = tmp.RemoveAll(trash)
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil // removed meanwhile
 		}
 		return err
 	}
-	return errors.Join(syncDir(dir), os.RemoveAll(trash))
+	return errors.Join(d.d.Sync(), tmp.RemoveAll(trash))
 }
 
 // Get returns the mount info of volumePath, decoded as Kata decodes it. It fails with ErrNotFound when
-// the volume has no mountInfo.json, and with ErrInvalidMountInfo when the file does not decode.
-func Get(dir, volumePath string) (*MountInfo, error) {
+// the volume has no mountInfo.json, with ErrInvalidMountInfo when the file does not decode, and with
+// ErrForeignEntry when the volume directory or the file is not of its kind (a link is never read
+// through).
+func (d *Dir) Get(volumePath string) (*MountInfo, error) {
 	if err := checkVolumePath(volumePath); err != nil {
 		return nil, err
 	}
-	name := filepath.Join(dir, VolumeDirName(volumePath), MountInfoFileName)
-	data, err := os.ReadFile(name)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("direct volume %q: %w", volumePath, ErrNotFound)
-	}
+	vol, err := d.openVolume(volumePath)
 	if err != nil {
 		return nil, err
 	}
+	defer func() { _ = vol.Close() }() // read-only
+	data, err := vol.ReadFile(MountInfoFileName, maxMountInfoSize)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, notFound(volumePath)
+	}
+	if err != nil {
+		return nil, foreign(err)
+	}
 	info, err := ParseMountInfo(data)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+		return nil, fmt.Errorf("%s: %w", vol.Join(MountInfoFileName), err)
 	}
 	return info, nil
 }
 
 // SandboxIDs returns the name of every entry of the volume directory other than mountInfo.json, in name
 // order, which is what Kata takes for sandbox ids (it uses the first). A volume with none returns an empty
-// list; a volume directory that does not exist is ErrNotFound.
-func SandboxIDs(dir, volumePath string) ([]string, error) {
+// list; a volume directory that does not exist is ErrNotFound, and anything but a directory at its place
+// ErrForeignEntry.
+func (d *Dir) SandboxIDs(volumePath string) ([]string, error) {
 	if err := checkVolumePath(volumePath); err != nil {
 		return nil, err
 	}
-	entries, err := os.ReadDir(filepath.Join(dir, VolumeDirName(volumePath)))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("direct volume %q: %w", volumePath, ErrNotFound)
+	vol, err := d.openVolume(volumePath)
+	if err != nil {
+		return nil, err
 	}
+	defer func() { _ = vol.Close() }() // read-only
+	names, err := vol.Names()
 	if err != nil {
 		return nil, err
 	}
 	var ids []string
-	for _, e := range entries {
-		if e.Name() != MountInfoFileName {
-			ids = append(ids, e.Name())
+	for _, n := range names {
+		if n != MountInfoFileName {
+			ids = append(ids, n)
 		}
 	}
 	return ids, nil
@@ -140,39 +304,54 @@ func SandboxIDs(dir, volumePath string) ([]string, error) {
 
 // RecordSandbox records that sandboxID uses volumePath the way a Kata shim does, by creating an empty file
 // named sandboxID (mode 0600) in the volume directory. It is for tests and stand-in shims. The volume must
-// have a mountInfo.json (ErrNotFound otherwise) and sandboxID must be a plain file name other than
-// mountInfo.json (ErrInvalidSandboxID otherwise). Recording the same id again is not an error.
-func RecordSandbox(dir, volumePath, sandboxID string) error {
-	if err := checkVolumePath(volumePath); err != nil {
+// have a mountInfo.json (ErrNotFound otherwise; ErrForeignEntry when it or the directory is not of its
+// kind) and sandboxID must be a plain file name other than mountInfo.json (ErrInvalidSandboxID
+// otherwise). Recording the same id again is not an error.
+func (d *Dir) RecordSandbox(volumePath, sandboxID string) error {
+	if err := errors.Join(checkVolumePath(volumePath), checkSandboxID(sandboxID)); err != nil {
 		return err
 	}
-	if err := checkSandboxID(sandboxID); err != nil {
+	vol, err := d.openVolume(volumePath)
+	if err != nil {
 		return err
 	}
-	volDir := filepath.Join(dir, VolumeDirName(volumePath))
-	if _, err := os.Stat(filepath.Join(volDir, MountInfoFileName)); errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("direct volume %q: %w", volumePath, ErrNotFound)
-	} else if err != nil {
+	defer func() { _ = vol.Close() }()
+	fi, err := vol.Lstat(MountInfoFileName)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return notFound(volumePath)
+	case err != nil:
 		return err
+	case !fi.Mode().IsRegular():
+		return foreignKind(vol.Join(MountInfoFileName), fi)
 	}
-	return os.WriteFile(filepath.Join(volDir, sandboxID), nil, fileMode)
+	f, err := vol.OpenFile(sandboxID, os.O_WRONLY|os.O_CREATE, fileMode)
+	if err != nil {
+		return foreign(err)
+	}
+	return errors.Join(f.Close(), vol.Sync())
 }
 
 // ForgetSandbox removes the sandbox-id file sandboxID from the volume directory of volumePath, as Kata
 // does when the sandbox goes away; it is how a claim recorded by a Kata shim is released by force. An
-// id that is not there is not an error; an id that is not a plain file name is ErrInvalidSandboxID.
-func ForgetSandbox(dir, volumePath, sandboxID string) error {
-	if err := checkVolumePath(volumePath); err != nil {
+// id or a volume that is not there is not an error; an id that is not a plain file name is
+// ErrInvalidSandboxID; a volume directory or an id entry not of its kind is ErrForeignEntry.
+func (d *Dir) ForgetSandbox(volumePath, sandboxID string) error {
+	if err := errors.Join(checkVolumePath(volumePath), checkSandboxID(sandboxID)); err != nil {
 		return err
 	}
-	if err := checkSandboxID(sandboxID); err != nil {
+	vol, err := d.openVolume(volumePath)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
 		return err
 	}
-	volDir := filepath.Join(dir, VolumeDirName(volumePath))
-	if err := os.Remove(filepath.Join(volDir, sandboxID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
+	defer func() { _ = vol.Close() }()
+	if err := vol.Remove(sandboxID); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return foreign(err)
 	}
-	return syncDir(volDir)
+	return vol.Sync()
 }
 
 // checkSandboxID is ErrInvalidSandboxID for an id that is not a plain file name of the volume directory
@@ -184,32 +363,25 @@ func checkSandboxID(id string) error {
 	return nil
 }
 
-// List returns every volume under dir, ordered by path. Entries that Kata would not take for a volume are
-// skipped: anything that is not a directory, a name that ParseVolumeDirName refuses (such as
-// TempDirName), and a directory without a mountInfo.json that decodes. A dir that does not exist holds no
-// volumes.
-func List(dir string) ([]Volume, error) {
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+// List returns every volume, ordered by path. Entries that Kata would not take for a volume are skipped:
+// anything that is not a directory (a link included), a name that ParseVolumeDirName refuses (such as
+// TempDirName), and a directory without a mountInfo.json (a regular file) that decodes.
+func (d *Dir) List() ([]Volume, error) {
+	names, err := d.d.Names()
 	if err != nil {
 		return nil, err
 	}
 	var vols []Volume
-	for _, e := range entries {
-		if !e.IsDir() {
-			continue
-		}
-		path, err := ParseVolumeDirName(e.Name())
+	for _, name := range names {
+		path, err := ParseVolumeDirName(name)
 		if err != nil {
 			continue
 		}
-		info, err := Get(dir, path)
+		info, err := d.Get(path)
 		if err != nil {
 			continue
 		}
-		ids, err := SandboxIDs(dir, path)
+		ids, err := d.SandboxIDs(path)
 		if err != nil {
 			continue // removed meanwhile
 		}
@@ -219,111 +391,131 @@ func List(dir string) ([]Volume, error) {
 	return vols, nil
 }
 
-// CleanTemp deletes whatever interrupted writes left in the temporary directory of dir. Call it when
-// nothing else writes to dir (at start-up): an Add or Remove running meanwhile may fail. A missing
-// directory is not an error.
-func CleanTemp(dir string) error {
-	return os.RemoveAll(filepath.Join(dir, TempDirName))
+// CleanTemp deletes whatever interrupted writes left in the temporary directory (a link at its place is
+// removed, never followed). Call it when nothing else writes to the directory (at start-up): an Add or
+// Remove running meanwhile may fail.
+func (d *Dir) CleanTemp() error {
+	return errors.Join(d.d.RemoveAll(TempDirName), d.d.Sync())
 }
 
-// writeMountInfo puts data in place as the mountInfo.json of volumePath. A new volume directory is built
-// in the temporary directory and renamed into place whole; in an existing one only the file is replaced,
-// so the sandbox-id files stay.
-func writeMountInfo(dir, volumePath string, data []byte) error {
-	tmp, err := tempDir(dir)
+// checkAdd checks Add's input before anything is created.
+func checkAdd(volumePath, mountInfo string) error {
+	if err := checkVolumePath(volumePath); err != nil {
+		return err
+	}
+	_, err := ParseMountInfo([]byte(mountInfo))
+	return err
+}
+
+// writeMountInfo puts data in place as the mountInfo.json of the volume directory name. A new volume
+// directory is built in the temporary directory and renamed into place whole; in an existing one only the
+// file is replaced, so the sandbox-id files stay.
+func (d *Dir) writeMountInfo(name string, data []byte) error {
+	tmp, err := d.tempDir()
 	if err != nil {
 		return err
 	}
-	volDir := filepath.Join(dir, VolumeDirName(volumePath))
-	fi, err := os.Stat(volDir)
-	switch {
-	case err == nil && !fi.IsDir():
-		return fmt.Errorf("%s is not a directory", volDir)
-	case err == nil:
-		return replaceMountInfo(volDir, tmp, data)
-	case !errors.Is(err, fs.ErrNotExist):
-		return err
+	defer func() { _ = tmp.Close() }()
+	vol, err := d.d.OpenDir(name)
+	if err == nil {
+		defer func() { _ = vol.Close() }()
+		return replaceMountInfo(vol, tmp, data)
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return foreign(err)
 	}
 
-	staging, err := os.MkdirTemp(tmp, "add-") // mode 0700, as Kata makes volume directories
+	staging, err := tmp.MkdirTemp("add-") // mode 0700, as Kata makes volume directories
 	if err != nil {
 		return err
 	}
-	defer func() { _ = os.RemoveAll(staging) }() // finds nothing after the rename
-	if err := writeNewFile(filepath.Join(staging, MountInfoFileName), data); err != nil {
+	defer func() { _ = tmp.RemoveAll(staging) }() // finds nothing after the rename
+	stage, err := tmp.OpenDir(staging)
+	if err != nil {
 		return err
 	}
-	if err := syncDir(staging); err != nil {
+	err = stage.WriteFile(MountInfoFileName, data, fileMode, tmp) // fsyncs the file and the staging directory
+	_ = stage.Close()
+	if err != nil {
 		return err
 	}
-	if err := os.Rename(staging, volDir); err != nil {
-		// Someone created the volume directory meanwhile (renaming onto an empty one succeeds).
-		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
-			return replaceMountInfo(volDir, tmp, data)
+	if err := tmp.RenameNoReplace(staging, d.d, name); err != nil {
+		if !errors.Is(err, fs.ErrExist) {
+			return err
 		}
-		return err
+		// Someone created the volume directory meanwhile.
+		vol, err := d.d.OpenDir(name)
+		if err != nil {
+			return foreign(err)
+		}
+		defer func() { _ = vol.Close() }()
+		return replaceMountInfo(vol, tmp, data)
 	}
-	return syncDir(dir)
+	return d.d.Sync()
 }
 
-// replaceMountInfo atomically replaces the mountInfo.json of the existing volDir with data, preparing the
-// new file in tmp. It leaves a file that already holds data with mode 0600 untouched.
-func replaceMountInfo(volDir, tmp string, data []byte) error {
-	name := filepath.Join(volDir, MountInfoFileName)
-	if fi, err := os.Lstat(name); err == nil && fi.Mode() == fileMode {
-		if old, err := os.ReadFile(name); err == nil && bytes.Equal(old, data) {
+// replaceMountInfo atomically replaces the mountInfo.json of the volume directory vol with data,
+// preparing the new file in tmp. It leaves a file that already holds data with mode 0600 untouched.
+func replaceMountInfo(vol, tmp *safedir.Dir, data []byte) error {
+	fi, err := vol.Lstat(MountInfoFileName)
+	switch {
+	case err == nil && !fi.Mode().IsRegular():
+		return foreignKind(vol.Join(MountInfoFileName), fi)
+	case err == nil && fi.Mode() == fileMode:
+		if old, err := vol.ReadFile(MountInfoFileName, maxMountInfoSize); err == nil && bytes.Equal(old, data) {
 			return nil
 		}
-	}
-	f, err := renameio.NewPendingFile(name, renameio.WithTempDir(tmp), renameio.WithStaticPermissions(fileMode))
-	if err != nil {
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
 		return err
 	}
-	defer func() { _ = f.Cleanup() }() // a no-op once replaced
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	// This fsyncs the file, then renames it over the old one.
-	if err := f.CloseAtomicallyReplace(); err != nil {
-		return err
-	}
-	// renameio does not fsync the directory; without it the rename may not survive a crash.
-	return syncDir(volDir)
+	// Fsyncs the new file, renames it over the old one and fsyncs the volume directory.
+	return foreign(vol.WriteFile(MountInfoFileName, data, fileMode, tmp))
 }
 
-// writeNewFile creates name with mode 0600 (whatever the umask), writes data and fsyncs it.
-func writeNewFile(name string, data []byte) error {
-	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, fileMode)
+// openVolume opens the volume directory of volumePath: ErrNotFound when there is none, ErrForeignEntry
+// when something else is at its place.
+func (d *Dir) openVolume(volumePath string) (*safedir.Dir, error) {
+	vol, err := d.d.OpenDir(VolumeDirName(volumePath))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, notFound(volumePath)
+	}
 	if err != nil {
-		return err
+		return nil, foreign(err)
 	}
-	err = f.Chmod(fileMode)
-	if err == nil {
-		_, err = f.Write(data)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	return errors.Join(err, f.Close())
+	return vol, nil
 }
 
-// tempDir makes sure dir and its temporary directory exist, and returns the latter.
-func tempDir(dir string) (string, error) {
-	if err := os.MkdirAll(dir, dirMode); err != nil {
-		return "", err
+// tempDir opens the temporary directory, creating it when missing.
+//
+// The name is this package's own, so whatever else stands there (a planted link or file) is removed,
+// itself and never what it points to, and the directory made anew: a planted entry cannot stop writes.
+func (d *Dir) tempDir() (*safedir.Dir, error) {
+	tmp, err := d.d.EnsureDir(TempDirName, dirMode)
+	if errors.Is(err, safedir.ErrWrongType) {
+		if rerr := d.d.RemoveAll(TempDirName); rerr != nil {
+			return nil, foreign(err)
+		}
+		tmp, err = d.d.EnsureDir(TempDirName, dirMode)
 	}
-	tmp := filepath.Join(dir, TempDirName)
-	if err := os.Mkdir(tmp, dirMode); err != nil && !errors.Is(err, fs.ErrExist) {
-		return "", err
+	if err != nil {
+		return nil, foreign(err)
 	}
 	return tmp, nil
 }
 
-// syncDir fsyncs a directory, making the renames and creations in it durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
+func notFound(volumePath string) error {
+	return fmt.Errorf("direct volume %q: %w", volumePath, ErrNotFound)
+}
+
+// foreign adds ErrForeignEntry to an error that says an entry is of the wrong kind.
+func foreign(err error) error {
+	if errors.Is(err, safedir.ErrWrongType) {
+		return fmt.Errorf("%w: %w", err, ErrForeignEntry)
 	}
-	return errors.Join(d.Sync(), d.Close())
+	return err
+}
+
+// foreignKind is ErrForeignEntry for the entry at path, described by fi.
+func foreignKind(path string, fi fs.FileInfo) error {
+	return fmt.Errorf("%s is %s: %w", path, safedir.Kind(fi.Mode()), ErrForeignEntry)
 }

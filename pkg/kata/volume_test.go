@@ -85,7 +85,7 @@ func TestAddOverAFile(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, VolumeDirName(testPath)), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := Add(dir, testPath, testInfo); err == nil || !strings.Contains(err.Error(), "not a directory") {
+	if err := Add(dir, testPath, testInfo); !errors.Is(err, ErrForeignEntry) || !strings.Contains(err.Error(), "a regular file") {
 		t.Fatalf("Add = %v", err)
 	}
 }

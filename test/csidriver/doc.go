@@ -26,7 +26,9 @@
 //     CreateFilesystem) instead of mounting; NodeUnpublishVolume, NodeGetVolumeStats and NodeExpandVolume
 //     of a target crustd holds go to crustd (those requests carry no volume context, so the driver asks
 //     crustd whether it holds the path; while crustd cannot be reached they fail with Unavailable, and
-//     kubelet retries). Block volumes are never deferred.
+//     kubelet retries). Before any sandbox claims such a volume, crustd answers stats with the device's
+//     size (usage unknown) and records an expansion for the sandbox's mount. Block volumes are never
+//     deferred.
 //
 // Errors follow the CSI spec: InvalidArgument for a missing or malformed field (the message names it),
 // NotFound for an unknown volume id or a path the volume is not at, AlreadyExists for a name or target

@@ -208,9 +208,33 @@ func TestDeferral(t *testing.T) {
 		t.Error("the host formatted a deferred volume")
 	}
 
+	// Before a sandbox claims it: stats give the logical volume's size with usage unknown, and an
+	// expansion grows the device the host sees and is recorded for the sandbox's mount.
 	sreq := &csi.NodeGetVolumeStatsRequest{VolumeId: vol.GetVolumeId(), VolumePath: target}
-	_, err = d.NodeGetVolumeStats(ctx, sreq)
-	wantCode(t, "stats before a sandbox claims", err, codes.FailedPrecondition)
+	if st, err := d.NodeGetVolumeStats(ctx, sreq); err != nil || len(st.GetUsage()) != 1 ||
+		st.GetUsage()[0].GetTotal() != 320<<20 || st.GetUsage()[0].GetUsed() != 0 {
+		t.Fatalf("stats before a sandbox claims: %v, %v; want the volume's 320 MiB, usage unknown", st, err)
+	}
+	if _, err := d.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol.GetVolumeId(),
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 352 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	if ex, err := d.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: vol.GetVolumeId(), VolumePath: target,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 352 << 20}}); err != nil || ex.GetCapacityBytes() != 352<<20 {
+		t.Fatalf("expand before a sandbox claims: %v, %v; want the device's 352 MiB", ex, err)
+	}
+	if gv, err := crust.Volumes().GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: target}); err != nil ||
+		gv.GetVolume().GetRequestedBytes() != 352<<20 {
+		t.Fatalf("requested_bytes after expand before a claim: %v, %v", gv, err)
+	}
+	// An unknown volume, or one not at the path named, is NotFound, with deferral on as off.
+	for _, id := range []string{csidriver.VolumeID("none"), vol.GetVolumeId()} {
+		_, err = d.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: "some/path"})
+		wantCode(t, "stats of a volume not at the path", err, codes.NotFound)
+		_, err = d.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: "some/path",
+			CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20}})
+		wantCode(t, "expand of a volume not at the path", err, codes.NotFound)
+	}
 
 	h := &handler{capacity: 300 << 20}
 	stop, endpoint, err := runtimehooks.ServeHandler(filepath.Join(t.TempDir(), "h.sock"), h)

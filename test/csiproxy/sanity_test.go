@@ -11,8 +11,11 @@
 //     block and published deferred. Between csi-sanity and the proxy sits a stand-in for the runtime: after a NodePublishVolume
 //     that crustd now holds, a sandbox claims the volume and mounts it (test/csiproxy/sandbox), and before
 //     NodeUnpublishVolume it lets go, as a pod's sandbox starts after kubelet publishes and stops before
-//     kubelet unpublishes. Stats and expansion of those volumes go proxy, crustd, sandbox. In the other
-//     runs the Controller service goes to the node proxy, through its raw forwarding.
+//     kubelet unpublishes. Stats and expansion of those volumes go proxy, crustd, sandbox;
+//   - unclaimed: the deferred run with csi-sanity straight at the proxy and no sandbox ever claiming a
+//     volume: crustd answers stats from the device and records expansions for the sandbox's mount.
+//
+// In the other runs the Controller service goes to the node proxy, through its raw forwarding.
 //
 // A test that passes against the driver and does not pass in a proxied run fails the test unless
 // deferralExceptions lists it with its reason. It needs root and lvm2; other users skip it.
@@ -183,6 +186,10 @@ func TestCSISanityThroughProxy(t *testing.T) {
 		got := runSanity(t, "deferred")
 		compare(t, base, got, deferralExceptions)
 	})
+	t.Run("unclaimed", func(t *testing.T) {
+		got := runSanity(t, "unclaimed")
+		compare(t, base, got, deferralExceptions)
+	})
 }
 
 // compare fails t unless got has the baseline's result for every test (exceptions aside, with reasons).
@@ -245,10 +252,11 @@ func runSanity(t *testing.T, mode string) outcome {
 	endpoint, controller := driverSock, driverSock
 	var params string
 	var crust crustv1.VolumeServiceClient
-	var proxy *proc
+	var proxy, crustdProc *proc
+	deferred := mode == "deferred" || mode == "unclaimed"
 	if mode != "driver" {
 		crustSock, proxySock := filepath.Join(dir, "crust.sock"), filepath.Join(dir, "csi.sock")
-		start(t, "crustd", "--socket", crustSock, "--state-dir", filepath.Join(dir, "crustd"), "--kata-dir", "",
+		crustdProc = start(t, "crustd", "--socket", crustSock, "--state-dir", filepath.Join(dir, "crustd"), "--kata-dir", "",
 			"--kubelet-dir", kubelet, "--http-addr", "")
 		waitHealthy(t, crustSock)
 		proxy = start(t, "crust-csi-proxy", "--csi-address", proxySock, "--driver-address", driverSock, "--crust-socket", crustSock,
@@ -261,12 +269,14 @@ func runSanity(t *testing.T, mode string) outcome {
 		t.Cleanup(func() { _ = cc.Close() })
 		crust = crustv1.NewVolumeServiceClient(cc)
 		endpoint, controller = proxySock, proxySock
-		if mode == "deferred" {
+		if deferred {
 			params = filepath.Join(dir, "params.yaml")
 			if err := os.WriteFile(params, []byte(`crust.dev/defer: "true"`+"\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			endpoint = serveRuntimeStandIn(t, filepath.Join(dir, "kubelet-side.sock"), proxySock, crustSock, crust)
+			if mode == "deferred" {
+				endpoint = serveRuntimeStandIn(t, filepath.Join(dir, "kubelet-side.sock"), proxySock, crustSock, crust)
+			}
 			// The controller side through crust-csi-proxy --controller, as deploy/ puts it: it keeps the
 			// class's crust.dev/defer from the driver, asks for block, and puts the flag in the volume
 			// context the node proxy reads.
@@ -321,6 +331,16 @@ func runSanity(t *testing.T, mode string) outcome {
 	}
 	if mode == "deferred" {
 		deferredVolumesSeen(t, dir)
+	}
+	if mode == "unclaimed" {
+		// The node expansion test expanded a deferred volume that no sandbox had claimed.
+		if n := strings.Count(crustdProc.log.String(), "expansion before any claim recorded"); n == 0 {
+			t.Errorf("crustd recorded no expansion before a claim in the unclaimed run")
+		} else {
+			t.Logf("crustd recorded %d expansions before a claim", n)
+		}
+	}
+	if deferred {
 		if n := strings.Count(proxy.log.String(), "decision=defer"); n == 0 {
 			t.Errorf("the proxy deferred no publish in the deferred run")
 		} else {

@@ -1,6 +1,8 @@
 // Package csisanity runs csi-sanity (kubernetes-csi/csi-test, pinned in tools/csisanity) against crust's
-// reference CSI driver on a real LVM volume group on a loop device, once with mount volumes and once with
-// raw block volumes. It needs root (make test runs it as root) and lvm2; other users skip it.
+// reference CSI driver on a real LVM volume group on a loop device, once with mount volumes, once with
+// raw block volumes, and once with mount volumes deferred to a real crustd (crust.dev/defer: "true" in the
+// volume parameters) and no sandbox ever claiming them: stats and expansion are answered before any
+// claim. It needs root (make test runs it as root) and lvm2; other users skip it.
 //
 // The test fails on any csi-sanity failure and on any skip not listed in justifiedSkips, so that a skip
 // appears only with its reason.
@@ -14,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/test/csidriver"
 	"crust.dev/crust/test/csidriver/lvmtest"
 	"crust.dev/crust/test/csisanity/sanityrun"
@@ -62,12 +65,12 @@ func TestCSISanity(t *testing.T) {
 	if err := sanityrun.Build(root); err != nil {
 		t.Fatal(err)
 	}
-	for _, access := range []string{"mount", "block"} {
-		t.Run(access, func(t *testing.T) { runSanity(t, root, access) })
+	for _, mode := range []string{"mount", "block", "deferred"} {
+		t.Run(mode, func(t *testing.T) { runSanity(t, root, mode) })
 	}
 }
 
-func runSanity(t *testing.T, root, access string) {
+func runSanity(t *testing.T, root, mode string) {
 	vg := lvmtest.New(t, vgSize)
 	dir := t.TempDir()
 	endpoint := filepath.Join(dir, "csi.sock")
@@ -76,10 +79,24 @@ func runSanity(t *testing.T, root, access string) {
 		t.Fatal(err)
 	}
 	defer func() { _ = logFile.Close() }()
-	stop, err := csidriver.Start(endpoint, csidriver.Config{
+	access, pathsDir, params := mode, dir, ""
+	var crust *crustd
+	if mode == "deferred" {
+		// Target and staging paths under crustd's kubelet root, as kubelet's are.
+		access, pathsDir, params = "mount", filepath.Join(dir, "kubelet"), filepath.Join(dir, "params.yaml")
+		if err := os.WriteFile(params, []byte(client.DeferKey+`: "true"`+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		crust = startCrustd(t, dir, pathsDir)
+	}
+	cfg := csidriver.Config{
 		VG: vg.Name, Devices: []string{vg.Device}, NodeID: "sanity-node", StateDir: filepath.Join(dir, "state"),
 		Log: slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelDebug})),
-	})
+	}
+	if crust != nil {
+		cfg.CrustSocket = crust.socket
+	}
+	stop, err := csidriver.Start(endpoint, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,14 +108,15 @@ func runSanity(t *testing.T, root, access string) {
 	}()
 
 	report, err := sanityrun.Run(sanityrun.Config{
-		ModuleRoot: root,
-		Endpoint:   endpoint,
-		StagingDir: filepath.Join(dir, "staging"),
-		MountDir:   filepath.Join(dir, "mount"),
-		VolumeSize: volumeSize,
-		ExpandSize: expandSize,
-		AccessType: access,
-		JUnit:      filepath.Join(dir, "junit.xml"),
+		ModuleRoot:     root,
+		Endpoint:       endpoint,
+		StagingDir:     filepath.Join(pathsDir, "staging"),
+		MountDir:       filepath.Join(pathsDir, "mount"),
+		VolumeSize:     volumeSize,
+		ExpandSize:     expandSize,
+		AccessType:     access,
+		ParametersFile: params,
+		JUnit:          filepath.Join(dir, "junit.xml"),
 	})
 	if report == nil {
 		t.Fatal(err)
@@ -117,7 +135,10 @@ func runSanity(t *testing.T, root, access string) {
 		t.Fatalf("csi-sanity: %v (run: %v)\n%s", err, runErr, sanityrun.Tail(out, 60))
 	}
 	passed, failed, skipped := sanityrun.Split(report.Results)
-	t.Logf("csi-sanity %s: %d passed, %d failed, %d skipped in %s", access, len(passed), len(failed), len(skipped), elapsed.Round(time.Second))
+	t.Logf("csi-sanity %s: %d passed, %d failed, %d skipped in %s", mode, len(passed), len(failed), len(skipped), elapsed.Round(time.Second))
+	if crust != nil {
+		crust.check(t)
+	}
 	for _, s := range skipped {
 		reason := ""
 		for msg, why := range justifiedSkips {

@@ -278,6 +278,12 @@ func (m *MicroVM) Stop() {
 	}
 }
 
+// ExitCode waits for the run process to exit and returns its exit status (-1 when a signal ended it).
+func (m *MicroVM) ExitCode() int {
+	<-m.exited
+	return m.cmd.ProcessState.ExitCode()
+}
+
 // Exited is closed when the run process has exited.
 func (m *MicroVM) Exited() <-chan struct{} { return m.exited }
 

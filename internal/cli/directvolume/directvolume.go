@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"crust.dev/crust/pkg/kata"
+	"crust.dev/crust/pkg/safedir"
 )
 
 // options are the flags the subcommands share.
@@ -251,6 +252,8 @@ func flagError(err error) error {
 		return fmt.Errorf("--mount-info: %w", err)
 	case errors.Is(err, kata.ErrInvalidVolumePath), errors.Is(err, kata.ErrNotFound):
 		return fmt.Errorf("--volume-path: %w", err)
+	case errors.Is(err, kata.ErrForeignEntry), errors.Is(err, safedir.ErrInsecure):
+		return fmt.Errorf("--kata-dir: %w", err)
 	}
 	return err
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +16,7 @@ import (
 
 	"crust.dev/crust/pkg/kata"
 	"crust.dev/crust/pkg/kata/katatest"
+	"crust.dev/crust/pkg/safedir/safedirtest"
 )
 
 // The vectors were produced by running Kata's own code; pkg/kata keeps the copy.
@@ -264,4 +266,34 @@ func TestUnderCrustctl(t *testing.T) {
 	if strings.TrimSpace(out.String()) != "[]" || *global != "" {
 		t.Fatalf("printed %q, global -o %q", out.String(), *global)
 	}
+}
+
+// TestPlantedLink: a link planted at a volume directory's place is refused by add and get, blamed on
+// --kata-dir, and remove takes the link itself away; nothing is written, read or removed where it points.
+func TestPlantedLink(t *testing.T) {
+	dir, outside := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, kata.MountInfoFileName), []byte(`{"device":"/dev/planted"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(dir, kata.VolumeDirName("/v"))); err != nil {
+		t.Fatal(err)
+	}
+	before := safedirtest.Snapshot(t, outside)
+	for _, args := range [][]string{
+		{"add", "--volume-path", "/v", "--mount-info", `{"device":"/dev/a"}`},
+		{"get", "--volume-path", "/v"},
+	} {
+		out, err := run(t, append([]string{"--kata-dir", dir}, args...)...)
+		if !errors.Is(err, kata.ErrForeignEntry) || !strings.HasPrefix(err.Error(), "--kata-dir: ") || out != "" {
+			t.Errorf("%q: %q, %v; want a --kata-dir error wrapping ErrForeignEntry", args, out, err)
+		}
+	}
+	if out := mustRun(t, "--kata-dir", dir, "list", "-o", "json"); strings.Contains(out, "planted") {
+		t.Errorf("list read through the link: %s", out)
+	}
+	mustRun(t, "--kata-dir", dir, "remove", "--volume-path", "/v")
+	if _, err := os.Lstat(filepath.Join(dir, kata.VolumeDirName("/v"))); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("remove left the link: %v", err)
+	}
+	safedirtest.Unchanged(t, before, outside)
 }

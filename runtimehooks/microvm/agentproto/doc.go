@@ -38,8 +38,10 @@
 //   - mount: MountArgs; result MountResult. Waits (up to a bound) for the
 //     virtio-blk disk whose serial is args.serial, formats it when
 //     create_filesystem is set and it carries no signature, mounts it on
-//     target and applies fs_group. Mounting the same disk on the same target
-//     again succeeds without doing anything.
+//     target, grows the filesystem (read-write ext2/3/4 and xfs) to fill the
+//     disk when the disk is more than one block larger, and applies fs_group.
+//     Mounting the same disk on the same target again succeeds without doing
+//     anything.
 //   - unmount: UnmountArgs; empty result. Unmounting a target that is not
 //     mounted succeeds.
 //   - statfs: StatfsArgs; result StatfsResult: bytes and inodes, and whether

@@ -120,6 +120,10 @@ type MountResult struct {
 	Formatted bool `json:"formatted,omitempty"`
 	// Already says the disk was already mounted there and nothing was done.
 	Already bool `json:"already,omitempty"`
+	// GrewFromBytes, when not zero, says the disk was larger than the filesystem on it (it grew while no
+	// sandbox used the volume) and the agent grew the filesystem to fill it once mounted; the value is
+	// the filesystem's size before, as its superblock recorded it.
+	GrewFromBytes uint64 `json:"grew_from_bytes,omitempty"`
 }
 
 // UnmountArgs are the arguments of unmount.

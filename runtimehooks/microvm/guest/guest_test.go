@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -99,11 +100,18 @@ func TestMountOptions(t *testing.T) {
 	}
 }
 
+// testProcs is the test binary's one process table: its reaper collects every child of the process, as
+// the agent's does as PID 1, so a second table (a test run twice) would take the first one's statuses.
+var testProcs = sync.OnceValue(func() *procTable {
+	p := newProcTable()
+	go p.reap()
+	return p
+})
+
 // The process table runs commands, reports status, output, truncation and
 // timeouts, and reaps orphans without disturbing its own children.
 func TestProcTableRun(t *testing.T) {
-	p := newProcTable()
-	go p.reap()
+	p := testProcs()
 	ctx := context.Background()
 
 	res, err := p.run(ctx, []string{"sh", "-c", "echo out; echo err >&2; exit 3"}, 5*time.Second)

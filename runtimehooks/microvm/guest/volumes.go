@@ -155,8 +155,28 @@ func (v *volumes) mount(ctx context.Context, args agentproto.MountArgs) (agentpr
 	if err := os.MkdirAll(args.Target, 0o755); err != nil {
 		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInternal, "%v", err)
 	}
+	// The filesystem's size, read before it is mounted: a disk grown while no sandbox held the volume
+	// (an expansion before any claim) is grown into once mounted, as kubelet has a node plugin do at stage.
+	var fsBytes, block uint64
+	growable := !args.ReadOnly && !res.Formatted
+	if growable {
+		var err error
+		if fsBytes, block, err = filesystemBytes(dev, args.FSType); err != nil {
+			growable = false // the mount below says what the disk holds
+		}
+	}
 	if err := unix.Mount(dev, args.Target, args.FSType, flags, data); err != nil {
 		return agentproto.MountResult{}, v.mountFailure(ctx, dev, args, err)
+	}
+	if growable {
+		grew, err := v.growToDisk(ctx, dev, args.FSType, args.Target, fsBytes, block)
+		if err != nil {
+			_ = unix.Unmount(args.Target, 0)
+			return agentproto.MountResult{}, err
+		}
+		if grew {
+			res.GrewFromBytes = fsBytes
+		}
 	}
 	if args.FSGroup != nil && !args.ReadOnly {
 		policy := args.FSGroupPolicy
@@ -441,15 +461,7 @@ func (v *volumes) grow(ctx context.Context, args agentproto.GrowArgs) (agentprot
 		return agentproto.GrowResult{}, err
 	}
 	start := time.Now()
-	switch fsType {
-	case "ext2", "ext3", "ext4":
-		_, err = v.procs.runTool(ctx, "resize2fs", dev)
-	case "xfs":
-		_, err = v.procs.runTool(ctx, "xfs_growfs", "-d", args.Target)
-	default:
-		err = agentproto.Errorf(agentproto.CodeUnimplemented, "growing %s", fsType)
-	}
-	if err != nil {
+	if err := v.growFS(ctx, fsType, dev, args.Target); err != nil {
 		return agentproto.GrowResult{}, err
 	}
 	st, err := v.statfs(args.Target)
@@ -458,6 +470,36 @@ func (v *volumes) grow(ctx context.Context, args agentproto.GrowArgs) (agentprot
 	}
 	logger.Printf("grew %s (%s) to %d bytes in %.2fs", args.Target, fsType, st.Bytes.Total, time.Since(start).Seconds())
 	return agentproto.GrowResult{DeviceBytes: size, CapacityBytes: st.Bytes.Total}, nil
+}
+
+// growFS grows the filesystem mounted on target from dev to fill dev, online.
+func (v *volumes) growFS(ctx context.Context, fsType, dev, target string) error {
+	var err error
+	switch fsType {
+	case "ext2", "ext3", "ext4":
+		_, err = v.procs.runTool(ctx, "resize2fs", dev)
+	case "xfs":
+		_, err = v.procs.runTool(ctx, "xfs_growfs", "-d", target)
+	default:
+		err = agentproto.Errorf(agentproto.CodeUnimplemented, "growing %s", fsType)
+	}
+	return err
+}
+
+// growToDisk grows the filesystem just mounted on target, of fsBytes in blocks of block bytes, to fill
+// dev when dev holds more than one block beyond it, and says whether it did.
+func (v *volumes) growToDisk(ctx context.Context, dev, fsType, target string, fsBytes, block uint64) (bool, error) {
+	size, err := waitDeviceSize(ctx, dev, 0, 0)
+	if err != nil || size <= fsBytes+block {
+		return false, err
+	}
+	start := time.Now()
+	if err := v.growFS(ctx, fsType, dev, target); err != nil {
+		return false, err
+	}
+	logger.Printf("grew %s (%s) on %s from %d bytes to its disk's %d at mount in %.2fs", target, fsType, dev, fsBytes, size,
+		time.Since(start).Seconds())
+	return true, nil
 }
 
 // waitDeviceSize waits up to wait for dev to report at least atLeast bytes and

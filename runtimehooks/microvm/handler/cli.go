@@ -23,6 +23,8 @@ import (
 const (
 	// ExitUsage is a mistake in the command line.
 	ExitUsage = 2
+	// ExitVMDied: run ended because QEMU exited under it; the claims were released, the VM not restarted.
+	ExitVMDied = 3
 	// ExitExecFailed: exec could not run the command (sandbox not running, VM not up, agent error).
 	ExitExecFailed = 125
 	// ExitExecNotFound: the command does not exist in the guest.
@@ -52,8 +54,8 @@ func (e exitError) Error() string {
 //	crust-microvm exec [--state-dir DIR] NAME -- CMD...
 //	crust-microvm stop [--state-dir DIR] NAME
 //
-// run stays in the foreground and logs to stderr; it exits 0 after a clean stop (stop, SIGTERM, SIGINT)
-// and 1 on an error. exec prints the command's stdout and stderr and exits with its status (125 when it
+// run stays in the foreground and logs to stderr; it exits 0 after a clean stop (stop, SIGTERM, SIGINT),
+// 3 when QEMU died under it (the claims released, the VM not restarted) and 1 on another error. exec prints the command's stdout and stderr and exits with its status (125 when it
 // could not be run, 127 when the command is not found in the guest). stop exits 0 once the run process
 // is gone. Errors go to stderr as "crust-microvm: message"; a usage error exits 2.
 func Main(args []string, stdout, stderr io.Writer) int {
@@ -74,6 +76,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return ee.code
 	}
 	fmt.Fprintf(stderr, "crust-microvm: %v\n", err)
+	if errors.Is(err, ErrVMDied) {
+		return ExitVMDied
+	}
 	var ue usageError
 	if errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "arg(s)") {
 		return ExitUsage

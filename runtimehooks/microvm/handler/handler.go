@@ -15,16 +15,22 @@
 //   - Each volume is claimed for sandbox NAME; its device is checked against the descriptor's device number,
 //     hot-plugged (read-only when the descriptor says so) as a virtio-blk disk whose serial is
 //     DiskID(target), and mounted at its guest path with the descriptor's fs type, mount flags, read-only
-//     flag, fsGroup and policy, and create_filesystem.
+//     flag, fsGroup and policy, and create_filesystem. A read-write ext2/3/4 or xfs filesystem smaller than
+//     its disk (the volume was expanded while no sandbox held it) is grown to fill the disk once mounted.
 //   - A target with nothing staged is waited for and attached as soon as it is staged, however long after
 //     boot. A volume that fails (claimed by another sandbox, device changed, mount refused) is logged, left
 //     unclaimed, and tried again when its descriptor next changes; the other volumes carry on.
 //   - On Stop, or when Run's context ends (crust-microvm run ends it on SIGTERM and SIGINT), each volume
 //     is unmounted, detached and released, the VM stopped and the sockets removed: no process and no
 //     socket are left; the lock file and the logs stay. A sandbox still booting just stops booting.
-//   - If the run process is killed outright, QEMU dies with it. Its claims stay in crustd (whose stats
-//     then answer UNAVAILABLE) until released, and a later run with the same name cleans the stale files
-//     and starts afresh.
+//   - If QEMU exits while the sandbox runs (killed, or a guest crash), the sandbox is not restarted: the
+//     guest's processes died with the VM, and a fresh VM would hide that from the runtime above. Run logs
+//     it, releases every claim and returns ErrVMDied (crust-microvm run exits ExitVMDied).
+//   - If crustd ends a claim while the volume is mounted (it took the handler for gone, or an operator
+//     forced it), the volume is claimed again (runtimehooks.Client.KeepClaims) and the claim logged.
+//   - If the run process is killed outright, QEMU dies with it (it gets SIGKILL when its parent dies).
+//     crustd releases the claims once it notices (its endpoint refuses and the process is gone), and a
+//     later run with the same name cleans the stale files and starts afresh.
 package handler
 
 import (
@@ -142,6 +148,10 @@ func (c *Config) setDefaults() error {
 	return nil
 }
 
+// ErrVMDied is returned (wrapped) by Run when QEMU exited while the sandbox ran; crust-microvm run then
+// exits with ExitVMDied.
+var ErrVMDied = errors.New("the VM died")
+
 // teardownTimeout bounds Run's clean-up after it was told to stop.
 const teardownTimeout = 2 * time.Minute
 
@@ -204,7 +214,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	boot := machine.Boot()
 	log.Info("VM up", "accel", boot.Accel, "boot", boot.Took.Round(time.Millisecond), "kernel", boot.Kernel, "fallback", boot.Fallback)
-	if err := os.WriteFile(st.path(pidFile), []byte(strconv.Itoa(machine.Pid())+"\n"), 0o600); err != nil {
+	if err := writeNoFollow(st.path(pidFile), []byte(strconv.Itoa(machine.Pid())+"\n")); err != nil {
 		log.Warn("cannot record QEMU's pid", "err", err)
 	}
 	defer func() { _ = os.Remove(st.path(pidFile)) }()
@@ -224,6 +234,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		wg.Go(func() { s.keepAttached(work, v) })
 	}
 	wg.Go(func() { s.watch(work) })
+	wg.Go(func() { s.keepClaims(work) })
 	log.Info("ready", "handler", endpoint, "volumes", len(s.order))
 
 	var why error
@@ -231,8 +242,13 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	case <-ctx.Done():
 		log.Info("stopping")
 	case <-machine.Done():
-		why = fmt.Errorf("the VM exited unexpectedly (console log: %s)", machine.ConsoleLog())
-		log.Error("VM exited unexpectedly", "console", machine.ConsoleLog())
+		// The guest's processes died with it: a fresh VM would be a sandbox without them, which the
+		// runtime above still believes to run. So the sandbox ends, its claims released, and the runtime
+		// sees it die and starts it again as it sees fit.
+		why = fmt.Errorf("%w: QEMU %s (console log: %s); the volumes' claims were released and the VM was not restarted",
+			ErrVMDied, machine.Exit(), machine.ConsoleLog())
+		log.Error("QEMU exited under the running sandbox; releasing the volumes' claims and stopping, not restarting the VM",
+			"qemu", machine.Exit(), "qemu_pid", machine.Pid(), "console", machine.ConsoleLog())
 	}
 	_ = l.Close()
 	endWork()

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"crust.dev/crust/pkg/safedir"
 )
 
 // Files of a sandbox's state directory.
@@ -46,6 +48,13 @@ func lockState(parent, name string, log *slog.Logger) (*state, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
+	// QEMU and the handler reach their sockets and files there by path: no one else may be able to
+	// plant or swap an entry on the way.
+	for _, p := range []string{filepath.Dir(dir), dir} {
+		if err := checkOwned(p); err != nil {
+			return nil, fmt.Errorf("state directory: %w", err)
+		}
+	}
 	st, locked, err := tryLock(dir)
 	if err != nil {
 		return nil, err
@@ -63,9 +72,18 @@ func lockState(parent, name string, log *slog.Logger) (*state, error) {
 	return st, nil
 }
 
-// tryLock opens dir's lock file and tries to lock it without waiting.
+// checkOwned refuses a directory that is a symbolic link, or that another user owns or may write in.
+func checkOwned(path string) error {
+	d, err := safedir.Open(path)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.CheckOwned(), d.Close())
+}
+
+// tryLock opens dir's lock file (never through a link) and tries to lock it without waiting.
 func tryLock(dir string) (*state, bool, error) {
-	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, false, err
 	}
@@ -77,6 +95,16 @@ func tryLock(dir string) (*state, bool, error) {
 		return nil, false, fmt.Errorf("locking %s: %w", f.Name(), err)
 	}
 	return &state{dir: dir, lock: f}, true, nil
+}
+
+// writeNoFollow writes data to the file at path (mode 0600), never through a link at its place.
+func writeNoFollow(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	return errors.Join(err, f.Close())
 }
 
 func (s *state) unlock() {

@@ -143,6 +143,24 @@ func (s *sandbox) watch(ctx context.Context) {
 	}
 }
 
+// keepClaims claims again, until ctx ends, each mounted volume whose claim crustd ended while the sandbox
+// runs (it took the handler for gone, or an operator forced the release): the device is still in the VM.
+func (s *sandbox) keepClaims(ctx context.Context) {
+	holds := func(target string) bool {
+		v := s.byTarget[target]
+		return v != nil && v.mounted.Load()
+	}
+	_ = s.crust.KeepClaims(ctx, s.name, s.endpoint, holds, func(r runtimehooks.Reclaim) {
+		if r.Err != nil {
+			s.log.Error("crustd ended the claim of a volume mounted in the guest, and claiming it again failed",
+				"target", r.Target, "reason", r.Reason, "detail", r.Detail, "err", r.Err)
+			return
+		}
+		s.log.Warn("crustd ended the claim of a volume mounted in the guest; claimed it again",
+			"target", r.Target, "reason", r.Reason, "detail", r.Detail)
+	})
+}
+
 // attach claims, checks, hot-plugs and mounts v. It returns false without an error when nothing is staged
 // at v's target. On an error, what was done is undone.
 func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool, error) {
@@ -204,6 +222,9 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 	if t := desc.GetStageTime(); t != nil {
 		attrs = append(attrs, "since_staged", time.Since(t.AsTime()).Round(time.Millisecond))
 	}
+	if res.GrewFromBytes > 0 { // expanded while no sandbox held it: grown into at mount
+		attrs = append(attrs, "grew_from_bytes", res.GrewFromBytes, "device_bytes", v.size, "requested_bytes", desc.GetRequestedBytes())
+	}
 	log.Info("volume mounted", attrs...)
 	return true, nil
 }
@@ -251,14 +272,24 @@ const detachTimeout = 30 * time.Second
 // detached cleanly: with QEMU gone, nothing uses their devices any more.
 func (s *sandbox) teardown(ctx context.Context) error {
 	var errs []error
+	vmGone := false
+	select {
+	case <-s.vm.Done():
+		vmGone = true
+	default:
+	}
 	for _, v := range s.order {
 		v.mu.Lock()
 		held := v.claimed || v.plugged
+		if vmGone { // nothing is mounted or plugged in a VM that is gone: release only
+			v.mounted.Store(false)
+			v.plugged = false
+		}
 		dctx, cancel := context.WithTimeout(ctx, detachTimeout)
 		if err := s.detach(dctx, v); err != nil {
 			errs = append(errs, fmt.Errorf("volume %s: %w", v.Target, err))
 		} else if held {
-			s.log.Info("volume unmounted, detached and released", "target", v.Target)
+			s.log.Info("volume unmounted, detached and released", "target", v.Target, "vm_gone", vmGone)
 		}
 		cancel()
 		v.mu.Unlock()

@@ -318,7 +318,7 @@ func (c *Config) args(accel Accel) []string {
 // boot runs one attempt with one accelerator.
 func boot(ctx context.Context, cfg Config, accel Accel, timeout time.Duration) (*VM, error) {
 	cleanSockets(&cfg)
-	logf, err := os.OpenFile(cfg.path("qemu.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logf, err := os.OpenFile(cfg.path("qemu.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("vm: %w", err)
 	}
@@ -478,6 +478,16 @@ func (v *VM) Agent() *agentproto.Client { return v.agent }
 // Done is closed when QEMU has exited, whether by Stop or on its own (a
 // guest power-off or crash).
 func (v *VM) Done() <-chan struct{} { return v.done }
+
+// Exit says how QEMU ended ("signal: killed", "exit status 1"); "" while it runs.
+func (v *VM) Exit() string {
+	select {
+	case <-v.done:
+		return v.cmd.ProcessState.String()
+	default:
+		return ""
+	}
+}
 
 // ConsoleLog is the path of the guest's serial console log.
 func (v *VM) ConsoleLog() string { return v.cfg.path("console.log") }

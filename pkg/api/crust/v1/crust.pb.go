@@ -144,6 +144,75 @@ func (FSGroupChangePolicy) EnumDescriptor() ([]byte, []int) {
 	return file_crust_v1_crust_proto_rawDescGZIP(), []int{1}
 }
 
+// ProblemKind says what is wrong.
+type ProblemKind int32
+
+const (
+	// Never sent.
+	ProblemKind_PROBLEM_KIND_UNSPECIFIED ProblemKind = 0
+	// An entry crustd did not write (a link, a regular file, a device) is where the volume's Kata directory
+	// or its mountInfo.json belongs; crustd neither writes through it nor replaces it. crust's handlers
+	// are served; a Kata runtime does not find the volume.
+	ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY ProblemKind = 1
+	// The target path is too long to name a Kata directory (its base64url form exceeds NAME_MAX, so the
+	// path exceeds 189 bytes). crust's handlers are served; a Kata runtime cannot be.
+	ProblemKind_PROBLEM_KIND_KATA_PATH_TOO_LONG ProblemKind = 2
+	// Writing or removing the volume's Kata projection failed for another reason (I/O, a full disk).
+	ProblemKind_PROBLEM_KIND_KATA_WRITE_FAILED ProblemKind = 3
+	// The volume's Kata directory holds a file whose name is not UTF-8. No Kata shim writes such a name;
+	// crust does not count it as a claim, but Kata's own tools take the first name for the sandbox id.
+	ProblemKind_PROBLEM_KIND_KATA_BAD_SANDBOX_FILE ProblemKind = 4
+	// A store record was damaged and moved aside at start; its volume is no longer held.
+	ProblemKind_PROBLEM_KIND_CORRUPT_RECORD ProblemKind = 5
+)
+
+// Enum value maps for ProblemKind.
+var (
+	ProblemKind_name = map[int32]string{
+		0: "PROBLEM_KIND_UNSPECIFIED",
+		1: "PROBLEM_KIND_KATA_FOREIGN_ENTRY",
+		2: "PROBLEM_KIND_KATA_PATH_TOO_LONG",
+		3: "PROBLEM_KIND_KATA_WRITE_FAILED",
+		4: "PROBLEM_KIND_KATA_BAD_SANDBOX_FILE",
+		5: "PROBLEM_KIND_CORRUPT_RECORD",
+	}
+	ProblemKind_value = map[string]int32{
+		"PROBLEM_KIND_UNSPECIFIED":           0,
+		"PROBLEM_KIND_KATA_FOREIGN_ENTRY":    1,
+		"PROBLEM_KIND_KATA_PATH_TOO_LONG":    2,
+		"PROBLEM_KIND_KATA_WRITE_FAILED":     3,
+		"PROBLEM_KIND_KATA_BAD_SANDBOX_FILE": 4,
+		"PROBLEM_KIND_CORRUPT_RECORD":        5,
+	}
+)
+
+func (x ProblemKind) Enum() *ProblemKind {
+	p := new(ProblemKind)
+	*p = x
+	return p
+}
+
+func (x ProblemKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ProblemKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_crust_v1_crust_proto_enumTypes[2].Descriptor()
+}
+
+func (ProblemKind) Type() protoreflect.EnumType {
+	return &file_crust_v1_crust_proto_enumTypes[2]
+}
+
+func (x ProblemKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ProblemKind.Descriptor instead.
+func (ProblemKind) EnumDescriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{2}
+}
+
 // EventType says what happened to a volume.
 type EventType int32
 
@@ -162,6 +231,8 @@ const (
 	EventType_EVENT_TYPE_RELEASED EventType = 5
 	// The descriptor was removed.
 	EventType_EVENT_TYPE_UNSTAGED EventType = 6
+	// ExpandVolume recorded a larger requested_bytes on a volume no sandbox holds.
+	EventType_EVENT_TYPE_EXPANDED EventType = 7
 )
 
 // Enum value maps for EventType.
@@ -174,6 +245,7 @@ var (
 		4: "EVENT_TYPE_CLAIMED",
 		5: "EVENT_TYPE_RELEASED",
 		6: "EVENT_TYPE_UNSTAGED",
+		7: "EVENT_TYPE_EXPANDED",
 	}
 	EventType_value = map[string]int32{
 		"EVENT_TYPE_UNSPECIFIED": 0,
@@ -183,6 +255,7 @@ var (
 		"EVENT_TYPE_CLAIMED":     4,
 		"EVENT_TYPE_RELEASED":    5,
 		"EVENT_TYPE_UNSTAGED":    6,
+		"EVENT_TYPE_EXPANDED":    7,
 	}
 )
 
@@ -197,11 +270,11 @@ func (x EventType) String() string {
 }
 
 func (EventType) Descriptor() protoreflect.EnumDescriptor {
-	return file_crust_v1_crust_proto_enumTypes[2].Descriptor()
+	return file_crust_v1_crust_proto_enumTypes[3].Descriptor()
 }
 
 func (EventType) Type() protoreflect.EnumType {
-	return &file_crust_v1_crust_proto_enumTypes[2]
+	return &file_crust_v1_crust_proto_enumTypes[3]
 }
 
 func (x EventType) Number() protoreflect.EnumNumber {
@@ -210,7 +283,65 @@ func (x EventType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EventType.Descriptor instead.
 func (EventType) EnumDescriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{2}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{3}
+}
+
+// ReleaseReason says who ended a claim.
+type ReleaseReason int32
+
+const (
+	// Not a release, or a crustd that does not say.
+	ReleaseReason_RELEASE_REASON_UNSPECIFIED ReleaseReason = 0
+	// The claiming sandbox released it (ReleaseVolume with its sandbox id).
+	ReleaseReason_RELEASE_REASON_SANDBOX ReleaseReason = 1
+	// An operator released it with force.
+	ReleaseReason_RELEASE_REASON_FORCED ReleaseReason = 2
+	// crustd found the claiming handler gone: its endpoint refused connections for the grace period, or
+	// at once when the claiming process had exited. A handler that is in fact alive should claim again.
+	ReleaseReason_RELEASE_REASON_HANDLER_GONE ReleaseReason = 3
+)
+
+// Enum value maps for ReleaseReason.
+var (
+	ReleaseReason_name = map[int32]string{
+		0: "RELEASE_REASON_UNSPECIFIED",
+		1: "RELEASE_REASON_SANDBOX",
+		2: "RELEASE_REASON_FORCED",
+		3: "RELEASE_REASON_HANDLER_GONE",
+	}
+	ReleaseReason_value = map[string]int32{
+		"RELEASE_REASON_UNSPECIFIED":  0,
+		"RELEASE_REASON_SANDBOX":      1,
+		"RELEASE_REASON_FORCED":       2,
+		"RELEASE_REASON_HANDLER_GONE": 3,
+	}
+)
+
+func (x ReleaseReason) Enum() *ReleaseReason {
+	p := new(ReleaseReason)
+	*p = x
+	return p
+}
+
+func (x ReleaseReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReleaseReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_crust_v1_crust_proto_enumTypes[4].Descriptor()
+}
+
+func (ReleaseReason) Type() protoreflect.EnumType {
+	return &file_crust_v1_crust_proto_enumTypes[4]
+}
+
+func (x ReleaseReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReleaseReason.Descriptor instead.
+func (ReleaseReason) EnumDescriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{4}
 }
 
 // Unit of the numbers.
@@ -250,11 +381,11 @@ func (x VolumeUsage_Unit) String() string {
 }
 
 func (VolumeUsage_Unit) Descriptor() protoreflect.EnumDescriptor {
-	return file_crust_v1_crust_proto_enumTypes[3].Descriptor()
+	return file_crust_v1_crust_proto_enumTypes[5].Descriptor()
 }
 
 func (VolumeUsage_Unit) Type() protoreflect.EnumType {
-	return &file_crust_v1_crust_proto_enumTypes[3]
+	return &file_crust_v1_crust_proto_enumTypes[5]
 }
 
 func (x VolumeUsage_Unit) Number() protoreflect.EnumNumber {
@@ -499,9 +630,14 @@ type Claim struct {
 	// When the claim was made.
 	ClaimTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=claim_time,json=claimTime,proto3" json:"claim_time,omitempty"`
 	// True when the claim was read from the Kata projection (an unmodified Kata shim uses the volume).
-	Kata          bool `protobuf:"varint,4,opt,name=kata,proto3" json:"kata,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Kata bool `protobuf:"varint,4,opt,name=kata,proto3" json:"kata,omitempty"`
+	// The process that made the claim, as the kernel named the caller (SO_PEERCRED); 0 when unknown.
+	ClaimerPid int32 `protobuf:"varint,5,opt,name=claimer_pid,json=claimerPid,proto3" json:"claimer_pid,omitempty"`
+	// That process's start time, in clock ticks after boot (/proc/PID/stat, field 22), so that a reused pid
+	// is not taken for it; 0 when unknown. Claims are kept for one boot only, so the number stays meaningful.
+	ClaimerStartTime uint64 `protobuf:"varint,6,opt,name=claimer_start_time,json=claimerStartTime,proto3" json:"claimer_start_time,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Claim) Reset() {
@@ -562,6 +698,20 @@ func (x *Claim) GetKata() bool {
 	return false
 }
 
+func (x *Claim) GetClaimerPid() int32 {
+	if x != nil {
+		return x.ClaimerPid
+	}
+	return 0
+}
+
+func (x *Claim) GetClaimerStartTime() uint64 {
+	if x != nil {
+		return x.ClaimerStartTime
+	}
+	return 0
+}
+
 // Volume is a stored descriptor with its state.
 type Volume struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -574,9 +724,13 @@ type Volume struct {
 	// When the volume was staged.
 	StageTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=stage_time,json=stageTime,proto3" json:"stage_time,omitempty"`
 	// The claim, when a sandbox uses the volume.
-	Claim         *Claim `protobuf:"bytes,5,opt,name=claim,proto3" json:"claim,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Claim *Claim `protobuf:"bytes,5,opt,name=claim,proto3" json:"claim,omitempty"`
+	// The largest capacity, in bytes, that ExpandVolume asked for while no sandbox held the volume; zero when
+	// none did. The device held at least this much when it was recorded; the handler that mounts the volume
+	// next grows its filesystem to the device's size.
+	RequestedBytes int64 `protobuf:"varint,6,opt,name=requested_bytes,json=requestedBytes,proto3" json:"requested_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Volume) Reset() {
@@ -642,6 +796,13 @@ func (x *Volume) GetClaim() *Claim {
 		return x.Claim
 	}
 	return nil
+}
+
+func (x *Volume) GetRequestedBytes() int64 {
+	if x != nil {
+		return x.RequestedBytes
+	}
+	return 0
 }
 
 // StageVolumeRequest carries the descriptor to deposit.
@@ -1364,6 +1525,181 @@ func (x *ExpandVolumeResponse) GetCapacityBytes() int64 {
 	return 0
 }
 
+// ListProblemsRequest asks for every problem crustd knows of.
+type ListProblemsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProblemsRequest) Reset() {
+	*x = ListProblemsRequest{}
+	mi := &file_crust_v1_crust_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProblemsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProblemsRequest) ProtoMessage() {}
+
+func (x *ListProblemsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_v1_crust_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProblemsRequest.ProtoReflect.Descriptor instead.
+func (*ListProblemsRequest) Descriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{18}
+}
+
+// ListProblemsResponse lists problems, ordered by kind, then target path, then path.
+type ListProblemsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 1000 problems, and no more than fit in 3 MiB; omitted counts the rest. Fixing the ones
+	// shown and asking again shows the others.
+	Problems []*Problem `protobuf:"bytes,1,rep,name=problems,proto3" json:"problems,omitempty"`
+	// How many problems were left out of problems.
+	Omitted       int32 `protobuf:"varint,2,opt,name=omitted,proto3" json:"omitted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProblemsResponse) Reset() {
+	*x = ListProblemsResponse{}
+	mi := &file_crust_v1_crust_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProblemsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProblemsResponse) ProtoMessage() {}
+
+func (x *ListProblemsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_v1_crust_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProblemsResponse.ProtoReflect.Descriptor instead.
+func (*ListProblemsResponse) Descriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ListProblemsResponse) GetProblems() []*Problem {
+	if x != nil {
+		return x.Problems
+	}
+	return nil
+}
+
+func (x *ListProblemsResponse) GetOmitted() int32 {
+	if x != nil {
+		return x.Omitted
+	}
+	return 0
+}
+
+// Problem is one thing crustd found wrong.
+type Problem struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What is wrong, in one word.
+	Kind ProblemKind `protobuf:"varint,1,opt,name=kind,proto3,enum=crust.v1.ProblemKind" json:"kind,omitempty"`
+	// The volume concerned; empty when it is not known (a damaged record).
+	VolumeTargetPath string `protobuf:"bytes,2,opt,name=volume_target_path,json=volumeTargetPath,proto3" json:"volume_target_path,omitempty"`
+	// The file or directory concerned, such as the Kata volume directory or the moved-aside record.
+	Path string `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	// What is wrong, in a sentence. Names that are not UTF-8 appear quoted, with \x escapes.
+	Message string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	// What an operator can do about it.
+	Remedy        string `protobuf:"bytes,5,opt,name=remedy,proto3" json:"remedy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Problem) Reset() {
+	*x = Problem{}
+	mi := &file_crust_v1_crust_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Problem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Problem) ProtoMessage() {}
+
+func (x *Problem) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_v1_crust_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Problem.ProtoReflect.Descriptor instead.
+func (*Problem) Descriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *Problem) GetKind() ProblemKind {
+	if x != nil {
+		return x.Kind
+	}
+	return ProblemKind_PROBLEM_KIND_UNSPECIFIED
+}
+
+func (x *Problem) GetVolumeTargetPath() string {
+	if x != nil {
+		return x.VolumeTargetPath
+	}
+	return ""
+}
+
+func (x *Problem) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *Problem) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *Problem) GetRemedy() string {
+	if x != nil {
+		return x.Remedy
+	}
+	return ""
+}
+
 // ClaimVolumeRequest records a sandbox's use of a volume.
 type ClaimVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1379,7 +1715,7 @@ type ClaimVolumeRequest struct {
 
 func (x *ClaimVolumeRequest) Reset() {
 	*x = ClaimVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[18]
+	mi := &file_crust_v1_crust_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1391,7 +1727,7 @@ func (x *ClaimVolumeRequest) String() string {
 func (*ClaimVolumeRequest) ProtoMessage() {}
 
 func (x *ClaimVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[18]
+	mi := &file_crust_v1_crust_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1404,7 +1740,7 @@ func (x *ClaimVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ClaimVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{18}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ClaimVolumeRequest) GetVolumeTargetPath() string {
@@ -1439,7 +1775,7 @@ type ClaimVolumeResponse struct {
 
 func (x *ClaimVolumeResponse) Reset() {
 	*x = ClaimVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[19]
+	mi := &file_crust_v1_crust_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1451,7 +1787,7 @@ func (x *ClaimVolumeResponse) String() string {
 func (*ClaimVolumeResponse) ProtoMessage() {}
 
 func (x *ClaimVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[19]
+	mi := &file_crust_v1_crust_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1464,7 +1800,7 @@ func (x *ClaimVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ClaimVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{19}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ClaimVolumeResponse) GetVolume() *Volume {
@@ -1490,7 +1826,7 @@ type ReleaseVolumeRequest struct {
 
 func (x *ReleaseVolumeRequest) Reset() {
 	*x = ReleaseVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[20]
+	mi := &file_crust_v1_crust_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +1838,7 @@ func (x *ReleaseVolumeRequest) String() string {
 func (*ReleaseVolumeRequest) ProtoMessage() {}
 
 func (x *ReleaseVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[20]
+	mi := &file_crust_v1_crust_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +1851,7 @@ func (x *ReleaseVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{20}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReleaseVolumeRequest) GetVolumeTargetPath() string {
@@ -1548,7 +1884,7 @@ type ReleaseVolumeResponse struct {
 
 func (x *ReleaseVolumeResponse) Reset() {
 	*x = ReleaseVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[21]
+	mi := &file_crust_v1_crust_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1560,7 +1896,7 @@ func (x *ReleaseVolumeResponse) String() string {
 func (*ReleaseVolumeResponse) ProtoMessage() {}
 
 func (x *ReleaseVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[21]
+	mi := &file_crust_v1_crust_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1573,7 +1909,7 @@ func (x *ReleaseVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{21}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{24}
 }
 
 // WatchVolumesRequest starts a watch.
@@ -1587,7 +1923,7 @@ type WatchVolumesRequest struct {
 
 func (x *WatchVolumesRequest) Reset() {
 	*x = WatchVolumesRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[22]
+	mi := &file_crust_v1_crust_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1599,7 +1935,7 @@ func (x *WatchVolumesRequest) String() string {
 func (*WatchVolumesRequest) ProtoMessage() {}
 
 func (x *WatchVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[22]
+	mi := &file_crust_v1_crust_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1612,7 +1948,7 @@ func (x *WatchVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchVolumesRequest.ProtoReflect.Descriptor instead.
 func (*WatchVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{22}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchVolumesRequest) GetSendExisting() bool {
@@ -1630,14 +1966,20 @@ type WatchVolumesResponse struct {
 	// The volume after the change (before it, for EVENT_TYPE_UNSTAGED). Absent for EVENT_TYPE_SYNCED.
 	Volume *Volume `protobuf:"bytes,2,opt,name=volume,proto3" json:"volume,omitempty"`
 	// Increases by one with every change crustd makes durable, so a watcher can tell it missed none.
-	Revision      uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	// For EVENT_TYPE_RELEASED: who ended the claim.
+	ReleaseReason ReleaseReason `protobuf:"varint,4,opt,name=release_reason,json=releaseReason,proto3,enum=crust.v1.ReleaseReason" json:"release_reason,omitempty"`
+	// For EVENT_TYPE_RELEASED: the claim that ended.
+	ReleasedClaim *Claim `protobuf:"bytes,5,opt,name=released_claim,json=releasedClaim,proto3" json:"released_claim,omitempty"`
+	// For EVENT_TYPE_RELEASED by crustd: why, in words (which check failed and for how long).
+	Detail        string `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchVolumesResponse) Reset() {
 	*x = WatchVolumesResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[23]
+	mi := &file_crust_v1_crust_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +1991,7 @@ func (x *WatchVolumesResponse) String() string {
 func (*WatchVolumesResponse) ProtoMessage() {}
 
 func (x *WatchVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[23]
+	mi := &file_crust_v1_crust_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +2004,7 @@ func (x *WatchVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchVolumesResponse.ProtoReflect.Descriptor instead.
 func (*WatchVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{23}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchVolumesResponse) GetType() EventType {
@@ -1686,6 +2028,27 @@ func (x *WatchVolumesResponse) GetRevision() uint64 {
 	return 0
 }
 
+func (x *WatchVolumesResponse) GetReleaseReason() ReleaseReason {
+	if x != nil {
+		return x.ReleaseReason
+	}
+	return ReleaseReason_RELEASE_REASON_UNSPECIFIED
+}
+
+func (x *WatchVolumesResponse) GetReleasedClaim() *Claim {
+	if x != nil {
+		return x.ReleasedClaim
+	}
+	return nil
+}
+
+func (x *WatchVolumesResponse) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 // RuntimeHandlerServiceGetVolumeStatsRequest names a claimed volume.
 type RuntimeHandlerServiceGetVolumeStatsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1699,7 +2062,7 @@ type RuntimeHandlerServiceGetVolumeStatsRequest struct {
 
 func (x *RuntimeHandlerServiceGetVolumeStatsRequest) Reset() {
 	*x = RuntimeHandlerServiceGetVolumeStatsRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[24]
+	mi := &file_crust_v1_crust_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1711,7 +2074,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsRequest) String() string {
 func (*RuntimeHandlerServiceGetVolumeStatsRequest) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceGetVolumeStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[24]
+	mi := &file_crust_v1_crust_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1724,7 +2087,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsRequest) ProtoReflect() protoreflect
 
 // Deprecated: Use RuntimeHandlerServiceGetVolumeStatsRequest.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceGetVolumeStatsRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{24}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RuntimeHandlerServiceGetVolumeStatsRequest) GetVolumeTargetPath() string {
@@ -1754,7 +2117,7 @@ type RuntimeHandlerServiceGetVolumeStatsResponse struct {
 
 func (x *RuntimeHandlerServiceGetVolumeStatsResponse) Reset() {
 	*x = RuntimeHandlerServiceGetVolumeStatsResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[25]
+	mi := &file_crust_v1_crust_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +2129,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsResponse) String() string {
 func (*RuntimeHandlerServiceGetVolumeStatsResponse) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceGetVolumeStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[25]
+	mi := &file_crust_v1_crust_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +2142,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsResponse) ProtoReflect() protoreflec
 
 // Deprecated: Use RuntimeHandlerServiceGetVolumeStatsResponse.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceGetVolumeStatsResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{25}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RuntimeHandlerServiceGetVolumeStatsResponse) GetUsage() []*VolumeUsage {
@@ -1813,7 +2176,7 @@ type RuntimeHandlerServiceExpandVolumeRequest struct {
 
 func (x *RuntimeHandlerServiceExpandVolumeRequest) Reset() {
 	*x = RuntimeHandlerServiceExpandVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[26]
+	mi := &file_crust_v1_crust_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1825,7 +2188,7 @@ func (x *RuntimeHandlerServiceExpandVolumeRequest) String() string {
 func (*RuntimeHandlerServiceExpandVolumeRequest) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceExpandVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[26]
+	mi := &file_crust_v1_crust_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1838,7 +2201,7 @@ func (x *RuntimeHandlerServiceExpandVolumeRequest) ProtoReflect() protoreflect.M
 
 // Deprecated: Use RuntimeHandlerServiceExpandVolumeRequest.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceExpandVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{26}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RuntimeHandlerServiceExpandVolumeRequest) GetVolumeTargetPath() string {
@@ -1880,7 +2243,7 @@ type RuntimeHandlerServiceExpandVolumeResponse struct {
 
 func (x *RuntimeHandlerServiceExpandVolumeResponse) Reset() {
 	*x = RuntimeHandlerServiceExpandVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[27]
+	mi := &file_crust_v1_crust_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1892,7 +2255,7 @@ func (x *RuntimeHandlerServiceExpandVolumeResponse) String() string {
 func (*RuntimeHandlerServiceExpandVolumeResponse) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceExpandVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[27]
+	mi := &file_crust_v1_crust_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1905,7 +2268,7 @@ func (x *RuntimeHandlerServiceExpandVolumeResponse) ProtoReflect() protoreflect.
 
 // Deprecated: Use RuntimeHandlerServiceExpandVolumeResponse.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceExpandVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{27}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RuntimeHandlerServiceExpandVolumeResponse) GetCapacityBytes() int64 {
@@ -1946,21 +2309,25 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\fDeviceNumber\x12\x14\n" +
 	"\x05major\x18\x01 \x01(\rR\x05major\x12\x14\n" +
 	"\x05minor\x18\x02 \x01(\rR\x05minor\x12\x14\n" +
-	"\x05inode\x18\x03 \x01(\x04R\x05inode\"\xa0\x01\n" +
+	"\x05inode\x18\x03 \x01(\x04R\x05inode\"\xef\x01\n" +
 	"\x05Claim\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12)\n" +
 	"\x10handler_endpoint\x18\x02 \x01(\tR\x0fhandlerEndpoint\x129\n" +
 	"\n" +
 	"claim_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tclaimTime\x12\x12\n" +
-	"\x04kata\x18\x04 \x01(\bR\x04kata\"\x85\x02\n" +
+	"\x04kata\x18\x04 \x01(\bR\x04kata\x12\x1f\n" +
+	"\vclaimer_pid\x18\x05 \x01(\x05R\n" +
+	"claimerPid\x12,\n" +
+	"\x12claimer_start_time\x18\x06 \x01(\x04R\x10claimerStartTime\"\xae\x02\n" +
 	"\x06Volume\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.crust.v1.VolumeSpecR\x04spec\x122\n" +
 	"\x15resolved_backing_path\x18\x02 \x01(\tR\x13resolvedBackingPath\x12;\n" +
 	"\rdevice_number\x18\x03 \x01(\v2\x16.crust.v1.DeviceNumberR\fdeviceNumber\x129\n" +
 	"\n" +
 	"stage_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstageTime\x12%\n" +
-	"\x05claim\x18\x05 \x01(\v2\x0f.crust.v1.ClaimR\x05claim\">\n" +
+	"\x05claim\x18\x05 \x01(\v2\x0f.crust.v1.ClaimR\x05claim\x12'\n" +
+	"\x0frequested_bytes\x18\x06 \x01(\x03R\x0erequestedBytes\">\n" +
 	"\x12StageVolumeRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.crust.v1.VolumeSpecR\x04spec\"?\n" +
 	"\x13StageVolumeResponse\x12(\n" +
@@ -2004,7 +2371,17 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\vlimit_bytes\x18\x03 \x01(\x03R\n" +
 	"limitBytes\"=\n" +
 	"\x14ExpandVolumeResponse\x12%\n" +
-	"\x0ecapacity_bytes\x18\x01 \x01(\x03R\rcapacityBytes\"\x8c\x01\n" +
+	"\x0ecapacity_bytes\x18\x01 \x01(\x03R\rcapacityBytes\"\x15\n" +
+	"\x13ListProblemsRequest\"_\n" +
+	"\x14ListProblemsResponse\x12-\n" +
+	"\bproblems\x18\x01 \x03(\v2\x11.crust.v1.ProblemR\bproblems\x12\x18\n" +
+	"\aomitted\x18\x02 \x01(\x05R\aomitted\"\xa8\x01\n" +
+	"\aProblem\x12)\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x15.crust.v1.ProblemKindR\x04kind\x12,\n" +
+	"\x12volume_target_path\x18\x02 \x01(\tR\x10volumeTargetPath\x12\x12\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\x12\x16\n" +
+	"\x06remedy\x18\x05 \x01(\tR\x06remedy\"\x8c\x01\n" +
 	"\x12ClaimVolumeRequest\x12,\n" +
 	"\x12volume_target_path\x18\x01 \x01(\tR\x10volumeTargetPath\x12\x1d\n" +
 	"\n" +
@@ -2019,11 +2396,14 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\x05force\x18\x03 \x01(\bR\x05force\"\x17\n" +
 	"\x15ReleaseVolumeResponse\":\n" +
 	"\x13WatchVolumesRequest\x12#\n" +
-	"\rsend_existing\x18\x01 \x01(\bR\fsendExisting\"\x85\x01\n" +
+	"\rsend_existing\x18\x01 \x01(\bR\fsendExisting\"\x95\x02\n" +
 	"\x14WatchVolumesResponse\x12'\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x13.crust.v1.EventTypeR\x04type\x12(\n" +
 	"\x06volume\x18\x02 \x01(\v2\x10.crust.v1.VolumeR\x06volume\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision\"y\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\x12>\n" +
+	"\x0erelease_reason\x18\x04 \x01(\x0e2\x17.crust.v1.ReleaseReasonR\rreleaseReason\x126\n" +
+	"\x0ereleased_claim\x18\x05 \x01(\v2\x0f.crust.v1.ClaimR\rreleasedClaim\x12\x16\n" +
+	"\x06detail\x18\x06 \x01(\tR\x06detail\"y\n" +
 	"*RuntimeHandlerServiceGetVolumeStatsRequest\x12,\n" +
 	"\x12volume_target_path\x18\x01 \x01(\tR\x10volumeTargetPath\x12\x1d\n" +
 	"\n" +
@@ -2048,7 +2428,14 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\x13FSGroupChangePolicy\x12&\n" +
 	"\"FS_GROUP_CHANGE_POLICY_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dFS_GROUP_CHANGE_POLICY_ALWAYS\x10\x01\x12+\n" +
-	"'FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH\x10\x02*\xb8\x01\n" +
+	"'FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH\x10\x02*\xe2\x01\n" +
+	"\vProblemKind\x12\x1c\n" +
+	"\x18PROBLEM_KIND_UNSPECIFIED\x10\x00\x12#\n" +
+	"\x1fPROBLEM_KIND_KATA_FOREIGN_ENTRY\x10\x01\x12#\n" +
+	"\x1fPROBLEM_KIND_KATA_PATH_TOO_LONG\x10\x02\x12\"\n" +
+	"\x1ePROBLEM_KIND_KATA_WRITE_FAILED\x10\x03\x12&\n" +
+	"\"PROBLEM_KIND_KATA_BAD_SANDBOX_FILE\x10\x04\x12\x1f\n" +
+	"\x1bPROBLEM_KIND_CORRUPT_RECORD\x10\x05*\xd1\x01\n" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13EVENT_TYPE_EXISTING\x10\x01\x12\x15\n" +
@@ -2056,14 +2443,21 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\x11EVENT_TYPE_STAGED\x10\x03\x12\x16\n" +
 	"\x12EVENT_TYPE_CLAIMED\x10\x04\x12\x17\n" +
 	"\x13EVENT_TYPE_RELEASED\x10\x05\x12\x17\n" +
-	"\x13EVENT_TYPE_UNSTAGED\x10\x062\xe3\x03\n" +
+	"\x13EVENT_TYPE_UNSTAGED\x10\x06\x12\x17\n" +
+	"\x13EVENT_TYPE_EXPANDED\x10\a*\x87\x01\n" +
+	"\rReleaseReason\x12\x1e\n" +
+	"\x1aRELEASE_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16RELEASE_REASON_SANDBOX\x10\x01\x12\x19\n" +
+	"\x15RELEASE_REASON_FORCED\x10\x02\x12\x1f\n" +
+	"\x1bRELEASE_REASON_HANDLER_GONE\x10\x032\xb2\x04\n" +
 	"\rVolumeService\x12J\n" +
 	"\vStageVolume\x12\x1c.crust.v1.StageVolumeRequest\x1a\x1d.crust.v1.StageVolumeResponse\x12P\n" +
 	"\rUnstageVolume\x12\x1e.crust.v1.UnstageVolumeRequest\x1a\x1f.crust.v1.UnstageVolumeResponse\x12D\n" +
 	"\tGetVolume\x12\x1a.crust.v1.GetVolumeRequest\x1a\x1b.crust.v1.GetVolumeResponse\x12J\n" +
 	"\vListVolumes\x12\x1c.crust.v1.ListVolumesRequest\x1a\x1d.crust.v1.ListVolumesResponse\x12S\n" +
 	"\x0eGetVolumeStats\x12\x1f.crust.v1.GetVolumeStatsRequest\x1a .crust.v1.GetVolumeStatsResponse\x12M\n" +
-	"\fExpandVolume\x12\x1d.crust.v1.ExpandVolumeRequest\x1a\x1e.crust.v1.ExpandVolumeResponse2\xff\x01\n" +
+	"\fExpandVolume\x12\x1d.crust.v1.ExpandVolumeRequest\x1a\x1e.crust.v1.ExpandVolumeResponse\x12M\n" +
+	"\fListProblems\x12\x1d.crust.v1.ListProblemsRequest\x1a\x1e.crust.v1.ListProblemsResponse2\xff\x01\n" +
 	"\x0eRuntimeService\x12J\n" +
 	"\vClaimVolume\x12\x1c.crust.v1.ClaimVolumeRequest\x1a\x1d.crust.v1.ClaimVolumeResponse\x12P\n" +
 	"\rReleaseVolume\x12\x1e.crust.v1.ReleaseVolumeRequest\x1a\x1f.crust.v1.ReleaseVolumeResponse\x12O\n" +
@@ -2084,92 +2478,103 @@ func file_crust_v1_crust_proto_rawDescGZIP() []byte {
 	return file_crust_v1_crust_proto_rawDescData
 }
 
-var file_crust_v1_crust_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_crust_v1_crust_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_crust_v1_crust_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_crust_v1_crust_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_crust_v1_crust_proto_goTypes = []any{
 	(VolumeType)(0),                                     // 0: crust.v1.VolumeType
 	(FSGroupChangePolicy)(0),                            // 1: crust.v1.FSGroupChangePolicy
-	(EventType)(0),                                      // 2: crust.v1.EventType
-	(VolumeUsage_Unit)(0),                               // 3: crust.v1.VolumeUsage.Unit
-	(*VolumeSpec)(nil),                                  // 4: crust.v1.VolumeSpec
-	(*DeviceNumber)(nil),                                // 5: crust.v1.DeviceNumber
-	(*Claim)(nil),                                       // 6: crust.v1.Claim
-	(*Volume)(nil),                                      // 7: crust.v1.Volume
-	(*StageVolumeRequest)(nil),                          // 8: crust.v1.StageVolumeRequest
-	(*StageVolumeResponse)(nil),                         // 9: crust.v1.StageVolumeResponse
-	(*UnstageVolumeRequest)(nil),                        // 10: crust.v1.UnstageVolumeRequest
-	(*UnstageVolumeResponse)(nil),                       // 11: crust.v1.UnstageVolumeResponse
-	(*GetVolumeRequest)(nil),                            // 12: crust.v1.GetVolumeRequest
-	(*GetVolumeResponse)(nil),                           // 13: crust.v1.GetVolumeResponse
-	(*ListVolumesRequest)(nil),                          // 14: crust.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),                         // 15: crust.v1.ListVolumesResponse
-	(*GetVolumeStatsRequest)(nil),                       // 16: crust.v1.GetVolumeStatsRequest
-	(*VolumeUsage)(nil),                                 // 17: crust.v1.VolumeUsage
-	(*VolumeCondition)(nil),                             // 18: crust.v1.VolumeCondition
-	(*GetVolumeStatsResponse)(nil),                      // 19: crust.v1.GetVolumeStatsResponse
-	(*ExpandVolumeRequest)(nil),                         // 20: crust.v1.ExpandVolumeRequest
-	(*ExpandVolumeResponse)(nil),                        // 21: crust.v1.ExpandVolumeResponse
-	(*ClaimVolumeRequest)(nil),                          // 22: crust.v1.ClaimVolumeRequest
-	(*ClaimVolumeResponse)(nil),                         // 23: crust.v1.ClaimVolumeResponse
-	(*ReleaseVolumeRequest)(nil),                        // 24: crust.v1.ReleaseVolumeRequest
-	(*ReleaseVolumeResponse)(nil),                       // 25: crust.v1.ReleaseVolumeResponse
-	(*WatchVolumesRequest)(nil),                         // 26: crust.v1.WatchVolumesRequest
-	(*WatchVolumesResponse)(nil),                        // 27: crust.v1.WatchVolumesResponse
-	(*RuntimeHandlerServiceGetVolumeStatsRequest)(nil),  // 28: crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
-	(*RuntimeHandlerServiceGetVolumeStatsResponse)(nil), // 29: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
-	(*RuntimeHandlerServiceExpandVolumeRequest)(nil),    // 30: crust.v1.RuntimeHandlerServiceExpandVolumeRequest
-	(*RuntimeHandlerServiceExpandVolumeResponse)(nil),   // 31: crust.v1.RuntimeHandlerServiceExpandVolumeResponse
-	nil,                           // 32: crust.v1.VolumeSpec.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 33: google.protobuf.Timestamp
+	(ProblemKind)(0),                                    // 2: crust.v1.ProblemKind
+	(EventType)(0),                                      // 3: crust.v1.EventType
+	(ReleaseReason)(0),                                  // 4: crust.v1.ReleaseReason
+	(VolumeUsage_Unit)(0),                               // 5: crust.v1.VolumeUsage.Unit
+	(*VolumeSpec)(nil),                                  // 6: crust.v1.VolumeSpec
+	(*DeviceNumber)(nil),                                // 7: crust.v1.DeviceNumber
+	(*Claim)(nil),                                       // 8: crust.v1.Claim
+	(*Volume)(nil),                                      // 9: crust.v1.Volume
+	(*StageVolumeRequest)(nil),                          // 10: crust.v1.StageVolumeRequest
+	(*StageVolumeResponse)(nil),                         // 11: crust.v1.StageVolumeResponse
+	(*UnstageVolumeRequest)(nil),                        // 12: crust.v1.UnstageVolumeRequest
+	(*UnstageVolumeResponse)(nil),                       // 13: crust.v1.UnstageVolumeResponse
+	(*GetVolumeRequest)(nil),                            // 14: crust.v1.GetVolumeRequest
+	(*GetVolumeResponse)(nil),                           // 15: crust.v1.GetVolumeResponse
+	(*ListVolumesRequest)(nil),                          // 16: crust.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),                         // 17: crust.v1.ListVolumesResponse
+	(*GetVolumeStatsRequest)(nil),                       // 18: crust.v1.GetVolumeStatsRequest
+	(*VolumeUsage)(nil),                                 // 19: crust.v1.VolumeUsage
+	(*VolumeCondition)(nil),                             // 20: crust.v1.VolumeCondition
+	(*GetVolumeStatsResponse)(nil),                      // 21: crust.v1.GetVolumeStatsResponse
+	(*ExpandVolumeRequest)(nil),                         // 22: crust.v1.ExpandVolumeRequest
+	(*ExpandVolumeResponse)(nil),                        // 23: crust.v1.ExpandVolumeResponse
+	(*ListProblemsRequest)(nil),                         // 24: crust.v1.ListProblemsRequest
+	(*ListProblemsResponse)(nil),                        // 25: crust.v1.ListProblemsResponse
+	(*Problem)(nil),                                     // 26: crust.v1.Problem
+	(*ClaimVolumeRequest)(nil),                          // 27: crust.v1.ClaimVolumeRequest
+	(*ClaimVolumeResponse)(nil),                         // 28: crust.v1.ClaimVolumeResponse
+	(*ReleaseVolumeRequest)(nil),                        // 29: crust.v1.ReleaseVolumeRequest
+	(*ReleaseVolumeResponse)(nil),                       // 30: crust.v1.ReleaseVolumeResponse
+	(*WatchVolumesRequest)(nil),                         // 31: crust.v1.WatchVolumesRequest
+	(*WatchVolumesResponse)(nil),                        // 32: crust.v1.WatchVolumesResponse
+	(*RuntimeHandlerServiceGetVolumeStatsRequest)(nil),  // 33: crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
+	(*RuntimeHandlerServiceGetVolumeStatsResponse)(nil), // 34: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
+	(*RuntimeHandlerServiceExpandVolumeRequest)(nil),    // 35: crust.v1.RuntimeHandlerServiceExpandVolumeRequest
+	(*RuntimeHandlerServiceExpandVolumeResponse)(nil),   // 36: crust.v1.RuntimeHandlerServiceExpandVolumeResponse
+	nil,                           // 37: crust.v1.VolumeSpec.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
 }
 var file_crust_v1_crust_proto_depIdxs = []int32{
 	0,  // 0: crust.v1.VolumeSpec.volume_type:type_name -> crust.v1.VolumeType
 	1,  // 1: crust.v1.VolumeSpec.supplemental_group_change_policy:type_name -> crust.v1.FSGroupChangePolicy
-	32, // 2: crust.v1.VolumeSpec.metadata:type_name -> crust.v1.VolumeSpec.MetadataEntry
-	33, // 3: crust.v1.Claim.claim_time:type_name -> google.protobuf.Timestamp
-	4,  // 4: crust.v1.Volume.spec:type_name -> crust.v1.VolumeSpec
-	5,  // 5: crust.v1.Volume.device_number:type_name -> crust.v1.DeviceNumber
-	33, // 6: crust.v1.Volume.stage_time:type_name -> google.protobuf.Timestamp
-	6,  // 7: crust.v1.Volume.claim:type_name -> crust.v1.Claim
-	4,  // 8: crust.v1.StageVolumeRequest.spec:type_name -> crust.v1.VolumeSpec
-	7,  // 9: crust.v1.StageVolumeResponse.volume:type_name -> crust.v1.Volume
-	7,  // 10: crust.v1.GetVolumeResponse.volume:type_name -> crust.v1.Volume
-	7,  // 11: crust.v1.ListVolumesResponse.volumes:type_name -> crust.v1.Volume
-	3,  // 12: crust.v1.VolumeUsage.unit:type_name -> crust.v1.VolumeUsage.Unit
-	17, // 13: crust.v1.GetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
-	18, // 14: crust.v1.GetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
-	7,  // 15: crust.v1.ClaimVolumeResponse.volume:type_name -> crust.v1.Volume
-	2,  // 16: crust.v1.WatchVolumesResponse.type:type_name -> crust.v1.EventType
-	7,  // 17: crust.v1.WatchVolumesResponse.volume:type_name -> crust.v1.Volume
-	17, // 18: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
-	18, // 19: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
-	8,  // 20: crust.v1.VolumeService.StageVolume:input_type -> crust.v1.StageVolumeRequest
-	10, // 21: crust.v1.VolumeService.UnstageVolume:input_type -> crust.v1.UnstageVolumeRequest
-	12, // 22: crust.v1.VolumeService.GetVolume:input_type -> crust.v1.GetVolumeRequest
-	14, // 23: crust.v1.VolumeService.ListVolumes:input_type -> crust.v1.ListVolumesRequest
-	16, // 24: crust.v1.VolumeService.GetVolumeStats:input_type -> crust.v1.GetVolumeStatsRequest
-	20, // 25: crust.v1.VolumeService.ExpandVolume:input_type -> crust.v1.ExpandVolumeRequest
-	22, // 26: crust.v1.RuntimeService.ClaimVolume:input_type -> crust.v1.ClaimVolumeRequest
-	24, // 27: crust.v1.RuntimeService.ReleaseVolume:input_type -> crust.v1.ReleaseVolumeRequest
-	26, // 28: crust.v1.RuntimeService.WatchVolumes:input_type -> crust.v1.WatchVolumesRequest
-	28, // 29: crust.v1.RuntimeHandlerService.GetVolumeStats:input_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
-	30, // 30: crust.v1.RuntimeHandlerService.ExpandVolume:input_type -> crust.v1.RuntimeHandlerServiceExpandVolumeRequest
-	9,  // 31: crust.v1.VolumeService.StageVolume:output_type -> crust.v1.StageVolumeResponse
-	11, // 32: crust.v1.VolumeService.UnstageVolume:output_type -> crust.v1.UnstageVolumeResponse
-	13, // 33: crust.v1.VolumeService.GetVolume:output_type -> crust.v1.GetVolumeResponse
-	15, // 34: crust.v1.VolumeService.ListVolumes:output_type -> crust.v1.ListVolumesResponse
-	19, // 35: crust.v1.VolumeService.GetVolumeStats:output_type -> crust.v1.GetVolumeStatsResponse
-	21, // 36: crust.v1.VolumeService.ExpandVolume:output_type -> crust.v1.ExpandVolumeResponse
-	23, // 37: crust.v1.RuntimeService.ClaimVolume:output_type -> crust.v1.ClaimVolumeResponse
-	25, // 38: crust.v1.RuntimeService.ReleaseVolume:output_type -> crust.v1.ReleaseVolumeResponse
-	27, // 39: crust.v1.RuntimeService.WatchVolumes:output_type -> crust.v1.WatchVolumesResponse
-	29, // 40: crust.v1.RuntimeHandlerService.GetVolumeStats:output_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
-	31, // 41: crust.v1.RuntimeHandlerService.ExpandVolume:output_type -> crust.v1.RuntimeHandlerServiceExpandVolumeResponse
-	31, // [31:42] is the sub-list for method output_type
-	20, // [20:31] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	37, // 2: crust.v1.VolumeSpec.metadata:type_name -> crust.v1.VolumeSpec.MetadataEntry
+	38, // 3: crust.v1.Claim.claim_time:type_name -> google.protobuf.Timestamp
+	6,  // 4: crust.v1.Volume.spec:type_name -> crust.v1.VolumeSpec
+	7,  // 5: crust.v1.Volume.device_number:type_name -> crust.v1.DeviceNumber
+	38, // 6: crust.v1.Volume.stage_time:type_name -> google.protobuf.Timestamp
+	8,  // 7: crust.v1.Volume.claim:type_name -> crust.v1.Claim
+	6,  // 8: crust.v1.StageVolumeRequest.spec:type_name -> crust.v1.VolumeSpec
+	9,  // 9: crust.v1.StageVolumeResponse.volume:type_name -> crust.v1.Volume
+	9,  // 10: crust.v1.GetVolumeResponse.volume:type_name -> crust.v1.Volume
+	9,  // 11: crust.v1.ListVolumesResponse.volumes:type_name -> crust.v1.Volume
+	5,  // 12: crust.v1.VolumeUsage.unit:type_name -> crust.v1.VolumeUsage.Unit
+	19, // 13: crust.v1.GetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
+	20, // 14: crust.v1.GetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
+	26, // 15: crust.v1.ListProblemsResponse.problems:type_name -> crust.v1.Problem
+	2,  // 16: crust.v1.Problem.kind:type_name -> crust.v1.ProblemKind
+	9,  // 17: crust.v1.ClaimVolumeResponse.volume:type_name -> crust.v1.Volume
+	3,  // 18: crust.v1.WatchVolumesResponse.type:type_name -> crust.v1.EventType
+	9,  // 19: crust.v1.WatchVolumesResponse.volume:type_name -> crust.v1.Volume
+	4,  // 20: crust.v1.WatchVolumesResponse.release_reason:type_name -> crust.v1.ReleaseReason
+	8,  // 21: crust.v1.WatchVolumesResponse.released_claim:type_name -> crust.v1.Claim
+	19, // 22: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
+	20, // 23: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
+	10, // 24: crust.v1.VolumeService.StageVolume:input_type -> crust.v1.StageVolumeRequest
+	12, // 25: crust.v1.VolumeService.UnstageVolume:input_type -> crust.v1.UnstageVolumeRequest
+	14, // 26: crust.v1.VolumeService.GetVolume:input_type -> crust.v1.GetVolumeRequest
+	16, // 27: crust.v1.VolumeService.ListVolumes:input_type -> crust.v1.ListVolumesRequest
+	18, // 28: crust.v1.VolumeService.GetVolumeStats:input_type -> crust.v1.GetVolumeStatsRequest
+	22, // 29: crust.v1.VolumeService.ExpandVolume:input_type -> crust.v1.ExpandVolumeRequest
+	24, // 30: crust.v1.VolumeService.ListProblems:input_type -> crust.v1.ListProblemsRequest
+	27, // 31: crust.v1.RuntimeService.ClaimVolume:input_type -> crust.v1.ClaimVolumeRequest
+	29, // 32: crust.v1.RuntimeService.ReleaseVolume:input_type -> crust.v1.ReleaseVolumeRequest
+	31, // 33: crust.v1.RuntimeService.WatchVolumes:input_type -> crust.v1.WatchVolumesRequest
+	33, // 34: crust.v1.RuntimeHandlerService.GetVolumeStats:input_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
+	35, // 35: crust.v1.RuntimeHandlerService.ExpandVolume:input_type -> crust.v1.RuntimeHandlerServiceExpandVolumeRequest
+	11, // 36: crust.v1.VolumeService.StageVolume:output_type -> crust.v1.StageVolumeResponse
+	13, // 37: crust.v1.VolumeService.UnstageVolume:output_type -> crust.v1.UnstageVolumeResponse
+	15, // 38: crust.v1.VolumeService.GetVolume:output_type -> crust.v1.GetVolumeResponse
+	17, // 39: crust.v1.VolumeService.ListVolumes:output_type -> crust.v1.ListVolumesResponse
+	21, // 40: crust.v1.VolumeService.GetVolumeStats:output_type -> crust.v1.GetVolumeStatsResponse
+	23, // 41: crust.v1.VolumeService.ExpandVolume:output_type -> crust.v1.ExpandVolumeResponse
+	25, // 42: crust.v1.VolumeService.ListProblems:output_type -> crust.v1.ListProblemsResponse
+	28, // 43: crust.v1.RuntimeService.ClaimVolume:output_type -> crust.v1.ClaimVolumeResponse
+	30, // 44: crust.v1.RuntimeService.ReleaseVolume:output_type -> crust.v1.ReleaseVolumeResponse
+	32, // 45: crust.v1.RuntimeService.WatchVolumes:output_type -> crust.v1.WatchVolumesResponse
+	34, // 46: crust.v1.RuntimeHandlerService.GetVolumeStats:output_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
+	36, // 47: crust.v1.RuntimeHandlerService.ExpandVolume:output_type -> crust.v1.RuntimeHandlerServiceExpandVolumeResponse
+	36, // [36:48] is the sub-list for method output_type
+	24, // [24:36] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_crust_v1_crust_proto_init() }
@@ -2183,8 +2588,8 @@ func file_crust_v1_crust_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crust_v1_crust_proto_rawDesc), len(file_crust_v1_crust_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   29,
+			NumEnums:      6,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -36,6 +36,7 @@ const (
 	VolumeService_ListVolumes_FullMethodName    = "/crust.v1.VolumeService/ListVolumes"
 	VolumeService_GetVolumeStats_FullMethodName = "/crust.v1.VolumeService/GetVolumeStats"
 	VolumeService_ExpandVolume_FullMethodName   = "/crust.v1.VolumeService/ExpandVolume"
+	VolumeService_ListProblems_FullMethodName   = "/crust.v1.VolumeService/ListProblems"
 )
 
 // VolumeServiceClient is the client API for VolumeService service.
@@ -56,13 +57,24 @@ type VolumeServiceClient interface {
 	GetVolume(ctx context.Context, in *GetVolumeRequest, opts ...grpc.CallOption) (*GetVolumeResponse, error)
 	// ListVolumes returns the descriptors a page at a time, ordered by target path.
 	ListVolumes(ctx context.Context, in *ListVolumesRequest, opts ...grpc.CallOption) (*ListVolumesResponse, error)
-	// GetVolumeStats returns usage measured inside the sandbox that claimed the volume. It fails with
-	// FAILED_PRECONDITION when no sandbox claims the volume, and UNAVAILABLE when the claiming handler
-	// cannot be reached.
+	// GetVolumeStats returns usage measured inside the sandbox that claimed the volume, and UNAVAILABLE when
+	// the claiming handler cannot be reached. Before any sandbox claims the volume it answers from the host:
+	// one bytes entry whose total is the device's size, with used and available unknown (zero), no inode
+	// entry, and a volume condition, not abnormal, saying that the volume is not yet mounted in a sandbox.
+	// FAILED_PRECONDITION when the device is no longer the one staged.
 	GetVolumeStats(ctx context.Context, in *GetVolumeStatsRequest, opts ...grpc.CallOption) (*GetVolumeStatsResponse, error)
 	// ExpandVolume grows the volume as the claiming sandbox sees it, online, and returns the capacity it
-	// then has. A volume already at least as large as asked is a success.
+	// then has. A volume already at least as large as asked is a success. Before any sandbox claims the
+	// volume, it makes the host see the device's current size (a loop device is told to re-read its
+	// backing file), records required_bytes durably in the descriptor (Volume.requested_bytes) and returns
+	// the device's size; the handler that claims the volume grows the filesystem when it mounts it.
+	// FAILED_PRECONDITION when the device is smaller than required_bytes (grow the backing volume first).
 	ExpandVolume(ctx context.Context, in *ExpandVolumeRequest, opts ...grpc.CallOption) (*ExpandVolumeResponse, error)
+	// ListProblems reports what crustd found wrong and set aside instead of failing for it: descriptors
+	// it serves whose Kata projection could not be written, files in the Kata projection that no Kata
+	// shim writes, and store records it moved aside as damaged. It changes nothing; `crustctl doctor`
+	// prints it. No problem is an empty list.
+	ListProblems(ctx context.Context, in *ListProblemsRequest, opts ...grpc.CallOption) (*ListProblemsResponse, error)
 }
 
 type volumeServiceClient struct {
@@ -133,6 +145,16 @@ func (c *volumeServiceClient) ExpandVolume(ctx context.Context, in *ExpandVolume
 	return out, nil
 }
 
+func (c *volumeServiceClient) ListProblems(ctx context.Context, in *ListProblemsRequest, opts ...grpc.CallOption) (*ListProblemsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListProblemsResponse)
+	err := c.cc.Invoke(ctx, VolumeService_ListProblems_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // VolumeServiceServer is the server API for VolumeService service.
 // All implementations must embed UnimplementedVolumeServiceServer
 // for forward compatibility.
@@ -151,13 +173,24 @@ type VolumeServiceServer interface {
 	GetVolume(context.Context, *GetVolumeRequest) (*GetVolumeResponse, error)
 	// ListVolumes returns the descriptors a page at a time, ordered by target path.
 	ListVolumes(context.Context, *ListVolumesRequest) (*ListVolumesResponse, error)
-	// GetVolumeStats returns usage measured inside the sandbox that claimed the volume. It fails with
-	// FAILED_PRECONDITION when no sandbox claims the volume, and UNAVAILABLE when the claiming handler
-	// cannot be reached.
+	// GetVolumeStats returns usage measured inside the sandbox that claimed the volume, and UNAVAILABLE when
+	// the claiming handler cannot be reached. Before any sandbox claims the volume it answers from the host:
+	// one bytes entry whose total is the device's size, with used and available unknown (zero), no inode
+	// entry, and a volume condition, not abnormal, saying that the volume is not yet mounted in a sandbox.
+	// FAILED_PRECONDITION when the device is no longer the one staged.
 	GetVolumeStats(context.Context, *GetVolumeStatsRequest) (*GetVolumeStatsResponse, error)
 	// ExpandVolume grows the volume as the claiming sandbox sees it, online, and returns the capacity it
-	// then has. A volume already at least as large as asked is a success.
+	// then has. A volume already at least as large as asked is a success. Before any sandbox claims the
+	// volume, it makes the host see the device's current size (a loop device is told to re-read its
+	// backing file), records required_bytes durably in the descriptor (Volume.requested_bytes) and returns
+	// the device's size; the handler that claims the volume grows the filesystem when it mounts it.
+	// FAILED_PRECONDITION when the device is smaller than required_bytes (grow the backing volume first).
 	ExpandVolume(context.Context, *ExpandVolumeRequest) (*ExpandVolumeResponse, error)
+	// ListProblems reports what crustd found wrong and set aside instead of failing for it: descriptors
+	// it serves whose Kata projection could not be written, files in the Kata projection that no Kata
+	// shim writes, and store records it moved aside as damaged. It changes nothing; `crustctl doctor`
+	// prints it. No problem is an empty list.
+	ListProblems(context.Context, *ListProblemsRequest) (*ListProblemsResponse, error)
 	mustEmbedUnimplementedVolumeServiceServer()
 }
 
@@ -185,6 +218,9 @@ func (UnimplementedVolumeServiceServer) GetVolumeStats(context.Context, *GetVolu
 }
 func (UnimplementedVolumeServiceServer) ExpandVolume(context.Context, *ExpandVolumeRequest) (*ExpandVolumeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExpandVolume not implemented")
+}
+func (UnimplementedVolumeServiceServer) ListProblems(context.Context, *ListProblemsRequest) (*ListProblemsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListProblems not implemented")
 }
 func (UnimplementedVolumeServiceServer) mustEmbedUnimplementedVolumeServiceServer() {}
 func (UnimplementedVolumeServiceServer) testEmbeddedByValue()                       {}
@@ -315,6 +351,24 @@ func _VolumeService_ExpandVolume_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _VolumeService_ListProblems_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListProblemsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VolumeServiceServer).ListProblems(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VolumeService_ListProblems_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VolumeServiceServer).ListProblems(ctx, req.(*ListProblemsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // VolumeService_ServiceDesc is the grpc.ServiceDesc for VolumeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -346,6 +400,10 @@ var VolumeService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ExpandVolume",
 			Handler:    _VolumeService_ExpandVolume_Handler,
 		},
+		{
+			MethodName: "ListProblems",
+			Handler:    _VolumeService_ListProblems_Handler,
+		},
 	},
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "crust/v1/crust.proto",
@@ -366,7 +424,9 @@ type RuntimeServiceClient interface {
 	// ClaimVolume records that a sandbox uses the volume and returns its descriptor. Claiming again for the
 	// same sandbox succeeds (the handler endpoint is updated); a claim by another sandbox fails with
 	// FAILED_PRECONDITION until the first is released. The device must still be the one that was staged
-	// (same device number), or the claim fails with FAILED_PRECONDITION.
+	// (same device number), or the claim fails with FAILED_PRECONDITION. A handler grows the filesystem to
+	// the device's size when it mounts a volume whose device is larger than its filesystem, as happens
+	// after an ExpandVolume before any claim (Volume.requested_bytes).
 	ClaimVolume(ctx context.Context, in *ClaimVolumeRequest, opts ...grpc.CallOption) (*ClaimVolumeResponse, error)
 	// ReleaseVolume ends a claim. Releasing a volume that is not claimed, or not known, is not an error.
 	ReleaseVolume(ctx context.Context, in *ReleaseVolumeRequest, opts ...grpc.CallOption) (*ReleaseVolumeResponse, error)
@@ -430,7 +490,9 @@ type RuntimeServiceServer interface {
 	// ClaimVolume records that a sandbox uses the volume and returns its descriptor. Claiming again for the
 	// same sandbox succeeds (the handler endpoint is updated); a claim by another sandbox fails with
 	// FAILED_PRECONDITION until the first is released. The device must still be the one that was staged
-	// (same device number), or the claim fails with FAILED_PRECONDITION.
+	// (same device number), or the claim fails with FAILED_PRECONDITION. A handler grows the filesystem to
+	// the device's size when it mounts a volume whose device is larger than its filesystem, as happens
+	// after an ExpandVolume before any claim (Volume.requested_bytes).
 	ClaimVolume(context.Context, *ClaimVolumeRequest) (*ClaimVolumeResponse, error)
 	// ReleaseVolume ends a claim. Releasing a volume that is not claimed, or not known, is not an error.
 	ReleaseVolume(context.Context, *ReleaseVolumeRequest) (*ReleaseVolumeResponse, error)

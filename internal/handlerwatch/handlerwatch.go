@@ -1,0 +1,175 @@
+// Package handlerwatch notices runtime handlers that are gone and ends their claims, so that a handler
+// that died does not hold its volumes until an operator runs `crustctl release --force`.
+//
+// A handler is gone when nothing accepts connections at the endpoint it claimed with (the socket file is
+// missing or nobody listens on it: ENOENT, ECONNREFUSED) for the whole grace period, or, without waiting
+// for the grace, when its endpoint refuses and the process that made the claim (recorded from its peer
+// credentials with its start time, so a reused pid is not mistaken for it) has exited. An endpoint that
+// accepts, or answers slowly, counts as alive: only a refusal is evidence.
+//
+// What it does not touch: claims without an endpoint (nothing to ask; the claimer may be a one-shot tool
+// such as `crustctl claim`), and claims an unmodified Kata shim recorded in the Kata projection (Kata
+// runs its VM detached from the shim, so a shim that is gone does not mean the device is free).
+//
+// Each release is logged, counted in crust_handler_claims_released_total{why} and sent to watchers as
+// EVENT_TYPE_RELEASED with RELEASE_REASON_HANDLER_GONE and a detail saying why. A handler that is in fact
+// alive claims again (runtimehooks.Client.KeepClaims does that).
+package handlerwatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+
+	"crust.dev/crust/internal/manager"
+	"crust.dev/crust/internal/procid"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+// Why a claim was ended, the label of the metric.
+const (
+	// WhyProcessExited: the claiming process has exited and its endpoint refuses.
+	WhyProcessExited = "process_exited"
+	// WhyEndpointRefused: the endpoint refused for the whole grace period.
+	WhyEndpointRefused = "endpoint_refused"
+)
+
+// DefaultGrace is how long an endpoint may refuse before its claims end, when the claiming process is not
+// known to have exited: long enough for a handler to restart in place.
+const DefaultGrace = 30 * time.Second
+
+// Config is what a Watcher needs.
+type Config struct {
+	Manager *manager.Manager
+	// Grace is how long an endpoint may refuse connections before its claims are ended; 0 or less turns
+	// the watcher off.
+	Grace time.Duration
+	// Released is called once per claim ended, with the reason (WhyProcessExited, WhyEndpointRefused);
+	// nil: not called. For the metric.
+	Released func(why string)
+	Log      *slog.Logger
+}
+
+// Watcher checks the handlers of the claims the manager holds. Use one goroutine: Run, or Check.
+type Watcher struct {
+	cfg     Config
+	refused map[string]time.Time // endpoint -> first refusal seen in a row
+}
+
+// New returns a watcher.
+func New(cfg Config) *Watcher {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Watcher{cfg: cfg, refused: map[string]time.Time{}}
+}
+
+// Interval is how often Run checks: a second, or a quarter of a shorter grace.
+func (w *Watcher) Interval() time.Duration {
+	return max(min(time.Second, w.cfg.Grace/4), 10*time.Millisecond)
+}
+
+// Run checks every Interval until ctx ends. It does nothing when the grace is not positive.
+func (w *Watcher) Run(ctx context.Context) {
+	if w.cfg.Grace <= 0 {
+		return
+	}
+	t := time.NewTicker(w.Interval())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			w.Check(ctx, now)
+		}
+	}
+}
+
+// Check looks at every handler claim once, as of now, ends those whose handler is gone and returns their
+// target paths. Each endpoint is probed once per call.
+func (w *Watcher) Check(ctx context.Context, now time.Time) []string {
+	claims := w.cfg.Manager.HandlerClaims()
+	probed := map[string]error{}
+	var ended []string
+	for target, c := range claims {
+		ep := c.GetHandlerEndpoint()
+		if ep == "" {
+			continue
+		}
+		err, ok := probed[ep]
+		if !ok {
+			err = probe(ep)
+			probed[ep] = err
+		}
+		if err == nil {
+			continue
+		}
+		if _, ok := w.refused[ep]; !ok {
+			w.refused[ep] = now
+		}
+		why, detail := w.verdict(c, err, now.Sub(w.refused[ep]))
+		if why == "" {
+			continue
+		}
+		released, rerr := w.cfg.Manager.ReleaseGone(ctx, target, c, detail)
+		if rerr != nil {
+			w.cfg.Log.Error("release the claim of a runtime handler that is gone", "target", target, "err", rerr)
+			continue
+		}
+		if !released {
+			continue
+		}
+		ended = append(ended, target)
+		w.cfg.Log.Warn("released the claim of a runtime handler that is gone", "target", target,
+			"sandbox", c.GetSandboxId(), "endpoint", ep, "claimer_pid", c.GetClaimerPid(), "why", why, "detail", detail)
+		if w.cfg.Released != nil {
+			w.cfg.Released(why)
+		}
+	}
+	// Forget endpoints that answer again or are no longer claimed.
+	for ep := range w.refused {
+		if err, ok := probed[ep]; !ok || err == nil {
+			delete(w.refused, ep)
+		}
+	}
+	return ended
+}
+
+// verdict says whether c's handler is gone, given that its endpoint refused with err for refusedFor.
+func (w *Watcher) verdict(c *crustv1.Claim, err error, refusedFor time.Duration) (why, detail string) {
+	if pid := c.GetClaimerPid(); pid > 0 && !procid.Alive(pid, c.GetClaimerStartTime()) {
+		return WhyProcessExited, fmt.Sprintf("the claiming process %d has exited and %s refuses connections (%v)",
+			pid, c.GetHandlerEndpoint(), err)
+	}
+	if refusedFor >= w.cfg.Grace {
+		return WhyEndpointRefused, fmt.Sprintf("%s has refused connections for %s, the grace period (%v)",
+			c.GetHandlerEndpoint(), refusedFor.Round(time.Millisecond), err)
+	}
+	return "", ""
+}
+
+// probe connects to a unix endpoint and hangs up. It returns an error only when the endpoint refuses:
+// no socket file, or nobody listening on it; anything else (it accepted, or is too busy to) is nil.
+func probe(endpoint string) error {
+	path, _ := strings.CutPrefix(endpoint, "unix:")
+	if p, ok := strings.CutPrefix(path, "//"); ok {
+		path = p
+	}
+	conn, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		_ = conn.Close()
+		return nil
+	}
+	for _, refusal := range []error{syscall.ENOENT, syscall.ECONNREFUSED, syscall.ENOTSOCK, syscall.ENOTDIR} {
+		if errors.Is(err, refusal) {
+			return err
+		}
+	}
+	return nil
+}

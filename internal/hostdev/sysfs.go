@@ -1,0 +1,194 @@
+package hostdev
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Kind is a kind of block device, as the kernel describes it in sysfs: never as the device's name
+// says.
+type Kind string
+
+// The kinds a block device can be. A partition is of its disk's kind.
+const (
+	KindLoop   Kind = "loop"   // a loop device (the kernel's loop major, 7)
+	KindDM     Kind = "dm"     // device-mapper: LVM logical volumes, dm-crypt, multipath (a dm/ directory)
+	KindMD     Kind = "md"     // software RAID (an md/ directory)
+	KindNVMe   Kind = "nvme"   // an NVMe namespace (its parent is an nvme controller or subsystem)
+	KindPMEM   Kind = "pmem"   // persistent memory (its parent is on the nd bus), virtio-pmem included
+	KindVirtio Kind = "virtio" // virtio-blk (its parent is on the virtio bus)
+	KindSCSI   Kind = "scsi"   // a SCSI disk (sd), virtio-scsi and iSCSI included
+	KindRBD    Kind = "rbd"    // a Ceph RBD device (its parent is on the rbd bus)
+	KindOther  Kind = "other"  // anything else: zram, nbd, mmc, ...
+)
+
+// Kinds are every Kind, in the order messages list them.
+var Kinds = []Kind{KindLoop, KindDM, KindMD, KindNVMe, KindPMEM, KindVirtio, KindSCSI, KindRBD, KindOther}
+
+// parentKinds maps the subsystem of a disk's parent device (the basename of <disk>/device/subsystem) to
+// the disk's kind.
+var parentKinds = map[string]Kind{
+	"nvme": KindNVMe, "nvme-subsystem": KindNVMe,
+	"nd":     KindPMEM,
+	"virtio": KindVirtio,
+	"scsi":   KindSCSI,
+	"rbd":    KindRBD,
+}
+
+const loopMajor = 7 // LOOP_MAJOR, fixed in the kernel's include/uapi/linux/major.h
+
+// ErrNoBlockDevice means the kernel has no block device with the number asked about.
+var ErrNoBlockDevice = errors.New("the kernel has no block device with that number")
+
+// BlockDevice is what the kernel says about a block device number.
+type BlockDevice struct {
+	// Name is the kernel's name for the device under /dev (uevent DEVNAME), such as "loop3", "dm-0" or
+	// "nvme0n1p2".
+	Name string
+	// Names are every name under /dev the kernel gives the device: Name, and for a device-mapper device
+	// also mapper/<its dm name> (the node libdevmapper makes when udev does not).
+	Names []string
+	// Kind is the device's kind; a partition has its disk's.
+	Kind Kind
+	// SysPath is the device's directory in sysfs, symlinks resolved.
+	SysPath string
+}
+
+// Sysfs reads what the running kernel says about block devices.
+type Sysfs struct {
+	// Root is where sysfs is mounted; "" means /sys.
+	Root string
+}
+
+// Block returns what the kernel says about block device major:minor, from <Root>/dev/block/MAJ:MIN. It
+// wraps ErrNoBlockDevice when the kernel has no such device. It changes nothing.
+func (s Sysfs) Block(major, minor uint32) (*BlockDevice, error) {
+	root := s.Root
+	if root == "" {
+		root = "/sys"
+	}
+	link := filepath.Join(root, "dev", "block", fmt.Sprintf("%d:%d", major, minor))
+	dir, err := filepath.EvalSymlinks(link)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%d:%d: %w", major, minor, ErrNoBlockDevice)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("block device %d:%d: %w", major, minor, err)
+	}
+	uevent, err := readUevent(filepath.Join(dir, "uevent"))
+	if err != nil {
+		return nil, fmt.Errorf("block device %d:%d: %w", major, minor, err)
+	}
+	name := uevent["DEVNAME"]
+	if name == "" { // every block device has one; fall back on the directory's name all the same
+		name = filepath.Base(dir)
+	}
+	if !validName(name) {
+		return nil, fmt.Errorf("block device %d:%d: the kernel's name %q is not a name under /dev", major, minor, name)
+	}
+	d := &BlockDevice{Name: name, Names: []string{name}, SysPath: dir}
+
+	disk := dir
+	if exists(filepath.Join(dir, "partition")) {
+		disk = filepath.Dir(dir)
+	}
+	if dmName, err := readLine(filepath.Join(dir, "dm", "name")); err == nil && validName(dmName) &&
+		!strings.Contains(dmName, "/") {
+		d.Names = append(d.Names, "mapper/"+dmName)
+	}
+	d.Kind, err = kindOf(disk)
+	if err != nil {
+		return nil, fmt.Errorf("block device %d:%d: %w", major, minor, err)
+	}
+	return d, nil
+}
+
+// kindOf decides the kind of the disk whose sysfs directory is disk.
+func kindOf(disk string) (Kind, error) {
+	dev, err := readLine(filepath.Join(disk, "dev"))
+	if err != nil {
+		return "", err
+	}
+	majorStr, _, _ := strings.Cut(dev, ":")
+	if maj, err := strconv.ParseUint(majorStr, 10, 32); err == nil && maj == loopMajor {
+		return KindLoop, nil
+	}
+	switch {
+	case exists(filepath.Join(disk, "loop")):
+		return KindLoop, nil
+	case exists(filepath.Join(disk, "dm")):
+		return KindDM, nil
+	case exists(filepath.Join(disk, "md")):
+		return KindMD, nil
+	}
+	sub, err := filepath.EvalSymlinks(filepath.Join(disk, "device", "subsystem"))
+	if err != nil {
+		return KindOther, nil // no parent device: a virtual disk such as zram or nbd
+	}
+	if k, ok := parentKinds[filepath.Base(sub)]; ok {
+		return k, nil
+	}
+	return KindOther, nil
+}
+
+// ParseKind returns the Kind named s.
+func ParseKind(s string) (Kind, error) {
+	for _, k := range Kinds {
+		if string(k) == s {
+			return k, nil
+		}
+	}
+	names := make([]string, len(Kinds))
+	for i, k := range Kinds {
+		names[i] = string(k)
+	}
+	return "", fmt.Errorf("%q is not a kind of block device (%s)", s, strings.Join(names, ", "))
+}
+
+// validName accepts a relative name below /dev that stays there.
+func validName(n string) bool {
+	if n == "" || strings.HasPrefix(n, "/") {
+		return false
+	}
+	for _, c := range strings.Split(n, "/") {
+		if c == "" || c == "." || c == ".." {
+			return false
+		}
+	}
+	return true
+}
+
+func readUevent(path string) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	out := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			out[k] = v
+		}
+	}
+	return out, sc.Err()
+}
+
+func readLine(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}

@@ -1,0 +1,362 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"crust.dev/crust/internal/errdefs"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	katafmt "crust.dev/crust/pkg/kata"
+)
+
+// volDir is the Kata volume directory of target.
+func (e *env) volDir(target string) string {
+	return filepath.Join(e.kataDir, katafmt.VolumeDirName(target))
+}
+
+// longSpec is a spec whose target path is valid for crust but too long for a Kata directory name.
+func (e *env) longSpec() *crustv1.VolumeSpec {
+	s := e.spec(9, 9)
+	s.VolumeTargetPath = filepath.Join(e.kubelet, "pods", "pod-long", "volumes", "kubernetes.io~csi",
+		strings.Repeat("l", katafmt.MaxVolumePathLen), "mount")
+	return s
+}
+
+// storeOnly writes spec's record to the store and nothing else: the state a crash leaves between the
+// store write and the projection, or a stage made while the projection was off.
+func (e *env) storeOnly(spec *crustv1.VolumeSpec) {
+	e.t.Helper()
+	c, err := e.m.cfg.Validator.Spec(spec)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	v := &crustv1.Volume{Spec: c.Spec, ResolvedBackingPath: c.ResolvedBackingPath, DeviceNumber: c.DeviceNumber}
+	if err := e.m.cfg.Store.Put(v); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// wantNothingHeld checks, across a restart, that no volume is held.
+func (e *env) wantNothingHeld() {
+	e.t.Helper()
+	e.reopen()
+	if n := len(e.m.List(context.Background())); n != 0 {
+		e.t.Fatalf("%d volumes held after a restart, want none", n)
+	}
+}
+
+// plantFile puts a regular file where target's Kata volume directory belongs.
+func (e *env) plantFile(target string) {
+	e.t.Helper()
+	if err := os.RemoveAll(e.volDir(target)); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := os.WriteFile(e.volDir(target), []byte("not a directory"), 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// wantProblems checks that the manager reports exactly the given problems, as kind and target path, in
+// order, each saying what is wrong and what to do, and that the metric counts them.
+func (e *env) wantProblems(want ...*crustv1.Problem) []*crustv1.Problem {
+	e.t.Helper()
+	got := e.m.Problems(context.Background())
+	if len(got) != len(want) {
+		e.t.Fatalf("problems %v, want %d: %v", got, len(want), want)
+	}
+	counts := map[string]int{}
+	for i, p := range got {
+		if p.GetKind() != want[i].GetKind() || p.GetVolumeTargetPath() != want[i].GetVolumeTargetPath() {
+			e.t.Fatalf("problem %d is %v, want %v", i, p, want[i])
+		}
+		if p.GetMessage() == "" || p.GetRemedy() == "" {
+			e.t.Fatalf("problem %v does not say what is wrong and what to do", p)
+		}
+		counts[reason(p.GetKind())]++
+	}
+	for r, n := range e.m.ProblemCounts() {
+		if n != counts[r] {
+			e.t.Fatalf("metric counts %d of %s, want %d", n, r, counts[r])
+		}
+	}
+	return got
+}
+
+func problem(kind crustv1.ProblemKind, target string) *crustv1.Problem {
+	return &crustv1.Problem{Kind: kind, VolumeTargetPath: target}
+}
+
+// TestStartSurvivesAFileAtAVolumeDir: a regular file where one volume's Kata directory belongs does not
+// stop the start; every volume is still served, the bad one is reported, staging it again says what is
+// wrong until the file is gone and then heals it.
+func TestStartSurvivesAFileAtAVolumeDir(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	for i := range 3 {
+		if _, err := e.m.Stage(ctx, e.spec(i, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.plantFile(e.target(1))
+	if err := e.open(); err != nil {
+		t.Fatalf("start with a file at a volume directory: %v", err)
+	}
+	if n := len(e.m.List(ctx)); n != 3 {
+		t.Fatalf("%d volumes served, want 3", n)
+	}
+	for _, i := range []int{0, 2} {
+		if _, err := os.Stat(filepath.Join(e.volDir(e.target(i)), katafmt.MountInfoFileName)); err != nil {
+			t.Fatalf("projection of a sound volume: %v", err)
+		}
+	}
+	got := e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY, e.target(1)))
+	if got[0].GetPath() != e.volDir(e.target(1)) {
+		t.Fatalf("problem names %q, want the entry %s", got[0].GetPath(), e.volDir(e.target(1)))
+	}
+	// Crust's own handlers are served.
+	if _, err := e.m.Claim(ctx, e.target(1), "sb1", ""); err != nil {
+		t.Fatalf("claim of the quarantined volume: %v", err)
+	}
+	if err := e.m.Release(ctx, e.target(1), "sb1", false); err != nil {
+		t.Fatal(err)
+	}
+	// Staging it again says what is wrong and leaves the file alone.
+	if _, err := e.m.Stage(ctx, e.spec(1, 1)); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("stage again over the file: %v, want FailedPrecondition", err)
+	}
+	if fi, err := os.Lstat(e.volDir(e.target(1))); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("the refused stage touched the file: %v %v", fi, err)
+	}
+	// Once the operator removed it, staging again heals.
+	if err := os.Remove(e.volDir(e.target(1))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Stage(ctx, e.spec(1, 1)); err != nil {
+		t.Fatalf("stage again once the file is gone: %v", err)
+	}
+	if _, err := katafmt.Get(e.kataDir, e.target(1)); err != nil {
+		t.Fatalf("projection after the healing stage: %v", err)
+	}
+	e.wantProblems()
+}
+
+// TestUnstageHealsAQuarantinedVolume: unstaging a volume quarantined for a file at its Kata directory
+// removes the file with the descriptor, and the report goes.
+func TestUnstageHealsAQuarantinedVolume(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	e.plantFile(e.target(0))
+	e.reopen()
+	e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY, e.target(0)))
+	if err := e.m.Unstage(ctx, e.target(0)); err != nil {
+		t.Fatalf("unstage of the quarantined volume: %v", err)
+	}
+	if _, err := os.Lstat(e.volDir(e.target(0))); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the entry is still there after unstage: %v", err)
+	}
+	e.wantProblems()
+	e.wantNothingHeld()
+	e.wantProblems()
+}
+
+// TestStartSurvivesATargetKataCannotName: a record whose target path is too long for a Kata directory
+// name (staged while the projection was off, or left by a kill before a refused stage took its record
+// back) does not stop the start.
+func TestStartSurvivesATargetKataCannotName(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	e.storeOnly(e.longSpec())
+	if err := e.open(); err != nil {
+		t.Fatalf("start with a target Kata cannot name: %v", err)
+	}
+	long := e.longSpec().GetVolumeTargetPath()
+	if _, err := e.m.Claim(ctx, long, "sb1", ""); err != nil {
+		t.Fatalf("the volume is still served to crust's own handlers: %v", err)
+	}
+	if _, err := katafmt.Get(e.kataDir, e.target(0)); err != nil {
+		t.Fatalf("projection of the sound volume: %v", err)
+	}
+	e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_PATH_TOO_LONG, long))
+	// Staging it again gets the refusal a new stage gets; unstaging it heals.
+	var fe *errdefs.FieldError
+	if _, err := e.m.Stage(ctx, e.longSpec()); !errors.As(err, &fe) || fe.Field != "spec.volume_target_path" {
+		t.Fatalf("stage again: %v, want InvalidArgument on spec.volume_target_path", err)
+	}
+	if err := e.m.Unstage(ctx, long); err != nil {
+		t.Fatalf("unstage: %v", err)
+	}
+	e.wantProblems()
+	e.reopen()
+	if n := len(e.m.List(ctx)); n != 1 {
+		t.Fatalf("%d volumes after unstage and restart, want 1", n)
+	}
+}
+
+// TestStartProjectsWhatAKillLeftInTheStore: a record written without its projection (a kill between the
+// two) is projected at the next start.
+func TestStartProjectsWhatAKillLeftInTheStore(t *testing.T) {
+	e := newEnv(t)
+	e.storeOnly(e.spec(0, 0))
+	if err := e.open(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := katafmt.Get(e.kataDir, e.target(0)); err != nil {
+		t.Fatalf("projection after the start: %v", err)
+	}
+}
+
+// TestStageOverAFileIsFailedPrecondition: a regular file where the volume directory belongs is a state
+// conflict an operator must clear, not an internal error, and the refused stage stores nothing.
+func TestStageOverAFileIsFailedPrecondition(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.plantFile(e.target(0))
+	_, err := e.m.Stage(ctx, e.spec(0, 0))
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "a regular file") {
+		t.Fatalf("stage over a file: %v, want FailedPrecondition saying a regular file is there", err)
+	}
+	e.wantNothingHeld()
+}
+
+// TestStageOfATargetKataCannotName: with the projection on, such a target is refused, naming the field,
+// and nothing is stored.
+func TestStageOfATargetKataCannotName(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	_, err := e.m.Stage(ctx, e.longSpec())
+	var fe *errdefs.FieldError
+	if !errors.As(err, &fe) || fe.Field != "spec.volume_target_path" {
+		t.Fatalf("stage of a too long target: %v, want InvalidArgument on spec.volume_target_path", err)
+	}
+	e.wantNothingHeld()
+}
+
+// TestNonUTF8SandboxFileIsNoClaim: a file whose name is not UTF-8 in a volume directory is never put in
+// an answer (protobuf strings must be UTF-8) and does not make the volume claimed; a real sandbox id
+// beside it still does.
+func TestNonUTF8SandboxFileIsNoClaim(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.volDir(e.target(0)), "a\xff"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v, err := e.m.Get(ctx, e.target(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := v.GetClaim(); c != nil {
+		t.Fatalf("claim %q from a file that no Kata shim writes", c.GetSandboxId())
+	}
+	if err := katafmt.RecordSandbox(e.kataDir, e.target(0), "katasb"); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range e.m.List(ctx) {
+		if id := v.GetClaim().GetSandboxId(); id != "katasb" || !utf8.ValidString(id) {
+			t.Fatalf("claim %q, want the Kata sandbox katasb", id)
+		}
+	}
+	got := e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_BAD_SANDBOX_FILE, e.target(0)))
+	if !strings.Contains(got[0].GetMessage(), `$'a\xff'`) || !utf8.ValidString(got[0].GetMessage()+got[0].GetRemedy()) {
+		t.Fatalf("the report does not quote the name safely: %v", got[0])
+	}
+	// A forced release ends the real claim and leaves the odd file, which stays reported until it goes.
+	if err := e.m.Release(ctx, e.target(0), "", true); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := e.m.Get(ctx, e.target(0)); v.GetClaim() != nil {
+		t.Fatalf("claim %v after a forced release", v.GetClaim())
+	}
+	e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_BAD_SANDBOX_FILE, e.target(0)))
+	if err := os.Remove(filepath.Join(e.volDir(e.target(0)), "a\xff")); err != nil {
+		t.Fatal(err)
+	}
+	e.wantProblems()
+}
+
+// TestCorruptRecordIsReported: a store record moved aside as damaged at start is reported until its
+// file is deleted.
+func TestCorruptRecordIsReported(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.stateDir, "volumes", strings.Repeat("0", 64)+".json"), []byte("{torn"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.reopen()
+	got := e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_CORRUPT_RECORD, ""))
+	if filepath.Dir(got[0].GetPath()) != filepath.Join(e.stateDir, "corrupt") {
+		t.Fatalf("problem names %q, want the file in corrupt/", got[0].GetPath())
+	}
+	if n := len(e.m.List(ctx)); n != 1 {
+		t.Fatalf("%d volumes, want the sound one", n)
+	}
+	if err := os.Remove(got[0].GetPath()); err != nil {
+		t.Fatal(err)
+	}
+	e.wantProblems()
+}
+
+// TestProblemsSeeDamageAfterStart: a volume directory removed, or replaced by a file, while crustd runs
+// is quarantined when Problems looks, and healed by a stage or an unstage.
+func TestProblemsSeeDamageAfterStart(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	for i := range 3 {
+		if _, err := e.m.Stage(ctx, e.spec(i, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.RemoveAll(e.volDir(e.target(0))); err != nil {
+		t.Fatal(err)
+	}
+	e.plantFile(e.target(1))
+	e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY, e.target(1)),
+		problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_WRITE_FAILED, e.target(0)))
+	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
+		t.Fatalf("stage again: %v", err)
+	}
+	if _, err := katafmt.Get(e.kataDir, e.target(0)); err != nil {
+		t.Fatalf("projection after the healing stage: %v", err)
+	}
+	if err := e.m.Unstage(ctx, e.target(1)); err != nil {
+		t.Fatal(err)
+	}
+	e.wantProblems()
+}
+
+// BenchmarkProblems measures what `crustctl doctor` costs crustd on a node with many projected volumes
+// and one bad entry: it reads every volume's Kata directory.
+func BenchmarkProblems(b *testing.B) {
+	e := newEnv(b)
+	const n = 10000
+	for i := range n {
+		s := e.spec(i, i%64)
+		s.ReadOnly = true // one device under many targets
+		e.storeOnly(s)
+	}
+	e.plantFile(e.target(7))
+	e.reopen() // projects them all
+	b.ResetTimer()
+	for b.Loop() {
+		if got := e.m.Problems(context.Background()); len(got) != 1 {
+			b.Fatalf("%d problems, want 1", len(got))
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/n, "µs/volume")
+}

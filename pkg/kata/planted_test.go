@@ -1,0 +1,190 @@
+package kata
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"crust.dev/crust/pkg/safedir"
+	"crust.dev/crust/pkg/safedir/safedirtest"
+)
+
+// plantedInfo is what a planted target holds: a valid mount info naming another device, so that a read
+// through the link would be taken for kataDir.
+const plantedInfo = `{"volume-type":"directvol","device":"/dev/planted","fstype":"ext4"}`
+
+// TestPlantedLinks: a link or an entry of the wrong kind planted where the format puts a volume
+// directory, its mountInfo.json, or the temporary directory is refused with ErrForeignEntry by every
+// call, and nothing is written, read, moved or removed through it.
+func TestPlantedLinks(t *testing.T) {
+	volName := VolumeDirName(testPath)
+	// outside is the directory a link points at: a mountInfo.json, a file named like a sandbox id, and a
+	// "shadow" file.
+	type env struct{ dir, outside string }
+	linkVolume := func(t *testing.T, e env) {
+		must(t, os.Symlink(e.outside, filepath.Join(e.dir, volName)))
+	}
+	linkMountInfo := func(t *testing.T, e env) {
+		must(t, os.Mkdir(filepath.Join(e.dir, volName), 0o700))
+		must(t, os.Symlink(filepath.Join(e.outside, "shadow"), filepath.Join(e.dir, volName, MountInfoFileName)))
+	}
+	fileAtVolume := func(t *testing.T, e env) {
+		must(t, os.WriteFile(filepath.Join(e.dir, volName), []byte("x"), 0o600))
+	}
+	dirAtMountInfo := func(t *testing.T, e env) {
+		must(t, os.MkdirAll(filepath.Join(e.dir, volName, MountInfoFileName), 0o700))
+	}
+	add := func(e env) error { return Add(e.dir, testPath, testInfo) }
+	get := func(e env) error { _, err := Get(e.dir, testPath); return err }
+	ids := func(e env) error { _, err := SandboxIDs(e.dir, testPath); return err }
+	record := func(e env) error { return RecordSandbox(e.dir, testPath, "sb1") }
+	forget := func(e env) error { return ForgetSandbox(e.dir, testPath, "sb-outside") }
+
+	cases := []struct {
+		name  string
+		plant func(*testing.T, env)
+		op    func(env) error
+	}{
+		{"Add through a link at the volume directory", linkVolume, add},
+		{"Get through a link at the volume directory (a link in the middle of the path)", linkVolume, get},
+		{"SandboxIDs through a link at the volume directory", linkVolume, ids},
+		{"RecordSandbox through a link at the volume directory", linkVolume, record},
+		{"ForgetSandbox through a link at the volume directory", linkVolume, forget},
+		{"Add over a link at mountInfo.json", linkMountInfo, add},
+		{"Get of a link at mountInfo.json", linkMountInfo, get},
+		{"RecordSandbox beside a link at mountInfo.json", linkMountInfo, record},
+		{"Add over a regular file at the volume directory", fileAtVolume, add},
+		{"Get of a regular file at the volume directory", fileAtVolume, get},
+		{"SandboxIDs of a regular file at the volume directory", fileAtVolume, ids},
+		{"Add over a directory at mountInfo.json", dirAtMountInfo, add},
+		{"Get of a directory at mountInfo.json", dirAtMountInfo, get},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := env{dir: t.TempDir(), outside: t.TempDir()}
+			must(t, os.WriteFile(filepath.Join(e.outside, MountInfoFileName), []byte(plantedInfo), 0o600))
+			must(t, os.WriteFile(filepath.Join(e.outside, "shadow"), []byte(plantedInfo), 0o640))
+			must(t, os.WriteFile(filepath.Join(e.outside, "sb-outside"), nil, 0o600))
+			tc.plant(t, e)
+			before := safedirtest.Snapshot(t, e.outside)
+			err := tc.op(e)
+			if !errors.Is(err, ErrForeignEntry) {
+				t.Errorf("err = %v, want ErrForeignEntry", err)
+			}
+			safedirtest.Unchanged(t, before, e.outside)
+		})
+	}
+}
+
+// TestRemoveTakesAwayAPlantedEntry: removing a volume removes a link or a file planted at its directory's
+// place, itself and never what a link points to, so that the place heals.
+func TestRemoveTakesAwayAPlantedEntry(t *testing.T) {
+	for name, plant := range map[string]func(dir, outside string){
+		"a link": func(dir, outside string) { must(t, os.Symlink(outside, filepath.Join(dir, VolumeDirName(testPath)))) },
+		"a file": func(dir, _ string) {
+			must(t, os.WriteFile(filepath.Join(dir, VolumeDirName(testPath)), []byte("x"), 0o600))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir, outside := t.TempDir(), t.TempDir()
+			must(t, os.WriteFile(filepath.Join(outside, MountInfoFileName), []byte(plantedInfo), 0o600))
+			plant(dir, outside)
+			before := safedirtest.Snapshot(t, outside)
+			if err := Remove(dir, testPath); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Lstat(filepath.Join(dir, VolumeDirName(testPath))); !errors.Is(err, fs.ErrNotExist) {
+				t.Fatalf("the planted entry is still there: %v", err)
+			}
+			safedirtest.Unchanged(t, before, outside)
+			must(t, Add(dir, testPath, testInfo))
+		})
+	}
+}
+
+// TestPlantedTempDirIsReplaced: a link planted at the temporary directory's place is removed, itself,
+// and the directory made anew, so writes go on and nothing is written where the link pointed.
+func TestPlantedTempDirIsReplaced(t *testing.T) {
+	for name, op := range map[string]func(dir string) error{
+		"Add":    func(dir string) error { return Add(dir, testPath, testInfo) },
+		"Remove": func(dir string) error { return Remove(dir, testPath) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir, outside := t.TempDir(), t.TempDir()
+			must(t, Add(dir, testPath, testInfo))
+			must(t, os.RemoveAll(filepath.Join(dir, TempDirName)))
+			must(t, os.Symlink(outside, filepath.Join(dir, TempDirName)))
+			before := safedirtest.Snapshot(t, outside)
+			if err := op(dir); err != nil {
+				t.Fatal(err)
+			}
+			if fi, err := os.Lstat(filepath.Join(dir, TempDirName)); err != nil || !fi.IsDir() {
+				t.Fatalf("temporary directory after %s: %v, %v; want a directory", name, fi, err)
+			}
+			safedirtest.Unchanged(t, before, outside)
+		})
+	}
+}
+
+// TestPlantedVolumeIsNotListed: List takes neither a link nor a file for a volume, and reads nothing
+// through them.
+func TestPlantedVolumeIsNotListed(t *testing.T) {
+	dir, outside := t.TempDir(), t.TempDir()
+	must(t, os.WriteFile(filepath.Join(outside, MountInfoFileName), []byte(plantedInfo), 0o600))
+	must(t, os.Symlink(outside, filepath.Join(dir, VolumeDirName(testPath))))
+	must(t, os.Mkdir(filepath.Join(dir, VolumeDirName("/other")), 0o700))
+	must(t, os.Symlink(filepath.Join(outside, MountInfoFileName), filepath.Join(dir, VolumeDirName("/other"), MountInfoFileName)))
+	vols, err := List(dir)
+	if err != nil || len(vols) != 0 {
+		t.Fatalf("List = %v, %v; want nothing", vols, err)
+	}
+}
+
+// TestKataDirOwnerAndMode: a direct-volume directory another user owns or may write in, or a link at its
+// place, is refused before anything is written in it.
+func TestKataDirOwnerAndMode(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to chown")
+	}
+	for _, tc := range []struct {
+		name  string
+		mode  fs.FileMode
+		uid   int
+		link  bool
+		want  error
+		wrote bool
+	}{
+		{"0700, ours", 0o700, 0, false, nil, true},
+		{"0755, ours (as kubelet's DirectoryOrCreate makes it)", 0o755, 0, false, nil, true},
+		{"0777", 0o777, 0, false, safedir.ErrInsecure, false},
+		{"another user's", 0o700, 1000, false, safedir.ErrInsecure, false},
+		{"a link at its place", 0o700, 0, true, ErrForeignEntry, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kataDir := filepath.Join(t.TempDir(), "kata")
+			safedirtest.Mkdir(t, kataDir, tc.mode, tc.uid)
+			dir := kataDir
+			if tc.link {
+				dir = filepath.Join(t.TempDir(), "link")
+				must(t, os.Symlink(kataDir, dir))
+			}
+			err := Add(dir, testPath, testInfo)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Add = %v, want %v", err, tc.want)
+			}
+			entries, _ := os.ReadDir(kataDir)
+			if wrote := len(entries) > 0; wrote != tc.wrote {
+				t.Fatalf("entries %v after Add", entries)
+			}
+		})
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

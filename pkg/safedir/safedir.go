@@ -1,0 +1,503 @@
+// Package safedir works in a directory that someone else might also write in, without ever being led
+// elsewhere by what they put there. A Dir is a directory opened once; every operation names one entry
+// of it and is done relative to the open directory, never following a symbolic link: a link, or a file
+// where a directory is expected (or the reverse), is refused with an error wrapping ErrWrongType and
+// nothing is written, read, changed or removed through it. It depends on nothing else of crust.
+//
+// Only the directory given to Open is reached by path, and only its last element must not be a link (the
+// path up to it is the operator's choice). Below it, entries are reached one name at a time with
+// openat2(2) RESOLVE_NO_SYMLINKS|RESOLVE_BENEATH, O_NOFOLLOW, fstatat(2) AT_SYMLINK_NOFOLLOW, and the
+// *at(2) calls for creating, renaming and removing, which never follow a link in the name they act on.
+//
+// Why not a library: Go's os.Root and github.com/cyphar/filepath-securejoin keep resolution inside a
+// root, but they follow links that stay inside it, and a link planted by another user inside the
+// directory is exactly what must not be followed here. Both would also hide from the caller that an
+// entry is not what its format puts there, which callers must report.
+package safedir
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+var (
+	// ErrWrongType is wrapped by the error for an entry that is not of the kind the operation needs: a
+	// symbolic link, a non-directory where a directory is needed, a directory or a special file where a
+	// regular file is needed.
+	ErrWrongType = errors.New("unexpected kind of entry")
+	// ErrInsecure is wrapped by CheckOwned's error for a directory that another user owns or may write in.
+	ErrInsecure = errors.New("owned or writable by another user")
+)
+
+// resolve is how every entry is reached: never through a link, never outside the directory.
+const resolve = unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS
+
+// Dir is an open directory. Its methods may be called concurrently; Close must come last.
+type Dir struct {
+	f    *os.File
+	path string // for messages only
+}
+
+// Open opens the existing directory at path. The last element of path must not be a symbolic link.
+func Open(path string) (*Dir, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOTDIR) {
+		// O_DIRECTORY answers for a link too; say which it is.
+		if fi, lerr := os.Lstat(path); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			err = unix.ELOOP
+		}
+	}
+	if err != nil {
+		return nil, pathErr("open", path, err, true)
+	}
+	return &Dir{f: os.NewFile(uintptr(fd), path), path: path}, nil
+}
+
+// OpenOwned opens the directory at path for a daemon's own state: it creates it (mode 0700, its parent
+// fsynced) when missing, and fails with ErrInsecure when another user owns it or may write in it (see
+// CheckOwned). An existing directory keeps its mode: one that others may read and search but not write
+// (0755) is accepted, because the daemon's socket may live there for callers of other uids.
+func OpenOwned(path string) (*Dir, error) {
+	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(path, 0o700); err != nil {
+			return nil, err
+		}
+		if err := syncPath(filepath.Dir(path)); err != nil {
+			return nil, err
+		}
+	}
+	d, err := Open(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.CheckOwned(); err != nil {
+		_ = d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// syncPath fsyncs the directory at path.
+func syncPath(path string) error {
+	d, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
+}
+
+// Path returns the path the directory was opened at (or, for a subdirectory, its path below that).
+func (d *Dir) Path() string { return d.path }
+
+// Join returns the path of the entry name, for messages.
+func (d *Dir) Join(name string) string { return filepath.Join(d.path, name) }
+
+// Close closes the directory.
+func (d *Dir) Close() error { return d.f.Close() }
+
+// Sync makes the creations, renames and removals of entries durable (fsync of the directory).
+func (d *Dir) Sync() error {
+	if err := d.f.Sync(); err != nil {
+		return pathErr("sync", d.path, err, false)
+	}
+	return nil
+}
+
+// CheckOwned fails with ErrInsecure, naming the path, the owner and the mode, unless the directory is
+// owned by this process's effective user id and neither its group nor others may write in it: only then
+// can no one else plant or swap an entry in it.
+func (d *Dir) CheckOwned() error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(d.f.Fd()), &st); err != nil {
+		return pathErr("stat", d.path, err, false)
+	}
+	if euid := os.Geteuid(); int(st.Uid) != euid || st.Mode&0o022 != 0 {
+		return fmt.Errorf("directory %s is owned by uid %d with mode %04o: %w; it must be owned by uid %d and writable by it alone",
+			d.path, st.Uid, st.Mode&0o7777, ErrInsecure, euid)
+	}
+	return nil
+}
+
+// OpenDir opens the subdirectory name.
+func (d *Dir) OpenDir(name string) (*Dir, error) {
+	fd, err := d.openat("open", name, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &Dir{f: os.NewFile(uintptr(fd), d.Join(name)), path: d.Join(name)}, nil
+}
+
+// Mkdir creates the subdirectory name with mode perm, whatever the umask. An existing entry is an error
+// wrapping fs.ErrExist.
+func (d *Dir) Mkdir(name string, perm fs.FileMode) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if err := unix.Mkdirat(d.fd(), name, 0o700); err != nil {
+		return pathErr("mkdir", d.Join(name), err, false)
+	}
+	// Mkdirat is subject to the umask; the mode is set on the directory opened without following links.
+	sub, err := d.OpenDir(name)
+	if err != nil {
+		return err
+	}
+	return errors.Join(sub.chmod(perm), sub.Close())
+}
+
+func (d *Dir) chmod(perm fs.FileMode) error {
+	if err := d.f.Chmod(perm.Perm()); err != nil {
+		return pathErr("chmod", d.path, err, false)
+	}
+	return nil
+}
+
+// EnsureDir opens the subdirectory name, creating it when missing, and gives it mode perm.
+func (d *Dir) EnsureDir(name string, perm fs.FileMode) (*Dir, error) {
+	if err := d.Mkdir(name, perm); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, err
+	}
+	sub, err := d.OpenDir(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := sub.chmod(perm); err != nil {
+		_ = sub.Close()
+		return nil, err
+	}
+	return sub, nil
+}
+
+// MkdirTemp creates a new subdirectory, mode 0700, whose name starts with prefix, and returns its name.
+func (d *Dir) MkdirTemp(prefix string) (string, error) {
+	for {
+		name := prefix + randomSuffix()
+		err := d.Mkdir(name, 0o700)
+		if !errors.Is(err, fs.ErrExist) {
+			return name, err
+		}
+	}
+}
+
+// OpenFile opens the regular file name with flag (os.O_RDONLY, os.O_WRONLY|os.O_CREATE, ...); a file
+// it creates gets mode perm, whatever the umask. Anything but a regular file is refused with
+// ErrWrongType, before a byte is read or written (a FIFO does not block the open).
+func (d *Dir) OpenFile(name string, flag int, perm fs.FileMode) (*os.File, error) {
+	fd, err := d.openat("open", name, flag|unix.O_NONBLOCK, uint32(perm.Perm()))
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		_ = unix.Close(fd)
+		return nil, pathErr("stat", d.Join(name), err, false)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("open %s: %w: %s", d.Join(name), ErrWrongType, Kind((&fileInfo{st: st}).Mode()))
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		_ = unix.Close(fd)
+		return nil, pathErr("open", d.Join(name), err, false)
+	}
+	f := os.NewFile(uintptr(fd), d.Join(name))
+	if flag&os.O_CREATE != 0 && os.FileMode(st.Mode).Perm() != perm.Perm() && int(st.Uid) == os.Geteuid() {
+		if err := f.Chmod(perm.Perm()); err != nil {
+			_ = f.Close()
+			return nil, err
+		}
+	}
+	return f, nil
+}
+
+// ReadFile returns the content of the regular file name, failing when it holds more than limit bytes.
+func (d *Dir) ReadFile(name string, limit int64) ([]byte, error) {
+	f, err := d.OpenFile(name, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }() // read-only: nothing to lose
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("read %s: more than %d bytes", d.Join(name), limit)
+	}
+	return b, nil
+}
+
+// WriteFile puts data at name atomically and durably, with mode perm: it writes a new file in tmp (a
+// directory on the same filesystem), fsyncs it, renames it over name and fsyncs this directory. Whatever
+// happens, name holds its old content or data. A link at name is replaced, never written through; a
+// directory at name is ErrWrongType.
+func (d *Dir) WriteFile(name string, data []byte, perm fs.FileMode, tmp *Dir) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	var (
+		f       *os.File
+		tmpName string
+		err     error
+	)
+	for {
+		tmpName = "w-" + randomSuffix()
+		f, err = tmp.OpenFile(tmpName, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+		if !errors.Is(err, fs.ErrExist) {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if err = errors.Join(err, f.Close()); err == nil {
+		err = tmp.Rename(tmpName, d, name)
+	}
+	if err != nil {
+		_ = tmp.Remove(tmpName)
+		return err
+	}
+	return d.Sync()
+}
+
+// Rename moves the entry from of d to name in to, replacing what is there (the entry itself when it is a
+// link). A directory cannot replace a non-empty directory or a non-directory, nor a file a directory.
+func (d *Dir) Rename(from string, to *Dir, name string) error { return d.rename(from, to, name, 0) }
+
+// RenameNoReplace is Rename failing with fs.ErrExist when name exists in to.
+func (d *Dir) RenameNoReplace(from string, to *Dir, name string) error {
+	return d.rename(from, to, name, unix.RENAME_NOREPLACE)
+}
+
+func (d *Dir) rename(from string, to *Dir, name string, flags uint) error {
+	if err := errors.Join(checkName(from), checkName(name)); err != nil {
+		return err
+	}
+	if err := unix.Renameat2(d.fd(), from, to.fd(), name, flags); err != nil {
+		return &os.LinkError{Op: "rename", Old: d.Join(from), New: to.Join(name), Err: wrongType(err)}
+	}
+	return nil
+}
+
+// Remove deletes the entry name when it is not a directory (a link is removed, not what it points to). A
+// name that is not there is an error wrapping fs.ErrNotExist.
+func (d *Dir) Remove(name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(d.fd(), name, 0); err != nil {
+		return pathErr("remove", d.Join(name), err, true)
+	}
+	return nil
+}
+
+// RemoveAll deletes the entry name and, for a directory, everything in it, never following a link. A
+// name that is not there is not an error.
+func (d *Dir) RemoveAll(name string) error {
+	err := d.Remove(name)
+	if err == nil || errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if !errors.Is(err, ErrWrongType) { // unlink(2) refuses a directory with EISDIR
+		return err
+	}
+	sub, err := d.OpenDir(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	names, err := sub.Names()
+	for _, n := range names {
+		err = errors.Join(err, sub.RemoveAll(n))
+	}
+	if err = errors.Join(err, sub.Close()); err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(d.fd(), name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
+		return pathErr("remove", d.Join(name), err, false)
+	}
+	return nil
+}
+
+// Names returns the names of the directory's entries, sorted, without "." and "..".
+func (d *Dir) Names() ([]string, error) {
+	// A new open file description, so that concurrent listings do not share a read offset.
+	fd, err := unix.Openat(d.fd(), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, pathErr("open", d.path, err, false)
+	}
+	f := os.NewFile(uintptr(fd), d.path)
+	defer func() { _ = f.Close() }() // read-only
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// Lstat describes the entry name itself (a link is described, not followed).
+func (d *Dir) Lstat(name string) (fs.FileInfo, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(d.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return nil, pathErr("lstat", d.Join(name), err, false)
+	}
+	return &fileInfo{name: name, st: st}, nil
+}
+
+func (d *Dir) fd() int { return int(d.f.Fd()) }
+
+// openat opens name with openat2, never through a link and never outside d.
+func (d *Dir) openat(op, name string, flag int, perm uint32) (int, error) {
+	if err := checkName(name); err != nil {
+		return -1, err
+	}
+	how := unix.OpenHow{Flags: uint64(flag | unix.O_NOFOLLOW | unix.O_CLOEXEC), Resolve: resolve}
+	if flag&unix.O_CREAT != 0 {
+		how.Mode = uint64(perm)
+	}
+	for {
+		fd, err := unix.Openat2(d.fd(), name, &how)
+		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) { // EAGAIN: a rename raced the lookup
+			continue
+		}
+		if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+			// Both answer for a link and for a non-directory; say which it is.
+			var st unix.Stat_t
+			if unix.Fstatat(d.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+				return -1, fmt.Errorf("%s %s: %w: %s", op, d.Join(name), ErrWrongType, Kind((&fileInfo{st: st}).Mode()))
+			}
+		}
+		if err != nil {
+			return -1, pathErr(op, d.Join(name), err, true)
+		}
+		return fd, nil
+	}
+}
+
+// checkName refuses a name that is not exactly one entry of a directory.
+func checkName(name string) error {
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
+		return fmt.Errorf("%q is not a directory entry name: %w", name, fs.ErrInvalid)
+	}
+	return nil
+}
+
+// pathErr wraps err as a *fs.PathError; with kinds, the errors that say an entry is of the wrong kind
+// (a link where none may be, a non-directory or a directory) also wrap ErrWrongType.
+func pathErr(op, path string, err error, kinds bool) error {
+	if kinds {
+		err = wrongType(err)
+	}
+	return &fs.PathError{Op: op, Path: path, Err: err}
+}
+
+// wrongTypeErr is an errno that also matches ErrWrongType.
+type wrongTypeErr struct {
+	errno unix.Errno
+	what  string
+}
+
+func (e wrongTypeErr) Error() string   { return ErrWrongType.Error() + ": " + e.what }
+func (e wrongTypeErr) Unwrap() []error { return []error{ErrWrongType, e.errno} }
+
+func wrongType(err error) error {
+	var errno unix.Errno
+	if !errors.As(err, &errno) {
+		return err
+	}
+	switch errno {
+	case unix.ELOOP:
+		return wrongTypeErr{errno, "a symbolic link"}
+	case unix.ENOTDIR:
+		return wrongTypeErr{errno, "not a directory"}
+	case unix.EISDIR:
+		return wrongTypeErr{errno, "a directory"}
+	}
+	return err
+}
+
+// Kind describes the kind of entry of mode for messages: "a symbolic link", "a directory", "a regular
+// file", "a FIFO", "a socket", "a device node".
+func Kind(mode fs.FileMode) string {
+	switch {
+	case mode&fs.ModeSymlink != 0:
+		return "a symbolic link"
+	case mode.IsDir():
+		return "a directory"
+	case mode.IsRegular():
+		return "a regular file"
+	case mode&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case mode&fs.ModeSocket != 0:
+		return "a socket"
+	case mode&fs.ModeDevice != 0:
+		return "a device node"
+	}
+	return "an entry of unknown kind"
+}
+
+func randomSuffix() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails on Linux
+	return hex.EncodeToString(b[:])
+}
+
+// fileInfo is an fs.FileInfo from fstatat; Sys returns the *unix.Stat_t.
+type fileInfo struct {
+	name string
+	st   unix.Stat_t
+}
+
+func (fi *fileInfo) Name() string       { return fi.name }
+func (fi *fileInfo) Size() int64        { return fi.st.Size }
+func (fi *fileInfo) ModTime() time.Time { return time.Unix(fi.st.Mtim.Unix()) }
+func (fi *fileInfo) IsDir() bool        { return fi.st.Mode&unix.S_IFMT == unix.S_IFDIR }
+func (fi *fileInfo) Sys() any           { return &fi.st }
+
+func (fi *fileInfo) Mode() fs.FileMode {
+	m := fs.FileMode(fi.st.Mode & 0o777)
+	switch fi.st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		m |= fs.ModeDir
+	case unix.S_IFLNK:
+		m |= fs.ModeSymlink
+	case unix.S_IFIFO:
+		m |= fs.ModeNamedPipe
+	case unix.S_IFSOCK:
+		m |= fs.ModeSocket
+	case unix.S_IFCHR:
+		m |= fs.ModeDevice | fs.ModeCharDevice
+	case unix.S_IFBLK:
+		m |= fs.ModeDevice
+	}
+	if fi.st.Mode&unix.S_ISUID != 0 {
+		m |= fs.ModeSetuid
+	}
+	if fi.st.Mode&unix.S_ISGID != 0 {
+		m |= fs.ModeSetgid
+	}
+	if fi.st.Mode&unix.S_ISVTX != 0 {
+		m |= fs.ModeSticky
+	}
+	return m
+}

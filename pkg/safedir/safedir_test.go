@@ -1,0 +1,221 @@
+package safedir_test
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"crust.dev/crust/pkg/safedir"
+	"crust.dev/crust/pkg/safedir/safedirtest"
+)
+
+// planted makes a directory holding a link to a directory outside, a link to a file outside, a regular
+// file, a directory and a FIFO; it returns the open directory and the outside directory.
+func planted(t *testing.T) (*safedir.Dir, string) {
+	t.Helper()
+	root, outside := t.TempDir(), t.TempDir()
+	must(t, os.WriteFile(filepath.Join(outside, "secret"), []byte("secret"), 0o600))
+	must(t, os.Symlink(outside, filepath.Join(root, "link-dir")))
+	must(t, os.Symlink(filepath.Join(outside, "secret"), filepath.Join(root, "link-file")))
+	must(t, os.WriteFile(filepath.Join(root, "file"), []byte("file"), 0o600))
+	must(t, os.Mkdir(filepath.Join(root, "dir"), 0o700))
+	must(t, syscall.Mkfifo(filepath.Join(root, "fifo"), 0o600))
+	d, err := safedir.Open(root)
+	must(t, err)
+	t.Cleanup(func() { _ = d.Close() })
+	return d, outside
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNeverThroughALink: every operation on a link, or on an entry of the wrong kind, is refused with
+// ErrWrongType (or, for a name of more than one element, fs.ErrInvalid), and nothing outside changes.
+func TestNeverThroughALink(t *testing.T) {
+	tmpOf := func(d *safedir.Dir) *safedir.Dir {
+		tmp, err := d.EnsureDir("tmp", 0o700)
+		must(t, err)
+		t.Cleanup(func() { _ = tmp.Close() })
+		return tmp
+	}
+	cases := []struct {
+		name string
+		op   func(d *safedir.Dir) error
+		want error
+	}{
+		{"OpenDir of a link to a directory", func(d *safedir.Dir) error { _, err := d.OpenDir("link-dir"); return err }, safedir.ErrWrongType},
+		{"OpenDir of a file", func(d *safedir.Dir) error { _, err := d.OpenDir("file"); return err }, safedir.ErrWrongType},
+		{"OpenDir through a link in the middle", func(d *safedir.Dir) error { _, err := d.OpenDir("link-dir/sub"); return err }, fs.ErrInvalid},
+		{"OpenDir of ..", func(d *safedir.Dir) error { _, err := d.OpenDir(".."); return err }, fs.ErrInvalid},
+		{"EnsureDir of a link", func(d *safedir.Dir) error { _, err := d.EnsureDir("link-dir", 0o700); return err }, safedir.ErrWrongType},
+		{"read a link to a file", func(d *safedir.Dir) error { _, err := d.ReadFile("link-file", 100); return err }, safedir.ErrWrongType},
+		{"read a directory", func(d *safedir.Dir) error { _, err := d.ReadFile("dir", 100); return err }, safedir.ErrWrongType},
+		{"read a FIFO (without blocking)", func(d *safedir.Dir) error { _, err := d.ReadFile("fifo", 100); return err }, safedir.ErrWrongType},
+		{"read a file through a link in the middle", func(d *safedir.Dir) error { _, err := d.ReadFile("link-dir/secret", 100); return err }, fs.ErrInvalid},
+		{"create through a link", func(d *safedir.Dir) error {
+			_, err := d.OpenFile("link-file", os.O_WRONLY|os.O_CREATE, 0o600)
+			return err
+		}, safedir.ErrWrongType},
+		{"write a file over a directory", func(d *safedir.Dir) error { return d.WriteFile("dir", []byte("x"), 0o600, tmpOf(d)) }, safedir.ErrWrongType},
+		{"write a file with a link as the temporary directory", func(d *safedir.Dir) error {
+			tmp, err := d.OpenDir("link-dir")
+			if err != nil {
+				return err
+			}
+			return d.WriteFile("new", []byte("x"), 0o600, tmp)
+		}, safedir.ErrWrongType},
+		{"Remove of a directory", func(d *safedir.Dir) error { return d.Remove("dir") }, safedir.ErrWrongType},
+		{"open the directory itself through a link", func(d *safedir.Dir) error {
+			_, err := safedir.Open(d.Join("link-dir"))
+			return err
+		}, safedir.ErrWrongType},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d, outside := planted(t)
+			before := safedirtest.Snapshot(t, outside)
+			err := tc.op(d)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			safedirtest.Unchanged(t, before, outside)
+		})
+	}
+}
+
+// TestLinksAreActedOnNotFollowed: the operations that may take a link act on the link itself.
+func TestLinksAreActedOnNotFollowed(t *testing.T) {
+	cases := []struct {
+		name  string
+		entry string
+		op    func(d *safedir.Dir) error
+		after fs.FileMode // of the entry afterwards; 0 for gone
+	}{
+		{"WriteFile replaces a link to a file", "link-file", func(d *safedir.Dir) error {
+			tmp, err := d.EnsureDir("tmp", 0o700)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tmp.Close() }()
+			return d.WriteFile("link-file", []byte("new"), 0o600, tmp)
+		}, 0o600},
+		{"Remove removes the link", "link-file", func(d *safedir.Dir) error { return d.Remove("link-file") }, 0},
+		{"RemoveAll removes a link to a directory, not the directory's content", "link-dir", func(d *safedir.Dir) error { return d.RemoveAll("link-dir") }, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d, outside := planted(t)
+			before := safedirtest.Snapshot(t, outside)
+			must(t, tc.op(d))
+			safedirtest.Unchanged(t, before, outside)
+			var mode fs.FileMode
+			fi, err := d.Lstat(tc.entry)
+			if err == nil {
+				mode = fi.Mode()
+			} else if !errors.Is(err, fs.ErrNotExist) {
+				t.Fatal(err)
+			}
+			if mode != tc.after {
+				t.Errorf("%s: mode %v, want %v", tc.entry, mode, tc.after)
+			}
+		})
+	}
+}
+
+// TestRemoveAll deletes a tree without following the links in it.
+func TestRemoveAll(t *testing.T) {
+	d, outside := planted(t)
+	before := safedirtest.Snapshot(t, outside)
+	must(t, os.MkdirAll(d.Join("dir/a/b"), 0o700))
+	must(t, os.Symlink(outside, d.Join("dir/a/link")))
+	must(t, os.WriteFile(d.Join("dir/a/b/f"), nil, 0o600))
+	must(t, d.RemoveAll("dir"))
+	must(t, d.RemoveAll("dir")) // gone: not an error
+	if _, err := d.Lstat("dir"); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("dir still there: %v", err)
+	}
+	safedirtest.Unchanged(t, before, outside)
+}
+
+// TestCheckOwned refuses a directory another user owns or may write in.
+func TestCheckOwned(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to chown")
+	}
+	cases := []struct {
+		name string
+		mode fs.FileMode
+		uid  int
+		want error
+	}{
+		{"ours, 0700", 0o700, 0, nil},
+		{"ours, 0755", 0o755, 0, nil},
+		{"ours, 0777", 0o777, 0, safedir.ErrInsecure},
+		{"ours, group-writable", 0o770, 0, safedir.ErrInsecure},
+		{"ours, sticky and world-writable", 0o777 | fs.ModeSticky, 0, safedir.ErrInsecure},
+		{"another user's, 0700", 0o700, 1000, safedir.ErrInsecure},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "d")
+			safedirtest.Mkdir(t, dir, tc.mode, tc.uid)
+			d, err := safedir.Open(dir)
+			must(t, err)
+			defer func() { _ = d.Close() }()
+			if err := d.CheckOwned(); !errors.Is(err, tc.want) {
+				t.Fatalf("CheckOwned = %v, want %v", err, tc.want)
+			}
+			_, err = safedir.OpenOwned(dir)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("OpenOwned = %v, want %v", err, tc.want)
+			}
+			fi, err := os.Stat(dir)
+			must(t, err)
+			if fi.Mode()&(fs.ModePerm|fs.ModeSticky) != tc.mode {
+				t.Fatalf("mode %v afterwards, want %v unchanged", fi.Mode(), tc.mode)
+			}
+		})
+	}
+}
+
+// TestWriteFile is atomic: the file has the new content and mode, and the temporary directory is empty.
+func TestWriteFile(t *testing.T) {
+	d, err := safedir.OpenOwned(filepath.Join(t.TempDir(), "state"))
+	must(t, err)
+	tmp, err := d.EnsureDir("tmp", 0o700)
+	must(t, err)
+	for _, content := range []string{"one", "two"} {
+		must(t, d.WriteFile("f", []byte(content), 0o600, tmp))
+		b, err := d.ReadFile("f", 10)
+		must(t, err)
+		if string(b) != content {
+			t.Fatalf("read %q, want %q", b, content)
+		}
+	}
+	if _, err := d.ReadFile("f", 2); err == nil {
+		t.Fatal("ReadFile past its limit succeeded")
+	}
+	fi, err := d.Lstat("f")
+	must(t, err)
+	if fi.Mode() != 0o600 {
+		t.Fatalf("mode %v", fi.Mode())
+	}
+	if names, _ := tmp.Names(); len(names) != 0 {
+		t.Fatalf("tmp holds %v", names)
+	}
+	name, err := tmp.MkdirTemp("x-")
+	must(t, err)
+	must(t, tmp.RenameNoReplace(name, d, "tmp2"))
+	name, err = tmp.MkdirTemp("x-")
+	must(t, err)
+	if err := tmp.RenameNoReplace(name, d, "tmp2"); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("RenameNoReplace onto an existing name: %v", err)
+	}
+}
