@@ -31,6 +31,34 @@ type child struct {
 // until it serves.
 func (e *env) startChild(kind Kind, phase Phase, pods map[string]Pod) *child {
 	e.t.Helper()
+	c := e.spawnChild(kind, phase, pods)
+	// A new connection per attempt: one connection's reconnect back-off would cost a second or more.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var err error
+		if c.cc, err = client.Dial(e.proxySock); err != nil {
+			e.t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err = csi.NewIdentityClient(c.cc).GetPluginInfo(ctx, &csi.GetPluginInfoRequest{}, grpc.WaitForReady(false))
+		cancel()
+		if err == nil {
+			break
+		}
+		_ = c.cc.Close()
+		c.cc = nil
+		if time.Now().After(deadline) {
+			c.stop()
+			e.t.Fatalf("child proxy did not serve: %v\n%s", err, c.out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return c
+}
+
+// spawnChild starts a proxy as startChild does, without waiting for it to serve; c.cc is nil.
+func (e *env) spawnChild(kind Kind, phase Phase, pods map[string]Pod) *child {
+	e.t.Helper()
 	cfg := e.config()
 	cfg.MicroVMHandlers, cfg.NodeName = []string{"kata"}, "n1"
 	b, err := json.Marshal(childSpec{Config: cfg, CrashKind: kind, CrashPhase: phase, Pods: pods})
@@ -44,34 +72,22 @@ func (e *env) startChild(kind Kind, phase Phase, pods map[string]Pod) *child {
 	if err := c.cmd.Start(); err != nil {
 		e.t.Fatal(err)
 	}
-	// A new connection per attempt: one connection's reconnect back-off would cost a second or more.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if c.cc, err = client.Dial(e.proxySock); err != nil {
-			e.t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := csi.NewIdentityClient(c.cc).GetPluginInfo(ctx, &csi.GetPluginInfoRequest{}, grpc.WaitForReady(false))
-		cancel()
-		if err == nil {
-			break
-		}
-		_ = c.cc.Close()
-		if time.Now().After(deadline) {
-			c.stop()
-			e.t.Fatalf("child proxy did not serve: %v\n%s", err, c.out)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 	return c
 }
 
 func (c *child) node() csi.NodeClient { return csi.NewNodeClient(c.cc) }
 
+// close closes the connection to the child, if any.
+func (c *child) close() {
+	if c.cc != nil {
+		_ = c.cc.Close()
+	}
+}
+
 // killed waits for the child to die of its own SIGKILL.
 func (c *child) killed() {
 	c.t.Helper()
-	_ = c.cc.Close()
+	c.close()
 	err := c.cmd.Wait()
 	ee, ok := err.(*exec.ExitError)
 	if !ok || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
@@ -81,7 +97,7 @@ func (c *child) killed() {
 
 // stop ends the child with SIGTERM.
 func (c *child) stop() {
-	_ = c.cc.Close()
+	c.close()
 	_ = c.cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() { _ = c.cmd.Wait(); close(done) }()
@@ -234,34 +250,41 @@ func TestCrashRecovery(t *testing.T) {
 	}
 }
 
-// assertPublished checks a published volume: deferred, a descriptor in crustd on the private path's
-// device, an empty unmounted target and one private bind mount; host-mounted, a mounted target and no
-// descriptor.
+// assertPublished fails the test unless the volume at target is published in mode (see published).
 func (e *env) assertPublished(mode Mode, target string) {
 	e.t.Helper()
+	if err := e.published(mode, target); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// published checks a published volume: deferred, a descriptor in crustd on the private path's device, an
+// empty unmounted target and one private bind mount; host-mounted, a mounted target and no descriptor.
+func (e *env) published(mode Mode, target string) error {
 	v, err := e.crust.GetVolume(context.Background(), &crustv1.GetVolumeRequest{VolumeTargetPath: target})
 	priv := mountsUnder(filepath.Join(filepath.Dir(target), privateBlockDir))
 	switch mode {
 	case ModeDeferred:
 		if err != nil {
-			e.t.Fatalf("no descriptor for %s: %v", target, err)
+			return fmt.Errorf("no descriptor for %s: %w", target, err)
 		}
 		if len(priv) != 1 {
-			e.t.Fatalf("private mounts %v, want one", priv)
+			return fmt.Errorf("private mounts %v, want one", priv)
 		}
 		dev, derr := resolveDevice(priv[0])
 		if derr != nil || v.GetVolume().GetResolvedBackingPath() != dev {
-			e.t.Fatalf("descriptor device %s, private path's %s (%v)", v.GetVolume().GetResolvedBackingPath(), dev, derr)
+			return fmt.Errorf("descriptor device %s, private path's %s (%v)", v.GetVolume().GetResolvedBackingPath(), dev, derr)
 		}
 		if m := mountsUnder(target); len(m) != 0 {
-			e.t.Fatalf("deferred target mounted: %v", m)
+			return fmt.Errorf("deferred target mounted: %v", m)
 		}
 	case ModeHost:
 		if err == nil {
-			e.t.Fatalf("a host-mounted volume has a descriptor: %v", v)
+			return fmt.Errorf("a host-mounted volume has a descriptor: %v", v)
 		}
 		if m := mountsUnder(target); len(m) != 1 {
-			e.t.Fatalf("host target mounts %v, want one", m)
+			return fmt.Errorf("host target mounts %v, want one", m)
 		}
 	}
+	return nil
 }

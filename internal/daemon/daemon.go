@@ -148,12 +148,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	gc := time.NewTicker(cfg.GCInterval)
 	defer gc.Stop()
-	m.CollectGarbage(ctx)
+	met.CollectedGarbage(len(m.CollectGarbage(ctx)))
 serve:
 	for {
 		select {
 		case <-gc.C:
-			m.CollectGarbage(ctx)
+			met.CollectedGarbage(len(m.CollectGarbage(ctx)))
 		case err = <-errc:
 			break serve
 		case <-ctx.Done():

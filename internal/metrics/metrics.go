@@ -25,6 +25,7 @@ type Metrics struct {
 	duration *prometheus.HistogramVec
 	gone     *prometheus.CounterVec
 	ready    atomic.Bool
+	gc       prometheus.Counter
 }
 
 // New returns a registry with the RPC metrics and the Go and process collectors.
@@ -45,7 +46,11 @@ func New() *Metrics {
 			Help: "Claims crustd ended because their runtime handler was gone, by why: process_exited or endpoint_refused.",
 		}, []string{"why"}),
 	}
-	m.Registry.MustRegister(m.rpcs, m.duration, m.gone, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.gc = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "crust_garbage_collected_volumes_total",
+		Help: "Descriptors unstaged because the kubelet directory of their pod was gone.",
+	})
+	m.Registry.MustRegister(m.rpcs, m.duration, m.gone, m.gc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -57,6 +62,9 @@ func (m *Metrics) ObserveRPC(method, code string, d time.Duration) {
 
 // HandlerGone counts one claim ended because its handler was gone.
 func (m *Metrics) HandlerGone(why string) { m.gone.WithLabelValues(why).Inc() }
+
+// CollectedGarbage counts n descriptors of deleted pods unstaged by the collector.
+func (m *Metrics) CollectedGarbage(n int) { m.gc.Add(float64(n)) }
 
 // VolumeGauges registers crust_volumes{state="staged"|"claimed"}, read from counts at scrape time.
 func (m *Metrics) VolumeGauges(counts func() (staged, claimed int)) {

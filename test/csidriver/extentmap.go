@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -41,6 +42,25 @@ type extentMap struct {
 
 type extentRoot struct{ fs.Inode }
 
+// closeFUSEOnExec marks every descriptor of /dev/fuse in this process close-on-exec.
+func closeFUSEOnExec() error {
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return err
+	}
+	for _, e := range fds {
+		if l, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err != nil || l != "/dev/fuse" {
+			continue
+		}
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			return err
+		}
+		syscall.CloseOnExec(fd)
+	}
+	return nil
+}
+
 // newExtentMap mounts the FUSE file system at dir (made if missing).
 func newExtentMap(vg string, r *lvm.Runner, dir string, log *slog.Logger) (*extentMap, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -48,14 +68,27 @@ func newExtentMap(vg string, r *lvm.Runner, dir string, log *slog.Logger) (*exte
 	}
 	zero := time.Duration(0)
 	root := &extentRoot{}
+	// go-fuse opens /dev/fuse without close-on-exec for a direct mount. Holding ForkLock (what it is for)
+	// until the descriptor is marked keeps every child of this process (mkfs, resize2fs, a proxy a test
+	// starts) from inheriting it: a child holding it would keep the connection alive, unanswered, after
+	// the driver is gone, and hang whatever touches a loop device on it. DirectMountStrict: no fallback
+	// to fusermount, which would fork under the lock.
+	syscall.ForkLock.Lock()
 	srv, err := fs.Mount(dir, root, &fs.Options{
 		EntryTimeout: &zero, AttrTimeout: &zero, NegativeTimeout: &zero,
 		MountOptions: fuse.MountOptions{
-			FsName: "crust-extent-map", Name: "crustlv", DirectMount: true, DisableXAttrs: true,
+			FsName: "crust-extent-map", Name: "crustlv", DirectMountStrict: true, DisableXAttrs: true,
 			MaxWrite: 1 << 20, DisableSplice: true, Logger: stdlog.New(io.Discard, "", 0),
 		},
 	})
+	if err == nil {
+		err = closeFUSEOnExec()
+	}
+	syscall.ForkLock.Unlock()
 	if err != nil {
+		if srv != nil {
+			_ = srv.Unmount()
+		}
 		return nil, fmt.Errorf("mount the extent map at %s: %w", dir, err)
 	}
 	return &extentMap{

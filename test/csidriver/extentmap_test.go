@@ -133,3 +133,28 @@ func run(t *testing.T, name string, args ...string) {
 		t.Fatalf("%s %v: %v: %s", name, args, err, out)
 	}
 }
+
+// The FUSE device behind the extent map is never inherited by the driver's children (mkfs, resize2fs, a
+// proxy the tests start): a child holding it keeps the connection alive after the driver is gone, and
+// every process that then touches a volume's loop device waits for an answer forever.
+func TestExtentMapDeviceNotInherited(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: a FUSE mount")
+	}
+	m, err := newExtentMap("vg", &lvm.Runner{}, filepath.Join(t.TempDir(), "lv"), slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.close(); err != nil {
+			t.Error(err)
+		}
+	})
+	out, err := exec.Command("sh", "-c", "ls -l /proc/$$/fd").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if bytes.Contains(out, []byte("/dev/fuse")) {
+		t.Fatalf("a child inherited the FUSE device:\n%s", out)
+	}
+}

@@ -33,6 +33,7 @@ type Sandbox struct {
 
 	mu     sync.Mutex
 	mounts map[string]string // target path to guest path
+	made   int               // guest directories made, for their names
 }
 
 // New serves a sandbox's handler and connects to crustd at crustSock; everything is undone at cleanup.
@@ -73,14 +74,26 @@ func New(t testing.TB, crustSock, id string) *Sandbox {
 // path. It fails the test when the claim or the mount fails.
 func (s *Sandbox) Start(target string) string {
 	s.t.Helper()
+	guest, err := s.Claim(target)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return guest
+}
+
+// Claim is Start for a goroutine other than the test's: it returns the error instead of failing the test.
+func (s *Sandbox) Claim(target string) (string, error) {
 	v, err := s.rt.Claim(context.Background(), target, s.id, s.endpoint)
 	if err != nil {
-		s.t.Fatalf("claim %s: %v", target, err)
+		return "", fmt.Errorf("claim %s: %w", target, err)
 	}
 	spec := v.GetSpec()
-	guest := filepath.Join(s.dir, fmt.Sprintf("vol%d", len(s.mounts)))
+	s.mu.Lock()
+	guest := filepath.Join(s.dir, fmt.Sprintf("vol%d", s.made))
+	s.made++
+	s.mu.Unlock()
 	if err := os.MkdirAll(guest, 0o755); err != nil {
-		s.t.Fatal(err)
+		return "", err
 	}
 	opts := append([]string(nil), spec.GetMountFlags()...)
 	if spec.GetReadOnly() {
@@ -92,12 +105,12 @@ func (s *Sandbox) Start(target string) string {
 		err = s.mounter.Mount(v.GetResolvedBackingPath(), guest, spec.GetFsType(), opts)
 	}
 	if err != nil {
-		s.t.Fatalf("guest mount of %s: %v", v.GetResolvedBackingPath(), err)
+		return "", fmt.Errorf("guest mount of %s: %w", v.GetResolvedBackingPath(), err)
 	}
 	s.mu.Lock()
 	s.mounts[target] = guest
 	s.mu.Unlock()
-	return guest
+	return guest, nil
 }
 
 // Stop unmounts the volume at target and releases the claim, as a sandbox going away does. A volume it
