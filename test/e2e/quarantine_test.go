@@ -62,7 +62,7 @@ func TestOneBadEntryDoesNotTakeTheNodeDown(t *testing.T) {
 	if _, err := kata.Get(d.kata, good); err != nil {
 		t.Fatalf("the sound volume is not projected: %v", err)
 	}
-	if errOut, code := stage(file); code != 1 || !strings.Contains(errOut, "FailedPrecondition") || !strings.Contains(errOut, "not a directory") {
+	if errOut, code := stage(file); code != 1 || !strings.Contains(errOut, "FailedPrecondition") || !strings.Contains(errOut, "a regular file") {
 		t.Fatalf("stage over the file: exit %d: %s", code, errOut)
 	}
 	if errOut, code := stage(long); code != 1 || !strings.Contains(errOut, "InvalidArgument") || !strings.Contains(errOut, "volume_target_path") {
