@@ -91,6 +91,60 @@ func (VolumeType) EnumDescriptor() ([]byte, []int) {
 	return file_crust_v1_crust_proto_rawDescGZIP(), []int{0}
 }
 
+// VolumeMode says how the sandbox uses the volume, as a CSI volume capability does.
+type VolumeMode int32
+
+const (
+	// Unspecified is taken as VOLUME_MODE_FILESYSTEM.
+	VolumeMode_VOLUME_MODE_UNSPECIFIED VolumeMode = 0
+	// The handler mounts the filesystem on the device at the guest path.
+	VolumeMode_VOLUME_MODE_FILESYSTEM VolumeMode = 1
+	// Raw block: the handler exposes the device node itself at the guest path; fs_type, mount_flags,
+	// create_filesystem and the supplemental group must be unset.
+	VolumeMode_VOLUME_MODE_BLOCK VolumeMode = 2
+)
+
+// Enum value maps for VolumeMode.
+var (
+	VolumeMode_name = map[int32]string{
+		0: "VOLUME_MODE_UNSPECIFIED",
+		1: "VOLUME_MODE_FILESYSTEM",
+		2: "VOLUME_MODE_BLOCK",
+	}
+	VolumeMode_value = map[string]int32{
+		"VOLUME_MODE_UNSPECIFIED": 0,
+		"VOLUME_MODE_FILESYSTEM":  1,
+		"VOLUME_MODE_BLOCK":       2,
+	}
+)
+
+func (x VolumeMode) Enum() *VolumeMode {
+	p := new(VolumeMode)
+	*p = x
+	return p
+}
+
+func (x VolumeMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (VolumeMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_crust_v1_crust_proto_enumTypes[1].Descriptor()
+}
+
+func (VolumeMode) Type() protoreflect.EnumType {
+	return &file_crust_v1_crust_proto_enumTypes[1]
+}
+
+func (x VolumeMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use VolumeMode.Descriptor instead.
+func (VolumeMode) EnumDescriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{1}
+}
+
 // FSGroupChangePolicy mirrors Kubernetes' fsGroupChangePolicy.
 type FSGroupChangePolicy int32
 
@@ -128,11 +182,11 @@ func (x FSGroupChangePolicy) String() string {
 }
 
 func (FSGroupChangePolicy) Descriptor() protoreflect.EnumDescriptor {
-	return file_crust_v1_crust_proto_enumTypes[1].Descriptor()
+	return file_crust_v1_crust_proto_enumTypes[2].Descriptor()
 }
 
 func (FSGroupChangePolicy) Type() protoreflect.EnumType {
-	return &file_crust_v1_crust_proto_enumTypes[1]
+	return &file_crust_v1_crust_proto_enumTypes[2]
 }
 
 func (x FSGroupChangePolicy) Number() protoreflect.EnumNumber {
@@ -141,7 +195,7 @@ func (x FSGroupChangePolicy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FSGroupChangePolicy.Descriptor instead.
 func (FSGroupChangePolicy) EnumDescriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{1}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{2}
 }
 
 // ProblemKind says what is wrong.
@@ -197,11 +251,11 @@ func (x ProblemKind) String() string {
 }
 
 func (ProblemKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_crust_v1_crust_proto_enumTypes[2].Descriptor()
+	return file_crust_v1_crust_proto_enumTypes[3].Descriptor()
 }
 
 func (ProblemKind) Type() protoreflect.EnumType {
-	return &file_crust_v1_crust_proto_enumTypes[2]
+	return &file_crust_v1_crust_proto_enumTypes[3]
 }
 
 func (x ProblemKind) Number() protoreflect.EnumNumber {
@@ -210,7 +264,7 @@ func (x ProblemKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ProblemKind.Descriptor instead.
 func (ProblemKind) EnumDescriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{2}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{3}
 }
 
 // EventType says what happened to a volume.
@@ -270,11 +324,11 @@ func (x EventType) String() string {
 }
 
 func (EventType) Descriptor() protoreflect.EnumDescriptor {
-	return file_crust_v1_crust_proto_enumTypes[3].Descriptor()
+	return file_crust_v1_crust_proto_enumTypes[4].Descriptor()
 }
 
 func (EventType) Type() protoreflect.EnumType {
-	return &file_crust_v1_crust_proto_enumTypes[3]
+	return &file_crust_v1_crust_proto_enumTypes[4]
 }
 
 func (x EventType) Number() protoreflect.EnumNumber {
@@ -283,7 +337,7 @@ func (x EventType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EventType.Descriptor instead.
 func (EventType) EnumDescriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{3}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{4}
 }
 
 // ReleaseReason says who ended a claim.
@@ -328,11 +382,11 @@ func (x ReleaseReason) String() string {
 }
 
 func (ReleaseReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_crust_v1_crust_proto_enumTypes[4].Descriptor()
+	return file_crust_v1_crust_proto_enumTypes[5].Descriptor()
 }
 
 func (ReleaseReason) Type() protoreflect.EnumType {
-	return &file_crust_v1_crust_proto_enumTypes[4]
+	return &file_crust_v1_crust_proto_enumTypes[5]
 }
 
 func (x ReleaseReason) Number() protoreflect.EnumNumber {
@@ -341,7 +395,7 @@ func (x ReleaseReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReleaseReason.Descriptor instead.
 func (ReleaseReason) EnumDescriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{4}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{5}
 }
 
 // Unit of the numbers.
@@ -381,11 +435,11 @@ func (x VolumeUsage_Unit) String() string {
 }
 
 func (VolumeUsage_Unit) Descriptor() protoreflect.EnumDescriptor {
-	return file_crust_v1_crust_proto_enumTypes[5].Descriptor()
+	return file_crust_v1_crust_proto_enumTypes[6].Descriptor()
 }
 
 func (VolumeUsage_Unit) Type() protoreflect.EnumType {
-	return &file_crust_v1_crust_proto_enumTypes[5]
+	return &file_crust_v1_crust_proto_enumTypes[6]
 }
 
 func (x VolumeUsage_Unit) Number() protoreflect.EnumNumber {
@@ -394,7 +448,99 @@ func (x VolumeUsage_Unit) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use VolumeUsage_Unit.Descriptor instead.
 func (VolumeUsage_Unit) EnumDescriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{13, 0}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{14, 0}
+}
+
+// IOLimits caps a volume's I/O inside the sandbox, as the handler's hypervisor throttles the attached
+// device. Zero means no limit; a total limit and a read or write limit of the same kind are exclusive.
+type IOLimits struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Read and write operations per second, together.
+	TotalIops int64 `protobuf:"varint,1,opt,name=total_iops,json=totalIops,proto3" json:"total_iops,omitempty"`
+	// Read operations per second.
+	ReadIops int64 `protobuf:"varint,2,opt,name=read_iops,json=readIops,proto3" json:"read_iops,omitempty"`
+	// Write operations per second.
+	WriteIops int64 `protobuf:"varint,3,opt,name=write_iops,json=writeIops,proto3" json:"write_iops,omitempty"`
+	// Bytes read and written per second, together.
+	TotalBytesPerSecond int64 `protobuf:"varint,4,opt,name=total_bytes_per_second,json=totalBytesPerSecond,proto3" json:"total_bytes_per_second,omitempty"`
+	// Bytes read per second.
+	ReadBytesPerSecond int64 `protobuf:"varint,5,opt,name=read_bytes_per_second,json=readBytesPerSecond,proto3" json:"read_bytes_per_second,omitempty"`
+	// Bytes written per second.
+	WriteBytesPerSecond int64 `protobuf:"varint,6,opt,name=write_bytes_per_second,json=writeBytesPerSecond,proto3" json:"write_bytes_per_second,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *IOLimits) Reset() {
+	*x = IOLimits{}
+	mi := &file_crust_v1_crust_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IOLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IOLimits) ProtoMessage() {}
+
+func (x *IOLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_v1_crust_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IOLimits.ProtoReflect.Descriptor instead.
+func (*IOLimits) Descriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *IOLimits) GetTotalIops() int64 {
+	if x != nil {
+		return x.TotalIops
+	}
+	return 0
+}
+
+func (x *IOLimits) GetReadIops() int64 {
+	if x != nil {
+		return x.ReadIops
+	}
+	return 0
+}
+
+func (x *IOLimits) GetWriteIops() int64 {
+	if x != nil {
+		return x.WriteIops
+	}
+	return 0
+}
+
+func (x *IOLimits) GetTotalBytesPerSecond() int64 {
+	if x != nil {
+		return x.TotalBytesPerSecond
+	}
+	return 0
+}
+
+func (x *IOLimits) GetReadBytesPerSecond() int64 {
+	if x != nil {
+		return x.ReadBytesPerSecond
+	}
+	return 0
+}
+
+func (x *IOLimits) GetWriteBytesPerSecond() int64 {
+	if x != nil {
+		return x.WriteBytesPerSecond
+	}
+	return 0
 }
 
 // VolumeSpec is what a CSI plugin deposits: everything a runtime handler needs to attach and mount the
@@ -428,14 +574,18 @@ type VolumeSpec struct {
 	PodUid string `protobuf:"bytes,12,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
 	// Opaque pairs for the runtime handler; keys must be on crustd's allow-list. Values of keys that look
 	// secret (such as encryptionKey) are never logged.
-	Metadata      map[string]string `protobuf:"bytes,13,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Metadata map[string]string `protobuf:"bytes,13,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Filesystem (the default) or raw block.
+	VolumeMode VolumeMode `protobuf:"varint,14,opt,name=volume_mode,json=volumeMode,proto3,enum=crust.v1.VolumeMode" json:"volume_mode,omitempty"`
+	// I/O limits the handler applies to the device; unset means none.
+	IoLimits      *IOLimits `protobuf:"bytes,15,opt,name=io_limits,json=ioLimits,proto3" json:"io_limits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *VolumeSpec) Reset() {
 	*x = VolumeSpec{}
-	mi := &file_crust_v1_crust_proto_msgTypes[0]
+	mi := &file_crust_v1_crust_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -447,7 +597,7 @@ func (x *VolumeSpec) String() string {
 func (*VolumeSpec) ProtoMessage() {}
 
 func (x *VolumeSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[0]
+	mi := &file_crust_v1_crust_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -460,7 +610,7 @@ func (x *VolumeSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeSpec.ProtoReflect.Descriptor instead.
 func (*VolumeSpec) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{0}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *VolumeSpec) GetVolumeTargetPath() string {
@@ -554,6 +704,20 @@ func (x *VolumeSpec) GetMetadata() map[string]string {
 	return nil
 }
 
+func (x *VolumeSpec) GetVolumeMode() VolumeMode {
+	if x != nil {
+		return x.VolumeMode
+	}
+	return VolumeMode_VOLUME_MODE_UNSPECIFIED
+}
+
+func (x *VolumeSpec) GetIoLimits() *IOLimits {
+	if x != nil {
+		return x.IoLimits
+	}
+	return nil
+}
+
 // DeviceNumber identifies the backing device as staged: a block device's major and minor, or for an image
 // file its filesystem's device and its inode.
 type DeviceNumber struct {
@@ -570,7 +734,7 @@ type DeviceNumber struct {
 
 func (x *DeviceNumber) Reset() {
 	*x = DeviceNumber{}
-	mi := &file_crust_v1_crust_proto_msgTypes[1]
+	mi := &file_crust_v1_crust_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -582,7 +746,7 @@ func (x *DeviceNumber) String() string {
 func (*DeviceNumber) ProtoMessage() {}
 
 func (x *DeviceNumber) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[1]
+	mi := &file_crust_v1_crust_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -595,7 +759,7 @@ func (x *DeviceNumber) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeviceNumber.ProtoReflect.Descriptor instead.
 func (*DeviceNumber) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{1}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *DeviceNumber) GetMajor() uint32 {
@@ -636,13 +800,16 @@ type Claim struct {
 	// That process's start time, in clock ticks after boot (/proc/PID/stat, field 22), so that a reused pid
 	// is not taken for it; 0 when unknown. Claims are kept for one boot only, so the number stays meaningful.
 	ClaimerStartTime uint64 `protobuf:"varint,6,opt,name=claimer_start_time,json=claimerStartTime,proto3" json:"claimer_start_time,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// True for a Kata claim crustd found through the CRI runtime's sandbox list and the Kata shim
+	// directories, for a Kata runtime (runtime-rs) that records no sandbox-id file.
+	CriDiscovered bool `protobuf:"varint,7,opt,name=cri_discovered,json=criDiscovered,proto3" json:"cri_discovered,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Claim) Reset() {
 	*x = Claim{}
-	mi := &file_crust_v1_crust_proto_msgTypes[2]
+	mi := &file_crust_v1_crust_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +821,7 @@ func (x *Claim) String() string {
 func (*Claim) ProtoMessage() {}
 
 func (x *Claim) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[2]
+	mi := &file_crust_v1_crust_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +834,7 @@ func (x *Claim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Claim.ProtoReflect.Descriptor instead.
 func (*Claim) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{2}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Claim) GetSandboxId() string {
@@ -712,6 +879,13 @@ func (x *Claim) GetClaimerStartTime() uint64 {
 	return 0
 }
 
+func (x *Claim) GetCriDiscovered() bool {
+	if x != nil {
+		return x.CriDiscovered
+	}
+	return false
+}
+
 // Volume is a stored descriptor with its state.
 type Volume struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -729,13 +903,17 @@ type Volume struct {
 	// none did. The device held at least this much when it was recorded; the handler that mounts the volume
 	// next grows its filesystem to the device's size.
 	RequestedBytes int64 `protobuf:"varint,6,opt,name=requested_bytes,json=requestedBytes,proto3" json:"requested_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// What an unmodified Kata runtime cannot honour of this descriptor, one sentence each (for example, a
+	// pmem volume that Kata attaches as a plain disk, without DAX); empty when Kata takes it as crust's
+	// handlers do. Set by crustd in answers, never stored.
+	KataCaveats   []string `protobuf:"bytes,7,rep,name=kata_caveats,json=kataCaveats,proto3" json:"kata_caveats,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_crust_v1_crust_proto_msgTypes[3]
+	mi := &file_crust_v1_crust_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +925,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[3]
+	mi := &file_crust_v1_crust_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +938,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{3}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Volume) GetSpec() *VolumeSpec {
@@ -805,6 +983,13 @@ func (x *Volume) GetRequestedBytes() int64 {
 	return 0
 }
 
+func (x *Volume) GetKataCaveats() []string {
+	if x != nil {
+		return x.KataCaveats
+	}
+	return nil
+}
+
 // StageVolumeRequest carries the descriptor to deposit.
 type StageVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -816,7 +1001,7 @@ type StageVolumeRequest struct {
 
 func (x *StageVolumeRequest) Reset() {
 	*x = StageVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[4]
+	mi := &file_crust_v1_crust_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +1013,7 @@ func (x *StageVolumeRequest) String() string {
 func (*StageVolumeRequest) ProtoMessage() {}
 
 func (x *StageVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[4]
+	mi := &file_crust_v1_crust_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +1026,7 @@ func (x *StageVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageVolumeRequest.ProtoReflect.Descriptor instead.
 func (*StageVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{4}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StageVolumeRequest) GetSpec() *VolumeSpec {
@@ -862,7 +1047,7 @@ type StageVolumeResponse struct {
 
 func (x *StageVolumeResponse) Reset() {
 	*x = StageVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[5]
+	mi := &file_crust_v1_crust_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -874,7 +1059,7 @@ func (x *StageVolumeResponse) String() string {
 func (*StageVolumeResponse) ProtoMessage() {}
 
 func (x *StageVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[5]
+	mi := &file_crust_v1_crust_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -887,7 +1072,7 @@ func (x *StageVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageVolumeResponse.ProtoReflect.Descriptor instead.
 func (*StageVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{5}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StageVolumeResponse) GetVolume() *Volume {
@@ -908,7 +1093,7 @@ type UnstageVolumeRequest struct {
 
 func (x *UnstageVolumeRequest) Reset() {
 	*x = UnstageVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[6]
+	mi := &file_crust_v1_crust_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -920,7 +1105,7 @@ func (x *UnstageVolumeRequest) String() string {
 func (*UnstageVolumeRequest) ProtoMessage() {}
 
 func (x *UnstageVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[6]
+	mi := &file_crust_v1_crust_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -933,7 +1118,7 @@ func (x *UnstageVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnstageVolumeRequest.ProtoReflect.Descriptor instead.
 func (*UnstageVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{6}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *UnstageVolumeRequest) GetVolumeTargetPath() string {
@@ -952,7 +1137,7 @@ type UnstageVolumeResponse struct {
 
 func (x *UnstageVolumeResponse) Reset() {
 	*x = UnstageVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[7]
+	mi := &file_crust_v1_crust_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -964,7 +1149,7 @@ func (x *UnstageVolumeResponse) String() string {
 func (*UnstageVolumeResponse) ProtoMessage() {}
 
 func (x *UnstageVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[7]
+	mi := &file_crust_v1_crust_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -977,7 +1162,7 @@ func (x *UnstageVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnstageVolumeResponse.ProtoReflect.Descriptor instead.
 func (*UnstageVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{7}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{8}
 }
 
 // GetVolumeRequest names one volume.
@@ -991,7 +1176,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[8]
+	mi := &file_crust_v1_crust_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1188,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[8]
+	mi := &file_crust_v1_crust_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1201,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{8}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetVolumeRequest) GetVolumeTargetPath() string {
@@ -1037,7 +1222,7 @@ type GetVolumeResponse struct {
 
 func (x *GetVolumeResponse) Reset() {
 	*x = GetVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[9]
+	mi := &file_crust_v1_crust_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1049,7 +1234,7 @@ func (x *GetVolumeResponse) String() string {
 func (*GetVolumeResponse) ProtoMessage() {}
 
 func (x *GetVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[9]
+	mi := &file_crust_v1_crust_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1062,7 +1247,7 @@ func (x *GetVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeResponse.ProtoReflect.Descriptor instead.
 func (*GetVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{9}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetVolumeResponse) GetVolume() *Volume {
@@ -1088,7 +1273,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[10]
+	mi := &file_crust_v1_crust_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1100,7 +1285,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[10]
+	mi := &file_crust_v1_crust_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1113,7 +1298,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{10}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListVolumesRequest) GetMaxEntries() int32 {
@@ -1144,7 +1329,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[11]
+	mi := &file_crust_v1_crust_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1156,7 +1341,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[11]
+	mi := &file_crust_v1_crust_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1169,7 +1354,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{11}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -1197,7 +1382,7 @@ type GetVolumeStatsRequest struct {
 
 func (x *GetVolumeStatsRequest) Reset() {
 	*x = GetVolumeStatsRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[12]
+	mi := &file_crust_v1_crust_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1209,7 +1394,7 @@ func (x *GetVolumeStatsRequest) String() string {
 func (*GetVolumeStatsRequest) ProtoMessage() {}
 
 func (x *GetVolumeStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[12]
+	mi := &file_crust_v1_crust_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1222,7 +1407,7 @@ func (x *GetVolumeStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeStatsRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{12}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetVolumeStatsRequest) GetVolumeTargetPath() string {
@@ -1249,7 +1434,7 @@ type VolumeUsage struct {
 
 func (x *VolumeUsage) Reset() {
 	*x = VolumeUsage{}
-	mi := &file_crust_v1_crust_proto_msgTypes[13]
+	mi := &file_crust_v1_crust_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1261,7 +1446,7 @@ func (x *VolumeUsage) String() string {
 func (*VolumeUsage) ProtoMessage() {}
 
 func (x *VolumeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[13]
+	mi := &file_crust_v1_crust_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1274,7 +1459,7 @@ func (x *VolumeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeUsage.ProtoReflect.Descriptor instead.
 func (*VolumeUsage) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{13}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *VolumeUsage) GetAvailable() int64 {
@@ -1318,7 +1503,7 @@ type VolumeCondition struct {
 
 func (x *VolumeCondition) Reset() {
 	*x = VolumeCondition{}
-	mi := &file_crust_v1_crust_proto_msgTypes[14]
+	mi := &file_crust_v1_crust_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1515,7 @@ func (x *VolumeCondition) String() string {
 func (*VolumeCondition) ProtoMessage() {}
 
 func (x *VolumeCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[14]
+	mi := &file_crust_v1_crust_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1528,7 @@ func (x *VolumeCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeCondition.ProtoReflect.Descriptor instead.
 func (*VolumeCondition) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{14}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *VolumeCondition) GetAbnormal() bool {
@@ -1373,7 +1558,7 @@ type GetVolumeStatsResponse struct {
 
 func (x *GetVolumeStatsResponse) Reset() {
 	*x = GetVolumeStatsResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[15]
+	mi := &file_crust_v1_crust_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1385,7 +1570,7 @@ func (x *GetVolumeStatsResponse) String() string {
 func (*GetVolumeStatsResponse) ProtoMessage() {}
 
 func (x *GetVolumeStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[15]
+	mi := &file_crust_v1_crust_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1398,7 +1583,7 @@ func (x *GetVolumeStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetVolumeStatsResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{15}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetVolumeStatsResponse) GetUsage() []*VolumeUsage {
@@ -1430,7 +1615,7 @@ type ExpandVolumeRequest struct {
 
 func (x *ExpandVolumeRequest) Reset() {
 	*x = ExpandVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[16]
+	mi := &file_crust_v1_crust_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1442,7 +1627,7 @@ func (x *ExpandVolumeRequest) String() string {
 func (*ExpandVolumeRequest) ProtoMessage() {}
 
 func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[16]
+	mi := &file_crust_v1_crust_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1455,7 +1640,7 @@ func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{16}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExpandVolumeRequest) GetVolumeTargetPath() string {
@@ -1490,7 +1675,7 @@ type ExpandVolumeResponse struct {
 
 func (x *ExpandVolumeResponse) Reset() {
 	*x = ExpandVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[17]
+	mi := &file_crust_v1_crust_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +1687,7 @@ func (x *ExpandVolumeResponse) String() string {
 func (*ExpandVolumeResponse) ProtoMessage() {}
 
 func (x *ExpandVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[17]
+	mi := &file_crust_v1_crust_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +1700,7 @@ func (x *ExpandVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{17}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExpandVolumeResponse) GetCapacityBytes() int64 {
@@ -1534,7 +1719,7 @@ type ListProblemsRequest struct {
 
 func (x *ListProblemsRequest) Reset() {
 	*x = ListProblemsRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[18]
+	mi := &file_crust_v1_crust_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1546,7 +1731,7 @@ func (x *ListProblemsRequest) String() string {
 func (*ListProblemsRequest) ProtoMessage() {}
 
 func (x *ListProblemsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[18]
+	mi := &file_crust_v1_crust_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1559,7 +1744,7 @@ func (x *ListProblemsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProblemsRequest.ProtoReflect.Descriptor instead.
 func (*ListProblemsRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{18}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{19}
 }
 
 // ListProblemsResponse lists problems, ordered by kind, then target path, then path.
@@ -1576,7 +1761,7 @@ type ListProblemsResponse struct {
 
 func (x *ListProblemsResponse) Reset() {
 	*x = ListProblemsResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[19]
+	mi := &file_crust_v1_crust_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1588,7 +1773,7 @@ func (x *ListProblemsResponse) String() string {
 func (*ListProblemsResponse) ProtoMessage() {}
 
 func (x *ListProblemsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[19]
+	mi := &file_crust_v1_crust_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1601,7 +1786,7 @@ func (x *ListProblemsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProblemsResponse.ProtoReflect.Descriptor instead.
 func (*ListProblemsResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{19}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListProblemsResponse) GetProblems() []*Problem {
@@ -1637,7 +1822,7 @@ type Problem struct {
 
 func (x *Problem) Reset() {
 	*x = Problem{}
-	mi := &file_crust_v1_crust_proto_msgTypes[20]
+	mi := &file_crust_v1_crust_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +1834,7 @@ func (x *Problem) String() string {
 func (*Problem) ProtoMessage() {}
 
 func (x *Problem) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[20]
+	mi := &file_crust_v1_crust_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +1847,7 @@ func (x *Problem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Problem.ProtoReflect.Descriptor instead.
 func (*Problem) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{20}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Problem) GetKind() ProblemKind {
@@ -1715,7 +1900,7 @@ type ClaimVolumeRequest struct {
 
 func (x *ClaimVolumeRequest) Reset() {
 	*x = ClaimVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[21]
+	mi := &file_crust_v1_crust_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +1912,7 @@ func (x *ClaimVolumeRequest) String() string {
 func (*ClaimVolumeRequest) ProtoMessage() {}
 
 func (x *ClaimVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[21]
+	mi := &file_crust_v1_crust_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +1925,7 @@ func (x *ClaimVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ClaimVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{21}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ClaimVolumeRequest) GetVolumeTargetPath() string {
@@ -1775,7 +1960,7 @@ type ClaimVolumeResponse struct {
 
 func (x *ClaimVolumeResponse) Reset() {
 	*x = ClaimVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[22]
+	mi := &file_crust_v1_crust_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1787,7 +1972,7 @@ func (x *ClaimVolumeResponse) String() string {
 func (*ClaimVolumeResponse) ProtoMessage() {}
 
 func (x *ClaimVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[22]
+	mi := &file_crust_v1_crust_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1800,7 +1985,7 @@ func (x *ClaimVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ClaimVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{22}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ClaimVolumeResponse) GetVolume() *Volume {
@@ -1826,7 +2011,7 @@ type ReleaseVolumeRequest struct {
 
 func (x *ReleaseVolumeRequest) Reset() {
 	*x = ReleaseVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[23]
+	mi := &file_crust_v1_crust_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1838,7 +2023,7 @@ func (x *ReleaseVolumeRequest) String() string {
 func (*ReleaseVolumeRequest) ProtoMessage() {}
 
 func (x *ReleaseVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[23]
+	mi := &file_crust_v1_crust_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1851,7 +2036,7 @@ func (x *ReleaseVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{23}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReleaseVolumeRequest) GetVolumeTargetPath() string {
@@ -1884,7 +2069,7 @@ type ReleaseVolumeResponse struct {
 
 func (x *ReleaseVolumeResponse) Reset() {
 	*x = ReleaseVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[24]
+	mi := &file_crust_v1_crust_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1896,7 +2081,7 @@ func (x *ReleaseVolumeResponse) String() string {
 func (*ReleaseVolumeResponse) ProtoMessage() {}
 
 func (x *ReleaseVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[24]
+	mi := &file_crust_v1_crust_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1909,7 +2094,7 @@ func (x *ReleaseVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{24}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{25}
 }
 
 // WatchVolumesRequest starts a watch.
@@ -1923,7 +2108,7 @@ type WatchVolumesRequest struct {
 
 func (x *WatchVolumesRequest) Reset() {
 	*x = WatchVolumesRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[25]
+	mi := &file_crust_v1_crust_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1935,7 +2120,7 @@ func (x *WatchVolumesRequest) String() string {
 func (*WatchVolumesRequest) ProtoMessage() {}
 
 func (x *WatchVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[25]
+	mi := &file_crust_v1_crust_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1948,7 +2133,7 @@ func (x *WatchVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchVolumesRequest.ProtoReflect.Descriptor instead.
 func (*WatchVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{25}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchVolumesRequest) GetSendExisting() bool {
@@ -1979,7 +2164,7 @@ type WatchVolumesResponse struct {
 
 func (x *WatchVolumesResponse) Reset() {
 	*x = WatchVolumesResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[26]
+	mi := &file_crust_v1_crust_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1991,7 +2176,7 @@ func (x *WatchVolumesResponse) String() string {
 func (*WatchVolumesResponse) ProtoMessage() {}
 
 func (x *WatchVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[26]
+	mi := &file_crust_v1_crust_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2004,7 +2189,7 @@ func (x *WatchVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchVolumesResponse.ProtoReflect.Descriptor instead.
 func (*WatchVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{26}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchVolumesResponse) GetType() EventType {
@@ -2062,7 +2247,7 @@ type RuntimeHandlerServiceGetVolumeStatsRequest struct {
 
 func (x *RuntimeHandlerServiceGetVolumeStatsRequest) Reset() {
 	*x = RuntimeHandlerServiceGetVolumeStatsRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[27]
+	mi := &file_crust_v1_crust_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2074,7 +2259,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsRequest) String() string {
 func (*RuntimeHandlerServiceGetVolumeStatsRequest) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceGetVolumeStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[27]
+	mi := &file_crust_v1_crust_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2087,7 +2272,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsRequest) ProtoReflect() protoreflect
 
 // Deprecated: Use RuntimeHandlerServiceGetVolumeStatsRequest.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceGetVolumeStatsRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{27}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RuntimeHandlerServiceGetVolumeStatsRequest) GetVolumeTargetPath() string {
@@ -2117,7 +2302,7 @@ type RuntimeHandlerServiceGetVolumeStatsResponse struct {
 
 func (x *RuntimeHandlerServiceGetVolumeStatsResponse) Reset() {
 	*x = RuntimeHandlerServiceGetVolumeStatsResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[28]
+	mi := &file_crust_v1_crust_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2129,7 +2314,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsResponse) String() string {
 func (*RuntimeHandlerServiceGetVolumeStatsResponse) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceGetVolumeStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[28]
+	mi := &file_crust_v1_crust_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2142,7 +2327,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsResponse) ProtoReflect() protoreflec
 
 // Deprecated: Use RuntimeHandlerServiceGetVolumeStatsResponse.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceGetVolumeStatsResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{28}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RuntimeHandlerServiceGetVolumeStatsResponse) GetUsage() []*VolumeUsage {
@@ -2176,7 +2361,7 @@ type RuntimeHandlerServiceExpandVolumeRequest struct {
 
 func (x *RuntimeHandlerServiceExpandVolumeRequest) Reset() {
 	*x = RuntimeHandlerServiceExpandVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[29]
+	mi := &file_crust_v1_crust_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2188,7 +2373,7 @@ func (x *RuntimeHandlerServiceExpandVolumeRequest) String() string {
 func (*RuntimeHandlerServiceExpandVolumeRequest) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceExpandVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[29]
+	mi := &file_crust_v1_crust_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2201,7 +2386,7 @@ func (x *RuntimeHandlerServiceExpandVolumeRequest) ProtoReflect() protoreflect.M
 
 // Deprecated: Use RuntimeHandlerServiceExpandVolumeRequest.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceExpandVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{29}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RuntimeHandlerServiceExpandVolumeRequest) GetVolumeTargetPath() string {
@@ -2243,7 +2428,7 @@ type RuntimeHandlerServiceExpandVolumeResponse struct {
 
 func (x *RuntimeHandlerServiceExpandVolumeResponse) Reset() {
 	*x = RuntimeHandlerServiceExpandVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[30]
+	mi := &file_crust_v1_crust_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2255,7 +2440,7 @@ func (x *RuntimeHandlerServiceExpandVolumeResponse) String() string {
 func (*RuntimeHandlerServiceExpandVolumeResponse) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceExpandVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[30]
+	mi := &file_crust_v1_crust_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2268,7 +2453,7 @@ func (x *RuntimeHandlerServiceExpandVolumeResponse) ProtoReflect() protoreflect.
 
 // Deprecated: Use RuntimeHandlerServiceExpandVolumeResponse.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceExpandVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{30}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RuntimeHandlerServiceExpandVolumeResponse) GetCapacityBytes() int64 {
@@ -2282,7 +2467,16 @@ var File_crust_v1_crust_proto protoreflect.FileDescriptor
 
 const file_crust_v1_crust_proto_rawDesc = "" +
 	"\n" +
-	"\x14crust/v1/crust.proto\x12\bcrust.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbe\x05\n" +
+	"\x14crust/v1/crust.proto\x12\bcrust.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x82\x02\n" +
+	"\bIOLimits\x12\x1d\n" +
+	"\n" +
+	"total_iops\x18\x01 \x01(\x03R\ttotalIops\x12\x1b\n" +
+	"\tread_iops\x18\x02 \x01(\x03R\breadIops\x12\x1d\n" +
+	"\n" +
+	"write_iops\x18\x03 \x01(\x03R\twriteIops\x123\n" +
+	"\x16total_bytes_per_second\x18\x04 \x01(\x03R\x13totalBytesPerSecond\x121\n" +
+	"\x15read_bytes_per_second\x18\x05 \x01(\x03R\x12readBytesPerSecond\x123\n" +
+	"\x16write_bytes_per_second\x18\x06 \x01(\x03R\x13writeBytesPerSecond\"\xa6\x06\n" +
 	"\n" +
 	"VolumeSpec\x12,\n" +
 	"\x12volume_target_path\x18\x01 \x01(\tR\x10volumeTargetPath\x12.\n" +
@@ -2301,7 +2495,10 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\n" +
 	"csi_driver\x18\v \x01(\tR\tcsiDriver\x12\x17\n" +
 	"\apod_uid\x18\f \x01(\tR\x06podUid\x12>\n" +
-	"\bmetadata\x18\r \x03(\v2\".crust.v1.VolumeSpec.MetadataEntryR\bmetadata\x1a;\n" +
+	"\bmetadata\x18\r \x03(\v2\".crust.v1.VolumeSpec.MetadataEntryR\bmetadata\x125\n" +
+	"\vvolume_mode\x18\x0e \x01(\x0e2\x14.crust.v1.VolumeModeR\n" +
+	"volumeMode\x12/\n" +
+	"\tio_limits\x18\x0f \x01(\v2\x12.crust.v1.IOLimitsR\bioLimits\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x1c\n" +
@@ -2309,7 +2506,7 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\fDeviceNumber\x12\x14\n" +
 	"\x05major\x18\x01 \x01(\rR\x05major\x12\x14\n" +
 	"\x05minor\x18\x02 \x01(\rR\x05minor\x12\x14\n" +
-	"\x05inode\x18\x03 \x01(\x04R\x05inode\"\xef\x01\n" +
+	"\x05inode\x18\x03 \x01(\x04R\x05inode\"\x96\x02\n" +
 	"\x05Claim\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12)\n" +
@@ -2319,7 +2516,8 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\x04kata\x18\x04 \x01(\bR\x04kata\x12\x1f\n" +
 	"\vclaimer_pid\x18\x05 \x01(\x05R\n" +
 	"claimerPid\x12,\n" +
-	"\x12claimer_start_time\x18\x06 \x01(\x04R\x10claimerStartTime\"\xae\x02\n" +
+	"\x12claimer_start_time\x18\x06 \x01(\x04R\x10claimerStartTime\x12%\n" +
+	"\x0ecri_discovered\x18\a \x01(\bR\rcriDiscovered\"\xd1\x02\n" +
 	"\x06Volume\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.crust.v1.VolumeSpecR\x04spec\x122\n" +
 	"\x15resolved_backing_path\x18\x02 \x01(\tR\x13resolvedBackingPath\x12;\n" +
@@ -2327,7 +2525,8 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\n" +
 	"stage_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstageTime\x12%\n" +
 	"\x05claim\x18\x05 \x01(\v2\x0f.crust.v1.ClaimR\x05claim\x12'\n" +
-	"\x0frequested_bytes\x18\x06 \x01(\x03R\x0erequestedBytes\">\n" +
+	"\x0frequested_bytes\x18\x06 \x01(\x03R\x0erequestedBytes\x12!\n" +
+	"\fkata_caveats\x18\a \x03(\tR\vkataCaveats\">\n" +
 	"\x12StageVolumeRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.crust.v1.VolumeSpecR\x04spec\"?\n" +
 	"\x13StageVolumeResponse\x12(\n" +
@@ -2424,7 +2623,12 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\x17VOLUME_TYPE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11VOLUME_TYPE_BLOCK\x10\x01\x12\x14\n" +
 	"\x10VOLUME_TYPE_FILE\x10\x02\x12\x14\n" +
-	"\x10VOLUME_TYPE_PMEM\x10\x03*\x8d\x01\n" +
+	"\x10VOLUME_TYPE_PMEM\x10\x03*\\\n" +
+	"\n" +
+	"VolumeMode\x12\x1b\n" +
+	"\x17VOLUME_MODE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16VOLUME_MODE_FILESYSTEM\x10\x01\x12\x15\n" +
+	"\x11VOLUME_MODE_BLOCK\x10\x02*\x8d\x01\n" +
 	"\x13FSGroupChangePolicy\x12&\n" +
 	"\"FS_GROUP_CHANGE_POLICY_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dFS_GROUP_CHANGE_POLICY_ALWAYS\x10\x01\x12+\n" +
@@ -2478,103 +2682,107 @@ func file_crust_v1_crust_proto_rawDescGZIP() []byte {
 	return file_crust_v1_crust_proto_rawDescData
 }
 
-var file_crust_v1_crust_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_crust_v1_crust_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_crust_v1_crust_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_crust_v1_crust_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_crust_v1_crust_proto_goTypes = []any{
 	(VolumeType)(0),                                     // 0: crust.v1.VolumeType
-	(FSGroupChangePolicy)(0),                            // 1: crust.v1.FSGroupChangePolicy
-	(ProblemKind)(0),                                    // 2: crust.v1.ProblemKind
-	(EventType)(0),                                      // 3: crust.v1.EventType
-	(ReleaseReason)(0),                                  // 4: crust.v1.ReleaseReason
-	(VolumeUsage_Unit)(0),                               // 5: crust.v1.VolumeUsage.Unit
-	(*VolumeSpec)(nil),                                  // 6: crust.v1.VolumeSpec
-	(*DeviceNumber)(nil),                                // 7: crust.v1.DeviceNumber
-	(*Claim)(nil),                                       // 8: crust.v1.Claim
-	(*Volume)(nil),                                      // 9: crust.v1.Volume
-	(*StageVolumeRequest)(nil),                          // 10: crust.v1.StageVolumeRequest
-	(*StageVolumeResponse)(nil),                         // 11: crust.v1.StageVolumeResponse
-	(*UnstageVolumeRequest)(nil),                        // 12: crust.v1.UnstageVolumeRequest
-	(*UnstageVolumeResponse)(nil),                       // 13: crust.v1.UnstageVolumeResponse
-	(*GetVolumeRequest)(nil),                            // 14: crust.v1.GetVolumeRequest
-	(*GetVolumeResponse)(nil),                           // 15: crust.v1.GetVolumeResponse
-	(*ListVolumesRequest)(nil),                          // 16: crust.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),                         // 17: crust.v1.ListVolumesResponse
-	(*GetVolumeStatsRequest)(nil),                       // 18: crust.v1.GetVolumeStatsRequest
-	(*VolumeUsage)(nil),                                 // 19: crust.v1.VolumeUsage
-	(*VolumeCondition)(nil),                             // 20: crust.v1.VolumeCondition
-	(*GetVolumeStatsResponse)(nil),                      // 21: crust.v1.GetVolumeStatsResponse
-	(*ExpandVolumeRequest)(nil),                         // 22: crust.v1.ExpandVolumeRequest
-	(*ExpandVolumeResponse)(nil),                        // 23: crust.v1.ExpandVolumeResponse
-	(*ListProblemsRequest)(nil),                         // 24: crust.v1.ListProblemsRequest
-	(*ListProblemsResponse)(nil),                        // 25: crust.v1.ListProblemsResponse
-	(*Problem)(nil),                                     // 26: crust.v1.Problem
-	(*ClaimVolumeRequest)(nil),                          // 27: crust.v1.ClaimVolumeRequest
-	(*ClaimVolumeResponse)(nil),                         // 28: crust.v1.ClaimVolumeResponse
-	(*ReleaseVolumeRequest)(nil),                        // 29: crust.v1.ReleaseVolumeRequest
-	(*ReleaseVolumeResponse)(nil),                       // 30: crust.v1.ReleaseVolumeResponse
-	(*WatchVolumesRequest)(nil),                         // 31: crust.v1.WatchVolumesRequest
-	(*WatchVolumesResponse)(nil),                        // 32: crust.v1.WatchVolumesResponse
-	(*RuntimeHandlerServiceGetVolumeStatsRequest)(nil),  // 33: crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
-	(*RuntimeHandlerServiceGetVolumeStatsResponse)(nil), // 34: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
-	(*RuntimeHandlerServiceExpandVolumeRequest)(nil),    // 35: crust.v1.RuntimeHandlerServiceExpandVolumeRequest
-	(*RuntimeHandlerServiceExpandVolumeResponse)(nil),   // 36: crust.v1.RuntimeHandlerServiceExpandVolumeResponse
-	nil,                           // 37: crust.v1.VolumeSpec.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
+	(VolumeMode)(0),                                     // 1: crust.v1.VolumeMode
+	(FSGroupChangePolicy)(0),                            // 2: crust.v1.FSGroupChangePolicy
+	(ProblemKind)(0),                                    // 3: crust.v1.ProblemKind
+	(EventType)(0),                                      // 4: crust.v1.EventType
+	(ReleaseReason)(0),                                  // 5: crust.v1.ReleaseReason
+	(VolumeUsage_Unit)(0),                               // 6: crust.v1.VolumeUsage.Unit
+	(*IOLimits)(nil),                                    // 7: crust.v1.IOLimits
+	(*VolumeSpec)(nil),                                  // 8: crust.v1.VolumeSpec
+	(*DeviceNumber)(nil),                                // 9: crust.v1.DeviceNumber
+	(*Claim)(nil),                                       // 10: crust.v1.Claim
+	(*Volume)(nil),                                      // 11: crust.v1.Volume
+	(*StageVolumeRequest)(nil),                          // 12: crust.v1.StageVolumeRequest
+	(*StageVolumeResponse)(nil),                         // 13: crust.v1.StageVolumeResponse
+	(*UnstageVolumeRequest)(nil),                        // 14: crust.v1.UnstageVolumeRequest
+	(*UnstageVolumeResponse)(nil),                       // 15: crust.v1.UnstageVolumeResponse
+	(*GetVolumeRequest)(nil),                            // 16: crust.v1.GetVolumeRequest
+	(*GetVolumeResponse)(nil),                           // 17: crust.v1.GetVolumeResponse
+	(*ListVolumesRequest)(nil),                          // 18: crust.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),                         // 19: crust.v1.ListVolumesResponse
+	(*GetVolumeStatsRequest)(nil),                       // 20: crust.v1.GetVolumeStatsRequest
+	(*VolumeUsage)(nil),                                 // 21: crust.v1.VolumeUsage
+	(*VolumeCondition)(nil),                             // 22: crust.v1.VolumeCondition
+	(*GetVolumeStatsResponse)(nil),                      // 23: crust.v1.GetVolumeStatsResponse
+	(*ExpandVolumeRequest)(nil),                         // 24: crust.v1.ExpandVolumeRequest
+	(*ExpandVolumeResponse)(nil),                        // 25: crust.v1.ExpandVolumeResponse
+	(*ListProblemsRequest)(nil),                         // 26: crust.v1.ListProblemsRequest
+	(*ListProblemsResponse)(nil),                        // 27: crust.v1.ListProblemsResponse
+	(*Problem)(nil),                                     // 28: crust.v1.Problem
+	(*ClaimVolumeRequest)(nil),                          // 29: crust.v1.ClaimVolumeRequest
+	(*ClaimVolumeResponse)(nil),                         // 30: crust.v1.ClaimVolumeResponse
+	(*ReleaseVolumeRequest)(nil),                        // 31: crust.v1.ReleaseVolumeRequest
+	(*ReleaseVolumeResponse)(nil),                       // 32: crust.v1.ReleaseVolumeResponse
+	(*WatchVolumesRequest)(nil),                         // 33: crust.v1.WatchVolumesRequest
+	(*WatchVolumesResponse)(nil),                        // 34: crust.v1.WatchVolumesResponse
+	(*RuntimeHandlerServiceGetVolumeStatsRequest)(nil),  // 35: crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
+	(*RuntimeHandlerServiceGetVolumeStatsResponse)(nil), // 36: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
+	(*RuntimeHandlerServiceExpandVolumeRequest)(nil),    // 37: crust.v1.RuntimeHandlerServiceExpandVolumeRequest
+	(*RuntimeHandlerServiceExpandVolumeResponse)(nil),   // 38: crust.v1.RuntimeHandlerServiceExpandVolumeResponse
+	nil,                           // 39: crust.v1.VolumeSpec.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 40: google.protobuf.Timestamp
 }
 var file_crust_v1_crust_proto_depIdxs = []int32{
 	0,  // 0: crust.v1.VolumeSpec.volume_type:type_name -> crust.v1.VolumeType
-	1,  // 1: crust.v1.VolumeSpec.supplemental_group_change_policy:type_name -> crust.v1.FSGroupChangePolicy
-	37, // 2: crust.v1.VolumeSpec.metadata:type_name -> crust.v1.VolumeSpec.MetadataEntry
-	38, // 3: crust.v1.Claim.claim_time:type_name -> google.protobuf.Timestamp
-	6,  // 4: crust.v1.Volume.spec:type_name -> crust.v1.VolumeSpec
-	7,  // 5: crust.v1.Volume.device_number:type_name -> crust.v1.DeviceNumber
-	38, // 6: crust.v1.Volume.stage_time:type_name -> google.protobuf.Timestamp
-	8,  // 7: crust.v1.Volume.claim:type_name -> crust.v1.Claim
-	6,  // 8: crust.v1.StageVolumeRequest.spec:type_name -> crust.v1.VolumeSpec
-	9,  // 9: crust.v1.StageVolumeResponse.volume:type_name -> crust.v1.Volume
-	9,  // 10: crust.v1.GetVolumeResponse.volume:type_name -> crust.v1.Volume
-	9,  // 11: crust.v1.ListVolumesResponse.volumes:type_name -> crust.v1.Volume
-	5,  // 12: crust.v1.VolumeUsage.unit:type_name -> crust.v1.VolumeUsage.Unit
-	19, // 13: crust.v1.GetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
-	20, // 14: crust.v1.GetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
-	26, // 15: crust.v1.ListProblemsResponse.problems:type_name -> crust.v1.Problem
-	2,  // 16: crust.v1.Problem.kind:type_name -> crust.v1.ProblemKind
-	9,  // 17: crust.v1.ClaimVolumeResponse.volume:type_name -> crust.v1.Volume
-	3,  // 18: crust.v1.WatchVolumesResponse.type:type_name -> crust.v1.EventType
-	9,  // 19: crust.v1.WatchVolumesResponse.volume:type_name -> crust.v1.Volume
-	4,  // 20: crust.v1.WatchVolumesResponse.release_reason:type_name -> crust.v1.ReleaseReason
-	8,  // 21: crust.v1.WatchVolumesResponse.released_claim:type_name -> crust.v1.Claim
-	19, // 22: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
-	20, // 23: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
-	10, // 24: crust.v1.VolumeService.StageVolume:input_type -> crust.v1.StageVolumeRequest
-	12, // 25: crust.v1.VolumeService.UnstageVolume:input_type -> crust.v1.UnstageVolumeRequest
-	14, // 26: crust.v1.VolumeService.GetVolume:input_type -> crust.v1.GetVolumeRequest
-	16, // 27: crust.v1.VolumeService.ListVolumes:input_type -> crust.v1.ListVolumesRequest
-	18, // 28: crust.v1.VolumeService.GetVolumeStats:input_type -> crust.v1.GetVolumeStatsRequest
-	22, // 29: crust.v1.VolumeService.ExpandVolume:input_type -> crust.v1.ExpandVolumeRequest
-	24, // 30: crust.v1.VolumeService.ListProblems:input_type -> crust.v1.ListProblemsRequest
-	27, // 31: crust.v1.RuntimeService.ClaimVolume:input_type -> crust.v1.ClaimVolumeRequest
-	29, // 32: crust.v1.RuntimeService.ReleaseVolume:input_type -> crust.v1.ReleaseVolumeRequest
-	31, // 33: crust.v1.RuntimeService.WatchVolumes:input_type -> crust.v1.WatchVolumesRequest
-	33, // 34: crust.v1.RuntimeHandlerService.GetVolumeStats:input_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
-	35, // 35: crust.v1.RuntimeHandlerService.ExpandVolume:input_type -> crust.v1.RuntimeHandlerServiceExpandVolumeRequest
-	11, // 36: crust.v1.VolumeService.StageVolume:output_type -> crust.v1.StageVolumeResponse
-	13, // 37: crust.v1.VolumeService.UnstageVolume:output_type -> crust.v1.UnstageVolumeResponse
-	15, // 38: crust.v1.VolumeService.GetVolume:output_type -> crust.v1.GetVolumeResponse
-	17, // 39: crust.v1.VolumeService.ListVolumes:output_type -> crust.v1.ListVolumesResponse
-	21, // 40: crust.v1.VolumeService.GetVolumeStats:output_type -> crust.v1.GetVolumeStatsResponse
-	23, // 41: crust.v1.VolumeService.ExpandVolume:output_type -> crust.v1.ExpandVolumeResponse
-	25, // 42: crust.v1.VolumeService.ListProblems:output_type -> crust.v1.ListProblemsResponse
-	28, // 43: crust.v1.RuntimeService.ClaimVolume:output_type -> crust.v1.ClaimVolumeResponse
-	30, // 44: crust.v1.RuntimeService.ReleaseVolume:output_type -> crust.v1.ReleaseVolumeResponse
-	32, // 45: crust.v1.RuntimeService.WatchVolumes:output_type -> crust.v1.WatchVolumesResponse
-	34, // 46: crust.v1.RuntimeHandlerService.GetVolumeStats:output_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
-	36, // 47: crust.v1.RuntimeHandlerService.ExpandVolume:output_type -> crust.v1.RuntimeHandlerServiceExpandVolumeResponse
-	36, // [36:48] is the sub-list for method output_type
-	24, // [24:36] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	2,  // 1: crust.v1.VolumeSpec.supplemental_group_change_policy:type_name -> crust.v1.FSGroupChangePolicy
+	39, // 2: crust.v1.VolumeSpec.metadata:type_name -> crust.v1.VolumeSpec.MetadataEntry
+	1,  // 3: crust.v1.VolumeSpec.volume_mode:type_name -> crust.v1.VolumeMode
+	7,  // 4: crust.v1.VolumeSpec.io_limits:type_name -> crust.v1.IOLimits
+	40, // 5: crust.v1.Claim.claim_time:type_name -> google.protobuf.Timestamp
+	8,  // 6: crust.v1.Volume.spec:type_name -> crust.v1.VolumeSpec
+	9,  // 7: crust.v1.Volume.device_number:type_name -> crust.v1.DeviceNumber
+	40, // 8: crust.v1.Volume.stage_time:type_name -> google.protobuf.Timestamp
+	10, // 9: crust.v1.Volume.claim:type_name -> crust.v1.Claim
+	8,  // 10: crust.v1.StageVolumeRequest.spec:type_name -> crust.v1.VolumeSpec
+	11, // 11: crust.v1.StageVolumeResponse.volume:type_name -> crust.v1.Volume
+	11, // 12: crust.v1.GetVolumeResponse.volume:type_name -> crust.v1.Volume
+	11, // 13: crust.v1.ListVolumesResponse.volumes:type_name -> crust.v1.Volume
+	6,  // 14: crust.v1.VolumeUsage.unit:type_name -> crust.v1.VolumeUsage.Unit
+	21, // 15: crust.v1.GetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
+	22, // 16: crust.v1.GetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
+	28, // 17: crust.v1.ListProblemsResponse.problems:type_name -> crust.v1.Problem
+	3,  // 18: crust.v1.Problem.kind:type_name -> crust.v1.ProblemKind
+	11, // 19: crust.v1.ClaimVolumeResponse.volume:type_name -> crust.v1.Volume
+	4,  // 20: crust.v1.WatchVolumesResponse.type:type_name -> crust.v1.EventType
+	11, // 21: crust.v1.WatchVolumesResponse.volume:type_name -> crust.v1.Volume
+	5,  // 22: crust.v1.WatchVolumesResponse.release_reason:type_name -> crust.v1.ReleaseReason
+	10, // 23: crust.v1.WatchVolumesResponse.released_claim:type_name -> crust.v1.Claim
+	21, // 24: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
+	22, // 25: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
+	12, // 26: crust.v1.VolumeService.StageVolume:input_type -> crust.v1.StageVolumeRequest
+	14, // 27: crust.v1.VolumeService.UnstageVolume:input_type -> crust.v1.UnstageVolumeRequest
+	16, // 28: crust.v1.VolumeService.GetVolume:input_type -> crust.v1.GetVolumeRequest
+	18, // 29: crust.v1.VolumeService.ListVolumes:input_type -> crust.v1.ListVolumesRequest
+	20, // 30: crust.v1.VolumeService.GetVolumeStats:input_type -> crust.v1.GetVolumeStatsRequest
+	24, // 31: crust.v1.VolumeService.ExpandVolume:input_type -> crust.v1.ExpandVolumeRequest
+	26, // 32: crust.v1.VolumeService.ListProblems:input_type -> crust.v1.ListProblemsRequest
+	29, // 33: crust.v1.RuntimeService.ClaimVolume:input_type -> crust.v1.ClaimVolumeRequest
+	31, // 34: crust.v1.RuntimeService.ReleaseVolume:input_type -> crust.v1.ReleaseVolumeRequest
+	33, // 35: crust.v1.RuntimeService.WatchVolumes:input_type -> crust.v1.WatchVolumesRequest
+	35, // 36: crust.v1.RuntimeHandlerService.GetVolumeStats:input_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
+	37, // 37: crust.v1.RuntimeHandlerService.ExpandVolume:input_type -> crust.v1.RuntimeHandlerServiceExpandVolumeRequest
+	13, // 38: crust.v1.VolumeService.StageVolume:output_type -> crust.v1.StageVolumeResponse
+	15, // 39: crust.v1.VolumeService.UnstageVolume:output_type -> crust.v1.UnstageVolumeResponse
+	17, // 40: crust.v1.VolumeService.GetVolume:output_type -> crust.v1.GetVolumeResponse
+	19, // 41: crust.v1.VolumeService.ListVolumes:output_type -> crust.v1.ListVolumesResponse
+	23, // 42: crust.v1.VolumeService.GetVolumeStats:output_type -> crust.v1.GetVolumeStatsResponse
+	25, // 43: crust.v1.VolumeService.ExpandVolume:output_type -> crust.v1.ExpandVolumeResponse
+	27, // 44: crust.v1.VolumeService.ListProblems:output_type -> crust.v1.ListProblemsResponse
+	30, // 45: crust.v1.RuntimeService.ClaimVolume:output_type -> crust.v1.ClaimVolumeResponse
+	32, // 46: crust.v1.RuntimeService.ReleaseVolume:output_type -> crust.v1.ReleaseVolumeResponse
+	34, // 47: crust.v1.RuntimeService.WatchVolumes:output_type -> crust.v1.WatchVolumesResponse
+	36, // 48: crust.v1.RuntimeHandlerService.GetVolumeStats:output_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
+	38, // 49: crust.v1.RuntimeHandlerService.ExpandVolume:output_type -> crust.v1.RuntimeHandlerServiceExpandVolumeResponse
+	38, // [38:50] is the sub-list for method output_type
+	26, // [26:38] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_crust_v1_crust_proto_init() }
@@ -2582,14 +2790,14 @@ func file_crust_v1_crust_proto_init() {
 	if File_crust_v1_crust_proto != nil {
 		return
 	}
-	file_crust_v1_crust_proto_msgTypes[0].OneofWrappers = []any{}
+	file_crust_v1_crust_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crust_v1_crust_proto_rawDesc), len(file_crust_v1_crust_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   32,
+			NumEnums:      7,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
