@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"crust.dev/crust/internal/cli/directvolume"
+	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
 )
@@ -269,7 +270,9 @@ func (g *globals) claimCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return g.print(cmd.OutOrStdout(), "json", r.GetVolume(), func(t *table) { volumeRows(t, r.GetVolume()) })
+				// The claim's answer carries secret metadata whole, for a handler; printed, it is redacted.
+				v := validate.RedactVolume(r.GetVolume())
+				return g.print(cmd.OutOrStdout(), "json", v, func(t *table) { volumeRows(t, v) })
 			})
 		},
 	}

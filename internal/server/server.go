@@ -179,13 +179,16 @@ func targetOf(req any) string {
 	return ""
 }
 
-// Redact returns a copy of m safe to log: values of secret-looking metadata keys are replaced.
+// Redact returns m, or a copy of m safe to log: values of secret metadata keys (validate.IsSecretKey) in
+// a StageVolumeRequest are replaced by validate.Redacted. Other requests carry no metadata.
 func Redact(m proto.Message) proto.Message {
 	r, ok := m.(*crustv1.StageVolumeRequest)
-	if !ok || len(r.GetSpec().GetMetadata()) == 0 {
+	if !ok {
 		return m
 	}
-	c := proto.CloneOf(r)
-	c.Spec.Metadata = validate.Redact(c.Spec.Metadata)
-	return c
+	v := validate.RedactVolume(&crustv1.Volume{Spec: r.GetSpec()})
+	if v.GetSpec() == r.GetSpec() {
+		return m
+	}
+	return &crustv1.StageVolumeRequest{Spec: v.GetSpec()}
 }

@@ -10,8 +10,25 @@ import (
 	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/peercred"
+	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
+
+// Secret metadata (validate.IsSecretKey, such as encryptionKey) leaves crustd in one answer only: the
+// ClaimVolume answer, to the handler that attaches the volume and needs the key. StageVolume, GetVolume,
+// ListVolumes and WatchVolumes answer it as validate.Redacted: the key is there, its value is not.
+
+// redactEvent returns ev, or a copy of it whose volume's secret metadata values are redacted. Events are
+// shared by every watcher, so ev itself is never changed.
+func redactEvent(ev *crustv1.WatchVolumesResponse) *crustv1.WatchVolumesResponse {
+	v := validate.RedactVolume(ev.GetVolume())
+	if v == ev.GetVolume() {
+		return ev
+	}
+	c := proto.CloneOf(ev)
+	c.Volume = v
+	return c
+}
 
 // volumes serves VolumeService for CSI node plugins.
 type volumes struct {
@@ -24,7 +41,7 @@ func (s *volumes) StageVolume(ctx context.Context, r *crustv1.StageVolumeRequest
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &crustv1.StageVolumeResponse{Volume: v}, nil
+	return &crustv1.StageVolumeResponse{Volume: validate.RedactVolume(v)}, nil
 }
 
 func (s *volumes) UnstageVolume(ctx context.Context, r *crustv1.UnstageVolumeRequest) (*crustv1.UnstageVolumeResponse, error) {
@@ -39,7 +56,7 @@ func (s *volumes) GetVolume(ctx context.Context, r *crustv1.GetVolumeRequest) (*
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &crustv1.GetVolumeResponse{Volume: v}, nil
+	return &crustv1.GetVolumeResponse{Volume: validate.RedactVolume(v)}, nil
 }
 
 // Paging of ListVolumes: a page holds at most listPageEntries descriptors (or max_entries, when smaller)
@@ -66,6 +83,9 @@ func (s *volumes) ListVolumes(ctx context.Context, r *crustv1.ListVolumesRequest
 		n = m
 	}
 	vols, more := s.m.ListPage(ctx, after, n, listPageBytes)
+	for i, v := range vols {
+		vols[i] = validate.RedactVolume(v)
+	}
 	resp := &crustv1.ListVolumesResponse{Volumes: vols}
 	if more && len(vols) > 0 {
 		// The token is the last target path of the page: the next page starts after it.
@@ -147,7 +167,7 @@ func (s *runtime) WatchVolumes(r *crustv1.WatchVolumesRequest, stream grpc.Serve
 			if !ok {
 				return toStatus(w.Err())
 			}
-			if err := stream.Send(ev); err != nil {
+			if err := stream.Send(redactEvent(ev)); err != nil {
 				return err
 			}
 		}

@@ -10,7 +10,10 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"google.golang.org/protobuf/proto"
+
 	"crust.dev/crust/internal/errdefs"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // Limits on a spec's fields.
@@ -50,8 +53,13 @@ var builtinMetadataKeys = []string{
 	"csi.storage.k8s.io/ephemeral",
 }
 
+// metaCreateFilesystem is Kata's metadata key asking for the device to be formatted in the guest when
+// blank. It is accepted, spelt exactly so, with "true" or "false", and folded into the typed field
+// create_filesystem (see Validator.Spec); any other spelling is refused like the other typed keys.
+const metaCreateFilesystem = "createFilesystem"
+
 // typedMetadataKeys maps Kata metadata keys (lower-cased) that have a typed field to that field; they
-// are refused as metadata whatever their case.
+// are refused as metadata whatever their case (but see metaCreateFilesystem).
 var typedMetadataKeys = map[string]string{
 	"fsgroup":             "volume_supplemental_group",
 	"fsgroupchangepolicy": "supplemental_group_change_policy",
@@ -193,6 +201,12 @@ func (v *Validator) metadata(field string, md map[string]string) error {
 				len(k), truncate(k, 32), maxMetadataKeyLen)
 		}
 		kf := fmt.Sprintf("%s[%q]", field, k)
+		if k == metaCreateFilesystem {
+			if val := md[k]; val != "true" && val != "false" {
+				return errdefs.Field(kf, "is %q; want \"true\" or \"false\" (or set spec.create_filesystem)", truncate(val, 32))
+			}
+			continue
+		}
 		if typed := typedMetadataKeys[strings.ToLower(k)]; typed != "" {
 			return errdefs.Field(kf, "is not allowed as metadata: set the typed field spec.%s instead", typed)
 		}
@@ -299,11 +313,13 @@ func HandlerEndpoint(field, ep string) error {
 	return nil
 }
 
-// secretWords make a metadata key secret when its lower-cased form contains one of them.
+// secretWords make a metadata key secret when its lower-cased form contains one of them. This is the one
+// list of secret keys: logs, answers and printed output all redact through IsSecretKey.
 var secretWords = []string{"secret", "pass", "token", "key", "credential", "auth", "private", "cert"}
 
-// IsSecretKey reports whether a metadata key's value must not be logged. It errs on the side of secrecy:
-// encryptionKey and any key containing (in any case) secret, pass (password, passphrase, passwd), token
+// IsSecretKey reports whether a metadata key's value is secret: never logged, never in an answer but the
+// claiming handler's (ClaimVolume), never printed. It errs on the side of secrecy: encryptionKey and any
+// key containing (in any case) secret, pass (password, passphrase, passwd), token
 // (csi.storage.k8s.io/serviceAccount.tokens), key, credential, auth, private or cert are secret.
 func IsSecretKey(key string) bool {
 	k := strings.ToLower(key)
@@ -315,14 +331,15 @@ func IsSecretKey(key string) bool {
 	return false
 }
 
-// Redacted is what Redact puts in place of a secret value.
+// Redacted is what Redact puts in place of a secret value: the key stays, so that a reader sees that the
+// volume has one (an encrypted volume, say), but never the value.
 const Redacted = "<redacted>"
 
-// Redact returns a copy of md, for logging, in which the value of every key IsSecretKey reports is
-// Redacted. A nil map gives nil.
+// Redact returns md when it holds no secret key, else a copy in which the value of every key IsSecretKey
+// reports is Redacted. md is never changed. A nil map gives nil.
 func Redact(md map[string]string) map[string]string {
-	if md == nil {
-		return nil
+	if !hasSecret(md) {
+		return md
 	}
 	out := make(map[string]string, len(md))
 	for k, val := range md {
@@ -332,4 +349,24 @@ func Redact(md map[string]string) map[string]string {
 		out[k] = val
 	}
 	return out
+}
+
+// RedactVolume returns v when its metadata holds no secret key, else a copy whose secret metadata values
+// are Redacted (see Redact). v is never changed. Every answer but ClaimVolume's goes through it.
+func RedactVolume(v *crustv1.Volume) *crustv1.Volume {
+	if !hasSecret(v.GetSpec().GetMetadata()) {
+		return v
+	}
+	c := proto.CloneOf(v)
+	c.Spec.Metadata = Redact(c.Spec.Metadata)
+	return c
+}
+
+func hasSecret(md map[string]string) bool {
+	for k := range md {
+		if IsSecretKey(k) {
+			return true
+		}
+	}
+	return false
 }

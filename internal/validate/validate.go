@@ -180,7 +180,10 @@ func New(cfg Config) (*Validator, error) {
 // KubeletDir returns the kubelet root as configured (cleaned): the form target paths must use.
 func (v *Validator) KubeletDir() string { return v.root }
 
-// Spec checks a StageVolume spec and returns its normalised copy with the resolved device. A nil error
+// Spec checks a StageVolume spec and returns its normalised copy with the resolved device: volume_type
+// BLOCK when unspecified, the group change policy Always when a group is set without one, and Kata's
+// createFilesystem metadata ("true" or "false") taken out of the metadata into create_filesystem (true
+// when either says true; "false" beside create_filesystem true is refused). A nil error
 // means every rule held: spec.volume_target_path passes TargetPath; spec.volume_backing_path passes
 // Device for the spec's volume type; fs_type, mount_flags, the supplemental group and its policy,
 // volume_id, csi_driver, pod_uid and metadata are within their allow-lists and limits. Otherwise the
@@ -221,6 +224,10 @@ func (v *Validator) Spec(spec *crustv1.VolumeSpec) (*Checked, error) {
 	if err := v.consistentPodUID(spec); err != nil {
 		return nil, err
 	}
+	if spec.GetCreateFilesystem() && spec.GetMetadata()[metaCreateFilesystem] == "false" {
+		return nil, errdefs.Field(fmt.Sprintf("spec.metadata[%q]", metaCreateFilesystem),
+			"is \"false\" but spec.create_filesystem is true; set one of them")
+	}
 
 	if err := v.TargetPath("spec.volume_target_path", spec.GetVolumeTargetPath()); err != nil {
 		return nil, err
@@ -233,6 +240,15 @@ func (v *Validator) Spec(spec *crustv1.VolumeSpec) (*Checked, error) {
 	out := proto.Clone(spec).(*crustv1.VolumeSpec)
 	if out.VolumeType == crustv1.VolumeType_VOLUME_TYPE_UNSPECIFIED {
 		out.VolumeType = crustv1.VolumeType_VOLUME_TYPE_BLOCK
+	}
+	// Kata's createFilesystem key is folded into the typed field, so that handlers read one place and the
+	// projection writes it back from there.
+	if val, ok := out.GetMetadata()[metaCreateFilesystem]; ok {
+		out.CreateFilesystem = out.CreateFilesystem || val == "true"
+		delete(out.Metadata, metaCreateFilesystem)
+		if len(out.Metadata) == 0 {
+			out.Metadata = nil
+		}
 	}
 	if out.VolumeSupplementalGroup != nil &&
 		out.SupplementalGroupChangePolicy == crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_UNSPECIFIED {

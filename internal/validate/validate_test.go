@@ -379,8 +379,33 @@ func TestValidate(t *testing.T) {
 			field: md("fsGroup"), reason: "set the typed field spec.volume_supplemental_group instead"},
 		{name: "metadata fsGroupChangePolicy", run: spec(metadata(map[string]string{"fsGroupChangePolicy": "Always"})),
 			field: md("fsGroupChangePolicy"), reason: "set the typed field spec.supplemental_group_change_policy instead"},
-		{name: "metadata createFilesystem", run: spec(metadata(map[string]string{"createFilesystem": "true"})),
-			field: md("createFilesystem"), reason: "set the typed field spec.create_filesystem instead"},
+		// Kata's createFilesystem key is taken, spelt exactly, and folded into create_filesystem.
+		{name: "metadata createFilesystem true", run: spec(metadata(map[string]string{"createFilesystem": "true", "encryptionKey": "ephemeral"})),
+			check: func(t *testing.T, c *Checked) {
+				if !c.Spec.GetCreateFilesystem() || len(c.Spec.GetMetadata()) != 1 || c.Spec.GetMetadata()["encryptionKey"] != "ephemeral" {
+					t.Errorf("create_filesystem %v, metadata %v; want true and only encryptionKey", c.Spec.GetCreateFilesystem(), c.Spec.GetMetadata())
+				}
+			}},
+		{name: "metadata createFilesystem false", run: spec(metadata(map[string]string{"createFilesystem": "false"})),
+			check: func(t *testing.T, c *Checked) {
+				if c.Spec.GetCreateFilesystem() || c.Spec.GetMetadata() != nil {
+					t.Errorf("create_filesystem %v, metadata %v; want false and none", c.Spec.GetCreateFilesystem(), c.Spec.GetMetadata())
+				}
+			}},
+		{name: "metadata createFilesystem true beside the typed field", run: spec(func(s *crustv1.VolumeSpec) {
+			s.CreateFilesystem, s.Metadata = true, map[string]string{"createFilesystem": "true"}
+		}), check: func(t *testing.T, c *Checked) {
+			if !c.Spec.GetCreateFilesystem() || c.Spec.GetMetadata() != nil {
+				t.Errorf("create_filesystem %v, metadata %v; want true and none", c.Spec.GetCreateFilesystem(), c.Spec.GetMetadata())
+			}
+		}},
+		{name: "metadata createFilesystem false against the typed field", run: spec(func(s *crustv1.VolumeSpec) {
+			s.CreateFilesystem, s.Metadata = true, map[string]string{"createFilesystem": "false"}
+		}), field: md("createFilesystem"), reason: "spec.create_filesystem is true"},
+		{name: "metadata createFilesystem not a boolean", run: spec(metadata(map[string]string{"createFilesystem": "yes"})),
+			field: md("createFilesystem"), reason: `want "true" or "false"`},
+		{name: "metadata createFilesystem of another case", run: spec(metadata(map[string]string{"createfilesystem": "true"})),
+			field: md("createfilesystem"), reason: "set the typed field spec.create_filesystem instead"},
 		{name: "metadata typed key in other case", run: specFile(metadata(map[string]string{"FSGROUP": "1000"})),
 			field: md("FSGROUP"), reason: "set the typed field spec.volume_supplemental_group instead"},
 		{name: "metadata value too long", run: spec(metadata(map[string]string{"encryptionKey": strings.Repeat("s", 4097)})),

@@ -38,7 +38,23 @@ const (
 	VolumeTypeDirect = "directvol"
 	// VolumeTypeBlock is the type used in the examples of Kata's Go runtime. runtime-rs refuses it.
 	VolumeTypeBlock = "block"
+	// VolumeTypeBlk is Kata's name for a virtio-blk block device, which some tools write as the volume
+	// type. Kata's Go runtime takes it like any other type; runtime-rs refuses it.
+	VolumeTypeBlk = "blk"
 )
+
+// IsBlockVolumeType reports whether volume-type t names a block device or raw image file, for a reader of
+// entries crust did not write: VolumeTypeDirect, VolumeTypeBlock or VolumeTypeBlk, exactly so spelt. Kata's
+// Go runtime does not read the type at all and runtime-rs takes VolumeTypeDirect only, so these three are
+// what writers for either runtime use; Kata's other types (vfiovol, spdkvol, spoolvol) name devices that
+// are not attached as disks. crust itself always writes VolumeTypeDirect.
+func IsBlockVolumeType(t string) bool {
+	switch t {
+	case VolumeTypeDirect, VolumeTypeBlock, VolumeTypeBlk:
+		return true
+	}
+	return false
+}
 
 // MountInfo is the content of mountInfo.json. Its encoding/json output is byte for byte what Kata writes
 // for the same values.

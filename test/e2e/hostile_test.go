@@ -723,7 +723,7 @@ func (h *hostileEnv) cases() []hostileCase {
 	for name, md := range map[string]map[string]string{
 		"17 pairs": many, "an unknown key": {"example.com/evil": "1"}, "a key of 300 bytes": {long(300): "v"},
 		"a value of 8 KiB":      {"csi.storage.k8s.io/pod.name": long(8192)},
-		"the typed key fsGroup": {"fsGroup": "0"}, "createFilesystem": {"createFilesystem": "true"},
+		"the typed key fsGroup": {"fsGroup": "0"}, "createFilesystem not a boolean": {"createFilesystem": "yes"},
 		"a forged pod.uid": {"csi.storage.k8s.io/pod.uid": "a0000000-0000-4000-8000-000000000001"},
 		"an empty key":     {"": "v"},
 	} {

@@ -22,6 +22,7 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
+	"crust.dev/crust/internal/validate"
 	"crust.dev/crust/pkg/kata"
 	"crust.dev/crust/pkg/safedir"
 )
@@ -270,7 +271,9 @@ func newView(v kata.Volume) view {
 	if ids == nil {
 		ids = []string{} // [] rather than null for scripts
 	}
-	return view{VolumePath: v.Path, MountInfo: v.MountInfo, SandboxIDs: ids}
+	info := v.MountInfo
+	info.Metadata = validate.Redact(info.Metadata) // secret values (encryptionKey) are never printed
+	return view{VolumePath: v.Path, MountInfo: info, SandboxIDs: ids}
 }
 
 // print writes data in the -o format, or def when -o was not given; table prints rows.

@@ -42,12 +42,16 @@ func (v vector) input(t *testing.T) string {
 	return mustJSON(t, &info)
 }
 
-// readBack is the mount info Kata read back.
+// readBack is what get and list print of the vector: what Kata reads back, with the value of an
+// encryptionKey replaced by "<redacted>" (the key is secret, and printed output never shows it).
 func (v vector) readBack(t *testing.T) *kata.MountInfo {
 	t.Helper()
 	var info kata.MountInfo
 	if err := json.Unmarshal(v.ReadBack, &info); err != nil {
 		t.Fatal(err)
+	}
+	if _, ok := info.Metadata[kata.MetadataEncryptionKey]; ok {
+		info.Metadata[kata.MetadataEncryptionKey] = "<redacted>"
 	}
 	return &info
 }
@@ -296,4 +300,24 @@ func TestPlantedLink(t *testing.T) {
 		t.Errorf("remove left the link: %v", err)
 	}
 	safedirtest.Unchanged(t, before, outside)
+}
+
+// Entries of every block volume type Kata's runtimes and their tools write are added and read back as
+// they are: "blk" beside the vectors' "block" and "directvol".
+func TestBlkVolumeType(t *testing.T) {
+	dir := t.TempDir()
+	vp := "/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/blk/mount"
+	mustRun(t, "--kata-dir", dir, "add", "--volume-path", vp, "--mount-info",
+		`{"volume-type":"blk","device":"/dev/vdd","fstype":"ext4","metadata":{"encryptionKey":"ephemeral"}}`)
+	var got view
+	if err := json.Unmarshal([]byte(mustRun(t, "get", "--kata-dir", dir, "--volume-path", vp, "-o", "json")), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.MountInfo.VolumeType != kata.VolumeTypeBlk || got.MountInfo.Device != "/dev/vdd" ||
+		got.MountInfo.Metadata[kata.MetadataEncryptionKey] != "<redacted>" {
+		t.Errorf("get = %+v, want volume-type blk, /dev/vdd and the key redacted", got)
+	}
+	if table := mustRun(t, "list", "--kata-dir", dir); !strings.Contains(table, "blk") {
+		t.Errorf("list does not show the type:\n%s", table)
+	}
 }
