@@ -369,10 +369,13 @@ func deviceKey(dn *crustv1.DeviceNumber) string {
 	return fmt.Sprintf("device %d:%d:%d", dn.GetMajor(), dn.GetMinor(), dn.GetInode())
 }
 
-// oneWriter refuses (ErrFailedPrecondition) a claim of v by sandboxID while another sandbox holds v's
-// device through another target path and either claim is read-write: two kernels mounting one
-// filesystem read-write, or one writing under another's read-only mount, corrupt it. Read-only claims
-// share a device; one sandbox may use it through several targets.
+// oneWriter refuses (ErrFailedPrecondition) a claim of v by sandboxID while the same device is claimed
+// through another target path and either target is read-write, whoever holds the other: two kernels
+// mounting one filesystem read-write, or one writing under another's read-only mount, corrupt it; and a
+// handler attaches each target as a disk of its own, so one sandbox holding two targets of a device
+// would mount it twice through two disks its kernel takes for different ones. Read-only targets share a
+// device, in one sandbox or several. One sandbox that uses one volume at several places claims one
+// target and mounts it at each.
 func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string) error {
 	dn := v.GetDeviceNumber()
 	m.mu.RLock()
@@ -385,8 +388,15 @@ func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string) error {
 	m.mu.RUnlock()
 	for _, o := range same {
 		c := m.withKataClaim(o).GetClaim()
-		if c == nil || c.GetSandboxId() == sandboxID || (v.GetSpec().GetReadOnly() && o.GetSpec().GetReadOnly()) {
+		if c == nil || (v.GetSpec().GetReadOnly() && o.GetSpec().GetReadOnly()) {
 			continue
+		}
+		if c.GetSandboxId() == sandboxID {
+			return fmt.Errorf("device %d:%d of volume %q is already used by sandbox %q through %q; one sandbox may "+
+				"use a device through several targets only when all are read-only (each target is attached as a "+
+				"disk of its own); to use one volume at several places, claim one target and mount it at each: %w",
+				dn.GetMajor(), dn.GetMinor(), v.GetSpec().GetVolumeTargetPath(), sandboxID, o.GetSpec().GetVolumeTargetPath(),
+				errdefs.ErrFailedPrecondition)
 		}
 		return fmt.Errorf("device %d:%d of volume %q is in use by sandbox %q through %q; two sandboxes may share a "+
 			"device only when both use it read-only: %w",

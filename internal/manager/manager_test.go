@@ -573,6 +573,7 @@ func TestOneWriterPerDevice(t *testing.T) {
 		ro(e.spec(3, 1)), ro(e.spec(4, 1)), // disk1 read-only, two paths
 		e.spec(5, 2), ro(e.spec(6, 2)), // disk2 read-write and read-only
 		e.spec(7, 3), e.spec(8, 3), // disk3, claimed by a Kata shim through one path
+		ro(e.spec(9, 4)), ro(e.spec(10, 4)), e.spec(11, 4), // disk4 read-only twice, and read-write
 	} {
 		if _, err := e.m.Stage(ctx, s); err != nil {
 			t.Fatal(err)
@@ -586,11 +587,17 @@ func TestOneWriterPerDevice(t *testing.T) {
 	}{
 		{"sb1 takes disk0 read-write", func() error { return claim(0, "sb1") }, "ok"},
 		{"sb2 through another path", func() error { return claim(1, "sb2") }, "failed precondition"},
-		{"sb1 through another path", func() error { return claim(2, "sb1") }, "ok"},
+		// Each target is a disk of its own in the sandbox: two of one device, one read-write, is refused.
+		{"sb1 through another path", func() error { return claim(2, "sb1") }, "failed precondition"},
 		{"read-only shares", func() error { return claim(3, "sb1") }, "ok"},
 		{"read-only shares with another sandbox", func() error { return claim(4, "sb2") }, "ok"},
 		{"read-write holder", func() error { return claim(5, "sb1") }, "ok"},
 		{"read-only beside a writer", func() error { return claim(6, "sb2") }, "failed precondition"},
+		{"read-only beside its own writer", func() error { return claim(6, "sb1") }, "failed precondition"},
+		{"one sandbox, two read-only targets of a device", func() error {
+			return errors.Join(claim(9, "sb3"), claim(10, "sb3"))
+		}, "ok"},
+		{"and a read-write third", func() error { return claim(11, "sb3") }, "failed precondition"},
 		{"a Kata claim holds the device", func() error {
 			if err := katafmt.RecordSandbox(e.kataDir, e.target(7), "katasb"); err != nil {
 				return err

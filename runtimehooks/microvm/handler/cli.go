@@ -138,7 +138,7 @@ func runCmd(stateDir *string, stderr io.Writer) *cobra.Command {
 	f.StringVar(&cfg.Name, "name", "", "the sandbox's name, for exec and stop (required)")
 	f.StringVar(&cfg.SandboxID, "sandbox-id", "", "the sandbox id the volumes are claimed for in crustd, such as the CRI pod sandbox id (default: --name)")
 	f.StringVar(&cfg.CrustSocket, "crust-socket", client.SocketFromEnv(), "crustd's socket (env CRUST_SOCKET)")
-	f.StringArrayVar(&volumes, "volume", nil, "TARGET:GUEST_PATH, a staged target path and where to mount it in the guest (repeatable)")
+	f.StringArrayVar(&volumes, "volume", nil, "TARGET:GUEST_PATH, a staged target path and where to mount it in the guest (repeatable; a target given again is mounted at that guest path too)")
 	f.StringVar(&accel, "accel", string(vm.AccelAuto), "tcg, kvm, or auto (KVM, falling back to TCG when it fails or hangs)")
 	f.StringVar(&cfg.Assets, "assets", envOr("CRUST_GUEST_ASSETS", DefaultAssets), "guest assets: cloud/vmlinuz and initramfs-cloud.cpio.gz (env CRUST_GUEST_ASSETS)")
 	return cmd

@@ -17,6 +17,10 @@
 //     DiskID(target), and mounted at its guest path with the descriptor's fs type, mount flags, read-only
 //     flag, fsGroup and policy, and create_filesystem. A read-write ext2/3/4 or xfs filesystem smaller than
 //     its disk (the volume was expanded while no sandbox held it) is grown to fill the disk once mounted.
+//   - A target given with several guest paths is claimed once, attached as one disk, mounted at the first
+//     guest path and mounted again (the same filesystem) at each other one, so that every container of the
+//     pod sees the same files; stats and expansion answer for the volume. It is unmounted everywhere
+//     before its disk is detached.
 //   - A target with nothing staged is waited for and attached as soon as it is staged, however long after
 //     boot. A volume that fails (claimed by another sandbox, device changed, mount refused) is logged, left
 //     unclaimed, and tried again when its descriptor next changes; the other volumes carry on.
@@ -68,7 +72,9 @@ type Config struct {
 	SandboxID string
 	// CrustSocket is crustd's socket; "" means runtimehooks.DefaultSocket.
 	CrustSocket string
-	// Volumes are the volumes to claim and mount; targets and guest paths must be distinct.
+	// Volumes are the volumes to claim and mount; guest paths must be distinct. A target given more than
+	// once (two containers of the pod using one volume) is one volume at each of its guest paths: one
+	// claim, one disk, mounted at the first guest path given and mounted again at the others.
 	Volumes []Volume
 	// Accel is QEMU's accelerator; "" means vm.AccelAuto.
 	Accel vm.Accel
@@ -135,15 +141,15 @@ func (c *Config) setDefaults() error {
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
-	targets, paths := map[string]bool{}, map[string]bool{}
+	paths := map[string]bool{}
 	for _, v := range c.Volumes {
 		if _, err := ParseVolume(v.Target + ":" + v.GuestPath); err != nil {
 			return err
 		}
-		if targets[v.Target] || paths[v.GuestPath] {
-			return fmt.Errorf("volume %s:%s: target or guest path given twice", v.Target, v.GuestPath)
+		if paths[v.GuestPath] {
+			return fmt.Errorf("volume %s:%s: guest path given twice", v.Target, v.GuestPath)
 		}
-		targets[v.Target], paths[v.GuestPath] = true, true
+		paths[v.GuestPath] = true
 	}
 	return nil
 }

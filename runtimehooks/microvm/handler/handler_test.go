@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -190,5 +191,25 @@ func TestMainUsage(t *testing.T) {
 		if code := Main(c.args, &out, &errOut); code != c.code {
 			t.Errorf("%q: exit %d, want %d (stderr %q)", c.args, code, c.code, errOut.String())
 		}
+	}
+}
+
+// One target at several guest paths is one volume mounted at each; a guest path given twice is refused.
+func TestOneTargetAtSeveralGuestPaths(t *testing.T) {
+	vols := []Volume{{"/k/a", "/data/a"}, {"/k/b", "/data/b"}, {"/k/a", "/other/a"}, {"/k/a", "/third"}}
+	cfg := Config{Name: "sb", Volumes: vols}
+	if err := cfg.setDefaults(); err != nil {
+		t.Fatalf("a target at three guest paths: %v", err)
+	}
+	s := newSandbox("sb", nil, nil, vols, nil)
+	if len(s.order) != 2 || s.order[0].Target != "/k/a" || s.order[1].Target != "/k/b" {
+		t.Fatalf("volumes %v, want /k/a then /k/b", s.order)
+	}
+	if a := s.byTarget["/k/a"]; a.GuestPath != "/data/a" || !slices.Equal(a.also, []string{"/other/a", "/third"}) {
+		t.Errorf("/k/a is at %s and %v, want /data/a and [/other/a /third]", a.GuestPath, a.also)
+	}
+	cfg = Config{Name: "sb", Volumes: []Volume{{"/k/a", "/data"}, {"/k/b", "/data"}}}
+	if err := cfg.setDefaults(); err == nil || !strings.Contains(err.Error(), "guest path given twice") {
+		t.Errorf("two volumes at one guest path: %v", err)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,9 +47,10 @@ type sandbox struct {
 
 // volume is one volume of the sandbox and how far it got.
 type volume struct {
-	Volume
-	disk string
-	kick chan struct{} // something changed in crustd: try again
+	Volume          // GuestPath is where it is mounted first, and what stats and expansion look at
+	also   []string // further guest paths where it is mounted again, in the order given
+	disk   string
+	kick   chan struct{} // something changed in crustd: try again
 
 	// mounted is read by stats without mu, so that a long expansion does not hold stats up.
 	mounted atomic.Bool
@@ -63,6 +66,10 @@ type volume struct {
 func newSandbox(name string, crust *runtimehooks.Client, machine *vm.VM, vols []Volume, log *slog.Logger) *sandbox {
 	s := &sandbox{name: name, crust: crust, vm: machine, log: log, byTarget: map[string]*volume{}}
 	for _, v := range vols {
+		if vol := s.byTarget[v.Target]; vol != nil {
+			vol.also = append(vol.also, v.GuestPath)
+			continue
+		}
 		vol := &volume{Volume: v, disk: DiskID(v.Target), kick: make(chan struct{}, 1)}
 		s.order = append(s.order, vol)
 		s.byTarget[v.Target] = vol
@@ -216,9 +223,22 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 	if err != nil {
 		return false, s.undo(ctx, v, fmt.Errorf("mount in the guest: %w", err))
 	}
+	// The same disk again at each further guest path: the guest's kernel shares the mounted filesystem,
+	// so what one container writes the other sees. The disk holds a filesystem by now, and growing it
+	// was done at the first mount, so these mounts change nothing on it.
+	for _, p := range v.also {
+		again := args
+		again.Target = p
+		if _, err := s.vm.Agent().Mount(ctx, again); err != nil {
+			return false, s.undo(ctx, v, fmt.Errorf("mount in the guest at %s: %w", p, err))
+		}
+	}
 	v.mounted.Store(true)
 	attrs := []any{"device", res.Device, "disk", v.disk, "fs_type", spec.GetFsType(), "read_only", v.readOnly,
 		"formatted", res.Formatted, "took", time.Since(start).Round(time.Millisecond)}
+	if len(v.also) > 0 {
+		attrs = append(attrs, "also_at", strings.Join(v.also, ","))
+	}
 	if t := desc.GetStageTime(); t != nil {
 		attrs = append(attrs, "since_staged", time.Since(t.AsTime()).Round(time.Millisecond))
 	}
@@ -241,9 +261,12 @@ func (s *sandbox) undo(ctx context.Context, v *volume, cause error) error {
 // before succeeded. The caller holds v.mu.
 func (s *sandbox) detach(ctx context.Context, v *volume) error {
 	if v.plugged {
-		// Unmounting what is not mounted succeeds, so an attach cut short is covered.
-		if err := s.vm.Agent().Unmount(ctx, v.GuestPath); err != nil {
-			return fmt.Errorf("unmount %s in the guest: %w", v.GuestPath, err)
+		// Unmounting what is not mounted succeeds, so an attach cut short is covered. The further guest
+		// paths go first, in reverse order; the disk is detached after the last.
+		for _, p := range slices.Backward(append([]string{v.GuestPath}, v.also...)) {
+			if err := s.vm.Agent().Unmount(ctx, p); err != nil {
+				return fmt.Errorf("unmount %s in the guest: %w", p, err)
+			}
 		}
 		v.mounted.Store(false)
 		if err := s.vm.DetachBlock(ctx, v.disk); err != nil {
