@@ -14,8 +14,9 @@
 // NOT_FOUND for a volume_path that is missing or not absolute, as CSI says for a volume not there), and keeps
 // volume_mount_group from the driver and gives the published filesystem the group itself. Calls to any other service or method (the Controller service, when the driver serves it on the
 // same socket, and methods newer than this build) are forwarded as raw frames. Requests are logged through
-// one interceptor; fields CSI marks csi_secret are replaced by "***stripped***" before anything is logged,
-// and the bodies of raw-forwarded calls are never logged.
+// one interceptor; fields CSI marks csi_secret, and values of secret-looking keys in volume_context,
+// publish_context and parameters (service account tokens, an encryptionKey), are replaced by
+// "***stripped***" before anything is logged, and the bodies of raw-forwarded calls are never logged.
 //
 // # Controller
 //

@@ -13,13 +13,17 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"crust.dev/crust/internal/metrics"
+	"crust.dev/crust/internal/validate"
 )
 
 // Stripped replaces the value of every field CSI marks csi_secret in what is logged.
 const Stripped = "***stripped***"
 
 // StripSecrets returns a copy of m in which every field marked csi_secret (at any depth; for a map,
-// every value) is replaced by Stripped (strings) or cleared (other kinds). m is not modified.
+// every value) is replaced by Stripped (strings) or cleared (other kinds), and so is every value of a
+// string map (volume_context, publish_context, parameters) whose key looks secret
+// (validate.IsSecretKey: kubelet's csi.storage.k8s.io/serviceAccount.tokens, an encryptionKey given as
+// a StorageClass parameter). m is not modified.
 func StripSecrets(m proto.Message) proto.Message {
 	if m == nil {
 		return nil
@@ -39,11 +43,13 @@ func isSecret(fd protoreflect.FieldDescriptor) bool {
 }
 
 func strip(m protoreflect.Message) {
-	var secrets []protoreflect.FieldDescriptor
+	var secrets, maps []protoreflect.FieldDescriptor
 	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 		switch {
 		case isSecret(fd):
 			secrets = append(secrets, fd)
+		case fd.IsMap() && fd.MapKey().Kind() == protoreflect.StringKind && fd.MapValue().Kind() == protoreflect.StringKind:
+			maps = append(maps, fd)
 		case fd.IsMap() && fd.MapValue().Message() != nil:
 			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
 				strip(mv.Message())
@@ -58,6 +64,19 @@ func strip(m protoreflect.Message) {
 		}
 		return true
 	})
+	for _, fd := range maps {
+		mp := m.Mutable(fd).Map()
+		var keys []protoreflect.MapKey
+		mp.Range(func(k protoreflect.MapKey, _ protoreflect.Value) bool {
+			if validate.IsSecretKey(k.String()) {
+				keys = append(keys, k)
+			}
+			return true
+		})
+		for _, k := range keys {
+			mp.Set(k, protoreflect.ValueOfString(Stripped))
+		}
+	}
 	for _, fd := range secrets {
 		switch {
 		case fd.IsMap() && fd.MapValue().Kind() == protoreflect.StringKind:

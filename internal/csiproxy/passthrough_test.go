@@ -242,12 +242,19 @@ func (l lockedWriter) Write(b []byte) (int, error) {
 
 func TestStripSecrets(t *testing.T) {
 	r := &csi.NodeStageVolumeRequest{VolumeId: "v", Secrets: map[string]string{"a": "1", "b": "2"},
-		VolumeContext: map[string]string{"c": "3"}}
+		VolumeContext: map[string]string{"c": "3", "csi.storage.k8s.io/serviceAccount.tokens": `{"aud":{"token":"t"}}`,
+			"encryptionKey": "k"},
+		PublishContext: map[string]string{"devicePath": "/dev/sdb", "diskPassword": "p"}}
 	got := StripSecrets(r).(*csi.NodeStageVolumeRequest)
 	if got.GetSecrets()["a"] != Stripped || got.GetSecrets()["b"] != Stripped || got.GetVolumeContext()["c"] != "3" {
 		t.Fatalf("stripped: %v", got)
 	}
-	if r.GetSecrets()["a"] != "1" {
+	// Secret-looking keys of the string maps CSI does not mark: kubelet's service account tokens, a key.
+	if vc, pc := got.GetVolumeContext(), got.GetPublishContext(); vc["csi.storage.k8s.io/serviceAccount.tokens"] != Stripped ||
+		vc["encryptionKey"] != Stripped || pc["diskPassword"] != Stripped || pc["devicePath"] != "/dev/sdb" {
+		t.Fatalf("volume context %v, publish context %v: want the secret-looking values stripped, the others kept", vc, pc)
+	}
+	if r.GetSecrets()["a"] != "1" || r.GetVolumeContext()["encryptionKey"] != "k" {
 		t.Fatal("the original was modified")
 	}
 }

@@ -21,6 +21,8 @@
 //     guest path and mounted again (the same filesystem) at each other one, so that every container of the
 //     pod sees the same files; stats and expansion answer for the volume. It is unmounted everywhere
 //     before its disk is detached.
+//   - A volume whose metadata asks for encryption (encryptionKey) is refused, logged without the key, and
+//     released: crust-microvm does not encrypt, and mounting it in the clear would defeat the request.
 //   - A target with nothing staged is waited for and attached as soon as it is staged, however long after
 //     boot. A volume that fails (claimed by another sandbox, device changed, mount refused) is logged, left
 //     unclaimed, and tried again when its descriptor next changes; the other volumes carry on.

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/kata"
 	"crust.dev/crust/runtimehooks"
 	"crust.dev/crust/runtimehooks/microvm/agentproto"
 	"crust.dev/crust/runtimehooks/microvm/vm"
@@ -190,6 +191,11 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 		return false, s.undo(ctx, v, fmt.Errorf("claim: %w", err))
 	}
 	spec := desc.GetSpec()
+	if _, ok := spec.GetMetadata()[kata.MetadataEncryptionKey]; ok {
+		// Mounted in the clear, data its owner asked to have encrypted would be readable on the host.
+		return false, s.undo(ctx, v, fmt.Errorf("the volume asks for encryption (metadata %s); crust-microvm does "+
+			"not encrypt volumes: use a runtime that does (Kata's trusted storage) for it", kata.MetadataEncryptionKey))
+	}
 	v.hostPath, v.readOnly = desc.GetResolvedBackingPath(), spec.GetReadOnly()
 	if v.hostPath == "" {
 		v.hostPath = spec.GetVolumeBackingPath()
