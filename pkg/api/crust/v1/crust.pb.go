@@ -573,7 +573,8 @@ type VolumeSpec struct {
 	// The pod UID, for operators and garbage collection.
 	PodUid string `protobuf:"bytes,12,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
 	// Opaque pairs for the runtime handler; keys must be on crustd's allow-list. Values of keys that look
-	// secret (such as encryptionKey) are never logged.
+	// secret (such as encryptionKey) are never logged, and every answer but ClaimVolume's carries them as
+	// "<redacted>". Kata's createFilesystem ("true" or "false") is folded into create_filesystem.
 	Metadata map[string]string `protobuf:"bytes,13,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Filesystem (the default) or raw block.
 	VolumeMode VolumeMode `protobuf:"varint,14,opt,name=volume_mode,json=volumeMode,proto3,enum=crust.v1.VolumeMode" json:"volume_mode,omitempty"`
