@@ -51,7 +51,8 @@ func (c *Client) Close() error { return c.conn.Close() }
 // the handler serves RuntimeHandlerService (see ServeHandler), or "" when it serves no stats. Claiming again
 // for the same sandbox is not an error. Errors are gRPC status errors with crust's codes (NotFound: nothing
 // staged there, so the path is an ordinary volume; FailedPrecondition: another sandbox holds it or the
-// device changed).
+// device changed). The descriptor is whole: secret metadata (an encryptionKey) is there, for the handler
+// to use and never to log; every other answer (Get, Watch) carries it as "<redacted>".
 func (c *Client) Claim(ctx context.Context, targetPath, sandboxID, endpoint string) (*crustv1.Volume, error) {
 	r, err := c.rt.ClaimVolume(ctx, &crustv1.ClaimVolumeRequest{
 		VolumeTargetPath: targetPath, SandboxId: sandboxID, HandlerEndpoint: endpoint,
@@ -68,7 +69,7 @@ func (c *Client) Release(ctx context.Context, targetPath, sandboxID string) erro
 	return err
 }
 
-// Get returns the descriptor at targetPath.
+// Get returns the descriptor at targetPath, with secret metadata values redacted (see Claim).
 func (c *Client) Get(ctx context.Context, targetPath string) (*crustv1.Volume, error) {
 	r, err := c.vols.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: targetPath})
 	if err != nil {
