@@ -25,17 +25,28 @@ const (
 	WriteBytesPerSecondKey = "crust.dev/write-bytes-per-second"
 )
 
-// ioLimitFields pairs each key with the IOLimits field it sets.
+// ioLimitFields pairs each key with the IOLimits field (its proto name) it sets.
 var ioLimitFields = []struct {
-	key string
-	set func(*crustv1.IOLimits, int64)
+	key, field string
+	set        func(*crustv1.IOLimits, int64)
 }{
-	{TotalIOPSKey, func(l *crustv1.IOLimits, n int64) { l.TotalIops = n }},
-	{ReadIOPSKey, func(l *crustv1.IOLimits, n int64) { l.ReadIops = n }},
-	{WriteIOPSKey, func(l *crustv1.IOLimits, n int64) { l.WriteIops = n }},
-	{TotalBytesPerSecondKey, func(l *crustv1.IOLimits, n int64) { l.TotalBytesPerSecond = n }},
-	{ReadBytesPerSecondKey, func(l *crustv1.IOLimits, n int64) { l.ReadBytesPerSecond = n }},
-	{WriteBytesPerSecondKey, func(l *crustv1.IOLimits, n int64) { l.WriteBytesPerSecond = n }},
+	{TotalIOPSKey, "total_iops", func(l *crustv1.IOLimits, n int64) { l.TotalIops = n }},
+	{ReadIOPSKey, "read_iops", func(l *crustv1.IOLimits, n int64) { l.ReadIops = n }},
+	{WriteIOPSKey, "write_iops", func(l *crustv1.IOLimits, n int64) { l.WriteIops = n }},
+	{TotalBytesPerSecondKey, "total_bytes_per_second", func(l *crustv1.IOLimits, n int64) { l.TotalBytesPerSecond = n }},
+	{ReadBytesPerSecondKey, "read_bytes_per_second", func(l *crustv1.IOLimits, n int64) { l.ReadBytesPerSecond = n }},
+	{WriteBytesPerSecondKey, "write_bytes_per_second", func(l *crustv1.IOLimits, n int64) { l.WriteBytesPerSecond = n }},
+}
+
+// IOLimitKey returns the key that sets the IOLimits field with the proto name field (such as
+// "total_iops"), or field itself when no key does: a caller that checks limits names the key in errors.
+func IOLimitKey(field string) string {
+	for _, f := range ioLimitFields {
+		if f.field == field {
+			return f.key
+		}
+	}
+	return field
 }
 
 // IOLimitKeys are the keys IOLimits reads, sorted.

@@ -68,4 +68,14 @@ func TestIOLimits(t *testing.T) {
 	if keys := client.IOLimitKeys(); len(keys) != 6 || !client.IsIOLimitKey(keys[0]) || client.IsIOLimitKey(client.DeferKey) {
 		t.Errorf("IOLimitKeys = %v", keys)
 	}
+	if k := client.IOLimitKey("write_bytes_per_second"); k != client.WriteBytesPerSecondKey {
+		t.Errorf("IOLimitKey(write_bytes_per_second) = %q", k)
+	}
+	// Every field of IOLimits has its key.
+	fields := (&crustv1.IOLimits{}).ProtoReflect().Descriptor().Fields()
+	for i := range fields.Len() {
+		if f := string(fields.Get(i).Name()); !client.IsIOLimitKey(client.IOLimitKey(f)) {
+			t.Errorf("no key sets io_limits.%s", f)
+		}
+	}
 }
