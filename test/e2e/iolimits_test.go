@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,6 +16,9 @@ import (
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/test/co"
+	"crust.dev/crust/test/csidriver"
+	"crust.dev/crust/test/csidriver/lvmtest"
 	"crust.dev/crust/test/harness"
 )
 
@@ -136,4 +140,94 @@ func TestMicroVMIOLimits(t *testing.T) {
 		t.Errorf("without limits: writes %.0f B/s, reads %.1f/s; want at least 3x the limits, or the measurement shows nothing", free.write, free.read)
 	}
 	m.Stop()
+}
+
+// TestIOLimitsThroughTheProxies takes a StorageClass's I/O limit to a microVM guest the way an unmodified
+// driver gets it there: the reference driver run as most drivers behave (no volume context, no raw block
+// publish of a filesystem volume) behind crust-csi-proxy on both sides, driven by the CO simulator. A class
+// whose limits crustd would refuse fails CreateVolume with INVALID_ARGUMENT naming the parameter, and the
+// driver makes nothing. A class with crust.dev/total-iops: "50" gives a PersistentVolume whose attributes
+// carry it, a descriptor whose io_limits say it, and a guest (a blank volume, formatted there) whose
+// direct 4 KiB reads of the volume run at about 50 a second.
+func TestIOLimitsThroughTheProxies(t *testing.T) {
+	const opsLimit, reads = 50, 100
+	assets := harness.GuestAssets(t, binDir)
+	d := newDaemon(t)
+	logDir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	vg := lvmtest.New(t, 512<<20)
+	driverSock := filepath.Join(d.kubelet, "plugins", plainDriver, "driver.sock")
+	startLVMDriver(t, driverSock, csidriver.Config{Name: plainDriver, VG: vg.Name, Devices: []string{vg.Device},
+		StateDir: t.TempDir(), NoVolumeContext: true, StrictAccessType: true}, filepath.Join(logDir, "driver.log"))
+	api := co.NewAPIServer()
+	t.Cleanup(api.Close)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := api.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	nodeSock := filepath.Join(d.kubelet, "plugins", plainDriver, "csi.sock")
+	ctrlSock := filepath.Join(d.kubelet, "plugins", plainDriver, "controller.sock")
+	startProxy(t, filepath.Join(logDir, "proxy.log"), "--csi-address", nodeSock, "--driver-address", driverSock,
+		"--crust-socket", d.socket, "--microvm-handlers", microVMHandler, "--kubeconfig", kubeconfig,
+		"--node-name", "node-1", "--state-dir", filepath.Join(d.kubelet, "plugins", "crust.dev", "csi-proxy"))
+	startProxy(t, filepath.Join(logDir, "controller-proxy.log"), "--controller", "--csi-address", ctrlSock, "--driver-address", driverSock)
+	vmState := t.TempDir()
+	c := newCO(t, d, api, assets, vmState)
+	drv, err := c.RegisterDriver(ctx, co.DriverConfig{NodeEndpoint: nodeSock, ControllerEndpoint: ctrlSock, PodInfoOnMount: true,
+		ExtraCreateMetadata: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	_, err = c.Provision(ctx, co.StorageClass{Driver: drv, Parameters: map[string]string{client.DeferKey: "true",
+		client.TotalIOPSKey: "50", client.ReadIOPSKey: "5"}}, co.Claim{Namespace: "shop", Name: "bad", Size: 64 << 20})
+	if s := status.Convert(err); s.Code() != codes.InvalidArgument || !strings.Contains(s.Message(), client.ReadIOPSKey) {
+		t.Fatalf("provisioning with total and read IOPS: %v, want INVALID_ARGUMENT naming %s", err, client.ReadIOPSKey)
+	}
+	if lvs, err := vg.LVs(); err != nil || len(lvs) != 0 {
+		t.Fatalf("the driver made %v (%v) for a refused class", lvs, err)
+	}
+
+	vol, err := c.Provision(ctx, co.StorageClass{Driver: drv, Parameters: map[string]string{client.DeferKey: "true",
+		co.FSTypeKey: "ext4", client.TotalIOPSKey: strconv.Itoa(opsLimit)}}, co.Claim{Namespace: "shop", Name: "data", Size: 128 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := vol.Attributes[client.TotalIOPSKey]; got != strconv.Itoa(opsLimit) {
+		t.Fatalf("the PersistentVolume's attributes %v lack %s", vol.Attributes, client.TotalIOPSKey)
+	}
+	rp, err := c.RunPod(ctx, &co.Pod{Namespace: "shop", Name: "db-0", RuntimeClassName: microVMClass,
+		Volumes: []co.PodVolume{{Volume: vol, MountPath: "/data"}}})
+	stopOnCleanup(t, c, rp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := getVolume(t, d, rp.TargetPath(vol)).GetSpec().GetIoLimits(); !proto.Equal(got, &crustv1.IOLimits{TotalIops: opsLimit}) {
+		t.Fatalf("descriptor io_limits %v, want total_iops %d", got, opsLimit)
+	}
+	vm := rp.Sandbox.(*co.MicroVMSandbox)
+	out, errOut, code, err := vm.Exec(ctx, "sh", "-c", fmt.Sprintf("dev=$(awk '$2 == \"/data\" {print $1}' /proc/mounts); "+
+		"a=$(cut -d' ' -f1 /proc/uptime); dd if=$dev of=/dev/null bs=4k count=%d iflag=direct 2>/dev/null || exit 1; "+
+		"b=$(cut -d' ' -f1 /proc/uptime); echo $a $b", reads))
+	f := strings.Fields(out)
+	if err != nil || code != 0 || len(f) != 2 {
+		t.Fatalf("guest: exit %d, %v: %s%s", code, err, out, errOut)
+	}
+	a, _ := strconv.ParseFloat(f[0], 64)
+	b, _ := strconv.ParseFloat(f[1], 64)
+	rate := reads / max(b-a, 0.01)
+	readTime := float64(reads) / opsLimit
+	maxRate := (opsLimit*readTime + opsLimit/10 + 1) / readTime * 1.05
+	t.Logf("StorageClass total-iops %d -> PV attributes -> descriptor -> QEMU: %d direct 4 KiB reads in the guest at %.1f/s", opsLimit, reads, rate)
+	if rate > maxRate || rate < opsLimit/2 {
+		t.Errorf("reads ran at %.1f/s, want at most %.1f and at least half of %d", rate, maxRate, opsLimit)
+	}
+	if err := c.StopPod(ctx, rp); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, vol); err != nil {
+		t.Fatal(err)
+	}
 }
