@@ -32,7 +32,7 @@ type informerPods struct {
 const csiHandleIndex = "csiHandle"
 
 // ClassSource answers, from a cache, whether the StorageClass of the PersistentVolume a driver knows by a
-// volume handle asks for deferral.
+// volume handle asks for deferral, and with what parameters (crust's I/O limits among them).
 type ClassSource interface {
 	// ClassDefers reports found=false when no such PersistentVolume, or not its StorageClass, is known.
 	ClassDefers(driver, volumeHandle string) (deferred, found bool)
