@@ -25,6 +25,10 @@ import (
 //     block volumes are never deferred.
 //   - crust.dev/defer is crust's, not the driver's: it is removed from the parameters the driver sees, so
 //     a driver that refuses parameters it does not know still serves a deferring class.
+//   - crust's I/O limit keys (client.IOLimitKeys) are checked as crustd will check them, and a bad value
+//     is refused with InvalidArgument naming the parameter before the driver is asked anything; they too
+//     are removed from the driver's parameters, and copied as given into the response's volume context,
+//     whence the node proxy carries them into the descriptor.
 //
 // Every other Controller call, and anything else the driver serves on that socket, is forwarded raw.
 type controllerServer struct {
@@ -35,13 +39,23 @@ type controllerServer struct {
 // CreateVolume asks the driver for a block volume when a deferring class asks for a filesystem, and
 // marks the volume deferred in its context (see controllerServer).
 func (s *controllerServer) CreateVolume(ctx context.Context, r *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
-	if _, ok := r.GetParameters()[client.DeferKey]; !ok {
+	ours := map[string]string{} // crust's parameters, for the volume context
+	for k, v := range r.GetParameters() {
+		if k == client.DeferKey || client.IsIOLimitKey(k) {
+			ours[k] = v
+		}
+	}
+	if len(ours) == 0 {
 		return s.ctrl.CreateVolume(outgoing(ctx), r)
 	}
+	if _, err := checkIOLimits(ours); err != nil {
+		return nil, err
+	}
 	deferred := DeferRequested(r.GetParameters())
+	delete(ours, client.DeferKey)
 	br := proto.Clone(r).(*csi.CreateVolumeRequest)
 	br.Parameters = maps.Clone(r.GetParameters())
-	delete(br.Parameters, client.DeferKey)
+	maps.DeleteFunc(br.Parameters, func(k, _ string) bool { return k == client.DeferKey || client.IsIOLimitKey(k) })
 	if deferred = deferred && allMount(r.GetVolumeCapabilities()); deferred {
 		br.VolumeCapabilities = nil
 		seen := map[csi.VolumeCapability_AccessMode_Mode]bool{}
@@ -53,13 +67,16 @@ func (s *controllerServer) CreateVolume(ctx context.Context, r *csi.CreateVolume
 		}
 	}
 	resp, err := s.ctrl.CreateVolume(outgoing(ctx), br)
-	if err != nil || !deferred || resp.GetVolume() == nil {
+	if err != nil || resp.GetVolume() == nil || (!deferred && len(ours) == 0) {
 		return resp, err
 	}
 	if resp.Volume.VolumeContext == nil {
 		resp.Volume.VolumeContext = map[string]string{}
 	}
-	resp.Volume.VolumeContext[client.DeferKey] = "true"
+	maps.Copy(resp.Volume.VolumeContext, ours)
+	if deferred {
+		resp.Volume.VolumeContext[client.DeferKey] = "true"
+	}
 	return resp, nil
 }
 

@@ -3,6 +3,7 @@ package csiproxy
 import (
 	"context"
 	"errors"
+	"maps"
 	"testing"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"crust.dev/crust/pkg/client"
 )
 
 // fakePods is a PodSource from maps.
@@ -158,7 +161,8 @@ func TestClassDefers(t *testing.T) {
 		pv("other-driver", "e.example", "h1", "plain"),
 		pv("no-class", "d.example", "h3", ""),
 		pv("gone-class", "d.example", "h4", "deleted"),
-		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "deferring"}, Provisioner: "d.example", Parameters: map[string]string{DeferKey: "true"}},
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "deferring"}, Provisioner: "d.example",
+			Parameters: map[string]string{DeferKey: "true", client.TotalIOPSKey: "50", client.ReadBytesPerSecondKey: "1Mi", "type": "ssd"}},
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "plain"}, Provisioner: "d.example"},
 	)
 	ip := syncedInformers(ctx, t, cs)
@@ -196,6 +200,20 @@ func TestClassDefers(t *testing.T) {
 	} {
 		if got := p.deferRequested(ctx, tc.ctx, tc.id); got != tc.want {
 			t.Errorf("deferRequested(%v, %s) = %v, want %v", tc.ctx, tc.id, got, tc.want)
+		}
+	}
+	// The class's I/O limits come with its crust.dev/defer, where the context lacks them; the class's
+	// other parameters never do, and a context that holds crust.dev/defer is taken as it is.
+	for _, tc := range []struct {
+		ctx, want map[string]string
+	}{
+		{map[string]string{"x": "y", client.ReadBytesPerSecondKey: "2Mi"},
+			map[string]string{"x": "y", DeferKey: "true", client.TotalIOPSKey: "50", client.ReadBytesPerSecondKey: "2Mi"}},
+		{map[string]string{DeferKey: "true"}, map[string]string{DeferKey: "true"}},
+	} {
+		before := maps.Clone(tc.ctx)
+		if got := p.volumeContext(ctx, tc.ctx, "h1"); !maps.Equal(got, tc.want) || !maps.Equal(tc.ctx, before) {
+			t.Errorf("volumeContext(%v) = %v, want %v (and the argument unchanged)", before, got, tc.want)
 		}
 	}
 }

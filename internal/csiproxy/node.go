@@ -24,10 +24,12 @@ import (
 const undoTimeout = 2 * time.Minute
 
 // NodeStageVolume stages a deferrable volume (mount capability, crust.dev/defer: "true") as raw block
-// and records it; everything else is forwarded unchanged.
+// and records it; everything else is forwarded unchanged. A deferrable volume whose I/O limits crustd
+// would refuse is refused with InvalidArgument naming the parameter, before anything is done.
 func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	path := r.GetStagingTargetPath()
-	if !isMount(r.GetVolumeCapability()) || !p.deferRequested(ctx, r.GetVolumeContext(), r.GetVolumeId()) || r.GetVolumeId() == "" || path == "" {
+	volCtx := p.volumeContext(ctx, r.GetVolumeContext(), r.GetVolumeId())
+	if !isMount(r.GetVolumeCapability()) || !DeferRequested(volCtx) || r.GetVolumeId() == "" || path == "" {
 		// The group, when the driver cannot take it, is given at publish (forwardPublish).
 		c, gid, err := p.withoutMountGroup(ctx, r.GetVolumeCapability())
 		if err != nil {
@@ -38,6 +40,9 @@ func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeReque
 			r.VolumeCapability = c
 		}
 		return p.node.NodeStageVolume(outgoing(ctx), r)
+	}
+	if _, err := checkIOLimits(volCtx); err != nil {
+		return nil, err
 	}
 	unlock, err := p.lock(ctx, path)
 	if err != nil {
@@ -96,13 +101,20 @@ func (p *Proxy) NodeUnstageVolume(ctx context.Context, r *csi.NodeUnstageVolumeR
 	return resp, nil
 }
 
-// NodePublishVolume decides (see Decide) and either forwards, or publishes deferred or host-mounted.
+// NodePublishVolume decides (see Decide) and either forwards, or publishes deferred or host-mounted. A
+// volume it would defer or host-mount whose I/O limits crustd would refuse is refused with
+// InvalidArgument naming the parameter, before anything is done.
 func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	target := r.GetTargetPath()
-	asked := p.deferRequested(ctx, r.GetVolumeContext(), r.GetVolumeId())
+	volCtx := p.volumeContext(ctx, r.GetVolumeContext(), r.GetVolumeId())
+	asked := DeferRequested(volCtx)
 	if r.GetVolumeId() == "" || target == "" || r.GetVolumeCapability() == nil ||
 		((!isMount(r.GetVolumeCapability()) || !asked) && p.state.get(KindPublish, target) == nil) {
 		return p.forwardPublish(ctx, r)
+	}
+	limits, err := checkIOLimits(volCtx)
+	if err != nil {
+		return nil, err
 	}
 	unlock, err := p.lock(ctx, target)
 	if err != nil {
@@ -113,14 +125,6 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 	why := "" // set when this call decides
 	if rec == nil {
 		stage := p.state.get(KindStage, r.GetStagingTargetPath())
-		volCtx := r.GetVolumeContext()
-		if _, ok := volCtx[DeferKey]; !ok && asked { // asked by the PersistentVolume's StorageClass
-			volCtx = maps.Clone(volCtx)
-			if volCtx == nil {
-				volCtx = map[string]string{}
-			}
-			volCtx[DeferKey] = "true"
-		}
 		d, reason, err := decideWaiting(ctx, DecideInput{
 			Capability: r.GetVolumeCapability(), VolumeContext: volCtx,
 			StagingPath: r.GetStagingTargetPath(), StagedAsBlock: stage != nil && stage.Phase == PhaseStaged && !stage.Stale,
@@ -147,7 +151,7 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 		return nil, status.Errorf(codes.AlreadyExists, "%s is published %s, read-only %v; asked %s, read-only %v",
 			target, rec.FsType, rec.ReadOnly, fsType(r.GetVolumeCapability()), readOnly(r))
 	}
-	resp, err := p.publish(ctx, r, rec)
+	resp, err := p.publish(ctx, r, rec, limits)
 	switch {
 	case err != nil:
 		verb := "deferring it to the pod's sandbox"
@@ -189,19 +193,35 @@ func (p *Proxy) forwardPublish(ctx context.Context, r *csi.NodePublishVolumeRequ
 	return resp, nil
 }
 
-// deferRequested reports whether a volume asks for deferral: its volume context, when that holds
-// crust.dev/defer (put there by the controller proxy or the driver, or a CSI inline volume's attributes);
-// otherwise the StorageClass of its PersistentVolume, found by the driver's name and the volume id in the
-// informer cache (a static PV, or one provisioned before the controller proxy was added).
+// deferRequested reports whether a volume asks for deferral (DeferRequested of volumeContext).
 func (p *Proxy) deferRequested(ctx context.Context, volCtx map[string]string, volumeID string) bool {
-	if _, ok := volCtx[DeferKey]; ok {
-		return DeferRequested(volCtx)
+	return DeferRequested(p.volumeContext(ctx, volCtx, volumeID))
+}
+
+// volumeContext is what the proxy reads crust's keys (crust.dev/defer and the I/O limits) from: the
+// volume context as it came, when that holds crust.dev/defer (put there by the controller proxy or the
+// driver, or a CSI inline volume's attributes); otherwise that context with crust's keys added from the
+// parameters of the StorageClass of its PersistentVolume, found by the driver's name and the volume id in
+// the informer cache (a static PV, or one provisioned before the controller proxy was added), where the
+// context lacks them. The caller's map is not modified.
+func (p *Proxy) volumeContext(ctx context.Context, volCtx map[string]string, volumeID string) map[string]string {
+	if _, ok := volCtx[DeferKey]; ok || p.classes == nil || volumeID == "" {
+		return volCtx
 	}
-	if p.classes == nil || volumeID == "" {
-		return false
+	params, found := p.classes.ClassParameters(p.driverNameFor(ctx), volumeID)
+	if !found {
+		return volCtx
 	}
-	deferred, found := p.classes.ClassDefers(p.driverNameFor(ctx), volumeID)
-	return found && deferred
+	out := maps.Clone(volCtx)
+	if out == nil {
+		out = map[string]string{}
+	}
+	for k, v := range params {
+		if _, given := out[k]; !given && (k == DeferKey || client.IsIOLimitKey(k)) {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // readOnly reports whether a publish is read-only: the request says so, or the access mode is a reader one.
@@ -222,8 +242,8 @@ func fsType(c *csi.VolumeCapability) string {
 }
 
 // publish runs every step of a deferred or host-mounted publish; each is idempotent, so a retry after a
-// crash runs them all again.
-func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, rec *Record) (*csi.NodePublishVolumeResponse, error) {
+// crash runs them all again. A deferred volume's descriptor carries limits (nil: none).
+func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, rec *Record, limits *crustv1.IOLimits) (*csi.NodePublishVolumeResponse, error) {
 	target := r.GetTargetPath()
 	var gid *int64
 	if g := r.GetVolumeCapability().GetMount().GetVolumeMountGroup(); g != "" {
@@ -289,6 +309,7 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 		if _, err := p.crust.Publish(ctx, r, dev, client.CreateFilesystem(), client.DriverName(p.driverNameFor(ctx)),
 			func(s *crustv1.VolumeSpec) {
 				s.ReadOnly = s.ReadOnly || ro
+				s.IoLimits = limits // the context's, or the StorageClass's when the context lacks crust's keys
 				if s.PodUid == "" {
 					s.PodUid = podUIDFromPath(target)
 				}

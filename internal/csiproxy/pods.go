@@ -32,10 +32,13 @@ type informerPods struct {
 const csiHandleIndex = "csiHandle"
 
 // ClassSource answers, from a cache, whether the StorageClass of the PersistentVolume a driver knows by a
-// volume handle asks for deferral.
+// volume handle asks for deferral, and with what parameters (crust's I/O limits among them).
 type ClassSource interface {
 	// ClassDefers reports found=false when no such PersistentVolume, or not its StorageClass, is known.
 	ClassDefers(driver, volumeHandle string) (deferred, found bool)
+	// ClassParameters returns that StorageClass's parameters, found as ClassDefers finds it; the map
+	// must not be modified.
+	ClassParameters(driver, volumeHandle string) (params map[string]string, found bool)
 }
 
 // newInformerPods starts the informers on cs; they run until ctx ends. It does not wait for them to sync
@@ -100,19 +103,25 @@ func newInformerPods(ctx context.Context, cs kubernetes.Interface, nodeName stri
 
 // ClassDefers implements ClassSource.
 func (ip *informerPods) ClassDefers(driver, volumeHandle string) (bool, bool) {
+	params, found := ip.ClassParameters(driver, volumeHandle)
+	return found && DeferRequested(params), found
+}
+
+// ClassParameters implements ClassSource.
+func (ip *informerPods) ClassParameters(driver, volumeHandle string) (map[string]string, bool) {
 	objs, err := ip.pvs.ByIndex(csiHandleIndex, driver+"/"+volumeHandle)
 	if err != nil || len(objs) != 1 {
-		return false, false
+		return nil, false
 	}
 	pv := objs[0].(*corev1.PersistentVolume)
 	if pv.Spec.StorageClassName == "" {
-		return false, false
+		return nil, false
 	}
 	sc, err := ip.scs.Get(pv.Spec.StorageClassName)
 	if err != nil {
-		return false, false
+		return nil, false
 	}
-	return DeferRequested(sc.Parameters), true
+	return sc.Parameters, true
 }
 
 // waitSynced waits until both informers have synced, or ctx ends (false).

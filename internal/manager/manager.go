@@ -240,7 +240,7 @@ func (m *Manager) Get(_ context.Context, target string) (*crustv1.Volume, error)
 	if v == nil {
 		return nil, notFound(target)
 	}
-	return m.withKataClaim(v), nil
+	return withKataCaveats(m.withKataClaim(v)), nil
 }
 
 // List returns every descriptor, ordered by target path.
@@ -267,7 +267,7 @@ func (m *Manager) ListPage(_ context.Context, after string, maxEntries, maxBytes
 	page := make([]*crustv1.Volume, 0, min(len(rest), max(maxEntries, 0)))
 	size := 0
 	for _, v := range rest {
-		v = m.withKataClaim(v)
+		v = withKataCaveats(m.withKataClaim(v))
 		n := proto.Size(v)
 		if (maxEntries > 0 && len(page) == maxEntries) || (maxBytes > 0 && len(page) > 0 && size+n > maxBytes) {
 			return page, true
@@ -633,6 +633,7 @@ func (m *Manager) commit(target string, v *crustv1.Volume, typ crustv1.EventType
 	if v == nil {
 		ev.Volume = before[0]
 	}
+	ev.Volume = withKataCaveats(ev.Volume)
 	m.commitEvent(target, v, ev)
 }
 

@@ -81,9 +81,9 @@ type Validator struct {
 
 // Checked is a spec that passed Spec, with what was learnt about its device.
 type Checked struct {
-	// Spec is a normalised copy of the request's spec: volume_type UNSPECIFIED becomes BLOCK, and
-	// supplemental_group_change_policy UNSPECIFIED becomes ALWAYS when a supplemental group is set. The
-	// caller's spec is not modified.
+	// Spec is a normalised copy of the request's spec: volume_type UNSPECIFIED becomes BLOCK,
+	// supplemental_group_change_policy UNSPECIFIED becomes ALWAYS when a supplemental group is set, and
+	// io_limits of zeros (no limit) is unset. The caller's spec is not modified.
 	Spec *crustv1.VolumeSpec
 	// ResolvedBackingPath is the backing path with every symlink resolved; it matched the allow-list.
 	ResolvedBackingPath string
@@ -186,7 +186,8 @@ func (v *Validator) KubeletDir() string { return v.root }
 // when either says true; "false" beside create_filesystem true is refused). A nil error
 // means every rule held: spec.volume_target_path passes TargetPath; spec.volume_backing_path passes
 // Device for the spec's volume type; fs_type, mount_flags, the supplemental group and its policy,
-// volume_id, csi_driver, pod_uid and metadata are within their allow-lists and limits. Otherwise the
+// volume_id, csi_driver, pod_uid and metadata are within their allow-lists and limits; io_limits pass
+// IOLimits. Otherwise the
 // error is a *errdefs.FieldError for the first field that failed. Checks that need no file system run
 // first.
 func (v *Validator) Spec(spec *crustv1.VolumeSpec) (*Checked, error) {
@@ -228,6 +229,9 @@ func (v *Validator) Spec(spec *crustv1.VolumeSpec) (*Checked, error) {
 		return nil, errdefs.Field(fmt.Sprintf("spec.metadata[%q]", metaCreateFilesystem),
 			"is \"false\" but spec.create_filesystem is true; set one of them")
 	}
+	if err := IOLimits(spec.GetIoLimits(), func(f string) string { return "spec.io_limits." + f }); err != nil {
+		return nil, err
+	}
 
 	if err := v.TargetPath("spec.volume_target_path", spec.GetVolumeTargetPath()); err != nil {
 		return nil, err
@@ -253,6 +257,9 @@ func (v *Validator) Spec(spec *crustv1.VolumeSpec) (*Checked, error) {
 	if out.VolumeSupplementalGroup != nil &&
 		out.SupplementalGroupChangePolicy == crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_UNSPECIFIED {
 		out.SupplementalGroupChangePolicy = crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ALWAYS
+	}
+	if proto.Size(out.GetIoLimits()) == 0 { // all zero: no limit, as when unset
+		out.IoLimits = nil
 	}
 	return &Checked{Spec: out, ResolvedBackingPath: resolved, DeviceNumber: dn}, nil
 }

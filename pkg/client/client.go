@@ -297,12 +297,13 @@ func Metadata(md map[string]string) PublishOption {
 //   - read_only is req's readonly (or a "ro" flag);
 //   - volume_supplemental_group is the capability's volume_mount_group (the pod's fsGroup, sent by kubelet
 //     when the driver has the VOLUME_MOUNT_GROUP node capability);
-//   - pod_uid and metadata come from the pod information in the volume context (PodInfo).
+//   - pod_uid and metadata come from the pod information in the volume context (PodInfo);
+//   - io_limits come from the I/O limit keys of the volume context (IOLimits), unset when there are none.
 //
 // Options apply in order after that. It fails with InvalidArgument, naming the CSI field, when req has no
 // volume_id, target_path or volume_capability, when the capability is not a mount (a raw block volume is
 // used by the sandbox as a device and needs no deferral), when the group is not a number, or when device
-// is empty.
+// is empty; and naming the key when an I/O limit is not a whole, non-negative quantity.
 func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...PublishOption) (*crustv1.StageVolumeRequest, error) {
 	if err := required("volume_id", req.GetVolumeId(), "target_path", req.GetTargetPath()); err != nil {
 		return nil, err
@@ -357,6 +358,11 @@ func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...Publ
 		}
 		spec.VolumeSupplementalGroup = &gid
 	}
+	limits, err := IOLimits(req.GetVolumeContext())
+	if err != nil {
+		return nil, err
+	}
+	spec.IoLimits = limits
 	pod := PodInfo(req.GetVolumeContext())
 	spec.PodUid = pod.UID
 	if md := pod.Metadata(); len(md) > 0 {

@@ -359,21 +359,31 @@ func checkCapability(field string, c *csi.VolumeCapability) error {
 	return nil
 }
 
-// checkParameters accepts crust.dev/defer (a boolean) and the csi.storage.k8s.io/ keys provisioners add,
-// and returns the volume context to hand to the node: the defer key when given.
+// checkParameters accepts crust.dev/defer (a boolean), crust's I/O limit keys (quantities, client.IOLimits)
+// and the csi.storage.k8s.io/ keys provisioners add, and returns the volume context to hand to the node:
+// the defer and I/O limit keys that are given.
 func checkParameters(params map[string]string) (map[string]string, error) {
-	var volCtx map[string]string
+	volCtx := map[string]string{}
 	for k, v := range params {
 		switch {
 		case k == client.DeferKey:
 			if _, err := strconv.ParseBool(strings.TrimSpace(v)); err != nil {
 				return nil, status.Errorf(codes.InvalidArgument, "parameters[%q]: %q is not true or false", k, v)
 			}
-			volCtx = map[string]string{k: v}
+			volCtx[k] = v
+		case client.IsIOLimitKey(k):
+			if _, err := client.IOLimits(map[string]string{k: v}); err != nil {
+				return nil, status.Errorf(codes.InvalidArgument, "parameters[%q]: %s", k, strings.TrimPrefix(status.Convert(err).Message(), k+": "))
+			}
+			volCtx[k] = v
 		case strings.HasPrefix(k, "csi.storage.k8s.io/"):
 		default:
-			return nil, status.Errorf(codes.InvalidArgument, "parameters[%q]: unknown parameter (known: %s)", k, client.DeferKey)
+			return nil, status.Errorf(codes.InvalidArgument, "parameters[%q]: unknown parameter (known: %s, %s)", k, client.DeferKey,
+				strings.Join(client.IOLimitKeys(), ", "))
 		}
+	}
+	if len(volCtx) == 0 {
+		return nil, nil
 	}
 	return volCtx, nil
 }

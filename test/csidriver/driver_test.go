@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -154,13 +155,15 @@ func TestDeferral(t *testing.T) {
 	cv, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{
 		Name: "pvc-deferred", CapacityRange: &csi.CapacityRange{RequiredBytes: 320 << 20},
 		VolumeCapabilities: []*csi.VolumeCapability{mountCap("", "")},
-		Parameters:         map[string]string{client.DeferKey: "true", "csi.storage.k8s.io/pvc/name": "data"},
+		Parameters: map[string]string{client.DeferKey: "true", "csi.storage.k8s.io/pvc/name": "data",
+			client.TotalIOPSKey: "50", client.WriteBytesPerSecondKey: "1Mi"},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	vol := cv.GetVolume()
-	if vol.GetVolumeContext()[client.DeferKey] != "true" || vol.GetCapacityBytes() != 320<<20 {
+	if vc := vol.GetVolumeContext(); vc[client.DeferKey] != "true" || vc[client.TotalIOPSKey] != "50" ||
+		vc[client.WriteBytesPerSecondKey] != "1Mi" || vol.GetCapacityBytes() != 320<<20 {
 		t.Fatalf("created %v", vol)
 	}
 	const uid = "cccccccc-0000-4000-8000-000000000001"
@@ -169,7 +172,8 @@ func TestDeferral(t *testing.T) {
 		t.Fatal(err)
 	}
 	target, staging := filepath.Join(podDir, "mount"), filepath.Join(t.TempDir(), "staging")
-	volCtx := map[string]string{client.DeferKey: "true", client.PodUIDKey: uid, client.PodNameKey: "db-0", client.PodNamespaceKey: "shop"}
+	volCtx := map[string]string{client.PodUIDKey: uid, client.PodNameKey: "db-0", client.PodNamespaceKey: "shop"}
+	maps.Copy(volCtx, vol.GetVolumeContext()) // as kubelet passes the PersistentVolume's attributes
 	c := mountCap("", "2000")
 
 	if _, err := d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
@@ -201,7 +205,8 @@ func TestDeferral(t *testing.T) {
 	s := gv.GetVolume().GetSpec()
 	if s.GetVolumeBackingPath() != "/dev/"+vg.Name+"/"+vol.GetVolumeId() || !s.GetCreateFilesystem() || s.GetFsType() != "xfs" ||
 		s.GetVolumeSupplementalGroup() != 2000 || s.GetCsiDriver() != csidriver.DefaultName || s.GetPodUid() != uid ||
-		s.GetMetadata()[client.PodNameKey] != "db-0" {
+		s.GetMetadata()[client.PodNameKey] != "db-0" ||
+		!proto.Equal(s.GetIoLimits(), &crustv1.IOLimits{TotalIops: 50, WriteBytesPerSecond: 1 << 20}) {
 		t.Errorf("deposited %v", s)
 	}
 	if blank(t, "/dev/"+vg.Name+"/"+vol.GetVolumeId()) != true {
@@ -423,6 +428,10 @@ func TestControllerRules(t *testing.T) {
 	}
 	_, err = d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "d", VolumeCapabilities: caps, Parameters: map[string]string{"speed": "fast"}})
 	wantCode(t, "unknown parameter", err, codes.InvalidArgument)
+	_, err = d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "d", VolumeCapabilities: caps, Parameters: map[string]string{client.ReadIOPSKey: "-5"}})
+	if wantCode(t, "negative I/O limit", err, codes.InvalidArgument); !strings.Contains(status.Convert(err).Message(), client.ReadIOPSKey) {
+		t.Errorf("the refusal does not name the parameter: %v", err)
+	}
 	_, err = d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "d", VolumeCapabilities: []*csi.VolumeCapability{{
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER}}}})

@@ -92,18 +92,7 @@ func TestCSIFlows(t *testing.T) {
 		"--node-name", "node-1", "--state-dir", proxyState)
 
 	vmState := t.TempDir()
-	c, err := co.New(co.Config{
-		NodeName: "node-1", KubeletDir: d.kubelet, API: api,
-		RuntimeClasses: map[string]string{microVMClass: microVMHandler},
-		Runtimes: map[string]co.Runtime{
-			microVMHandler: &co.MicroVM{Binary: filepath.Join(binDir, "crust-microvm"), CrustSocket: d.socket,
-				StateDir: vmState, Assets: assets, Accel: "tcg"},
-			co.DefaultHandler: co.Host{},
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newCO(t, d, api, assets, vmState)
 	drvA, err := c.RegisterDriver(ctx, co.DriverConfig{NodeEndpoint: sockA, PodInfoOnMount: true, ExtraCreateMetadata: true})
 	if err != nil {
 		t.Fatal(err)
@@ -379,6 +368,25 @@ func TestCSIFlows(t *testing.T) {
 		}
 	}
 	step("both volumes deleted; nothing left on the host")
+}
+
+// newCO is the CO simulator on node-1 with d's kubelet dir and api: pods of the RuntimeClass microVMClass
+// run in crust-microvm (TCG, state in vmState), others on the host.
+func newCO(t *testing.T, d *daemon, api *co.APIServer, assets, vmState string) *co.CO {
+	t.Helper()
+	c, err := co.New(co.Config{
+		NodeName: "node-1", KubeletDir: d.kubelet, API: api,
+		RuntimeClasses: map[string]string{microVMClass: microVMHandler},
+		Runtimes: map[string]co.Runtime{
+			microVMHandler: &co.MicroVM{Binary: filepath.Join(binDir, "crust-microvm"), CrustSocket: d.socket,
+				StateDir: vmState, Assets: assets, Accel: "tcg"},
+			co.DefaultHandler: co.Host{},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // startLVMDriver runs the reference LVM driver in this process on socket, logging to logFile, until

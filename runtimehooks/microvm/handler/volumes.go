@@ -209,7 +209,7 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 		return false, s.undo(ctx, v, err)
 	}
 	v.plugged = true
-	if err := s.vm.AttachBlock(ctx, v.disk, v.hostPath, v.readOnly); err != nil {
+	if err := s.vm.AttachBlock(ctx, v.disk, v.hostPath, v.readOnly, vm.WithIOLimits(ioLimits(spec.GetIoLimits()))); err != nil {
 		return false, s.undo(ctx, v, err)
 	}
 	args := agentproto.MountArgs{
@@ -251,8 +251,20 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 	if res.GrewFromBytes > 0 { // expanded while no sandbox held it: grown into at mount
 		attrs = append(attrs, "grew_from_bytes", res.GrewFromBytes, "device_bytes", v.size, "requested_bytes", desc.GetRequestedBytes())
 	}
+	if l := spec.GetIoLimits(); l != nil {
+		attrs = append(attrs, "io_limits", l.String())
+	}
 	log.Info("volume mounted", attrs...)
 	return true, nil
+}
+
+// ioLimits are the descriptor's I/O limits as the VM applies them (unset: none).
+func ioLimits(l *crustv1.IOLimits) vm.IOLimits {
+	return vm.IOLimits{
+		TotalIOPS: l.GetTotalIops(), ReadIOPS: l.GetReadIops(), WriteIOPS: l.GetWriteIops(),
+		TotalBytesPerSecond: l.GetTotalBytesPerSecond(), ReadBytesPerSecond: l.GetReadBytesPerSecond(),
+		WriteBytesPerSecond: l.GetWriteBytesPerSecond(),
+	}
 }
 
 // undo takes back what attach did after it failed with cause, and returns cause with whatever undoing it

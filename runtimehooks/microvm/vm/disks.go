@@ -9,9 +9,14 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"crust.dev/crust/runtimehooks/microvm/qmp"
 )
+
+// undoDetachTimeout bounds the detach of a disk whose attach failed after the
+// guest was given it.
+const undoDetachTimeout = 30 * time.Second
 
 // ErrNoFreePort is returned by AttachBlock when every hot-plug port holds a disk.
 var ErrNoFreePort = errors.New("vm: no free hot-plug port")
@@ -22,9 +27,14 @@ var validID = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9._-]{0,19}$`)
 
 // AttachBlock hot-plugs the host block device (or regular file, as a raw
 // image) at hostPath into the VM as a virtio-blk disk whose serial is id,
-// read-only when readOnly. Attaching the same id with the same path and mode
-// again does nothing; with another path or mode it fails.
-func (v *VM) AttachBlock(ctx context.Context, id, hostPath string, readOnly bool) error {
+// read-only when readOnly, adjusted by opts (WithIOLimits). Attaching the same
+// id with the same path, mode and options again does nothing; with others it
+// fails. When it fails, nothing of the disk is left in the VM.
+func (v *VM) AttachBlock(ctx context.Context, id, hostPath string, readOnly bool, opts ...AttachOption) error {
+	var o attachOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if !validID.MatchString(id) {
 		return fmt.Errorf("vm: disk id %q: want a letter then up to 19 letters, digits, '-', '.', '_'", id)
 	}
@@ -44,10 +54,10 @@ func (v *VM) AttachBlock(ctx context.Context, id, hostPath string, readOnly bool
 	v.mu.Lock()
 	if d, ok := v.disks[id]; ok {
 		v.mu.Unlock()
-		if d.path == hostPath && d.readOnly == readOnly {
+		if d.path == hostPath && d.readOnly == readOnly && d.limits == o.limits {
 			return nil
 		}
-		return fmt.Errorf("vm: disk %s is already attached from %s (read-only %v)", id, d.path, d.readOnly)
+		return fmt.Errorf("vm: disk %s is already attached from %s (read-only %v, I/O limits %+v)", id, d.path, d.readOnly, d.limits)
 	}
 	port := -1
 	for i, holder := range v.ports {
@@ -95,8 +105,13 @@ func (v *VM) AttachBlock(ctx context.Context, id, hostPath string, readOnly bool
 		return fmt.Errorf("vm: attaching %s: %w", id, err)
 	}
 	v.mu.Lock()
-	v.disks[id] = &disk{port: port, path: hostPath, readOnly: readOnly}
+	v.disks[id] = &disk{port: port, path: hostPath, readOnly: readOnly, limits: o.limits}
 	v.mu.Unlock()
+	if err := v.throttle(ctx, id, o.limits); err != nil {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoDetachTimeout)
+		defer cancel()
+		return errors.Join(err, v.DetachBlock(dctx, id))
+	}
 	return nil
 }
 

@@ -213,6 +213,7 @@ type disk struct {
 	port     int
 	path     string
 	readOnly bool
+	limits   IOLimits
 }
 
 // Start boots a VM and returns once its agent answers, or with an error
