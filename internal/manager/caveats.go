@@ -1,0 +1,37 @@
+package manager
+
+import (
+	"google.golang.org/protobuf/proto"
+
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+// kataPmemCaveat is what an unmodified Kata runtime does with a persistent-memory volume from the Kata
+// projection: it reads the device from mountInfo.json and hot-plugs it as it does any block device (with
+// its block_device_driver, virtio-blk or virtio-scsi), so the guest mounts a disk through its page cache.
+const kataPmemCaveat = "Kata attaches a pmem volume as a plain disk (its block_device_driver, virtio-blk or " +
+	"virtio-scsi) and mounts it without DAX, through the guest's page cache; crust-microvm attaches it as " +
+	"virtio-pmem and mounts it with -o dax"
+
+// kataCaveats says, one sentence each, what an unmodified Kata runtime that takes v from the Kata projection
+// cannot honour of it; none when Kata takes it as crust's own handlers do. It reads only v's spec.
+func kataCaveats(v *crustv1.Volume) []string {
+	var out []string
+	if v.GetSpec().GetVolumeType() == crustv1.VolumeType_VOLUME_TYPE_PMEM {
+		out = append(out, kataPmemCaveat)
+	}
+	return out
+}
+
+// withKataCaveats returns v for an answer: v itself when it has no caveats, or else a copy with
+// kata_caveats filled. v is never changed (stored volumes are shared with watchers), and the caveats are
+// never stored.
+func withKataCaveats(v *crustv1.Volume) *crustv1.Volume {
+	c := kataCaveats(v)
+	if v == nil || len(c) == 0 {
+		return v
+	}
+	out := proto.CloneOf(v)
+	out.KataCaveats = c
+	return out
+}
