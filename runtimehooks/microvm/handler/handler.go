@@ -17,6 +17,11 @@
 //     DiskID(target), and mounted at its guest path with the descriptor's fs type, mount flags, read-only
 //     flag, fsGroup and policy, and create_filesystem. A read-write ext2/3/4 or xfs filesystem smaller than
 //     its disk (the volume was expanded while no sandbox held it) is grown to fill the disk once mounted.
+//   - A persistent-memory volume (VOLUME_TYPE_PMEM) is hot-plugged as a virtio-pmem device instead (package
+//     vm, AttachPmem; read-only mapped read-only) and mounted with DAX (-o dax). QEMU cannot unplug it, so it
+//     stays in the VM until the VM stops: detaching it (at stop, or after a failed mount) only unmounts it,
+//     and its claim is kept, and claimed again if crustd ends it, until QEMU has exited; only then is it
+//     released. Its expansion is UNIMPLEMENTED.
 //   - A target with nothing staged is waited for and attached as soon as it is staged, however long after
 //     boot. A volume that fails (claimed by another sandbox, device changed, mount refused) is logged, left
 //     unclaimed, and tried again when its descriptor next changes; the other volumes carry on.

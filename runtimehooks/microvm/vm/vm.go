@@ -3,7 +3,12 @@
 // reached over a virtio-serial port. It hot-plugs host block devices into the
 // VM as virtio-blk disks (whose serial is the caller's id, which the agent's
 // mount looks for) and resizes them; the agent, from Agent, mounts and grows
-// them inside. It can also share host directories over virtio-9p (Config.Shares),
+// them inside. It hot-plugs persistent memory (a file or a pmem device) as
+// virtio-pmem devices (AttachPmem), which the agent finds by their address and
+// mounts with DAX; those cannot be unplugged and stay until the VM stops
+// (QEMU 7.2 refuses to unplug virtio memory devices; an emulated NVDIMM,
+// which needs converting to fsdax inside the guest, is not used: see
+// AttachPmem). It can also share host directories over virtio-9p (Config.Shares),
 // which the guest mounts itself; crust does not use them for volumes, they are
 // there to compare the two data paths (test/bench).
 //
