@@ -6,19 +6,31 @@ import (
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
-// kataPmemCaveat is what an unmodified Kata runtime does with a persistent-memory volume from the Kata
-// projection: it reads the device from mountInfo.json and hot-plugs it as it does any block device (with
-// its block_device_driver, virtio-blk or virtio-scsi), so the guest mounts a disk through its page cache.
-const kataPmemCaveat = "Kata attaches a pmem volume as a plain disk (its block_device_driver, virtio-blk or " +
-	"virtio-scsi) and mounts it without DAX, through the guest's page cache; crust-microvm attaches it as " +
-	"virtio-pmem and mounts it with -o dax"
+// kataPmemCaveat and kataPmemFileCaveat are what an unmodified Kata runtime does with a persistent-memory
+// volume from the Kata projection. Kata's Go runtime reads the device from mountInfo.json and hot-plugs a
+// block device as it does any other (with its block_device_driver), so the guest mounts a disk through its
+// page cache; a regular file it does not hot-plug at all (it makes a device only of a block device, or of a
+// loop device's file that carries an NVDIMM info block).
+const (
+	kataPmemCaveat = "Kata attaches a pmem volume as a plain disk (its block_device_driver, virtio-blk or " +
+		"virtio-scsi) and mounts it without DAX, through the guest's page cache; crust-microvm attaches it as " +
+		"virtio-pmem and mounts it with -o dax"
+	kataPmemFileCaveat = "Kata does not attach a file-backed pmem volume (it hot-plugs only block devices from " +
+		"a direct-assigned volume), so Kata cannot use it, with DAX or without; crust-microvm attaches it as " +
+		"virtio-pmem and mounts it with -o dax"
+)
 
 // kataCaveats says, one sentence each, what an unmodified Kata runtime that takes v from the Kata projection
-// cannot honour of it; none when Kata takes it as crust's own handlers do. It reads only v's spec.
+// cannot honour of it; none when Kata takes it as crust's own handlers do. It reads only v's spec and device
+// number.
 func kataCaveats(v *crustv1.Volume) []string {
 	var out []string
 	if v.GetSpec().GetVolumeType() == crustv1.VolumeType_VOLUME_TYPE_PMEM {
-		out = append(out, kataPmemCaveat)
+		if v.GetDeviceNumber().GetInode() != 0 { // a regular file: its device number is its filesystem's and inode
+			out = append(out, kataPmemFileCaveat)
+		} else {
+			out = append(out, kataPmemCaveat)
+		}
 	}
 	return out
 }
