@@ -29,7 +29,8 @@ const statxAttrDAX = 0x00200000
 //     mounted with DAX in effect: the guest's mount says dax, and statx says STATX_ATTR_DAX of a file
 //     written there; data written and synced in the guest is in the backing file on the host after the
 //     sandbox stops;
-//   - crustctl stats is measured in the guest (through crustd) and matches the host's statfs; crustctl
+//   - crustctl stats is the file's size before the sandbox runs, then measured in the guest (through
+//     crustd) and matches the host's statfs; crustctl
 //     expand is UNIMPLEMENTED and changes neither the volume nor the file; crustctl get and ls -o wide
 //     show the Kata caveat;
 //   - a read-only pmem volume is mounted read-only in the guest;
@@ -92,6 +93,11 @@ func TestMicroVMPmem(t *testing.T) {
 	}
 	if _, _, code := d.crustctl("get", tOdd); code == 0 {
 		t.Errorf("the refused pmem volume is staged all the same")
+	}
+
+	// Before any sandbox holds it, the stats are the backing's size.
+	if st := statsOf(t, d, tRW); st.total != 64*mib {
+		t.Errorf("stats of the unclaimed pmem volume: total %d, want the file's %d", st.total, 64*mib)
 	}
 
 	m := startMicroVM(t, d, assets, t.TempDir(), name, tRW+":/data/pmem", tRO+":/data/ro", tBlank+":/data/blank")

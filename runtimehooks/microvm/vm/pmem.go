@@ -73,18 +73,22 @@ func (v *VM) AttachPmem(ctx context.Context, id, hostPath string, readOnly bool)
 	}
 	v.mu.Lock()
 	if d, ok := v.pmems[id]; ok {
+		p := d.Pmem
 		v.mu.Unlock()
-		if d.path == hostPath && d.readOnly == readOnly {
-			return d.Pmem, nil
+		if d.path != hostPath || d.readOnly != readOnly {
+			return Pmem{}, fmt.Errorf("vm: pmem %s is already attached from %s (read-only %v)", id, d.path, d.readOnly)
 		}
-		return Pmem{}, fmt.Errorf("vm: pmem %s is already attached from %s (read-only %v)", id, d.path, d.readOnly)
+		if p.Address == 0 { // an earlier attach could not learn it
+			return v.learnAddress(ctx, id, d)
+		}
+		return p, nil
 	}
 	port, err := v.reservePort(id)
 	v.mu.Unlock()
 	if err != nil {
 		return Pmem{}, err
 	}
-	mem, dev := memPrefix+id, pmemPrefix+id
+	mem := memPrefix + id
 	err = v.qmp.Execute(ctx, "object-add", map[string]any{
 		"qom-type": "memory-backend-file",
 		"id":       mem,
@@ -100,7 +104,7 @@ func (v *VM) AttachPmem(ctx context.Context, id, hostPath string, readOnly bool)
 	}
 	err = v.qmp.Execute(ctx, "device_add", map[string]any{
 		"driver": "virtio-pmem-pci",
-		"id":     dev,
+		"id":     pmemPrefix + id,
 		"bus":    portPrefix + strconv.Itoa(port),
 		"memdev": mem,
 	}, nil)
@@ -114,13 +118,18 @@ func (v *VM) AttachPmem(ctx context.Context, id, hostPath string, readOnly bool)
 	v.mu.Lock()
 	v.pmems[id] = d
 	v.mu.Unlock()
-	addr, err := v.pmemAddress(ctx, dev)
+	return v.learnAddress(ctx, id, d)
+}
+
+// learnAddress asks QEMU where it placed pmem device id (d) and records it.
+func (v *VM) learnAddress(ctx context.Context, id string, d *pmem) (Pmem, error) {
+	addr, err := v.pmemAddress(ctx, pmemPrefix+id)
 	if err != nil {
 		return Pmem{}, fmt.Errorf("vm: pmem %s: %w", id, err)
 	}
 	v.mu.Lock()
+	defer v.mu.Unlock()
 	d.Address = addr
-	v.mu.Unlock()
 	return d.Pmem, nil
 }
 

@@ -61,8 +61,8 @@ func pmemFile(t *testing.T, size int64, fsType, seed string) string {
 // TestPmemInGuest hot-plugs file-backed persistent memory into one TCG guest as virtio-pmem and checks:
 // the guest finds the device by its address and mounts it with DAX in effect (the mount says dax, and
 // statx says a file written there is DAX); data synced in the guest is in the host's file; a read-only one
-// is mounted read-only; a repeated attach is the same device; a size that is no multiple of 2 MiB is
-// refused, naming the file.
+// is mounted read-only; a block device works as a file does; a repeated attach is the same device; a size
+// that is no multiple of 2 MiB is refused, naming the file.
 func TestPmemInGuest(t *testing.T) {
 	v := startVM(t, Config{Accel: AccelTCG})
 	ctx := context.Background()
@@ -117,12 +117,35 @@ func TestPmemInGuest(t *testing.T) {
 		t.Errorf("touch on the read-only pmem volume: %+v, %v; want a failure", res, err)
 	}
 
+	// A block device as the backing, as a /dev/pmemN would be (a loop device here).
+	dev := loopDevice(t, 32<<20, "mkfs.ext4", "-q", "-b", "4096")
+	r, err := v.AttachPmem(ctx, "vol-blk", dev.path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Size != 32<<20 {
+		t.Errorf("the block device's size is %d, want 32 MiB", r.Size)
+	}
+	if _, err := v.Agent().Mount(ctx, agentproto.MountArgs{Serial: "vol-blk", PmemAddress: r.Address, FSType: "ext4", Target: "/data/blk"}); err != nil {
+		t.Fatal(err)
+	}
+	execOK(t, v, "sh", "-c", "echo on a block device > /data/blk/out && sync /data/blk/out")
+	if attrs := guestStatxAttributes(t, v, "/data/blk/out"); attrs&statxDAX == 0 {
+		t.Errorf("statx attributes of a file on the block-device-backed pmem volume are %#x: no STATX_ATTR_DAX", attrs)
+	}
+	if err := v.Agent().Unmount(ctx, "/data/blk"); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(hostDebugfsCat(t, dev.path, "/out")); got != "on a block device\n" {
+		t.Errorf("the host reads %q from the loop device", got)
+	}
+
 	odd := pmemFile(t, 3<<20, "", "")
 	if _, err := v.AttachPmem(ctx, "vol-odd", odd, false); err == nil || !strings.Contains(err.Error(), odd) || !strings.Contains(err.Error(), "2 MiB") {
 		t.Errorf("a 3 MiB backing: %v; want a refusal naming %s and 2 MiB", err, odd)
 	}
-	if n := len(v.Pmems()); n != 2 {
-		t.Errorf("%d persistent-memory devices in the VM, want 2", n)
+	if n := len(v.Pmems()); n != 3 {
+		t.Errorf("%d persistent-memory devices in the VM, want 3", n)
 	}
 }
 
