@@ -61,7 +61,7 @@ func pmemFile(t *testing.T, size int64, fsType, seed string) string {
 // TestPmemInGuest hot-plugs file-backed persistent memory into one TCG guest as virtio-pmem and checks:
 // the guest finds the device by its address and mounts it with DAX in effect (the mount says dax, and
 // statx says a file written there is DAX); data synced in the guest is in the host's file; a read-only one
-// is mounted read-only; a block device works as a file does; a repeated attach is the same device; a size
+// is mounted read-only; a block device works as a file does; a blank one is formatted for DAX; a repeated attach is the same device; a size
 // that is no multiple of 2 MiB is refused, naming the file.
 func TestPmemInGuest(t *testing.T) {
 	v := startVM(t, Config{Accel: AccelTCG})
@@ -140,12 +140,27 @@ func TestPmemInGuest(t *testing.T) {
 		t.Errorf("the host reads %q from the loop device", got)
 	}
 
+	// A blank one formatted in the guest gets the 4 KiB blocks DAX needs (mke2fs would choose 1 KiB here).
+	blank := pmemFile(t, 16<<20, "", "")
+	bp, err := v.AttachPmem(ctx, "vol-blank", blank, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = v.Agent().Mount(ctx, agentproto.MountArgs{Serial: "vol-blank", PmemAddress: bp.Address, FSType: "ext4",
+		CreateFilesystem: true, Target: "/data/blank"})
+	if err != nil || !res.Formatted {
+		t.Fatalf("mount of a blank pmem volume with create_filesystem: %+v, %v", res, err)
+	}
+	if opts := execOK(t, v, "awk", `$2 == "/data/blank" {print $4}`, "/proc/mounts"); !strings.Contains(opts, "dax") {
+		t.Errorf("the pmem volume formatted in the guest is mounted %q, without dax", opts)
+	}
+
 	odd := pmemFile(t, 3<<20, "", "")
 	if _, err := v.AttachPmem(ctx, "vol-odd", odd, false); err == nil || !strings.Contains(err.Error(), odd) || !strings.Contains(err.Error(), "2 MiB") {
 		t.Errorf("a 3 MiB backing: %v; want a refusal naming %s and 2 MiB", err, odd)
 	}
-	if n := len(v.Pmems()); n != 3 {
-		t.Errorf("%d persistent-memory devices in the VM, want 3", n)
+	if n := len(v.Pmems()); n != 4 {
+		t.Errorf("%d persistent-memory devices in the VM, want 4", n)
 	}
 }
 
