@@ -202,6 +202,14 @@ func (v *volumes) mount(ctx context.Context, args agentproto.MountArgs) (agentpr
 
 // mountFailure explains a failed mount with what the disk holds.
 func (v *volumes) mountFailure(ctx context.Context, dev string, args agentproto.MountArgs, err error) error {
+	if args.PmemAddress != 0 && errors.Is(err, unix.EINVAL) {
+		// DAX maps file data page by page: a filesystem whose blocks are not a page refuses it.
+		if _, block, berr := filesystemBytes(dev, args.FSType); berr == nil && block != uint64(os.Getpagesize()) {
+			return agentproto.Errorf(agentproto.CodeFailedPrecondition, "mount %s on %s with DAX: its %s has %d-byte "+
+				"blocks, and DAX needs blocks of a page (%d bytes): make it with 4 KiB blocks (mkfs.ext4 -b 4096)",
+				dev, args.Target, args.FSType, block, os.Getpagesize())
+		}
+	}
 	found, perr := v.probe(ctx, dev)
 	switch {
 	case perr != nil:

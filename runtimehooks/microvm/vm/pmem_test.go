@@ -3,6 +3,7 @@ package vm
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,7 +62,7 @@ func pmemFile(t *testing.T, size int64, fsType, seed string) string {
 // TestPmemInGuest hot-plugs file-backed persistent memory into one TCG guest as virtio-pmem and checks:
 // the guest finds the device by its address and mounts it with DAX in effect (the mount says dax, and
 // statx says a file written there is DAX); data synced in the guest is in the host's file; a read-only one
-// is mounted read-only; a block device works as a file does; a blank one is formatted for DAX; a repeated attach is the same device; a size
+// is mounted read-only; a block device works as a file does; a blank one is formatted for DAX; ext4 with 1 KiB blocks is refused saying why; a repeated attach is the same device; a size
 // that is no multiple of 2 MiB is refused, naming the file.
 func TestPmemInGuest(t *testing.T) {
 	v := startVM(t, Config{Accel: AccelTCG})
@@ -155,12 +156,26 @@ func TestPmemInGuest(t *testing.T) {
 		t.Errorf("the pmem volume formatted in the guest is mounted %q, without dax", opts)
 	}
 
+	// ext4 with 1 KiB blocks cannot be mounted with DAX, and the agent says why.
+	small := pmemFile(t, 16<<20, "", "")
+	run(t, "mkfs.ext4", "-q", "-b", "1024", small)
+	sp, err := v.AttachPmem(ctx, "vol-1k", small, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = v.Agent().Mount(ctx, agentproto.MountArgs{Serial: "vol-1k", PmemAddress: sp.Address, FSType: "ext4", Target: "/data/1k"})
+	var ae *agentproto.Error
+	if !errors.As(err, &ae) || ae.Code != agentproto.CodeFailedPrecondition || !strings.Contains(ae.Message, "1024-byte blocks") ||
+		!strings.Contains(ae.Message, "mkfs.ext4 -b 4096") {
+		t.Errorf("mount of ext4 with 1 KiB blocks with DAX: %v; want FAILED_PRECONDITION saying why", err)
+	}
+
 	odd := pmemFile(t, 3<<20, "", "")
 	if _, err := v.AttachPmem(ctx, "vol-odd", odd, false); err == nil || !strings.Contains(err.Error(), odd) || !strings.Contains(err.Error(), "2 MiB") {
 		t.Errorf("a 3 MiB backing: %v; want a refusal naming %s and 2 MiB", err, odd)
 	}
-	if n := len(v.Pmems()); n != 4 {
-		t.Errorf("%d persistent-memory devices in the VM, want 4", n)
+	if n := len(v.Pmems()); n != 5 {
+		t.Errorf("%d persistent-memory devices in the VM, want 5", n)
 	}
 }
 
