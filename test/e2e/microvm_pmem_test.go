@@ -106,8 +106,9 @@ func TestMicroVMPmem(t *testing.T) {
 			t.Fatalf("%s: %v", p, err)
 		}
 	}
-	t.Logf("pmem volumes mounted; the handler's log: address %s, host persistent memory %s",
-		m.WaitLogValue("volume mounted", "pmem_address", "target="+tRW), m.WaitLogValue("volume mounted", "host_pmem", "target="+tRW))
+	t.Logf("pmem volume claimed, hot-plugged and mounted with DAX in %s (the handler's log: address %s, host persistent memory %s)",
+		m.WaitLogValue("volume mounted", "took", "target="+tRW), m.WaitLogValue("volume mounted", "pmem_address", "target="+tRW),
+		m.WaitLogValue("volume mounted", "host_pmem", "target="+tRW))
 
 	// DAX in effect: the mount and statx say so.
 	mount := strings.Fields(m.ExecOK("awk", `$2 == "/data/pmem" {print $1, $4}`, "/proc/mounts"))
