@@ -16,7 +16,7 @@
 #   OUTDIR/cloud/modules.load   their file names, one a line, in load order
 #   OUTDIR/tools/               a root tree merged into the initramfs: busybox and
 #                               its applet links, mkfs.ext4, resize2fs, e2fsck,
-#                               mkfs.xfs, xfs_growfs, blkid and their libraries
+#                               mkfs.xfs, xfs_growfs, xfs_io (statx, timed I/O), blkid and their libraries
 #   OUTDIR/generic/...          with --with-9p: linux-image-amd64's kernel, laid out
 #                               like cloud/, with the 9p modules as well
 set -euo pipefail
@@ -182,10 +182,13 @@ copy_with_libs() {
 	done
 }
 
+# The host binaries copied into the guest, with their libraries.
+guest_tools=(mkfs.ext4 resize2fs e2fsck mkfs.xfs xfs_growfs xfs_io blkid)
+
 tools() {
 	local dest="$out/tools" deb stamp bins=() b
 	deb="$(fetch_deb busybox-static)"
-	for b in mkfs.ext4 resize2fs e2fsck mkfs.xfs xfs_growfs blkid; do
+	for b in "${guest_tools[@]}"; do
 		bins+=("$(readlink -f "$(command -v "$b")")")
 	done
 	stamp="layout=$layout busybox-static $(dpkg-deb -f "$deb" Version)"
@@ -212,7 +215,7 @@ tools() {
 		ln -sf /bin/busybox "$dest/$applet"
 	done
 	# The real tools win over busybox applets of the same name.
-	for b in mkfs.ext4 resize2fs e2fsck mkfs.xfs xfs_growfs blkid; do
+	for b in "${guest_tools[@]}"; do
 		local path
 		path="$(command -v "$b")"
 		rm -f "$dest$path"
@@ -227,7 +230,7 @@ tools() {
 	echo "$stamp" >"$dest/.stamp"
 }
 
-guest_modules=(virtio_pci virtio_blk virtio_console xfs ext4)
+guest_modules=(virtio_pci virtio_blk virtio_console xfs ext4 nd_pmem virtio_pmem)
 kernel linux-image-cloud-amd64 "$out/cloud" "${guest_modules[@]}"
 tools
 if $with_9p; then

@@ -1,8 +1,9 @@
 // Package ctl is crustctl: the operator's and scripts' command line for crustd, plus `direct-volume`, an
 // offline drop-in for `kata-runtime direct-volume`.
 //
-// Promises: data goes to stdout in the format chosen with -o (table, json or yaml; json and yaml are the
-// API's protobuf JSON mapping, stable field names); errors go to stderr as "crustctl: CODE: message" with
+// Promises: data goes to stdout in the format chosen with -o (table, wide, json or yaml; wide is the
+// table with more columns, such as a volume's Kata caveats; json and yaml are the API's protobuf JSON
+// mapping, stable field names); errors go to stderr as "crustctl: CODE: message" with
 // the gRPC code, and the exit status is 1 (2 for a usage error). `doctor` exits 3 when it found problems.
 package ctl
 
@@ -87,7 +88,7 @@ func NewCommand() *cobra.Command {
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.socket, "socket", client.SocketFromEnv(), "crustd's socket (env CRUST_SOCKET)")
-	pf.StringVarP(&g.output, "output", "o", "", "output format: table, json or yaml")
+	pf.StringVarP(&g.output, "output", "o", "", "output format: table, wide (a table with more columns, such as a volume's Kata caveats), json or yaml")
 	pf.DurationVar(&g.timeout, "timeout", 30*time.Second, "how long a call may take")
 	root.AddCommand(
 		g.lsCmd(), g.getCmd(), g.stageCmd(), g.unstageCmd(), g.statsCmd(), g.expandCmd(),

@@ -44,21 +44,29 @@ func (g *globals) print(w io.Writer, def string, m proto.Message, rows func(*tab
 		}
 		_, err = w.Write(b)
 		return err
-	case "table":
-		t := &table{w: tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)}
+	case "table", "wide":
+		t := &table{w: tabwriter.NewWriter(w, 0, 4, 2, ' ', 0), wide: format == "wide"}
 		rows(t)
 		return t.w.Flush()
 	}
-	return usageError{fmt.Errorf("-o: %q is not table, json or yaml", format)}
+	return usageError{fmt.Errorf("-o: %q is not table, wide, json or yaml", format)}
 }
 
-type table struct{ w *tabwriter.Writer }
+// table is the table form; wide adds the columns that make rows long (a volume's Kata caveats).
+type table struct {
+	w    *tabwriter.Writer
+	wide bool
+}
 
 func (t *table) header(cols ...string) { t.row(cols...) }
 func (t *table) row(cols ...string)    { fmt.Fprintln(t.w, strings.Join(cols, "\t")) }
 
 func volumeRows(t *table, vols ...*crustv1.Volume) {
-	t.header("TARGET", "DEVICE", "TYPE", "FSTYPE", "MODE", "SANDBOX", "AGE")
+	cols := []string{"TARGET", "DEVICE", "TYPE", "FSTYPE", "MODE", "SANDBOX", "AGE"}
+	if t.wide {
+		cols = append(cols, "KATA CAVEATS")
+	}
+	t.header(cols...)
 	for _, v := range vols {
 		s := v.GetSpec()
 		mode := "rw"
@@ -73,7 +81,15 @@ func volumeRows(t *table, vols ...*crustv1.Volume) {
 			}
 		}
 		typ := strings.ToLower(strings.TrimPrefix(s.GetVolumeType().String(), "VOLUME_TYPE_"))
-		t.row(s.GetVolumeTargetPath(), s.GetVolumeBackingPath(), typ, s.GetFsType(), mode, sandbox, age(v.GetStageTime().AsTime()))
+		row := []string{s.GetVolumeTargetPath(), s.GetVolumeBackingPath(), typ, s.GetFsType(), mode, sandbox, age(v.GetStageTime().AsTime())}
+		if t.wide {
+			caveats := "-"
+			if c := v.GetKataCaveats(); len(c) > 0 {
+				caveats = strings.Join(c, "; ")
+			}
+			row = append(row, caveats)
+		}
+		t.row(row...)
 	}
 }
 

@@ -3,6 +3,9 @@
 // A CSI driver grows the backing storage in ControllerExpandVolume (lvextend, or a larger image file). A
 // logical volume's block device sees the new size at once; a loop device does not until it is told to
 // re-read its backing file's size. Refresh does that, and reports the size the host now sees.
+//
+// Sizes are of the device, or of the file for an image file (VOLUME_TYPE_FILE) or a file-backed
+// persistent-memory volume (VOLUME_TYPE_PMEM on a regular file).
 package hostdev
 
 import (
@@ -32,12 +35,15 @@ func Refresh(resolvedPath string, t crustv1.VolumeType) (int64, error) {
 }
 
 func size(resolvedPath string, t crustv1.VolumeType, refresh bool) (int64, error) {
-	if t == crustv1.VolumeType_VOLUME_TYPE_FILE {
+	if t == crustv1.VolumeType_VOLUME_TYPE_FILE || t == crustv1.VolumeType_VOLUME_TYPE_PMEM {
+		// A persistent-memory volume is a pmem block device or, where allowed, a regular file.
 		fi, err := os.Stat(resolvedPath)
 		if err != nil {
 			return 0, fmt.Errorf("image file %s: %v: %w", resolvedPath, err, errdefs.ErrFailedPrecondition)
 		}
-		return fi.Size(), nil
+		if t == crustv1.VolumeType_VOLUME_TYPE_FILE || fi.Mode().IsRegular() {
+			return fi.Size(), nil
+		}
 	}
 	f, err := os.OpenFile(resolvedPath, os.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {

@@ -58,6 +58,9 @@ type BlockDevice struct {
 	Kind Kind
 	// SysPath is the device's directory in sysfs, symlinks resolved.
 	SysPath string
+	// Bytes is the device's size (its size attribute, in 512-byte sectors, times 512); 0 when sysfs does
+	// not say.
+	Bytes int64
 }
 
 // Sysfs reads what the running kernel says about block devices.
@@ -93,6 +96,11 @@ func (s Sysfs) Block(major, minor uint32) (*BlockDevice, error) {
 		return nil, fmt.Errorf("block device %d:%d: the kernel's name %q is not a name under /dev", major, minor, name)
 	}
 	d := &BlockDevice{Name: name, Names: []string{name}, SysPath: dir}
+	if size, err := readLine(filepath.Join(dir, "size")); err == nil {
+		if sectors, err := strconv.ParseInt(size, 10, 64); err == nil && sectors > 0 && sectors < 1<<54 {
+			d.Bytes = sectors * 512
+		}
+	}
 
 	disk := dir
 	if exists(filepath.Join(dir, "partition")) {

@@ -6,25 +6,49 @@ import (
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
-// kataCaveats says, one sentence each, what an unmodified Kata runtime cannot honour of v's descriptor
-// when it takes the volume from the Kata projection; nil when Kata takes it as crust's handlers do.
+// kataPmemCaveat and kataPmemFileCaveat are what an unmodified Kata runtime does with a persistent-memory
+// volume from the Kata projection. Kata's Go runtime reads the device from mountInfo.json and hot-plugs a
+// block device as it does any other (with its block_device_driver), so the guest mounts a disk through its
+// page cache; a regular file it does not hot-plug at all (it makes a device only of a block device, or of a
+// loop device's file that carries an NVDIMM info block).
+const (
+	kataPmemCaveat = "Kata attaches a pmem volume as a plain disk (its block_device_driver, virtio-blk or " +
+		"virtio-scsi) and mounts it without DAX, through the guest's page cache; crust-microvm attaches it as " +
+		"virtio-pmem and mounts it with -o dax"
+	kataPmemFileCaveat = "Kata does not attach a file-backed pmem volume (it hot-plugs only block devices from " +
+		"a direct-assigned volume), so Kata cannot use it, with DAX or without; crust-microvm attaches it as " +
+		"virtio-pmem and mounts it with -o dax"
+	kataIOLimitsCaveat = "Kata ignores the I/O limits: its mountInfo.json has no place for them, so an unmodified " +
+		"Kata runtime attaches the device without throttling"
+)
+
+// kataCaveats says, one sentence each, what an unmodified Kata runtime that takes v from the Kata projection
+// cannot honour of it; none when Kata takes it as crust's own handlers do. It reads only v's spec and device
+// number.
 func kataCaveats(v *crustv1.Volume) []string {
 	var out []string
+	if v.GetSpec().GetVolumeType() == crustv1.VolumeType_VOLUME_TYPE_PMEM {
+		if v.GetDeviceNumber().GetInode() != 0 { // a regular file: its device number is its filesystem's and inode
+			out = append(out, kataPmemFileCaveat)
+		} else {
+			out = append(out, kataPmemCaveat)
+		}
+	}
 	if v.GetSpec().GetIoLimits() != nil {
-		out = append(out, "Kata ignores the I/O limits: its mountInfo.json has no place for them, so an unmodified Kata "+
-			"runtime attaches the device without throttling.")
+		out = append(out, kataIOLimitsCaveat)
 	}
 	return out
 }
 
-// withKataCaveats returns v with its Kata caveats (kataCaveats), as answers carry them: a copy when there
-// are any, v itself otherwise. Caveats are computed for answers, never stored.
+// withKataCaveats returns v for an answer: v itself when it has no caveats, or else a copy with
+// kata_caveats filled. v is never changed (stored volumes are shared with watchers), and the caveats are
+// never stored.
 func withKataCaveats(v *crustv1.Volume) *crustv1.Volume {
-	cv := kataCaveats(v)
-	if len(cv) == 0 {
+	c := kataCaveats(v)
+	if v == nil || len(c) == 0 {
 		return v
 	}
-	c := proto.CloneOf(v)
-	c.KataCaveats = cv
-	return c
+	out := proto.CloneOf(v)
+	out.KataCaveats = c
+	return out
 }

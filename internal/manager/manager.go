@@ -233,6 +233,16 @@ func (m *Manager) unstageLocked(target string) error {
 
 // Get returns one descriptor, or ErrNotFound.
 func (m *Manager) Get(_ context.Context, target string) (*crustv1.Volume, error) {
+	v, err := m.stored(target)
+	if err != nil {
+		return nil, err
+	}
+	return withKataCaveats(v), nil
+}
+
+// stored returns the descriptor at target as stored, with a claim an unmodified Kata shim recorded in the
+// projection, or ErrNotFound.
+func (m *Manager) stored(target string) (*crustv1.Volume, error) {
 	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
 		return nil, err
 	}
@@ -442,7 +452,7 @@ const NotMountedMessage = "not yet mounted in a sandbox: the total is the device
 // inode entry, and a condition, not abnormal, that says so (NotMountedMessage). A device that is no
 // longer the one staged is ErrFailedPrecondition.
 func (m *Manager) Stats(ctx context.Context, target string) (*crustv1.GetVolumeStatsResponse, error) {
-	v, err := m.Get(ctx, target)
+	v, err := m.stored(target)
 	if err != nil {
 		return nil, err
 	}
@@ -463,7 +473,8 @@ func (m *Manager) Stats(ctx context.Context, target string) (*crustv1.GetVolumeS
 }
 
 // Expand grows the volume to at least requiredBytes (and at most limitBytes when that is not zero) and
-// returns its capacity. The claiming sandbox's handler grows it online. Before any sandbox claims the
+// returns its capacity. A persistent-memory volume cannot grow: ErrUnimplemented, claimed or not, and
+// nothing is changed. The claiming sandbox's handler grows it online. Before any sandbox claims the
 // volume, Expand makes the host see the device's current size, records requiredBytes durably as the
 // volume's requested_bytes (the largest asked for is kept; watchers get EVENT_TYPE_EXPANDED when it
 // grows) and returns the device's size: the handler that claims the volume grows the filesystem when it
@@ -480,9 +491,14 @@ func (m *Manager) Expand(ctx context.Context, target string, requiredBytes, limi
 		return 0, err
 	}
 	defer unlock()
-	v, err := m.Get(ctx, target)
+	v, err := m.stored(target)
 	if err != nil {
 		return 0, err
+	}
+	if v.GetSpec().GetVolumeType() == crustv1.VolumeType_VOLUME_TYPE_PMEM {
+		return 0, fmt.Errorf("volume %q is persistent memory (VOLUME_TYPE_PMEM), which cannot be expanded: a microVM "+
+			"maps it into guest memory at its size and cannot resize the mapping; create a larger volume and copy the "+
+			"data instead: %w", target, errdefs.ErrUnimplemented)
 	}
 	// The host's view first: a loop device learns that its backing file grew only when told.
 	var deviceBytes int64
@@ -629,9 +645,9 @@ func (m *Manager) withKataClaim(v *crustv1.Volume) *crustv1.Volume {
 // commit makes an acknowledged change visible: the in-memory map and the watchers, in one step so that
 // watchers see changes in revision order. v == nil removes target; the event then carries before[0].
 func (m *Manager) commit(target string, v *crustv1.Volume, typ crustv1.EventType, before ...*crustv1.Volume) {
-	ev := &crustv1.WatchVolumesResponse{Type: typ, Volume: v}
+	ev := &crustv1.WatchVolumesResponse{Type: typ, Volume: withKataCaveats(v)}
 	if v == nil {
-		ev.Volume = before[0]
+		ev.Volume = withKataCaveats(before[0])
 	}
 	ev.Volume = withKataCaveats(ev.Volume)
 	m.commitEvent(target, v, ev)

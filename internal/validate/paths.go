@@ -114,8 +114,10 @@ func (v *Validator) TargetPath(field, p string) error {
 // Device checks a backing path for a volume of type t (UNSPECIFIED is taken as BLOCK) and returns it
 // resolved with its device number. It promises: the path is absolute and valid (see TargetPath's string
 // rules, except cleanliness), every symlink in it resolves, the resolved path matches a DeviceAllow
-// pattern, and the resolved file is a block device for BLOCK and PMEM, or a regular file for FILE (which
-// also needs AllowFileBacked). A block device is also checked against what the kernel says of its
+// pattern, and the resolved file is a block device for BLOCK, a regular file for FILE (which also needs
+// AllowFileBacked), and for PMEM a persistent-memory block device (the kernel's kind pmem, such as an
+// fsdax namespace /dev/pmemN) or, with AllowFileBacked, a regular file, of a positive multiple of
+// PmemAlign bytes (the device's size as sysfs says, or the file's). A block device is also checked against what the kernel says of its
 // number (see kernelDevice): its name, and its kind against DeviceAllowKinds. The number is the block device's major and minor, or for a file the major
 // and minor of its file system's device and its inode. A refusal is a *errdefs.FieldError naming field.
 //
@@ -151,9 +153,18 @@ func (v *Validator) Device(field, path string, t crustv1.VolumeType) (resolved s
 		return "", nil, errdefs.Field(field, "%q cannot be checked: %v", resolved, err)
 	}
 	kind := st.Mode & unix.S_IFMT
-	if t == crustv1.VolumeType_VOLUME_TYPE_FILE {
+	if t == crustv1.VolumeType_VOLUME_TYPE_PMEM && kind == unix.S_IFREG && !v.allowFile {
+		return "", nil, errdefs.Field(field, "%q is a regular file: a file-backed persistent-memory volume is refused, "+
+			"crustd runs without --allow-file-backed", resolved)
+	}
+	if t == crustv1.VolumeType_VOLUME_TYPE_FILE || (t == crustv1.VolumeType_VOLUME_TYPE_PMEM && kind == unix.S_IFREG) {
 		switch kind {
 		case unix.S_IFREG:
+			if t == crustv1.VolumeType_VOLUME_TYPE_PMEM {
+				if err := pmemSize(field, resolved, st.Size); err != nil {
+					return "", nil, err
+				}
+			}
 			return resolved, &crustv1.DeviceNumber{
 				Major: unix.Major(uint64(st.Dev)), // Dev is not uint64 on every arch
 				Minor: unix.Minor(uint64(st.Dev)),
@@ -171,8 +182,19 @@ func (v *Validator) Device(field, path string, t crustv1.VolumeType) (resolved s
 			Major: unix.Major(uint64(st.Rdev)), // Rdev is not uint64 on every arch
 			Minor: unix.Minor(uint64(st.Rdev)),
 		}
-		if err := v.kernelDevice(field, resolved, dn); err != nil {
+		bd, err := v.kernelDevice(field, resolved, dn)
+		if err != nil {
 			return "", nil, err
+		}
+		if t == crustv1.VolumeType_VOLUME_TYPE_PMEM {
+			if bd.Kind != hostdev.KindPMEM {
+				return "", nil, errdefs.Field(field, "%q is a %s device (/dev/%s), not persistent memory: a "+
+					"VOLUME_TYPE_PMEM volume is a pmem namespace such as /dev/pmem0 (or, with --allow-file-backed, a "+
+					"regular file)", resolved, bd.Kind, bd.Name)
+			}
+			if err := pmemSize(field, resolved, bd.Bytes); err != nil {
+				return "", nil, err
+			}
 		}
 		return resolved, dn, nil
 	case unix.S_IFREG:
@@ -213,30 +235,30 @@ func (v *Validator) SameDevice(vol *crustv1.Volume) error {
 // names for it, so that a node made elsewhere with another device's number cannot pass for an allowed
 // name; a node outside /dev is admitted only when the kernel's name for it matches DeviceAllow as well;
 // and the device's kind is one DeviceAllowKinds admits.
-func (v *Validator) kernelDevice(field, resolved string, dn *crustv1.DeviceNumber) error {
+func (v *Validator) kernelDevice(field, resolved string, dn *crustv1.DeviceNumber) (*hostdev.BlockDevice, error) {
 	sys := fmt.Sprintf("/sys/dev/block/%d:%d", dn.GetMajor(), dn.GetMinor())
 	bd, err := v.sysfs.Block(dn.GetMajor(), dn.GetMinor())
 	if errors.Is(err, hostdev.ErrNoBlockDevice) {
-		return errdefs.Field(field, "%q is block device %s, which the kernel does not have (no %s)",
+		return nil, errdefs.Field(field, "%q is block device %s, which the kernel does not have (no %s)",
 			resolved, formatDN(dn), sys)
 	}
 	if err != nil {
-		return errdefs.Field(field, "%q cannot be checked against what the kernel says of it: %v", resolved, err)
+		return nil, errdefs.Field(field, "%q cannot be checked against what the kernel says of it: %v", resolved, err)
 	}
 	if rel, ok := strings.CutPrefix(resolved, "/dev/"); ok {
 		if !slices.Contains(bd.Names, rel) {
-			return errdefs.Field(field, "%q is block device %s, which the kernel calls /dev/%s (%s): a device "+
+			return nil, errdefs.Field(field, "%q is block device %s, which the kernel calls /dev/%s (%s): a device "+
 				"node under /dev must carry the kernel's name for its number", resolved, formatDN(dn), bd.Name, sys)
 		}
 	} else if !slices.ContainsFunc(bd.Names, func(n string) bool { return v.deviceAllowed("/dev/" + n) }) {
-		return errdefs.Field(field, "%q is block device %s, which the kernel calls /dev/%s (%s); that name "+
+		return nil, errdefs.Field(field, "%q is block device %s, which the kernel calls /dev/%s (%s); that name "+
 			"matches none of the --device-allow patterns %q", resolved, formatDN(dn), bd.Name, sys, v.allow)
 	}
 	if v.kinds != nil && !v.kinds[bd.Kind] {
-		return errdefs.Field(field, "%q is a %s device (/dev/%s, as %s says), a kind --device-allow-kind "+
+		return nil, errdefs.Field(field, "%q is a %s device (/dev/%s, as %s says), a kind --device-allow-kind "+
 			"does not allow (it allows %s)", resolved, bd.Kind, bd.Name, sys, v.kindList())
 	}
-	return nil
+	return bd, nil
 }
 
 // kindList names the allowed kinds in hostdev.Kinds' order.

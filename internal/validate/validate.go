@@ -264,6 +264,20 @@ func (v *Validator) Spec(spec *crustv1.VolumeSpec) (*Checked, error) {
 	return &Checked{Spec: out, ResolvedBackingPath: resolved, DeviceNumber: dn}, nil
 }
 
+// PmemAlign is the alignment the size of a persistent-memory volume's backing must have: a microVM maps it
+// into the guest's physical memory in 2 MiB steps (QEMU's virtio-pmem and nvdimm both refuse other sizes).
+const PmemAlign = 2 << 20
+
+// pmemSize checks that a persistent-memory backing of size bytes can be mapped into a guest: a positive
+// multiple of PmemAlign.
+func pmemSize(field, resolved string, size int64) error {
+	if size <= 0 || size%PmemAlign != 0 {
+		return errdefs.Field(field, "%q is %d bytes: a persistent-memory volume must be a positive multiple of "+
+			"2 MiB (%d bytes), as a microVM maps it into guest memory in 2 MiB steps", resolved, size, PmemAlign)
+	}
+	return nil
+}
+
 // volumeType accepts the known volume types, and FILE only when file-backed volumes are allowed.
 func (v *Validator) volumeType(field string, t crustv1.VolumeType) error {
 	switch t {

@@ -8,6 +8,10 @@
 //     attached as a virtio-blk disk, against an ext4 of the same size mounted on the host and shared into
 //     the same guest over virtio-9p, through the guest's page cache (buffered) and around it (o_direct);
 //     the ratios are what the direct path gains.
+//   - BenchmarkPmemDAX: cold sequential read, write+fsync and small-file create+sync in one guest on a
+//     persistent-memory volume attached as virtio-pmem and mounted with DAX, against a copy of the same
+//     image attached as a virtio-blk disk; the ratios are what DAX gains (under TCG; its doc comment says
+//     what KVM would change).
 //
 // They boot QEMU guests, need root (loop devices, mounts), and skip with the reason when not root or when
 // QEMU or the guest assets (hack/guest/fetch-kernel.sh --with-9p into CRUST_GUEST_ASSETS, else

@@ -90,8 +90,14 @@ const (
 
 // MountArgs are the arguments of mount.
 type MountArgs struct {
-	// Serial is the virtio-blk serial of the disk (at most 20 bytes).
+	// Serial is the virtio-blk serial of the disk (at most 20 bytes); for a persistent-memory device,
+	// the name it is known by in the agent's log.
 	Serial string `json:"serial"`
+	// PmemAddress, when not zero, says the volume is a virtio-pmem device, found by the guest physical
+	// address its region starts at (as QEMU placed it), not a disk found by Serial. The agent mounts it
+	// with DAX (-o dax: file data is accessed in the persistent memory, with no page cache) and formats it,
+	// when CreateFilesystem asks, with 4 KiB blocks as DAX needs.
+	PmemAddress uint64 `json:"pmem_address,omitempty"`
 	// FSType is the filesystem: "ext4" (the default), "ext3", "ext2" or "xfs".
 	FSType string `json:"fs_type,omitempty"`
 	// Options are mount options ("noatime", "discard", ...).
@@ -114,7 +120,7 @@ type MountArgs struct {
 
 // MountResult answers mount.
 type MountResult struct {
-	// Device is the guest device node, such as /dev/vda.
+	// Device is the guest device node, such as /dev/vda or /dev/pmem0.
 	Device string `json:"device"`
 	// Formatted says the agent created the filesystem.
 	Formatted bool `json:"formatted,omitempty"`

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,7 +115,13 @@ func (v *volumes) mount(ctx context.Context, args agentproto.MountArgs) (agentpr
 	}
 	v.op.Lock()
 	defer v.op.Unlock()
-	dev, err := waitDisk(ctx, args.Serial, wait)
+	var dev string
+	if args.PmemAddress != 0 {
+		dev, err = waitPmem(ctx, args.PmemAddress, wait)
+		data = strings.Join(append(slices.DeleteFunc(strings.Split(data, ","), func(o string) bool { return o == "" }), "dax"), ",")
+	} else {
+		dev, err = waitDisk(ctx, args.Serial, wait)
+	}
 	if err != nil {
 		return agentproto.MountResult{}, err
 	}
@@ -145,7 +152,7 @@ func (v *volumes) mount(ctx context.Context, args agentproto.MountArgs) (agentpr
 		case args.ReadOnly:
 			return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeFailedPrecondition, "%s (serial %s) is blank and the volume is read-only", dev, args.Serial)
 		default:
-			if err := v.mkfs(ctx, args.FSType, dev); err != nil {
+			if err := v.mkfs(ctx, args.FSType, dev, args.PmemAddress != 0); err != nil {
 				return agentproto.MountResult{}, err
 			}
 			res.Formatted = true
@@ -195,6 +202,14 @@ func (v *volumes) mount(ctx context.Context, args agentproto.MountArgs) (agentpr
 
 // mountFailure explains a failed mount with what the disk holds.
 func (v *volumes) mountFailure(ctx context.Context, dev string, args agentproto.MountArgs, err error) error {
+	if args.PmemAddress != 0 && errors.Is(err, unix.EINVAL) {
+		// DAX maps file data page by page: a filesystem whose blocks are not a page refuses it.
+		if _, block, berr := filesystemBytes(dev, args.FSType); berr == nil && block != uint64(os.Getpagesize()) {
+			return agentproto.Errorf(agentproto.CodeFailedPrecondition, "mount %s on %s with DAX: its %s has %d-byte "+
+				"blocks, and DAX needs blocks of a page (%d bytes): make it with 4 KiB blocks (mkfs.ext4 -b 4096)",
+				dev, args.Target, args.FSType, block, os.Getpagesize())
+		}
+	}
 	found, perr := v.probe(ctx, dev)
 	switch {
 	case perr != nil:
@@ -237,6 +252,49 @@ func waitDisk(ctx context.Context, serial string, wait time.Duration) (string, e
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// waitPmem waits up to wait for the persistent-memory device whose region starts at guest physical
+// address addr and returns its block device node (/dev/pmemN).
+func waitPmem(ctx context.Context, addr uint64, wait time.Duration) (string, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		if dev, ok := findPmem(addr); ok {
+			return dev, nil
+		}
+		if time.Now().After(deadline) {
+			return "", agentproto.Errorf(agentproto.CodeNotFound, "no persistent-memory region at %#x after %s", addr, wait)
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// findPmem finds the block device of the nd region that starts at addr: the device the hot-plug made,
+// whatever number the kernel gave it.
+func findPmem(addr uint64) (string, bool) {
+	regions, _ := filepath.Glob("/sys/bus/nd/devices/region*/resource")
+	for _, f := range regions {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		start, err := strconv.ParseUint(strings.TrimSpace(string(b)), 0, 64)
+		if err != nil || start != addr {
+			continue
+		}
+		blocks, _ := filepath.Glob(filepath.Join(filepath.Dir(f), "namespace*", "block", "pmem*"))
+		for _, blk := range blocks {
+			dev := "/dev/" + filepath.Base(blk)
+			if _, err := os.Stat(dev); err == nil {
+				return dev, true
+			}
+		}
+	}
+	return "", false
 }
 
 func findDisk(serial string) (string, bool) {
@@ -292,13 +350,17 @@ func (v *volumes) probe(ctx context.Context, dev string) (string, error) {
 	return "unknown signature", nil
 }
 
-func (v *volumes) mkfs(ctx context.Context, fsType, dev string) error {
+// mkfs formats dev with fsType; for DAX (persistent memory) with blocks of a page, which DAX needs.
+func (v *volumes) mkfs(ctx context.Context, fsType, dev string, dax bool) error {
 	var argv []string
 	switch fsType {
 	case "xfs":
 		argv = []string{"mkfs.xfs", "-q", dev}
 	default: // ext2/3/4; no blocks reserved for root, as is usual for volumes
 		argv = []string{"mke2fs", "-q", "-F", "-t", fsType, "-m", "0", dev}
+		if dax {
+			argv = slices.Insert(argv, len(argv)-1, "-b", "4096")
+		}
 	}
 	start := time.Now()
 	if _, err := v.procs.runTool(ctx, argv...); err != nil {
@@ -427,7 +489,7 @@ func (v *volumes) statfs(target string) (agentproto.StatfsResult, error) {
 	if vol != nil {
 		dev = vol.device
 	}
-	if strings.HasPrefix(dev, "/dev/vd") {
+	if strings.HasPrefix(dev, "/dev/vd") || strings.HasPrefix(dev, "/dev/pmem") {
 		if _, err := os.Stat(filepath.Join("/sys/block", filepath.Base(dev))); err != nil {
 			res.Abnormal, res.Message = true, fmt.Sprintf("device %s is gone", dev)
 			return res, nil

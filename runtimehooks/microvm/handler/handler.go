@@ -23,6 +23,11 @@
 //     before its disk is detached.
 //   - A volume whose metadata asks for encryption (encryptionKey) is refused, logged without the key, and
 //     released: crust-microvm does not encrypt, and mounting it in the clear would defeat the request.
+//   - A persistent-memory volume (VOLUME_TYPE_PMEM) is hot-plugged as a virtio-pmem device instead (package
+//     vm, AttachPmem; read-only mapped read-only) and mounted with DAX (-o dax). QEMU cannot unplug it, so it
+//     stays in the VM until the VM stops: detaching it (at stop, or after a failed mount) only unmounts it,
+//     and its claim is kept, and claimed again if crustd ends it, until QEMU has exited; only then is it
+//     released. Its expansion is UNIMPLEMENTED.
 //   - A target with nothing staged is waited for and attached as soon as it is staged, however long after
 //     boot. A volume that fails (claimed by another sandbox, device changed, mount refused) is logged, left
 //     unclaimed, and tried again when its descriptor next changes; the other volumes carry on.

@@ -44,7 +44,7 @@ func (s *sandbox) GetVolumeStats(ctx context.Context, r *crustv1.RuntimeHandlerS
 // The host device must already have been grown (crustd does it and says how big it is in device_bytes;
 // when that is 0 the handler measures the device, and never changes its size). The disk is resized in QEMU
 // only when the device is larger than the guest sees it (never shrunk); the filesystem is then grown to
-// fill it. A volume already large enough is grown to fill its disk, which does nothing, so repeating a
+// fill it. A persistent-memory volume cannot grow (UNIMPLEMENTED). A volume already large enough is grown to fill its disk, which does nothing, so repeating a
 // call is a success with the same capacity. It fails with FAILED_PRECONDITION when the device is smaller
 // than required_bytes or the volume is read-only. The capacity returned is the filesystem's total size.
 func (s *sandbox) ExpandVolume(ctx context.Context, r *crustv1.RuntimeHandlerServiceExpandVolumeRequest) (*crustv1.RuntimeHandlerServiceExpandVolumeResponse, error) {
@@ -60,6 +60,9 @@ func (s *sandbox) ExpandVolume(ctx context.Context, r *crustv1.RuntimeHandlerSer
 	defer v.mu.Unlock()
 	if !v.mounted.Load() {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not mounted in sandbox %s", v.Target, s.name)
+	}
+	if v.pmem {
+		return nil, status.Errorf(codes.Unimplemented, "volume %s is persistent memory, which cannot grow: QEMU cannot resize a virtio-pmem device", v.Target)
 	}
 	if v.readOnly {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is read-only", v.Target)

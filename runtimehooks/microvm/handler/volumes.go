@@ -59,6 +59,7 @@ type volume struct {
 	mu       sync.Mutex // serialises attach, expand and teardown; guards what follows
 	claimed  bool       // a claim may be held (set before asking)
 	plugged  bool       // the disk may be in the VM
+	pmem     bool       // a persistent-memory volume: plugged as virtio-pmem, never unplugged
 	readOnly bool
 	hostPath string
 	size     int64 // the disk's size as QEMU shows it to the guest
@@ -156,7 +157,7 @@ func (s *sandbox) watch(ctx context.Context) {
 func (s *sandbox) keepClaims(ctx context.Context) {
 	holds := func(target string) bool {
 		v := s.byTarget[target]
-		return v != nil && v.mounted.Load()
+		return v != nil && (v.mounted.Load() || s.inVM(v))
 	}
 	_ = s.crust.KeepClaims(ctx, s.name, s.endpoint, holds, func(r runtimehooks.Reclaim) {
 		if r.Err != nil {
@@ -197,6 +198,7 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 			"not encrypt volumes: use a runtime that does (Kata's trusted storage) for it", kata.MetadataEncryptionKey))
 	}
 	v.hostPath, v.readOnly = desc.GetResolvedBackingPath(), spec.GetReadOnly()
+	v.pmem = spec.GetVolumeType() == crustv1.VolumeType_VOLUME_TYPE_PMEM
 	if v.hostPath == "" {
 		v.hostPath = spec.GetVolumeBackingPath()
 	}
@@ -209,10 +211,19 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 		return false, s.undo(ctx, v, err)
 	}
 	v.plugged = true
-	if err := s.vm.AttachBlock(ctx, v.disk, v.hostPath, v.readOnly, vm.WithIOLimits(ioLimits(spec.GetIoLimits()))); err != nil {
+	var pmemAddr uint64
+	if v.pmem {
+		p, err := s.vm.AttachPmem(ctx, v.disk, v.hostPath, v.readOnly)
+		if err != nil {
+			return false, s.undo(ctx, v, fmt.Errorf("persistent-memory volume %s: %w", v.Target, err))
+		}
+		pmemAddr = p.Address
+		log = log.With("pmem_address", fmt.Sprintf("%#x", p.Address), "host_pmem", p.Persistent)
+	} else if err := s.vm.AttachBlock(ctx, v.disk, v.hostPath, v.readOnly, vm.WithIOLimits(ioLimits(spec.GetIoLimits()))); err != nil {
 		return false, s.undo(ctx, v, err)
 	}
 	args := agentproto.MountArgs{
+		PmemAddress:      pmemAddr,
 		Serial:           v.disk,
 		FSType:           spec.GetFsType(),
 		Options:          spec.GetMountFlags(),
@@ -276,7 +287,9 @@ func (s *sandbox) undo(ctx context.Context, v *volume, cause error) error {
 }
 
 // detach unmounts v in the guest, unplugs its disk and releases its claim, each step only when the one
-// before succeeded. The caller holds v.mu.
+// before succeeded. A persistent-memory device cannot be unplugged: once in the VM it stays there, mapping
+// its backing, and so does its claim, until the VM has stopped (teardown releases it then). The caller
+// holds v.mu.
 func (s *sandbox) detach(ctx context.Context, v *volume) error {
 	if v.plugged {
 		// Unmounting what is not mounted succeeds, so an attach cut short is covered. The further guest
@@ -287,12 +300,24 @@ func (s *sandbox) detach(ctx context.Context, v *volume) error {
 			}
 		}
 		v.mounted.Store(false)
-		if err := s.vm.DetachBlock(ctx, v.disk); err != nil {
-			return err
+		if s.inVM(v) {
+			return nil
+		}
+		if !v.pmem {
+			if err := s.vm.DetachBlock(ctx, v.disk); err != nil {
+				return err
+			}
 		}
 		v.plugged = false
 	}
 	return s.release(ctx, v)
+}
+
+// inVM reports whether v is a persistent-memory device the VM holds: one that stays, with its claim,
+// until the VM stops.
+func (s *sandbox) inVM(v *volume) bool {
+	_, ok := s.vm.Pmems()[v.disk]
+	return ok
 }
 
 func (s *sandbox) release(ctx context.Context, v *volume) error {
@@ -327,9 +352,12 @@ func (s *sandbox) teardown(ctx context.Context) error {
 			v.plugged = false
 		}
 		dctx, cancel := context.WithTimeout(ctx, detachTimeout)
-		if err := s.detach(dctx, v); err != nil {
+		switch err := s.detach(dctx, v); {
+		case err != nil:
 			errs = append(errs, fmt.Errorf("volume %s: %w", v.Target, err))
-		} else if held {
+		case held && v.claimed:
+			s.log.Info("persistent-memory volume unmounted; it stays in the VM, and claimed, until the VM stops", "target", v.Target)
+		case held:
 			s.log.Info("volume unmounted, detached and released", "target", v.Target, "vm_gone", vmGone)
 		}
 		cancel()
@@ -344,6 +372,8 @@ func (s *sandbox) teardown(ctx context.Context) error {
 		if v.claimed {
 			if err := s.release(ctx, v); err != nil {
 				errs = append(errs, fmt.Errorf("volume %s: %w", v.Target, err))
+			} else {
+				s.log.Info("volume released after the VM stopped", "target", v.Target)
 			}
 		}
 		v.mu.Unlock()
@@ -361,8 +391,9 @@ func checkDevice(desc *crustv1.Volume, path string) error {
 	want := desc.GetDeviceNumber()
 	var major, minor uint32
 	var ino uint64
-	switch desc.GetSpec().GetVolumeType() {
-	case crustv1.VolumeType_VOLUME_TYPE_FILE:
+	t := desc.GetSpec().GetVolumeType()
+	switch {
+	case t == crustv1.VolumeType_VOLUME_TYPE_FILE || (t == crustv1.VolumeType_VOLUME_TYPE_PMEM && want.GetInode() != 0):
 		if st.Mode&unix.S_IFMT != unix.S_IFREG {
 			return fmt.Errorf("device: %s is no longer a regular file", path)
 		}

@@ -18,7 +18,7 @@ import (
 // guest was given it.
 const undoDetachTimeout = 30 * time.Second
 
-// ErrNoFreePort is returned by AttachBlock when every hot-plug port holds a disk.
+// ErrNoFreePort is returned by AttachBlock and AttachPmem when every hot-plug port holds a device.
 var ErrNoFreePort = errors.New("vm: no free hot-plug port")
 
 // validID is what a disk id may look like: a QEMU id (a letter, then
@@ -59,24 +59,12 @@ func (v *VM) AttachBlock(ctx context.Context, id, hostPath string, readOnly bool
 		}
 		return fmt.Errorf("vm: disk %s is already attached from %s (read-only %v, I/O limits %+v)", id, d.path, d.readOnly, d.limits)
 	}
-	port := -1
-	for i, holder := range v.ports {
-		if holder == "" {
-			port = i
-			break
-		}
-	}
-	if port < 0 {
-		v.mu.Unlock()
-		return ErrNoFreePort
-	}
-	v.ports[port] = id // reserved while QEMU adds it
+	port, err := v.reservePort(id)
 	v.mu.Unlock()
-	release := func() {
-		v.mu.Lock()
-		v.ports[port] = ""
-		v.mu.Unlock()
+	if err != nil {
+		return err
 	}
+	release := func() { v.freePort(port) }
 
 	node := nodePrefix + id
 	err = v.qmp.Execute(ctx, "blockdev-add", map[string]any{
@@ -150,6 +138,24 @@ func (v *VM) DetachBlock(ctx context.Context, id string) error {
 	v.ports[d.port] = ""
 	v.mu.Unlock()
 	return nil
+}
+
+// reservePort takes a free hot-plug port for device id. The caller holds v.mu.
+func (v *VM) reservePort(id string) (int, error) {
+	for i, holder := range v.ports {
+		if holder == "" {
+			v.ports[i] = id
+			return i, nil
+		}
+	}
+	return -1, ErrNoFreePort
+}
+
+// freePort gives back a port reservePort took.
+func (v *VM) freePort(port int) {
+	v.mu.Lock()
+	v.ports[port] = ""
+	v.mu.Unlock()
 }
 
 // isNodeMissing reports whether err is QEMU's answer to blockdev-del of an

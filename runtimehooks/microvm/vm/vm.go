@@ -3,7 +3,12 @@
 // reached over a virtio-serial port. It hot-plugs host block devices into the
 // VM as virtio-blk disks (whose serial is the caller's id, which the agent's
 // mount looks for) and resizes them; the agent, from Agent, mounts and grows
-// them inside. It can also share host directories over virtio-9p (Config.Shares),
+// them inside. It hot-plugs persistent memory (a file or a pmem device) as
+// virtio-pmem devices (AttachPmem), which the agent finds by their address and
+// mounts with DAX; those cannot be unplugged and stay until the VM stops
+// (QEMU 7.2 refuses to unplug virtio memory devices; an emulated NVDIMM,
+// which needs converting to fsdax inside the guest, is not used: see
+// AttachPmem). It can also share host directories over virtio-9p (Config.Shares),
 // which the guest mounts itself; crust does not use them for volumes, they are
 // there to compare the two data paths (test/bench).
 //
@@ -65,8 +70,13 @@ type Config struct {
 	// QEMU is the emulator binary; "" means qemu-system-x86_64 from PATH.
 	QEMU string
 	// HotplugPorts is the number of PCIe root ports, which bounds the disks
-	// attached at once; 0 means 8.
+	// and persistent-memory devices attached at once; 0 means 8.
 	HotplugPorts int
+	// PmemMB is the guest physical address space kept for persistent-memory
+	// devices (AttachPmem), in MiB: their sizes together may not exceed it.
+	// It costs the guest no memory until a device is attached. 0 means
+	// DefaultPmemMB.
+	PmemMB int
 	// KernelArgs are appended to the kernel command line.
 	KernelArgs string
 	// BootTimeout bounds the wait for the agent to answer; 0 means 60 s.
@@ -126,6 +136,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.HotplugPorts == 0 {
 		c.HotplugPorts = 8
+	}
+	if c.PmemMB == 0 {
+		c.PmemMB = DefaultPmemMB
 	}
 	if c.BootTimeout == 0 {
 		c.BootTimeout = 60 * time.Second
@@ -202,8 +215,9 @@ type VM struct {
 	agent *agentproto.Client
 
 	mu      sync.Mutex
-	ports   []string         // hot-plug root port i holds disk ports[i] ("" when free)
+	ports   []string         // hot-plug root port i holds device ports[i] ("" when free)
 	disks   map[string]*disk // by id
+	pmems   map[string]*pmem // by id; never removed: they cannot be unplugged
 	stop    sync.Once
 	stopErr error
 }
@@ -283,7 +297,9 @@ func (c *Config) args(accel Accel) []string {
 		"-name", "crust",
 		"-machine", "q35",
 		"-accel", string(accel),
-		"-m", strconv.Itoa(c.MemoryMB),
+		// maxmem makes room for hot-plugged memory devices (virtio-pmem); slots counts DIMMs, which
+		// crust does not plug, but QEMU wants at least one to allow memory hot-plug at all.
+		"-m", fmt.Sprintf("%d,slots=1,maxmem=%dM", c.MemoryMB, c.MemoryMB+c.PmemMB),
 		"-smp", strconv.Itoa(c.CPUs),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-kernel", c.Kernel,
@@ -333,6 +349,7 @@ func boot(ctx context.Context, cfg Config, accel Accel, timeout time.Duration) (
 		done:  make(chan struct{}),
 		ports: make([]string, cfg.HotplugPorts),
 		disks: make(map[string]*disk),
+		pmems: make(map[string]*pmem),
 	}
 	v.cmd = exec.Command(cfg.QEMU, cfg.args(accel)...)
 	v.cmd.Stdout, v.cmd.Stderr = logf, logf
