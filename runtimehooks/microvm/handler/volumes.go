@@ -121,8 +121,14 @@ func (s *sandbox) watch(ctx context.Context) {
 		err := s.crust.Watch(ctx, true, func(ev *crustv1.WatchVolumesResponse) error {
 			target := ev.GetVolume().GetSpec().GetVolumeTargetPath()
 			if v := s.byTarget[target]; v != nil {
+				// The end of this sandbox's own claim (its release of a volume it could not attach) is no
+				// news: trying again on it would claim, fail and release in a loop.
+				own := ev.GetType() == crustv1.EventType_EVENT_TYPE_RELEASED && ev.GetReleasedClaim().GetSandboxId() == s.name
 				switch ev.GetType() {
 				case crustv1.EventType_EVENT_TYPE_EXISTING, crustv1.EventType_EVENT_TYPE_STAGED, crustv1.EventType_EVENT_TYPE_RELEASED:
+					if own {
+						break
+					}
 					select {
 					case v.kick <- struct{}{}:
 					default:
