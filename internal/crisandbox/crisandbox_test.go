@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/internal/crisandbox/critest"
 	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/pkg/kata/katatest"
+	"crust.dev/crust/test/critest"
 )
 
 // shortRoot is a temporary directory with a short name: unix socket paths must fit in 107 bytes.
