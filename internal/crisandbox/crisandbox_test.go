@@ -13,18 +13,8 @@ import (
 	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/pkg/kata/katatest"
 	"crust.dev/crust/test/critest"
+	"crust.dev/crust/test/harness"
 )
-
-// shortRoot is a temporary directory with a short name: unix socket paths must fit in 107 bytes.
-func shortRoot(t *testing.T) string {
-	t.Helper()
-	root, err := os.MkdirTemp("", "cs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	return root
-}
 
 func newFinder(t *testing.T, endpoint string, dirs ...string) *Finder {
 	t.Helper()
@@ -43,7 +33,7 @@ func TestKataSandboxes(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to give files to another user")
 	}
-	root := shortRoot(t)
+	root := harness.SocketDir(t)
 	goDir, rsDir := filepath.Join(root, "sbs"), filepath.Join(root, "kata")
 	cri := (&critest.Server{}).Start(t, filepath.Join(root, "cri.sock"))
 	f := newFinder(t, cri.Endpoint(), goDir, rsDir)
@@ -90,7 +80,7 @@ func TestKataSandboxes(t *testing.T) {
 // TestNoRuntime: a CRI socket that is absent is an Unavailable error at once; one that does not
 // answer is the same error after the timeout, not later.
 func TestNoRuntime(t *testing.T) {
-	root := shortRoot(t)
+	root := harness.SocketDir(t)
 	ctx := context.Background()
 	f := newFinder(t, "unix://"+filepath.Join(root, "none.sock"))
 	t0 := time.Now()

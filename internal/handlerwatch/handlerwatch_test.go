@@ -12,6 +12,7 @@ import (
 	"crust.dev/crust/internal/crisandbox"
 	"crust.dev/crust/pkg/kata/katatest"
 	"crust.dev/crust/test/critest"
+	"crust.dev/crust/test/harness"
 )
 
 // TestProbe takes only a refusal for a dead endpoint: a missing socket, a socket file nobody listens on
@@ -56,11 +57,7 @@ func TestProbe(t *testing.T) {
 // its Kata shim accepts connections and the runtime (a real gRPC server on a unix socket) no longer
 // lists it as ready; a runtime that does not answer proves nothing.
 func TestSandboxGone(t *testing.T) {
-	root, err := os.MkdirTemp("", "hw") // short: unix socket paths must fit in 107 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root := harness.SocketDir(t)
 	goDir, rsDir := filepath.Join(root, "sbs"), filepath.Join(root, "kata")
 	cri := (&critest.Server{}).Start(t, filepath.Join(root, "cri.sock"))
 	finder := func(endpoint string) *Watcher {

@@ -36,11 +36,7 @@ type kataNode struct {
 func newKataNode(t *testing.T, criEndpoint string) *kataNode {
 	t.Helper()
 	e := newEnv(t)
-	root, err := os.MkdirTemp("", "kd") // short: unix socket paths must fit in 107 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root := harness.SocketDir(t)
 	n := &kataNode{env: e, goDir: filepath.Join(root, "sbs"), rsDir: filepath.Join(root, "kata"), finderTimeout: 300 * time.Millisecond}
 	n.cri = (&critest.Server{}).Start(t, filepath.Join(root, "cri.sock"))
 	if criEndpoint == "" {
@@ -239,11 +235,7 @@ func TestDiscoverNothing(t *testing.T) {
 // TestDiscoverWithoutRuntime: with no CRI socket, or one that never answers, stats answer from the host
 // as before, within the finder's timeout, and nothing is recorded.
 func TestDiscoverWithoutRuntime(t *testing.T) {
-	root, err := os.MkdirTemp("", "kn")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root := harness.SocketDir(t)
 	mute, err := net.Listen("unix", filepath.Join(root, "mute.sock"))
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/kata/katatest"
 	"crust.dev/crust/test/critest"
+	"crust.dev/crust/test/harness"
 )
 
 // TestRuntimeRsSandboxFoundThroughCRI plays a node running Kata's runtime-rs, which never records its
@@ -23,11 +24,7 @@ import (
 // runtime lists the sandbox as not ready, crustd ends the claim by itself. With the runtime gone, stats
 // of another such volume answer from the host, within the CRI timeout.
 func TestRuntimeRsSandboxFoundThroughCRI(t *testing.T) {
-	root, err := os.MkdirTemp("", "kr") // short: unix socket paths must fit in 107 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root := harness.SocketDir(t)
 	goDir, rsDir := filepath.Join(root, "sbs"), filepath.Join(root, "kata")
 	cri := (&critest.Server{}).Start(t, filepath.Join(root, "cri.sock"))
 	d := newDaemon(t, "--kata-shim-dirs", goDir+","+rsDir, "--cri-endpoint", cri.Endpoint(), "--cri-timeout", "500ms")
