@@ -86,25 +86,34 @@ func New(cfg Config) (*Finder, error) {
 // Close closes the connection to the runtime.
 func (f *Finder) Close() error { return f.conn.Close() }
 
-// KataSandboxes returns the ids, sorted, of the sandboxes of pod podUID that the CRI runtime lists as
-// ready and whose Kata shim serves a management socket (ShimSocket). None is not an error.
-func (f *Finder) KataSandboxes(ctx context.Context, podUID string) ([]string, error) {
-	items, err := f.list(ctx, &runtimeapi.PodSandboxFilter{LabelSelector: map[string]string{PodUIDLabel: podUID}})
+// KataSandboxes returns, by pod UID, the ids (sorted) of the sandboxes that the CRI runtime lists as
+// ready and whose Kata shim serves a management socket (ShimSocket): of pod podUID only, or of every pod
+// when podUID is "" (one call to the runtime either way). Pods without one are absent.
+func (f *Finder) KataSandboxes(ctx context.Context, podUID string) (map[string][]string, error) {
+	filter := &runtimeapi.PodSandboxFilter{}
+	if podUID != "" {
+		filter.LabelSelector = map[string]string{PodUIDLabel: podUID}
+	}
+	items, err := f.list(ctx, filter)
 	if err != nil {
 		return nil, err
 	}
-	var ids []string
+	byPod := map[string][]string{}
 	for _, sb := range items {
-		// The runtime filtered already; a runtime that ignores the filter must not hand us another pod.
-		if sb.GetLabels()[PodUIDLabel] != podUID {
+		uid := sb.GetLabels()[PodUIDLabel]
+		// The runtime filtered already; one that ignores the filter must not hand us another pod.
+		if uid == "" || (podUID != "" && uid != podUID) {
 			continue
 		}
 		if _, ok := f.ShimSocket(sb.GetId()); ok {
-			ids = append(ids, sb.GetId())
+			byPod[uid] = append(byPod[uid], sb.GetId())
 		}
 	}
-	slices.Sort(ids)
-	return slices.Compact(ids), nil
+	for uid, ids := range byPod {
+		slices.Sort(ids)
+		byPod[uid] = slices.Compact(ids)
+	}
+	return byPod, nil
 }
 
 // Ready reports whether the CRI runtime lists sandboxID as ready.

@@ -3,6 +3,7 @@ package crisandbox
 import (
 	"context"
 	"errors"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -59,14 +60,19 @@ func TestKataSandboxes(t *testing.T) {
 		critest.Sandbox("nobody", "pod-a", true), critest.Sandbox("dirlink", "pod-a", true),
 		critest.Sandbox("noshim", "pod-a", true), critest.Sandbox("../kata/rs1", "pod-a", true),
 	)
-	for pod, want := range map[string][]string{"pod-a": {"rs1"}, "pod-b": {"go1"}, "pod-none": nil} {
+	for pod, want := range map[string]map[string][]string{
+		"pod-a":    {"pod-a": {"rs1"}},
+		"pod-b":    {"pod-b": {"go1"}},
+		"pod-none": {},
+		"":         {"pod-a": {"rs1"}, "pod-b": {"go1"}, "pod-z": {"otherpod"}},
+	} {
 		got, err := f.KataSandboxes(ctx, pod)
-		if err != nil || !slices.Equal(got, want) {
-			t.Errorf("KataSandboxes(%s) = %q, %v; want %q", pod, got, err, want)
+		if err != nil || !maps.EqualFunc(got, want, slices.Equal) {
+			t.Errorf("KataSandboxes(%q) = %q, %v; want %q", pod, got, err, want)
 		}
 	}
 	cri.Set(critest.Sandbox("rs1", "pod-a", true), critest.Sandbox("go1", "pod-a", true))
-	if got, _ := f.KataSandboxes(ctx, "pod-a"); !slices.Equal(got, []string{"go1", "rs1"}) {
+	if got, _ := f.KataSandboxes(ctx, "pod-a"); !slices.Equal(got["pod-a"], []string{"go1", "rs1"}) {
 		t.Errorf("two sandboxes: %q", got)
 	}
 	for id, want := range map[string]bool{"rs1": true, "go1": true, "notready": false, "gone": false} {

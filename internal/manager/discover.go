@@ -11,12 +11,13 @@ import (
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
-// SandboxFinder finds the Kata sandbox of a pod without the sandbox's help (crisandbox.Finder does,
+// SandboxFinder finds the Kata sandboxes of pods without the sandboxes' help (crisandbox.Finder does,
 // through the CRI runtime and the Kata shim directories).
 type SandboxFinder interface {
-	// KataSandboxes returns the ids of the pod's sandboxes that are ready and served by a Kata shim. An
-	// error means the answer is unknown (the runtime did not answer in time).
-	KataSandboxes(ctx context.Context, podUID string) ([]string, error)
+	// KataSandboxes returns the ids of the ready sandboxes served by a Kata shim, by pod UID: of the pod
+	// podUID, or of every pod when podUID is "". An error means the answer is unknown (the runtime did
+	// not answer in time).
+	KataSandboxes(ctx context.Context, podUID string) (map[string][]string, error)
 }
 
 // DiscoverKataClaim looks for the Kata sandbox that uses the volume at target when nothing claims it
@@ -26,52 +27,89 @@ type SandboxFinder interface {
 // discovery is off (no SandboxFinder, or no Kata projection, so no Kata runtime can use the volume),
 // the target is in no pod's directory, the pod has no Kata sandbox or more than one (a warning: which
 // one uses the volume cannot be told), the device is no longer the one staged, another sandbox writes
-// to the device, or the runtime did not answer. Stats and Expand call it before answering from the host;
-// crustd also calls it periodically. It never holds the target's lock while the runtime is asked.
+// to the device, or the runtime did not answer. Stats and Expand call it before answering from the host.
+// It never holds the target's lock while the runtime is asked.
 func (m *Manager) DiscoverKataClaim(ctx context.Context, target string) *crustv1.Volume {
-	v, _ := m.discover(ctx, target)
-	return v
-}
-
-// discover is DiscoverKataClaim that also returns the finder's error (the runtime did not answer).
-func (m *Manager) discover(ctx context.Context, target string) (*crustv1.Volume, error) {
 	if m.cfg.Sandboxes == nil || !m.cfg.Projection.Enabled() {
-		return nil, nil
+		return nil
 	}
 	v := m.get(target)
 	if v == nil || m.withKataClaim(v).GetClaim() != nil {
-		return nil, nil
+		return nil
 	}
 	uid := m.podUID(v)
 	if uid == "" {
-		return nil, nil
+		return nil
 	}
-	ids, err := m.cfg.Sandboxes.KataSandboxes(ctx, uid)
-	if err != nil || len(ids) == 0 {
-		return nil, err // the finder logs a runtime that does not answer
+	byPod, err := m.cfg.Sandboxes.KataSandboxes(ctx, uid)
+	if err != nil {
+		return nil // the finder logs a runtime that does not answer
+	}
+	return m.recordKataClaim(ctx, target, uid, byPod[uid])
+}
+
+// DiscoverKataClaims does what DiscoverKataClaim does for every volume nothing claims, with one question
+// to the runtime for all of them (none when no volume lies in a pod's directory unclaimed), and returns
+// the target paths it recorded a claim for. crustd calls it periodically.
+func (m *Manager) DiscoverKataClaims(ctx context.Context) []string {
+	if m.cfg.Sandboxes == nil || !m.cfg.Projection.Enabled() {
+		return nil
+	}
+	m.mu.RLock()
+	unclaimed := map[string]string{} // target -> pod UID
+	for t, v := range m.vols {
+		if v.GetClaim() == nil {
+			if uid := m.podUID(v); uid != "" {
+				unclaimed[t] = uid
+			}
+		}
+	}
+	m.mu.RUnlock()
+	if len(unclaimed) == 0 {
+		return nil
+	}
+	byPod, err := m.cfg.Sandboxes.KataSandboxes(ctx, "")
+	if err != nil {
+		return nil
+	}
+	var found []string
+	for t, uid := range unclaimed {
+		if ids := byPod[uid]; len(ids) > 0 && m.recordKataClaim(ctx, t, uid, ids) != nil {
+			found = append(found, t)
+		}
+	}
+	return found
+}
+
+// recordKataClaim records ids[0], the Kata sandbox found for pod uid, as the claim on target, when it is
+// the only one and nothing claims target by then (see DiscoverKataClaim), and returns the volume so
+// claimed, or nil.
+func (m *Manager) recordKataClaim(ctx context.Context, target, uid string, ids []string) *crustv1.Volume {
+	if len(ids) == 0 {
+		return nil
 	}
 	if len(ids) > 1 {
 		m.noteOnce(target, "ambiguous "+strings.Join(ids, ","), func() {
 			m.log.Warn("the pod of a Kata volume has several Kata sandboxes; none is recorded as its claim",
 				"target", target, "pod_uid", uid, "sandboxes", ids)
 		})
-		return nil, nil
+		return nil
 	}
 	unlock, err := m.locks.Lock(ctx, target)
 	if err != nil {
-		return nil, nil // busy: the next call comes back to it
+		return nil // busy: the next call comes back to it
 	}
 	defer unlock()
 	old := m.get(target)
 	if old == nil || m.withKataClaim(old).GetClaim() != nil {
-		return nil, nil
+		return nil
 	}
 	if err := m.cfg.Validator.SameDevice(old); err != nil {
-		return nil, nil // stats and expand from the host say so
+		return nil // stats and expand from the host say so
 	}
 	unlockDev, err := m.locks.Lock(ctx, deviceKey(old.GetDeviceNumber()))
 	if err != nil {
-		return nil, nil
+		return nil
 	}
 	defer unlockDev()
 	if err := m.oneWriter(old, ids[0]); err != nil {
@@ -79,49 +117,18 @@ func (m *Manager) discover(ctx context.Context, target string) (*crustv1.Volume,
 			m.log.Warn("the Kata sandbox found for a volume is not recorded as its claim", "target", target,
 				"sandbox", ids[0], "err", err)
 		})
-		return nil, nil
+		return nil
 	}
 	nv := proto.CloneOf(old)
 	nv.Claim = &crustv1.Claim{SandboxId: ids[0], Kata: true, CriDiscovered: true, ClaimTime: timestamppb.Now()}
 	if err := m.cfg.Store.Put(nv); err != nil {
 		m.log.Error("store the claim of a Kata sandbox found through the CRI runtime", "target", target, "err", err)
-		return nil, nil
+		return nil
 	}
 	m.commit(target, nv, crustv1.EventType_EVENT_TYPE_CLAIMED)
 	m.log.Info("Kata sandbox found through the CRI runtime; recorded as the volume's claim", "target", target,
 		"sandbox", ids[0], "pod_uid", uid)
-	return nv, nil
-}
-
-// DiscoverKataClaims runs DiscoverKataClaim for every volume nothing claims, and returns the target paths
-// it recorded a claim for. It stops at the first volume the runtime gives no answer for, so a runtime
-// that does not answer costs one timeout per pass, whatever the number of volumes.
-func (m *Manager) DiscoverKataClaims(ctx context.Context) []string {
-	if m.cfg.Sandboxes == nil || !m.cfg.Projection.Enabled() {
-		return nil
-	}
-	m.mu.RLock()
-	var unclaimed []string
-	for t, v := range m.vols {
-		if v.GetClaim() == nil {
-			unclaimed = append(unclaimed, t)
-		}
-	}
-	m.mu.RUnlock()
-	var found []string
-	for _, t := range unclaimed {
-		if ctx.Err() != nil {
-			break
-		}
-		v, err := m.discover(ctx, t)
-		if err != nil {
-			break
-		}
-		if v != nil {
-			found = append(found, t)
-		}
-	}
-	return found
+	return nv
 }
 
 // podUID is the UID of v's pod: the one whose kubelet directory holds v's target

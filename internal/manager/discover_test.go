@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -258,5 +259,45 @@ func TestDiscoverWithoutRuntime(t *testing.T) {
 				t.Fatalf("claim %v", v.GetClaim())
 			}
 		})
+	}
+}
+
+// TestDiscoverKataClaims: the periodic pass asks the runtime once for every unclaimed volume, records
+// the claims it finds, and asks nothing when no volume is unclaimed.
+func TestDiscoverKataClaims(t *testing.T) {
+	n := newKataNode(t, "")
+	ctx := context.Background()
+	n.runtimeRS(t, "sb-0", 1)
+	n.runtimeRS(t, "sb-1", 1)
+	spec := n.spec(1, 1) // in pod-1
+	if _, err := n.m.Stage(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	spec = n.spec(5, 2) // in pod-1 too, whose sandbox is not ready yet below
+	if _, err := n.m.Stage(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	n.cri.Set(critest.Sandbox("sb-0", "pod-0", true), critest.Sandbox("sb-1", "pod-1", false))
+	before := n.cri.Calls()
+	if got := n.m.DiscoverKataClaims(ctx); !slices.Equal(got, []string{n.tp}) {
+		t.Fatalf("found %q, want %q", got, n.tp)
+	}
+	if calls := n.cri.Calls() - before; calls != 1 {
+		t.Errorf("%d calls to the runtime for three volumes, want 1", calls)
+	}
+	n.cri.Set(critest.Sandbox("sb-0", "pod-0", true), critest.Sandbox("sb-1", "pod-1", true))
+	got := n.m.DiscoverKataClaims(ctx)
+	slices.Sort(got)
+	if want := []string{n.target(1), n.target(5)}; !slices.Equal(got, want) {
+		t.Fatalf("found %q, want %q", got, want)
+	}
+	for _, tp := range []string{n.tp, n.target(1), n.target(5)} {
+		if v, _ := n.m.Get(ctx, tp); !v.GetClaim().GetCriDiscovered() {
+			t.Errorf("%s: claim %v", tp, v.GetClaim())
+		}
+	}
+	before = n.cri.Calls()
+	if got := n.m.DiscoverKataClaims(ctx); len(got) != 0 || n.cri.Calls() != before {
+		t.Errorf("with every volume claimed: found %q, %d calls to the runtime", got, n.cri.Calls()-before)
 	}
 }
