@@ -20,7 +20,8 @@ import (
 // sandbox id in the volume's Kata directory: the real crustd asks a CRI runtime (a real gRPC server on a
 // unix socket) for the pod's ready sandboxes and finds the one whose shim serves
 // <shim dir>/<id>/shim-monitor.sock (a stand-in runtime-rs shim: stats on POST only). `crustctl stats`
-// shows the shim's numbers and `crustctl get` the claim, cri_discovered; once the shim is gone and the
+// shows the shim's numbers and `crustctl get` the claim, cri_discovered, which `crustctl release --force`
+// ends; once the shim is gone and the
 // runtime lists the sandbox as not ready, crustd ends the claim by itself. With the runtime gone, stats
 // of another such volume answer from the host, within the CRI timeout.
 func TestRuntimeRsSandboxFoundThroughCRI(t *testing.T) {
@@ -75,6 +76,23 @@ func TestRuntimeRsSandboxFoundThroughCRI(t *testing.T) {
 	}
 	if out, _, _ := d.crustctl("get", target); !strings.Contains(out, sandbox) {
 		t.Errorf("crustctl get does not show the sandbox:\n%s", out)
+	}
+
+	// crustctl release --force ends it (the runtime lists no sandbox meanwhile, so that nothing finds it
+	// again at once); the next stats find it again.
+	cri.Set()
+	if _, errOut, code := d.crustctl("release", target, "--force"); code != 0 {
+		t.Fatalf("release --force: exit %d: %s", code, errOut)
+	}
+	if c := get().GetClaim(); c != nil {
+		t.Fatalf("claim after release --force: %v", c)
+	}
+	cri.Set(critest.Sandbox(sandbox, pod, true))
+	if _, errOut, code := d.crustctl("stats", target); code != 0 {
+		t.Fatalf("stats: exit %d: %s", code, errOut)
+	}
+	if c := get().GetClaim(); c.GetSandboxId() != sandbox || !c.GetCriDiscovered() {
+		t.Fatalf("claim after stats again: %v", c)
 	}
 
 	// The sandbox stops: its shim goes, and the runtime lists it as not ready. crustd ends the claim
