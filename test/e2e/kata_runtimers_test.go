@@ -20,7 +20,7 @@ import (
 // sandbox id in the volume's Kata directory: the real crustd asks a CRI runtime (a real gRPC server on a
 // unix socket) for the pod's ready sandboxes and finds the one whose shim serves
 // <shim dir>/<id>/shim-monitor.sock (a stand-in runtime-rs shim: stats on POST only). `crustctl stats`
-// shows the shim's numbers and `crustctl get` the claim, cri_discovered, which `crustctl release --force`
+// shows the shim's numbers, `crustctl get` the claim, cri_discovered (and `ls` says so), which `crustctl release --force`
 // ends; once the shim is gone and the
 // runtime lists the sandbox as not ready, crustd ends the claim by itself. With the runtime gone, stats
 // of another such volume answer from the host, within the CRI timeout.
@@ -74,8 +74,8 @@ func TestRuntimeRsSandboxFoundThroughCRI(t *testing.T) {
 	if c := get().GetClaim(); c.GetSandboxId() != sandbox || !c.GetKata() || !c.GetCriDiscovered() {
 		t.Fatalf("claim %v, want %s, kata, cri_discovered", c, sandbox)
 	}
-	if out, _, _ := d.crustctl("get", target); !strings.Contains(out, sandbox) {
-		t.Errorf("crustctl get does not show the sandbox:\n%s", out)
+	if out, _, _ := d.crustctl("ls"); !strings.Contains(out, sandbox+" (kata, found through CRI)") {
+		t.Errorf("crustctl ls does not show the sandbox and how it was found:\n%s", out)
 	}
 
 	// crustctl release --force ends it (the runtime lists no sandbox meanwhile, so that nothing finds it
