@@ -20,10 +20,10 @@ import (
 // sandbox id in the volume's Kata directory: the real crustd asks a CRI runtime (a real gRPC server on a
 // unix socket) for the pod's ready sandboxes and finds the one whose shim serves
 // <shim dir>/<id>/shim-monitor.sock (a stand-in runtime-rs shim: stats on POST only). `crustctl stats`
-// shows the shim's numbers, `crustctl get` the claim, cri_discovered (and `ls` says so), which `crustctl release --force`
-// ends; once the shim is gone and the
-// runtime lists the sandbox as not ready, crustd ends the claim by itself. With the runtime gone, stats
-// of another such volume answer from the host, within the CRI timeout.
+// shows the shim's numbers, `crustctl get` the claim, cri_discovered (`ls` says so too), and `crustctl
+// release --force` ends it. Once the shim is gone and the runtime lists the sandbox as not ready, crustd
+// ends the claim by itself. With the runtime gone, stats of another such volume answer from the host,
+// within the CRI timeout.
 func TestRuntimeRsSandboxFoundThroughCRI(t *testing.T) {
 	root := harness.SocketDir(t)
 	goDir, rsDir := filepath.Join(root, "sbs"), filepath.Join(root, "kata")
