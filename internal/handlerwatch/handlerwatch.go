@@ -118,6 +118,7 @@ func (w *Watcher) Check(ctx context.Context, now time.Time) []string {
 	probed := map[string]error{}
 	var ended []string
 	sandboxes := map[string]string{} // sandbox id -> why it is gone ("" alive or unknown)
+	criDown := false                 // the runtime did not answer: ask it no more in this check
 	for target, c := range claims {
 		if c.GetCriDiscovered() {
 			if w.cfg.Sandboxes == nil {
@@ -126,7 +127,7 @@ func (w *Watcher) Check(ctx context.Context, now time.Time) []string {
 			id := c.GetSandboxId()
 			detail, ok := sandboxes[id]
 			if !ok {
-				detail = w.sandboxGone(ctx, id)
+				detail = w.sandboxGone(ctx, id, &criDown)
 				sandboxes[id] = detail
 			}
 			if detail != "" && w.release(ctx, target, c, WhySandboxGone, detail) {
@@ -187,8 +188,9 @@ func (w *Watcher) release(ctx context.Context, target string, c *crustv1.Claim, 
 	return true
 }
 
-// sandboxGone says why the Kata sandbox id is gone, or "" when it is there or that cannot be told.
-func (w *Watcher) sandboxGone(ctx context.Context, id string) string {
+// sandboxGone says why the Kata sandbox id is gone, or "" when it is there or that cannot be told. It
+// does not ask the runtime when *criDown, and sets it when the runtime does not answer.
+func (w *Watcher) sandboxGone(ctx context.Context, id string, criDown *bool) string {
 	socks, err := w.cfg.Sandboxes.ShimSockets(id)
 	if err != nil {
 		return ""
@@ -201,8 +203,15 @@ func (w *Watcher) sandboxGone(ctx context.Context, id string) string {
 		}
 		refused = append(refused, err.Error())
 	}
+	if *criDown {
+		return ""
+	}
 	ready, err := w.cfg.Sandboxes.Ready(ctx, id)
-	if err != nil || ready {
+	if err != nil {
+		*criDown = true
+		return ""
+	}
+	if ready {
 		return ""
 	}
 	return fmt.Sprintf("the CRI runtime no longer lists sandbox %s as ready and no management socket of its Kata shim accepts connections (%s)",

@@ -82,7 +82,7 @@ func TestSandboxGone(t *testing.T) {
 		{"shim there, sandbox not ready", true, false, false},
 	} {
 		cri.Set(critest.Sandbox("sb", "pod", tc.ready))
-		if got := w.sandboxGone(ctx, "sb"); (got != "") != tc.gone {
+		if got := w.sandboxGone(ctx, "sb", new(bool)); (got != "") != tc.gone {
 			t.Errorf("%s: sandboxGone = %q, want gone %t", tc.name, got, tc.gone)
 		}
 	}
@@ -98,19 +98,23 @@ func TestSandboxGone(t *testing.T) {
 	stale.(*net.UnixListener).SetUnlinkOnClose(false)
 	_ = stale.Close()
 	cri.Set(critest.Sandbox("sb", "pod", true))
-	if got := w.sandboxGone(ctx, "sb"); got != "" {
+	if got := w.sandboxGone(ctx, "sb", new(bool)); got != "" {
 		t.Errorf("shim gone, sandbox still ready: gone %q", got)
 	}
 	cri.Set(critest.Sandbox("sb", "pod", false))
-	got := w.sandboxGone(ctx, "sb")
+	got := w.sandboxGone(ctx, "sb", new(bool))
 	if !strings.Contains(got, "no longer lists sandbox sb as ready") || !strings.Contains(got, "shim-monitor.sock") {
 		t.Errorf("shim gone, sandbox stopped: %q, want gone, naming the sockets", got)
 	}
 	cri.Set()
-	if got := w.sandboxGone(ctx, "sb"); got == "" {
+	if got := w.sandboxGone(ctx, "sb", new(bool)); got == "" {
 		t.Error("shim gone, sandbox removed: not gone")
 	}
-	if got := finder("unix://"+filepath.Join(root, "none.sock")).sandboxGone(ctx, "sb"); got != "" {
-		t.Errorf("shim gone, runtime does not answer: gone %q", got)
+	down := false
+	if got := finder("unix://"+filepath.Join(root, "none.sock")).sandboxGone(ctx, "sb", &down); got != "" || !down {
+		t.Errorf("shim gone, runtime does not answer: gone %q, runtime down %t", got, down)
+	}
+	if got := w.sandboxGone(ctx, "sb", &down); got != "" {
+		t.Errorf("with the runtime down in this check, it was asked: gone %q", got)
 	}
 }
