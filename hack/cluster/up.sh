@@ -205,6 +205,10 @@ if [ -z "${ALREADY_UP:-}" ]; then
 	JSON
 	start containerd containerd --config "$RUN/containerd/config.toml"
 	wait_for 30 containerd ctr -a "$RUN/containerd/containerd.sock" version
+	# Node-local clients (crustd's CRI lookups) find the CRI socket where containerd puts it on a real
+	# node: bound there in the node's /run, which goes away with the namespace.
+	nsenter -t "$(cat "$RUN/pids/ns.pid")" -m -- sh -c 'mkdir -p /run/containerd && : >/run/containerd/containerd.sock &&
+		mount --bind "$0" /run/containerd/containerd.sock' "$RUN/containerd/containerd.sock"
 	log "containerd ($(elapsed))"
 	while read -r archive ref; do
 		ctr -a "$RUN/containerd/containerd.sock" -n k8s.io images import "$IMAGES/$archive" >/dev/null ||

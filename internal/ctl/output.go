@@ -76,7 +76,10 @@ func volumeRows(t *table, vols ...*crustv1.Volume) {
 		sandbox := "-"
 		if c := v.GetClaim(); c != nil {
 			sandbox = c.GetSandboxId()
-			if c.GetKata() {
+			switch {
+			case c.GetCriDiscovered():
+				sandbox += " (kata, found through CRI)"
+			case c.GetKata():
 				sandbox += " (kata)"
 			}
 		}

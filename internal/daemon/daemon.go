@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"crust.dev/crust/internal/crisandbox"
 	"crust.dev/crust/internal/forward"
 	"crust.dev/crust/internal/handlerwatch"
 	"crust.dev/crust/internal/kata"
@@ -55,6 +56,12 @@ type Config struct {
 	HandlerGrace time.Duration
 	LogLevel     slog.Level
 	LogFormat    string // text or json
+
+	// CRIEndpoint is the CRI runtime's socket, asked for the Kata sandbox of a volume that no sandbox-id
+	// file names (runtime-rs); "" turns that discovery off.
+	CRIEndpoint string
+	// CRITimeout bounds each call to the CRI runtime.
+	CRITimeout time.Duration
 }
 
 // Defaults returns the configuration DESIGN.md documents.
@@ -64,6 +71,8 @@ func Defaults() Config {
 		StateDir:     "/run/crust",
 		KataDir:      katafmt.DefaultDir,
 		KataShimDirs: katafmt.DefaultShimDirs(),
+		CRIEndpoint:  crisandbox.DefaultEndpoint,
+		CRITimeout:   crisandbox.DefaultTimeout,
 		KubeletDir:   "/var/lib/kubelet",
 		DeviceAllow:  []string{"/dev/*"},
 		AllowUIDs:    []uint32{0},
@@ -107,10 +116,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	fwd := &forward.Forwarder{KataShimDirs: cfg.KataShimDirs}
 	defer func() { _ = fwd.Close() }()
-	m, err := manager.Open(manager.Config{
+	mcfg := manager.Config{
 		Validator: v, Store: st, Projection: proj, Forwarder: fwd,
 		KubeletDir: cfg.KubeletDir, LockWait: cfg.LockWait, Log: log,
-	}, loaded)
+	}
+	var sandboxes handlerwatch.Sandboxes
+	if cfg.CRIEndpoint != "" {
+		finder, err := crisandbox.New(crisandbox.Config{Endpoint: cfg.CRIEndpoint, ShimDirs: cfg.KataShimDirs, Timeout: cfg.CRITimeout, Log: log})
+		if err != nil {
+			return fmt.Errorf("--cri-endpoint: %w", err)
+		}
+		defer func() { _ = finder.Close() }()
+		mcfg.Sandboxes, sandboxes = finder, finder
+	}
+	m, err := manager.Open(mcfg, loaded)
 	if err != nil {
 		return err
 	}
@@ -140,7 +159,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	met.SetReady(true)
 	log.Info("serving", "socket", cfg.Socket, "http", cfg.HTTPAddr)
 
-	hw := handlerwatch.New(handlerwatch.Config{Manager: m, Grace: cfg.HandlerGrace, Released: met.HandlerGone, Log: log})
+	hw := handlerwatch.New(handlerwatch.Config{Manager: m, Grace: cfg.HandlerGrace, Released: met.HandlerGone, Sandboxes: sandboxes, Log: log})
 	hwCtx, hwStop := context.WithCancel(ctx)
 	hwDone := make(chan struct{})
 	go func() { hw.Run(hwCtx); close(hwDone) }()
@@ -208,6 +227,9 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&cfg.KataDir, "kata-dir", cfg.KataDir, `Kata direct-volume directory to project descriptors into ("" disables)`)
 	f.StringSliceVar(&cfg.KataShimDirs, "kata-shim-dirs", cfg.KataShimDirs,
 		"directories of Kata sandboxes, tried in order for <dir>/<sandbox id>/shim-monitor.sock (stats and resize of volumes a Kata shim uses)")
+	f.StringVar(&cfg.CRIEndpoint, "cri-endpoint", cfg.CRIEndpoint,
+		`CRI runtime socket asked for the Kata sandbox of a volume no sandbox-id file names (Kata runtime-rs); "" disables`)
+	f.DurationVar(&cfg.CRITimeout, "cri-timeout", cfg.CRITimeout, "how long one call to the CRI runtime may take")
 	f.StringVar(&cfg.KubeletDir, "kubelet-dir", cfg.KubeletDir, "kubelet root; target paths must lie under it")
 	f.StringSliceVar(&cfg.DeviceAllow, "device-allow", cfg.DeviceAllow, "glob a device must match after symlinks are resolved, "+
 		"as must the kernel's name for a block device outside /dev (repeatable)")

@@ -7,15 +7,16 @@
 // connections are reused per endpoint and closed by Close.
 //
 // Promises for Kata shims: the request goes to the shim of claim.sandbox_id, found under KataShimDirs
-// (the Go runtime's socket first, then runtime-rs's), and names the volume by spec.volume_backing_path,
-// the host device its mountInfo.json holds, as Kata's shim expects. Stats are Kata's numbers (absent ones
+// (the Go runtime's socket first, then runtime-rs's), and names the volume by the host device its
+// mountInfo.json holds (the backing path as resolved at stage time), as Kata's shim expects; stats are
+// asked by GET, and again by POST of a shim that answers 404 or 405 (runtime-rs). Stats are Kata's numbers (absent ones
 // are zero); ExpandVolume answers required_bytes on success, since Kata reports no capacity. Failures map
 // to kinds, and the message always carries the shim's own text:
 //
 //	no socket answers                                ErrUnavailable
 //	HTTP 400                                         ErrInvalidArgument
 //	HTTP 500 whose text says unimplemented or        ErrUnimplemented (a real Kata answers every resize
-//	  not implemented, HTTP 501, HTTP 404 or 405       so today; runtime-rs answers a stats GET with 404)
+//	  not implemented, HTTP 501, HTTP 404 or 405       so today)
 //	the context ends first                           the context's error
 //	a sandbox id that is no file name                ErrFailedPrecondition
 //	any other answer                                 a plain error (INTERNAL)

@@ -2,16 +2,19 @@ package forward
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/internal/errdefs"
+	kataproj "crust.dev/crust/internal/kata"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/kata"
 	"crust.dev/crust/pkg/kata/katatest"
@@ -46,6 +49,7 @@ func TestKataStats(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		runtimeRS bool
+		postOnly  bool // the shim serves stats on POST only, as runtime-rs does
 		answer    katatest.VolumeStats
 		want      *crustv1.GetVolumeStatsResponse
 	}{
@@ -75,6 +79,13 @@ func TestKataStats(t *testing.T) {
 			},
 		},
 		{
+			name: "runtime-rs, stats by POST", runtimeRS: true, postOnly: true,
+			answer: katatest.VolumeStats{Usage: []katatest.VolumeUsage{{Available: 7, Total: 9, Used: 2, Unit: 1}}},
+			want: &crustv1.GetVolumeStatsResponse{Usage: []*crustv1.VolumeUsage{
+				{Available: 7, Total: 9, Used: 2, Unit: crustv1.VolumeUsage_UNIT_BYTES},
+			}},
+		},
+		{
 			name:   "numbers past int64 are clamped",
 			answer: katatest.VolumeStats{Usage: []katatest.VolumeUsage{{Total: math.MaxUint64, Available: 1 << 63, Used: 1, Unit: 1}}},
 			want: &crustv1.GetVolumeStatsResponse{Usage: []*crustv1.VolumeUsage{
@@ -89,7 +100,7 @@ func TestKataStats(t *testing.T) {
 			if tc.runtimeRS {
 				dir = rsDir
 			}
-			shim := (&katatest.Shim{Stats: func(device string) (*katatest.VolumeStats, error) {
+			shim := (&katatest.Shim{StatsPostOnly: tc.postOnly, Stats: func(device string) (*katatest.VolumeStats, error) {
 				if device != dev {
 					return nil, errors.New("unknown device " + device)
 				}
@@ -103,10 +114,38 @@ func TestKataStats(t *testing.T) {
 			if !proto.Equal(got, tc.want) {
 				t.Errorf("Stats = %v, want %v", got, tc.want)
 			}
-			if reqs := shim.Requests(); len(reqs) != 1 || reqs[0].RawQuery != "path=%2Fdev%2Fdisk%2Fby-id%2Fvirtio-vol%201" {
+			reqs := shim.Requests()
+			if len(reqs) == 0 || reqs[len(reqs)-1].RawQuery != "path=%2Fdev%2Fdisk%2Fby-id%2Fvirtio-vol%201" ||
+				(tc.postOnly && reqs[len(reqs)-1].Method != "POST") {
 				t.Errorf("shim got %+v", reqs)
 			}
 		})
+	}
+}
+
+// TestKataDeviceIsTheProjections: the shim is asked about the device mountInfo.json names, the backing
+// path as crustd resolved it at stage time, not the path as the CSI driver gave it.
+func TestKataDeviceIsTheProjections(t *testing.T) {
+	goDir, rsDir := kataDirs(t)
+	var asked []string
+	(&katatest.Shim{
+		Stats:  func(device string) (*katatest.VolumeStats, error) { asked = append(asked, device); return nil, nil },
+		Resize: func(device string, _ uint64) error { asked = append(asked, device); return nil },
+	}).Start(t, katatest.ShimSocket(goDir, "sb"))
+	v := kataVolume("/dev/disk/by-id/virtio-vol1", "sb")
+	v.ResolvedBackingPath = "/dev/vdc"
+	f := &Forwarder{KataShimDirs: []string{goDir, rsDir}}
+	if _, err := f.Stats(context.Background(), v); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Expand(context.Background(), v, 1<<30, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"/dev/vdc", "/dev/vdc"}; !slices.Equal(asked, want) {
+		t.Fatalf("the shim was asked about %q, want %q", asked, want)
+	}
+	if want, _ := json.Marshal(kataproj.MountInfo(v)); !strings.Contains(string(want), `"device":"/dev/vdc"`) {
+		t.Fatalf("the projection names another device: %s", want)
 	}
 }
 
@@ -166,9 +205,13 @@ func TestKataErrors(t *testing.T) {
 			device: "/dev/x", kind: errdefs.ErrUnimplemented, wantText: "volume stats: Not Implemented for this hypervisor",
 		},
 		{
-			name:   "runtime-rs answers stats only to POST",
-			shim:   func() *katatest.Shim { return &katatest.Shim{StatsPostOnly: true} },
-			device: "/dev/x", kind: errdefs.ErrUnimplemented, wantText: "HTTP 404",
+			name: "404 to GET and to POST",
+			shim: func() *katatest.Shim {
+				return &katatest.Shim{StatsPostOnly: true, Stats: func(string) (*katatest.VolumeStats, error) {
+					return nil, errors.New("direct-volume stats: Not Implemented")
+				}}
+			},
+			device: "/dev/x", kind: errdefs.ErrUnimplemented, wantText: "direct-volume stats: Not Implemented",
 		},
 		{
 			name: "other 500",

@@ -11,6 +11,12 @@
 // such as `crustctl claim`), and claims an unmodified Kata shim recorded in the Kata projection (Kata
 // runs its VM detached from the shim, so a shim that is gone does not mean the device is free).
 //
+// Claims crustd found through the CRI runtime (claim.cri_discovered, a Kata runtime that records no
+// sandbox id) end when their sandbox is gone: no management socket of its Kata shim accepts connections
+// and the CRI runtime no longer lists the sandbox as ready (a stopped sandbox's VM is stopped with it).
+// A runtime that does not answer proves nothing, and the claim stays. With Sandboxes set, each check also
+// looks for the Kata sandboxes of unclaimed volumes (manager.DiscoverKataClaims).
+//
 // Each release is logged, counted in crust_handler_claims_released_total{why} and sent to watchers as
 // EVENT_TYPE_RELEASED with RELEASE_REASON_HANDLER_GONE and a detail saying why. A handler that is in fact
 // alive claims again (runtimehooks.Client.KeepClaims does that).
@@ -37,7 +43,18 @@ const (
 	WhyProcessExited = "process_exited"
 	// WhyEndpointRefused: the endpoint refused for the whole grace period.
 	WhyEndpointRefused = "endpoint_refused"
+	// WhySandboxGone: the Kata sandbox of a claim found through the CRI runtime is gone.
+	WhySandboxGone = "sandbox_gone"
 )
+
+// Sandboxes says whether the Kata sandbox of a claim found through the CRI runtime is still there
+// (crisandbox.Finder).
+type Sandboxes interface {
+	// ShimSockets returns every place the sandbox's Kata shim may serve its management socket.
+	ShimSockets(sandboxID string) ([]string, error)
+	// Ready reports whether the CRI runtime lists the sandbox as ready; an error when it does not answer.
+	Ready(ctx context.Context, sandboxID string) (bool, error)
+}
 
 // DefaultGrace is how long an endpoint may refuse before its claims end, when the claiming process is not
 // known to have exited: long enough for a handler to restart in place.
@@ -49,10 +66,13 @@ type Config struct {
 	// Grace is how long an endpoint may refuse connections before its claims are ended; 0 or less turns
 	// the watcher off.
 	Grace time.Duration
-	// Released is called once per claim ended, with the reason (WhyProcessExited, WhyEndpointRefused);
-	// nil: not called. For the metric.
+	// Released is called once per claim ended, with the reason (WhyProcessExited, WhyEndpointRefused,
+	// WhySandboxGone); nil: not called. For the metric.
 	Released func(why string)
-	Log      *slog.Logger
+	// Sandboxes checks the sandboxes of claims found through the CRI runtime; nil: those claims are left
+	// alone and no discovery runs.
+	Sandboxes Sandboxes
+	Log       *slog.Logger
 }
 
 // Watcher checks the handlers of the claims the manager holds. Use one goroutine: Run, or Check.
@@ -97,7 +117,24 @@ func (w *Watcher) Check(ctx context.Context, now time.Time) []string {
 	claims := w.cfg.Manager.HandlerClaims()
 	probed := map[string]error{}
 	var ended []string
+	sandboxes := map[string]string{} // sandbox id -> why it is gone ("" alive or unknown)
+	criDown := false                 // the runtime did not answer: ask it no more in this check
 	for target, c := range claims {
+		if c.GetCriDiscovered() {
+			if w.cfg.Sandboxes == nil {
+				continue
+			}
+			id := c.GetSandboxId()
+			detail, ok := sandboxes[id]
+			if !ok {
+				detail = w.sandboxGone(ctx, id, &criDown)
+				sandboxes[id] = detail
+			}
+			if detail != "" && w.release(ctx, target, c, WhySandboxGone, detail) {
+				ended = append(ended, target)
+			}
+			continue
+		}
 		ep := c.GetHandlerEndpoint()
 		if ep == "" {
 			continue
@@ -117,19 +154,8 @@ func (w *Watcher) Check(ctx context.Context, now time.Time) []string {
 		if why == "" {
 			continue
 		}
-		released, rerr := w.cfg.Manager.ReleaseGone(ctx, target, c, detail)
-		if rerr != nil {
-			w.cfg.Log.Error("release the claim of a runtime handler that is gone", "target", target, "err", rerr)
-			continue
-		}
-		if !released {
-			continue
-		}
-		ended = append(ended, target)
-		w.cfg.Log.Warn("released the claim of a runtime handler that is gone", "target", target,
-			"sandbox", c.GetSandboxId(), "endpoint", ep, "claimer_pid", c.GetClaimerPid(), "why", why, "detail", detail)
-		if w.cfg.Released != nil {
-			w.cfg.Released(why)
+		if w.release(ctx, target, c, why, detail) {
+			ended = append(ended, target)
 		}
 	}
 	// Forget endpoints that answer again or are no longer claimed.
@@ -138,7 +164,58 @@ func (w *Watcher) Check(ctx context.Context, now time.Time) []string {
 			delete(w.refused, ep)
 		}
 	}
+	if w.cfg.Sandboxes != nil {
+		w.cfg.Manager.DiscoverKataClaims(ctx)
+	}
 	return ended
+}
+
+// release ends claim c on target for why, and reports whether it did.
+func (w *Watcher) release(ctx context.Context, target string, c *crustv1.Claim, why, detail string) bool {
+	released, err := w.cfg.Manager.ReleaseGone(ctx, target, c, detail)
+	if err != nil {
+		w.cfg.Log.Error("release the claim of a runtime handler that is gone", "target", target, "err", err)
+		return false
+	}
+	if !released {
+		return false
+	}
+	w.cfg.Log.Warn("released the claim of a runtime handler that is gone", "target", target,
+		"sandbox", c.GetSandboxId(), "endpoint", c.GetHandlerEndpoint(), "claimer_pid", c.GetClaimerPid(), "why", why, "detail", detail)
+	if w.cfg.Released != nil {
+		w.cfg.Released(why)
+	}
+	return true
+}
+
+// sandboxGone says why the Kata sandbox id is gone, or "" when it is there or that cannot be told. It
+// does not ask the runtime when *criDown, and sets it when the runtime does not answer.
+func (w *Watcher) sandboxGone(ctx context.Context, id string, criDown *bool) string {
+	socks, err := w.cfg.Sandboxes.ShimSockets(id)
+	if err != nil {
+		return ""
+	}
+	var refused []string
+	for _, s := range socks {
+		err := probe(s)
+		if err == nil {
+			return ""
+		}
+		refused = append(refused, err.Error())
+	}
+	if *criDown {
+		return ""
+	}
+	ready, err := w.cfg.Sandboxes.Ready(ctx, id)
+	if err != nil {
+		*criDown = true
+		return ""
+	}
+	if ready {
+		return ""
+	}
+	return fmt.Sprintf("the CRI runtime no longer lists sandbox %s as ready and no management socket of its Kata shim accepts connections (%s)",
+		id, strings.Join(refused, "; "))
 }
 
 // verdict says whether c's handler is gone, given that its endpoint refused with err for refusedFor.

@@ -34,8 +34,9 @@ func claimerOf(ctx context.Context) (int32, uint64) {
 	return pid, start
 }
 
-// HandlerClaims returns the claims runtime handlers made through crust (not those read from Kata
-// sandbox-id files), by target path. The claims are never mutated.
+// HandlerClaims returns the claims crust holds, by target path: those runtime handlers made through
+// crust and those found through the CRI runtime (cri_discovered), not those read from Kata sandbox-id
+// files. The claims are never mutated.
 func (m *Manager) HandlerClaims() map[string]*crustv1.Claim {
 	m.mu.RLock()
 	defer m.mu.RUnlock()

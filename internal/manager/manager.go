@@ -57,6 +57,8 @@ type Config struct {
 	Store      *store.Store
 	Projection *kata.Projection
 	Forwarder  Forwarder // nil: stats and expansion of a claimed volume fail with FailedPrecondition
+	// Sandboxes finds the Kata sandbox of a volume no sandbox claimed (see DiscoverKataClaim); nil: off.
+	Sandboxes SandboxFinder
 	// KubeletDir is the kubelet root; descriptors under <KubeletDir>/pods/<uid>/ are garbage-collected
 	// once that pod directory is gone.
 	KubeletDir string
@@ -79,6 +81,9 @@ type Manager struct {
 	watchers map[*Watcher]struct{}
 
 	problems problems
+
+	noteMu sync.Mutex
+	noted  map[string]string // by target: the last condition of it logged once (noteOnce)
 }
 
 // Open loads the descriptors the store kept from this boot and rebuilds the Kata projection from them
@@ -224,6 +229,7 @@ func (m *Manager) unstageLocked(target string) error {
 	}
 	m.healed(target)
 	m.noteBadNames(target, nil)
+	m.forgetNotes(target)
 	if err := m.cfg.Store.Delete(target); err != nil {
 		return fmt.Errorf("delete the record of %q: %w", target, err)
 	}
@@ -447,7 +453,8 @@ func (m *Manager) releaseKata(v *crustv1.Volume, sandboxID string, force bool) e
 const NotMountedMessage = "not yet mounted in a sandbox: the total is the device's size; used and available are " +
 	"measured once a sandbox mounts the volume"
 
-// Stats asks the claiming sandbox's handler for the volume's usage. Before any sandbox claims the volume
+// Stats asks the claiming sandbox's handler for the volume's usage. A volume nothing claims is first
+// looked for among the Kata sandboxes of its pod (DiscoverKataClaim). Before any sandbox claims the volume
 // it answers from the host: the device's size as the total bytes, used and available unknown (zero), no
 // inode entry, and a condition, not abnormal, that says so (NotMountedMessage). A device that is no
 // longer the one staged is ErrFailedPrecondition.
@@ -455,6 +462,11 @@ func (m *Manager) Stats(ctx context.Context, target string) (*crustv1.GetVolumeS
 	v, err := m.stored(target)
 	if err != nil {
 		return nil, err
+	}
+	if v.GetClaim() == nil {
+		if found := m.DiscoverKataClaim(ctx, target); found != nil {
+			v = found
+		}
 	}
 	if v.GetClaim() == nil {
 		size, err := m.unclaimedDevice(v, hostdev.Size)
@@ -474,7 +486,8 @@ func (m *Manager) Stats(ctx context.Context, target string) (*crustv1.GetVolumeS
 
 // Expand grows the volume to at least requiredBytes (and at most limitBytes when that is not zero) and
 // returns its capacity. A persistent-memory volume cannot grow: ErrUnimplemented, claimed or not, and
-// nothing is changed. The claiming sandbox's handler grows it online. Before any sandbox claims the
+// nothing is changed. The claiming sandbox's handler grows it online; a volume nothing claims is first
+// looked for among the Kata sandboxes of its pod (DiscoverKataClaim). Before any sandbox claims the
 // volume, Expand makes the host see the device's current size, records requiredBytes durably as the
 // volume's requested_bytes (the largest asked for is kept; watchers get EVENT_TYPE_EXPANDED when it
 // grows) and returns the device's size: the handler that claims the volume grows the filesystem when it
@@ -486,6 +499,7 @@ func (m *Manager) Expand(ctx context.Context, target string, requiredBytes, limi
 	if limitBytes < 0 || (limitBytes > 0 && limitBytes < requiredBytes) {
 		return 0, errdefs.Field("limit_bytes", "must be zero (no limit) or at least required_bytes %d, got %d", requiredBytes, limitBytes)
 	}
+	m.DiscoverKataClaim(ctx, target) // before the lock: the runtime is asked without holding it
 	unlock, err := m.locks.Lock(ctx, target)
 	if err != nil {
 		return 0, err
@@ -578,11 +592,10 @@ func (m *Manager) CollectGarbage(ctx context.Context) []string {
 	var gone []string
 	for _, v := range m.List(ctx) {
 		target := v.GetSpec().GetVolumeTargetPath()
-		rel, err := filepath.Rel(pods, target)
-		if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		uid := podDirOf(m.cfg.KubeletDir, target)
+		if uid == "" {
 			continue
 		}
-		uid, _, _ := strings.Cut(rel, string(filepath.Separator))
 		if _, err := os.Lstat(filepath.Join(pods, uid)); !errors.Is(err, os.ErrNotExist) {
 			continue
 		}

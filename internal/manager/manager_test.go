@@ -37,6 +37,9 @@ type env struct {
 	allow    []string // device patterns allowed besides devDir's nodes
 	sysfs    string
 	m        *Manager
+
+	sandboxes SandboxFinder // nil: no discovery of Kata sandboxes
+	fwd       Forwarder     // nil: no forwarding
 }
 
 func newEnv(t testing.TB) *env {
@@ -118,7 +121,8 @@ func (e *env) open() error {
 	if err != nil {
 		return err
 	}
-	e.m, err = Open(Config{Validator: v, Store: st, Projection: proj, KubeletDir: e.kubelet, LockWait: time.Minute, WatchBuffer: 16, Log: log}, loaded)
+	e.m, err = Open(Config{Validator: v, Store: st, Projection: proj, KubeletDir: e.kubelet, LockWait: time.Minute, WatchBuffer: 16, Log: log,
+		Sandboxes: e.sandboxes, Forwarder: e.fwd}, loaded)
 	return err
 }
 

@@ -43,7 +43,7 @@ func New() *Metrics {
 		}, []string{"method"}),
 		gone: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "crust_handler_claims_released_total",
-			Help: "Claims crustd ended because their runtime handler was gone, by why: process_exited or endpoint_refused.",
+			Help: "Claims crustd ended because their runtime handler was gone, by why: process_exited, endpoint_refused or sandbox_gone (a Kata sandbox found through CRI stopped).",
 		}, []string{"why"}),
 	}
 	m.gc = prometheus.NewCounter(prometheus.CounterOpts{

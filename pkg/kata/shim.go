@@ -147,11 +147,15 @@ type ShimClient struct {
 }
 
 // Stats asks the shim of sandboxID for the stats of the volume whose host device is device (the Device
-// of its mountInfo.json): GET StatsURLPath?path=<url.PathEscape(device)>. Numbers the shim leaves out are
-// zero.
+// of its mountInfo.json): GET StatsURLPath?path=<url.PathEscape(device)>. A shim that answers that with
+// 404 or 405 is asked again with POST, the same query and no body: runtime-rs serves stats on POST only.
+// Numbers the shim leaves out are zero.
 func (c *ShimClient) Stats(ctx context.Context, sandboxID, device string) (*VolumeStats, error) {
 	target := StatsURLPath + "?" + PathQueryKey + "=" + url.PathEscape(device)
 	body, sock, err := c.do(ctx, sandboxID, http.MethodGet, target, nil)
+	if se := (*ShimError)(nil); errors.As(err, &se) && (se.Status == http.StatusNotFound || se.Status == http.StatusMethodNotAllowed) {
+		body, sock, err = c.do(ctx, sandboxID, http.MethodPost, target, nil)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("kata shim of sandbox %q: stats of %s: %w", sandboxID, device, err)
 	}

@@ -299,7 +299,11 @@ func TestShimErrors(t *testing.T) {
 			device: "/dev/x", wantStatus: 500, wantBody: "guest: statfs failed",
 		},
 		{name: "unknown device", device: "/dev/none", wantStatus: 500, wantBody: "volume with device /dev/none is not in this sandbox"},
-		{name: "runtime-rs stats", postOnly: true, device: "/dev/x", wantStatus: 404, wantBody: "no route for GET /direct-volume/stats"},
+		{
+			name:     "runtime-rs stats failure, asked again by POST",
+			stats:    func(string) (*katatest.VolumeStats, error) { return nil, errors.New("guest: statfs failed") },
+			postOnly: true, device: "/dev/x", wantStatus: 500, wantBody: "guest: statfs failed",
+		},
 		{name: "resize unimplemented", device: "/dev/x", resize: true, wantStatus: 500, wantBody: katatest.UnimplementedText},
 		{
 			name:     "resize failure",
@@ -325,6 +329,34 @@ func TestShimErrors(t *testing.T) {
 			if errors.Is(err, ErrShimUnreachable) || !strings.Contains(err.Error(), tc.wantBody) ||
 				!strings.Contains(err.Error(), fmt.Sprint(tc.wantStatus)) {
 				t.Errorf("message %q", err)
+			}
+		})
+	}
+}
+
+// TestShimStatsRuntimeRs: a shim that answers a stats GET with 404 (runtime-rs matches only POST) is
+// asked again by POST with the same query and no body, and its numbers are the answer; a shim that
+// serves GET is asked once.
+func TestShimStatsRuntimeRs(t *testing.T) {
+	for _, postOnly := range []bool{true, false} {
+		t.Run(fmt.Sprintf("post only %t", postOnly), func(t *testing.T) {
+			_, rsDir := shimDirs(t)
+			shim := (&katatest.Shim{StatsPostOnly: postOnly, Stats: func(string) (*katatest.VolumeStats, error) {
+				return &recordStats, nil
+			}}).Start(t, katatest.ShimSocket(rsDir, "sb"))
+			st, err := (&ShimClient{Dirs: []string{rsDir}}).Stats(context.Background(), "sb", "/dev/vd b")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Usage[0].Total != 1064960 || st.Usage[1].Used != 11 {
+				t.Fatalf("stats %+v", st)
+			}
+			want := []katatest.ShimRequest{{Method: "GET", Path: katatest.StatsPath, RawQuery: "path=%2Fdev%2Fvd%20b", Body: []byte{}}}
+			if postOnly {
+				want = append(want, katatest.ShimRequest{Method: "POST", Path: katatest.StatsPath, RawQuery: "path=%2Fdev%2Fvd%20b", Body: []byte{}})
+			}
+			if got := shim.Requests(); !reflect.DeepEqual(got, want) {
+				t.Fatalf("requests %+v, want %+v", got, want)
 			}
 		})
 	}
