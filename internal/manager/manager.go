@@ -166,10 +166,12 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 			}
 			m.healed(target)
 		}
-		return m.withKataClaim(old), nil
+		return m.answer(m.withKataClaim(old)), nil
 	}
-	if err := m.cfg.Projection.Check(target); err != nil {
-		return nil, err
+	if kata.Projects(checked.Spec) {
+		if err := m.cfg.Projection.Check(target); err != nil {
+			return nil, err
+		}
 	}
 
 	v := &crustv1.Volume{
@@ -189,7 +191,7 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 		return nil, errdefs.NoSpace(fmt.Errorf("write the Kata projection of %q: %w", target, err))
 	}
 	m.commit(target, v, crustv1.EventType_EVENT_TYPE_STAGED)
-	return v, nil
+	return m.answer(v), nil
 }
 
 // Unstage removes a descriptor, with its claim if it has one, and its Kata projection (whatever is where
@@ -219,8 +221,11 @@ func (m *Manager) unstageLocked(target string) error {
 		m.log.Warn("unstaging a claimed volume; the claim is dropped", "target", target, "sandbox", c.GetSandboxId())
 	}
 	// Projection first: a crash between the two leaves the record, and the next start projects it again.
-	if err := m.cfg.Projection.Remove(target); err != nil {
-		return fmt.Errorf("remove the Kata projection of %q: %w", target, err)
+	// A volume that has no projection leaves alone whatever is where it would be: it is not crust's.
+	if kata.Projects(old.GetSpec()) {
+		if err := m.cfg.Projection.Remove(target); err != nil {
+			return fmt.Errorf("remove the Kata projection of %q: %w", target, err)
+		}
 	}
 	m.healed(target)
 	m.noteBadNames(target, nil)
@@ -240,7 +245,7 @@ func (m *Manager) Get(_ context.Context, target string) (*crustv1.Volume, error)
 	if v == nil {
 		return nil, notFound(target)
 	}
-	return m.withKataClaim(v), nil
+	return m.answer(m.withKataClaim(v)), nil
 }
 
 // List returns every descriptor, ordered by target path.
@@ -267,7 +272,7 @@ func (m *Manager) ListPage(_ context.Context, after string, maxEntries, maxBytes
 	page := make([]*crustv1.Volume, 0, min(len(rest), max(maxEntries, 0)))
 	size := 0
 	for _, v := range rest {
-		v = m.withKataClaim(v)
+		v = m.answer(m.withKataClaim(v))
 		n := proto.Size(v)
 		if (maxEntries > 0 && len(page) == maxEntries) || (maxBytes > 0 && len(page) > 0 && size+n > maxBytes) {
 			return page, true
@@ -401,6 +406,9 @@ func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string) error {
 // an error.
 func (m *Manager) releaseKata(v *crustv1.Volume, sandboxID string, force bool) error {
 	target := v.GetSpec().GetVolumeTargetPath()
+	if !kata.Projects(v.GetSpec()) {
+		return nil
+	}
 	ids, _, err := m.cfg.Projection.SandboxIDs(target)
 	if err != nil || len(ids) == 0 {
 		return nil
@@ -594,9 +602,9 @@ func (m *Manager) get(target string) *crustv1.Volume {
 }
 
 // withKataClaim returns v, or a copy carrying the claim that an unmodified Kata shim recorded in the
-// projection when v has no claim of its own.
+// projection when v has no claim of its own. A volume that has no projection has no Kata claim.
 func (m *Manager) withKataClaim(v *crustv1.Volume) *crustv1.Volume {
-	if v.GetClaim() != nil {
+	if v.GetClaim() != nil || !kata.Projects(v.GetSpec()) {
 		return v
 	}
 	target := v.GetSpec().GetVolumeTargetPath()
@@ -637,6 +645,7 @@ func (m *Manager) commitEvent(target string, v *crustv1.Volume, ev *crustv1.Watc
 	}
 	m.rev++
 	ev.Revision = m.rev
+	ev.Volume = m.answer(ev.GetVolume())
 	m.broadcast(ev)
 }
 
