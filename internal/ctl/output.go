@@ -44,21 +44,32 @@ func (g *globals) print(w io.Writer, def string, m proto.Message, rows func(*tab
 		}
 		_, err = w.Write(b)
 		return err
-	case "table":
-		t := &table{w: tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)}
+	case "table", "wide":
+		t := &table{w: tabwriter.NewWriter(w, 0, 4, 2, ' ', 0), wide: format == "wide"}
 		rows(t)
 		return t.w.Flush()
 	}
-	return usageError{fmt.Errorf("-o: %q is not table, json or yaml", format)}
+	return usageError{fmt.Errorf("-o: %q is not table, wide, json or yaml", format)}
 }
 
-type table struct{ w *tabwriter.Writer }
+// table is the table form; wide tables have more columns where there are more to show.
+type table struct {
+	w    *tabwriter.Writer
+	wide bool
+}
 
 func (t *table) header(cols ...string) { t.row(cols...) }
 func (t *table) row(cols ...string)    { fmt.Fprintln(t.w, strings.Join(cols, "\t")) }
 
+// volumeRows lists volumes. FSTYPE is "-" for a raw block volume. The wide form adds VOLUME_MODE
+// (filesystem or block) and KATA: "projected" when an unmodified Kata runtime takes the descriptor as
+// crust's handlers do, else the number of its kata_caveats (`crustctl get` shows them).
 func volumeRows(t *table, vols ...*crustv1.Volume) {
-	t.header("TARGET", "DEVICE", "TYPE", "FSTYPE", "MODE", "SANDBOX", "AGE")
+	cols := []string{"TARGET", "DEVICE", "TYPE", "FSTYPE", "MODE", "SANDBOX", "AGE"}
+	if t.wide {
+		cols = append(cols, "VOLUME_MODE", "KATA")
+	}
+	t.header(cols...)
 	for _, v := range vols {
 		s := v.GetSpec()
 		mode := "rw"
@@ -73,7 +84,23 @@ func volumeRows(t *table, vols ...*crustv1.Volume) {
 			}
 		}
 		typ := strings.ToLower(strings.TrimPrefix(s.GetVolumeType().String(), "VOLUME_TYPE_"))
-		t.row(s.GetVolumeTargetPath(), s.GetVolumeBackingPath(), typ, s.GetFsType(), mode, sandbox, age(v.GetStageTime().AsTime()))
+		fsType := s.GetFsType()
+		if fsType == "" {
+			fsType = "-"
+		}
+		row := []string{s.GetVolumeTargetPath(), s.GetVolumeBackingPath(), typ, fsType, mode, sandbox, age(v.GetStageTime().AsTime())}
+		if t.wide {
+			volMode := "filesystem"
+			if s.GetVolumeMode() == crustv1.VolumeMode_VOLUME_MODE_BLOCK {
+				volMode = "block"
+			}
+			kataCol := "projected"
+			if n := len(v.GetKataCaveats()); n > 0 {
+				kataCol = fmt.Sprintf("%d caveat(s)", n)
+			}
+			row = append(row, volMode, kataCol)
+		}
+		t.row(row...)
 	}
 }
 
