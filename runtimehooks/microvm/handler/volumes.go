@@ -56,6 +56,7 @@ type volume struct {
 	claimed  bool       // a claim may be held (set before asking)
 	plugged  bool       // the disk may be in the VM
 	readOnly bool
+	block    bool // a raw block volume: a device node at the guest path, no filesystem
 	hostPath string
 	size     int64 // the disk's size as QEMU shows it to the guest
 }
@@ -184,6 +185,7 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 	}
 	spec := desc.GetSpec()
 	v.hostPath, v.readOnly = desc.GetResolvedBackingPath(), spec.GetReadOnly()
+	v.block = spec.GetVolumeMode() == crustv1.VolumeMode_VOLUME_MODE_BLOCK
 	if v.hostPath == "" {
 		v.hostPath = spec.GetVolumeBackingPath()
 	}
@@ -212,13 +214,16 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 	if spec.GetSupplementalGroupChangePolicy() == crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH {
 		args.FSGroupPolicy = agentproto.FSGroupOnRootMismatch
 	}
+	if v.block { // the device node itself at the guest path
+		args = agentproto.MountArgs{Serial: v.disk, ReadOnly: v.readOnly, Target: v.GuestPath, Block: true}
+	}
 	res, err := s.vm.Agent().Mount(ctx, args)
 	if err != nil {
 		return false, s.undo(ctx, v, fmt.Errorf("mount in the guest: %w", err))
 	}
 	v.mounted.Store(true)
 	attrs := []any{"device", res.Device, "disk", v.disk, "fs_type", spec.GetFsType(), "read_only", v.readOnly,
-		"formatted", res.Formatted, "took", time.Since(start).Round(time.Millisecond)}
+		"formatted", res.Formatted, "raw_block", v.block, "took", time.Since(start).Round(time.Millisecond)}
 	if t := desc.GetStageTime(); t != nil {
 		attrs = append(attrs, "since_staged", time.Since(t.AsTime()).Round(time.Millisecond))
 	}
@@ -237,7 +242,7 @@ func (s *sandbox) undo(ctx context.Context, v *volume, cause error) error {
 	return errors.Join(cause, s.detach(ctx, v))
 }
 
-// detach unmounts v in the guest, unplugs its disk and releases its claim, each step only when the one
+// detach unmounts v in the guest (removes its device node, for a raw block volume), unplugs its disk and releases its claim, each step only when the one
 // before succeeded. The caller holds v.mu.
 func (s *sandbox) detach(ctx context.Context, v *volume) error {
 	if v.plugged {
