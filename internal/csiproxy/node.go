@@ -36,8 +36,13 @@ func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeReque
 		if gid != nil {
 			r = proto.Clone(r).(*csi.NodeStageVolumeRequest)
 			r.VolumeCapability = c
+			return p.node.NodeStageVolume(outgoing(ctx), r)
 		}
-		return p.node.NodeStageVolume(outgoing(ctx), r)
+		resp := &csi.NodeStageVolumeResponse{}
+		if err := p.forwardAsIs(ctx, csi.Node_NodeStageVolume_FullMethodName, r, resp); err != nil {
+			return nil, err
+		}
+		return resp, nil
 	}
 	unlock, err := p.lock(ctx, path)
 	if err != nil {
@@ -100,6 +105,11 @@ func (p *Proxy) NodeUnstageVolume(ctx context.Context, r *csi.NodeUnstageVolumeR
 func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	target := r.GetTargetPath()
 	asked := p.deferRequested(ctx, r.GetVolumeContext(), r.GetVolumeId())
+	if asked && r.GetVolumeCapability().GetBlock() != nil && p.state.get(KindPublish, target) == nil {
+		// A raw block volume of a class that defers: never deferred, whatever the pod (Decide).
+		p.decided(r, PassThrough, ReasonRawBlock)
+		return p.forwardPublish(ctx, r)
+	}
 	if r.GetVolumeId() == "" || target == "" || r.GetVolumeCapability() == nil ||
 		((!isMount(r.GetVolumeCapability()) || !asked) && p.state.get(KindPublish, target) == nil) {
 		return p.forwardPublish(ctx, r)
@@ -131,7 +141,7 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 				r.GetVolumeContext()[podNamespaceKey], r.GetVolumeContext()[podNameKey], err)
 		}
 		why = reason
-		p.log.Info("publish decision", "target", target, "volume_id", r.GetVolumeId(), "decision", d.String(), "why", why)
+		p.decided(r, d, why)
 		if d == PassThrough {
 			return p.forwardPublish(ctx, r)
 		}
@@ -167,6 +177,17 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 	return resp, err
 }
 
+// decided logs and counts the decision taken on a publish.
+func (p *Proxy) decided(r *csi.NodePublishVolumeRequest, d Decision, why string) {
+	mode := "filesystem"
+	if r.GetVolumeCapability().GetBlock() != nil {
+		mode = "block"
+	}
+	p.log.Info("publish decision", "target", r.GetTargetPath(), "volume_id", r.GetVolumeId(), "volume_mode", mode,
+		"decision", d.String(), "why", why)
+	p.metrics.PublishDecision(d.String(), mode)
+}
+
 // forwardPublish forwards a publish to the driver; when the driver cannot take volume_mount_group the
 // proxy keeps it from the driver and gives the published filesystem the group itself, as kubelet does.
 func (p *Proxy) forwardPublish(ctx context.Context, r *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
@@ -175,7 +196,11 @@ func (p *Proxy) forwardPublish(ctx context.Context, r *csi.NodePublishVolumeRequ
 		return nil, err
 	}
 	if gid == nil {
-		return p.node.NodePublishVolume(outgoing(ctx), r)
+		resp := &csi.NodePublishVolumeResponse{}
+		if err := p.forwardAsIs(ctx, csi.Node_NodePublishVolume_FullMethodName, r, resp); err != nil {
+			return nil, err
+		}
+		return resp, nil
 	}
 	fr := proto.Clone(r).(*csi.NodePublishVolumeRequest)
 	fr.VolumeCapability = c
