@@ -435,10 +435,13 @@ func (m *Manager) releaseKata(v *crustv1.Volume, sandboxID string, force bool) e
 const NotMountedMessage = "not yet mounted in a sandbox: the total is the device's size; used and available are " +
 	"measured once a sandbox mounts the volume"
 
+// NotAttachedRawMessage is NotMountedMessage for a raw block volume, which has no usage to measure.
+const NotAttachedRawMessage = "raw block volume not yet attached to a sandbox: the total is the device's size"
+
 // Stats asks the claiming sandbox's handler for the volume's usage. Before any sandbox claims the volume
 // it answers from the host: the device's size as the total bytes, used and available unknown (zero), no
-// inode entry, and a condition, not abnormal, that says so (NotMountedMessage). A device that is no
-// longer the one staged is ErrFailedPrecondition.
+// inode entry, and a condition, not abnormal, that says so (NotMountedMessage, NotAttachedRawMessage for
+// a raw block volume). A device that is no longer the one staged is ErrFailedPrecondition.
 func (m *Manager) Stats(ctx context.Context, target string) (*crustv1.GetVolumeStatsResponse, error) {
 	v, err := m.Get(ctx, target)
 	if err != nil {
@@ -449,9 +452,13 @@ func (m *Manager) Stats(ctx context.Context, target string) (*crustv1.GetVolumeS
 		if err != nil {
 			return nil, err
 		}
+		msg := NotMountedMessage
+		if v.GetSpec().GetVolumeMode() == crustv1.VolumeMode_VOLUME_MODE_BLOCK {
+			msg = NotAttachedRawMessage
+		}
 		return &crustv1.GetVolumeStatsResponse{
 			Usage:           []*crustv1.VolumeUsage{{Unit: crustv1.VolumeUsage_UNIT_BYTES, Total: size}},
-			VolumeCondition: &crustv1.VolumeCondition{Message: NotMountedMessage},
+			VolumeCondition: &crustv1.VolumeCondition{Message: msg},
 		}, nil
 	}
 	if err := m.forwarding(v); err != nil {

@@ -13,6 +13,7 @@ import (
 	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	katafmt "crust.dev/crust/pkg/kata"
+	"crust.dev/crust/test/harness"
 )
 
 // rawBlockSpec is e.spec(i, device) as a raw block volume.
@@ -154,4 +155,26 @@ func TestRawBlockTargetNeedsNoKataName(t *testing.T) {
 	}
 	e.reopen()
 	e.wantProblems()
+}
+
+// TestRawBlockStatsBeforeAnyClaim: before a sandbox holds a raw block volume, stats are the device's size
+// and a condition that speaks of a raw volume, not of a filesystem to measure later.
+func TestRawBlockStatsBeforeAnyClaim(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	dev, _ := harness.Loop(t, 8<<20)
+	e.addReal(dev)
+	e.reopen()
+	spec := e.rawBlockSpec(0, 0)
+	spec.VolumeBackingPath = dev
+	if _, err := e.m.Stage(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.m.Stats(ctx, e.target(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := st.GetUsage(); len(u) != 1 || u[0].GetTotal() != 8<<20 || st.GetVolumeCondition().GetMessage() != NotAttachedRawMessage {
+		t.Fatalf("stats %v; want the device's size and %q", st, NotAttachedRawMessage)
+	}
 }
