@@ -163,7 +163,8 @@ func nodeServiceDesc() *grpc.ServiceDesc {
 }
 
 // forwardAsIs calls method of the driver with the request as it came, byte for byte, when the context
-// carries it (see keepRaw), else with req, and decodes the driver's answer into resp.
+// carries it (see keepRaw), else with req, and decodes the driver's answer into resp. req must be the
+// call's request as decoded, unchanged: a changed request is sent with the typed client instead.
 func (p *Proxy) forwardAsIs(ctx context.Context, method string, req, resp any) error {
 	if f, ok := ctx.Value(rawRequestKey{}).(*frame); ok {
 		req = f

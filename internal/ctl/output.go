@@ -62,12 +62,12 @@ func (t *table) header(cols ...string) { t.row(cols...) }
 func (t *table) row(cols ...string)    { fmt.Fprintln(t.w, strings.Join(cols, "\t")) }
 
 // volumeRows lists volumes. FSTYPE is "-" for a raw block volume. The wide form adds VOLUME_MODE
-// (filesystem or block) and KATA: "projected" when an unmodified Kata runtime takes the descriptor as
-// crust's handlers do, else the number of its kata_caveats (`crustctl get` shows them).
+// (filesystem or block) and KATA_CAVEATS, the number of things an unmodified Kata runtime cannot honour
+// of the descriptor (`crustctl get` says what they are).
 func volumeRows(t *table, vols ...*crustv1.Volume) {
 	cols := []string{"TARGET", "DEVICE", "TYPE", "FSTYPE", "MODE", "SANDBOX", "AGE"}
 	if t.wide {
-		cols = append(cols, "VOLUME_MODE", "KATA")
+		cols = append(cols, "VOLUME_MODE", "KATA_CAVEATS")
 	}
 	t.header(cols...)
 	for _, v := range vols {
@@ -94,11 +94,7 @@ func volumeRows(t *table, vols ...*crustv1.Volume) {
 			if s.GetVolumeMode() == crustv1.VolumeMode_VOLUME_MODE_BLOCK {
 				volMode = "block"
 			}
-			kataCol := "projected"
-			if n := len(v.GetKataCaveats()); n > 0 {
-				kataCol = fmt.Sprintf("%d caveat(s)", n)
-			}
-			row = append(row, volMode, kataCol)
+			row = append(row, volMode, strconv.Itoa(len(v.GetKataCaveats())))
 		}
 		t.row(row...)
 	}
