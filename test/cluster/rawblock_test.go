@@ -2,17 +2,19 @@ package cluster
 
 import (
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // A raw block PVC (volumeMode: Block) of the deferring class, used by a pod of the microVM RuntimeClass
 // through volumeDevices, with the example driver behind crust-csi-proxy:
 //   - the pod runs and its container has the device at the devicePath: a pattern written through it with
-//     direct I/O reads back the same;
+//     direct I/O reads back the same, and the node reads it from the device the driver published;
 //   - crustd holds no descriptor for the pod (the volume was never deferred) and no VolumeDeferred event
 //     was recorded;
 //   - the proxy logged its decision for the pod's publish: pass-through, volume mode block, and why.
@@ -50,6 +52,17 @@ func TestRawBlockVolumeOfMicroVMPod(t *testing.T) {
 		t.Errorf("the device holds %s bytes, want %d", lines[3], 64<<20)
 	}
 	t.Logf("pattern of 256 KiB written through %s and read back in the container (md5 %s)", devicePath, read)
+	// And it is on the device the driver published for the pod, read on the node.
+	claim, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Get(ctxT(t), "raw", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := "/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/publish/" + claim.Spec.VolumeName + "/" + uid
+	onNode, err := exec.Command("sh", "-c", fmt.Sprintf("dd if=%s bs=4096 skip=10 count=64 iflag=direct 2>/dev/null | md5sum",
+		c.nsPath(published))).Output()
+	if err != nil || strings.Fields(string(onNode))[0] != written {
+		t.Fatalf("the node reads %q (%v) from %s, the container wrote %s", onNode, err, published, written)
+	}
 
 	// Never deferred: crustd holds nothing for the pod, and the proxy says why.
 	if vs := c.podVolumes(t, uid); len(vs) != 0 {
