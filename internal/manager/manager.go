@@ -134,7 +134,8 @@ func Open(cfg Config, loaded *store.LoadReport) (*Manager, error) {
 // crust's own handlers; it is quarantined, and staging it again gets the same refusal.)
 //
 // Something other than a directory where the target's Kata volume directory belongs is
-// ErrFailedPrecondition: crustd leaves it alone and stores nothing. Staging a quarantined descriptor again
+// ErrFailedPrecondition: crustd leaves it alone and stores nothing. A raw block volume has no projection
+// (kata.Projects), so neither rule applies to it. Staging a quarantined descriptor again
 // (same spec) writes its projection again; once that succeeds the quarantine ends.
 func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1.Volume, error) {
 	checked, err := m.cfg.Validator.Spec(spec)
