@@ -42,6 +42,9 @@ func (d Decision) String() string {
 	}
 }
 
+// ReasonRawBlock is why a raw block volume (volumeMode: Block) is passed through, whatever its pod.
+const ReasonRawBlock = "raw block volume (volumeMode: Block): never deferred; a microVM runtime hands the device to the sandbox itself"
+
 // Pod is what the proxy needs to know of a pod.
 type Pod struct {
 	Namespace, Name, UID string
@@ -81,6 +84,9 @@ type DecideInput struct {
 // only when a pod source is configured, the volume context names a pod and the cache does not hold it,
 // or holds another pod of that name.
 func Decide(in DecideInput) (Decision, string, error) {
+	if in.Capability.GetBlock() != nil {
+		return PassThrough, ReasonRawBlock, nil
+	}
 	if !isMount(in.Capability) {
 		return PassThrough, "not a mount capability", nil
 	}

@@ -7,7 +7,7 @@
 // # Pass-through
 //
 // Every Identity and Node call that is not deferred is forwarded to the driver as it came (metadata
-// included), and the driver's answer (response, or status with code, message and details) is returned as
+// included; NodeStageVolume and NodePublishVolume byte for byte, when the proxy leaves them unchanged), and the driver's answer (response, or status with code, message and details) is returned as
 // it came, with these exceptions, which servedCaps details: NodeGetCapabilities adds GET_VOLUME_STATS,
 // EXPAND_VOLUME and VOLUME_MOUNT_GROUP to the driver's capabilities, and for a driver without them the
 // proxy answers stats itself, expands as kubelet would without node expansion (not at all; both answer
@@ -66,7 +66,13 @@
 // one StorageClass serves microVM and other pods. Stats are measured with statfs on the target path;
 // expansion resizes the filesystem on the host after the driver's NodeExpandVolume on the private path.
 //
-// Everything else (no flag, a block capability, no record) passes through.
+// Everything else (no flag, a block capability, no record) passes through. A raw block volume (a block
+// capability) is never deferred, whatever its class and its pod: a microVM runtime takes the device
+// kubelet maps into the pod and hands it to the sandbox itself. Its NodeStageVolume and NodePublishVolume
+// reach the driver as the exact bytes kubelet sent (the proxy reads them before decoding), and the
+// publish, when its class asks for deferral, is logged as a "publish decision" (decision pass-through,
+// volume_mode block, and why) and counted in crust_csi_proxy_publish_decisions_total{decision,volume_mode},
+// as every decided publish is.
 //
 // A repeated NodePublishVolume of a published path runs the steps again; asked with another volume, fs type
 // or read-only flag it fails with ALREADY_EXISTS and the volume stays published. When a first

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
@@ -13,6 +15,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	gproto "google.golang.org/protobuf/proto"
 )
 
 // frame is one gRPC message forwarded without decoding.
@@ -122,4 +125,49 @@ func (p *Proxy) forwardUnknown(_ any, ss grpc.ServerStream) error {
 		default:
 		}
 	}
+}
+
+// rawRequestKey carries, in a call's context, the request's bytes as they came (a *frame), so that a call
+// passed through to the driver unchanged is forwarded as exactly those bytes.
+type rawRequestKey struct{}
+
+// keepRaw wraps a unary method handler: the request is read as bytes first, put in the context (see
+// rawRequestKey), and decoded from them for the typed method.
+func keepRaw(h grpc.MethodHandler) grpc.MethodHandler {
+	return func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
+		f := &frame{}
+		if err := dec(f); err != nil {
+			return nil, err
+		}
+		ctx = context.WithValue(ctx, rawRequestKey{}, f)
+		return h(srv, ctx, func(v any) error {
+			if err := gproto.Unmarshal(f.data, v.(gproto.Message)); err != nil {
+				return status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+			}
+			return nil
+		}, ic)
+	}
+}
+
+// nodeServiceDesc is csi.v1.Node with the requests of NodeStageVolume and NodePublishVolume kept as they
+// came (keepRaw), for forwardAsIs.
+func nodeServiceDesc() *grpc.ServiceDesc {
+	d := csi.Node_ServiceDesc
+	d.Methods = slices.Clone(d.Methods)
+	for i, m := range d.Methods {
+		if m.MethodName == "NodeStageVolume" || m.MethodName == "NodePublishVolume" {
+			d.Methods[i].Handler = keepRaw(m.Handler)
+		}
+	}
+	return &d
+}
+
+// forwardAsIs calls method of the driver with the request as it came, byte for byte, when the context
+// carries it (see keepRaw), else with req, and decodes the driver's answer into resp. req must be the
+// call's request as decoded, unchanged: a changed request is sent with the typed client instead.
+func (p *Proxy) forwardAsIs(ctx context.Context, method string, req, resp any) error {
+	if f, ok := ctx.Value(rawRequestKey{}).(*frame); ok {
+		req = f
+	}
+	return p.driver.Invoke(outgoing(ctx), method, req, resp, grpc.ForceCodecV2(p.codec))
 }

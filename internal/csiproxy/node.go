@@ -38,8 +38,13 @@ func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeReque
 		if gid != nil {
 			r = proto.Clone(r).(*csi.NodeStageVolumeRequest)
 			r.VolumeCapability = c
+			return p.node.NodeStageVolume(outgoing(ctx), r)
 		}
-		return p.node.NodeStageVolume(outgoing(ctx), r)
+		resp := &csi.NodeStageVolumeResponse{}
+		if err := p.forwardAsIs(ctx, csi.Node_NodeStageVolume_FullMethodName, r, resp); err != nil {
+			return nil, err
+		}
+		return resp, nil
 	}
 	if _, err := checkIOLimits(volCtx); err != nil {
 		return nil, err
@@ -108,6 +113,11 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 	target := r.GetTargetPath()
 	volCtx := p.volumeContext(ctx, r.GetVolumeContext(), r.GetVolumeId())
 	asked := DeferRequested(volCtx)
+	if asked && r.GetVolumeCapability().GetBlock() != nil && p.state.get(KindPublish, target) == nil {
+		// A raw block volume of a class that defers: never deferred, whatever the pod (Decide).
+		p.decided(r, PassThrough, ReasonRawBlock)
+		return p.forwardPublish(ctx, r)
+	}
 	if r.GetVolumeId() == "" || target == "" || r.GetVolumeCapability() == nil ||
 		((!isMount(r.GetVolumeCapability()) || !asked) && p.state.get(KindPublish, target) == nil) {
 		return p.forwardPublish(ctx, r)
@@ -135,7 +145,7 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 				r.GetVolumeContext()[podNamespaceKey], r.GetVolumeContext()[podNameKey], err)
 		}
 		why = reason
-		p.log.Info("publish decision", "target", target, "volume_id", r.GetVolumeId(), "decision", d.String(), "why", why)
+		p.decided(r, d, why)
 		if d == PassThrough {
 			return p.forwardPublish(ctx, r)
 		}
@@ -171,6 +181,17 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 	return resp, err
 }
 
+// decided logs and counts the decision taken on a publish.
+func (p *Proxy) decided(r *csi.NodePublishVolumeRequest, d Decision, why string) {
+	mode := "filesystem"
+	if r.GetVolumeCapability().GetBlock() != nil {
+		mode = "block"
+	}
+	p.log.Info("publish decision", "target", r.GetTargetPath(), "volume_id", r.GetVolumeId(), "volume_mode", mode,
+		"decision", d.String(), "why", why)
+	p.metrics.PublishDecision(d.String(), mode)
+}
+
 // forwardPublish forwards a publish to the driver; when the driver cannot take volume_mount_group the
 // proxy keeps it from the driver and gives the published filesystem the group itself, as kubelet does.
 func (p *Proxy) forwardPublish(ctx context.Context, r *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
@@ -179,7 +200,11 @@ func (p *Proxy) forwardPublish(ctx context.Context, r *csi.NodePublishVolumeRequ
 		return nil, err
 	}
 	if gid == nil {
-		return p.node.NodePublishVolume(outgoing(ctx), r)
+		resp := &csi.NodePublishVolumeResponse{}
+		if err := p.forwardAsIs(ctx, csi.Node_NodePublishVolume_FullMethodName, r, resp); err != nil {
+			return nil, err
+		}
+		return resp, nil
 	}
 	fr := proto.Clone(r).(*csi.NodePublishVolumeRequest)
 	fr.VolumeCapability = c

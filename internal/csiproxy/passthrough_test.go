@@ -98,15 +98,15 @@ func (s *stubDriver) DeleteVolume(ctx context.Context, r *csi.DeleteVolumeReques
 	return &csi.DeleteVolumeResponse{}, nil
 }
 
-// serveStub serves d on a socket in dir and returns the socket.
-func serveStub(t *testing.T, dir string, d *stubDriver) string {
+// serveStub serves d on a socket in dir, with opts, and returns the socket.
+func serveStub(t *testing.T, dir string, d *stubDriver, opts ...grpc.ServerOption) string {
 	t.Helper()
 	sock := filepath.Join(dir, "driver.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := grpc.NewServer()
+	s := grpc.NewServer(opts...)
 	csi.RegisterIdentityServer(s, d)
 	csi.RegisterNodeServer(s, d)
 	csi.RegisterControllerServer(s, d)
@@ -117,6 +117,13 @@ func serveStub(t *testing.T, dir string, d *stubDriver) string {
 
 // startProxy runs a proxy in this process in front of driverSock and returns a connection to it.
 func startProxy(t testing.TB, cfg Config, log *slog.Logger, opts ...option) *grpc.ClientConn {
+	t.Helper()
+	_, cc := runProxy(t, cfg, log, opts...)
+	return cc
+}
+
+// runProxy is startProxy that returns the proxy too.
+func runProxy(t testing.TB, cfg Config, log *slog.Logger, opts ...option) (*Proxy, *grpc.ClientConn) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	p, err := New(ctx, cfg, log, opts...)
@@ -134,7 +141,7 @@ func startProxy(t testing.TB, cfg Config, log *slog.Logger, opts ...option) *grp
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cc.Close(); s.Stop(); p.Close(); cancel() })
-	return cc
+	return p, cc
 }
 
 // TestPassThrough: responses, errors (code, message, details), metadata and unknown services reach the

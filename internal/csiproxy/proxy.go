@@ -224,7 +224,7 @@ func (p *Proxy) NewServer() *grpc.Server {
 	if p.cfg.Controller {
 		s.RegisterService(controllerServiceDesc(), &controllerServer{ctrl: csi.NewControllerClient(p.driver)})
 	} else {
-		csi.RegisterNodeServer(s, p)
+		s.RegisterService(nodeServiceDesc(), p)
 	}
 	return s
 }

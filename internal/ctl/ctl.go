@@ -2,8 +2,8 @@
 // offline drop-in for `kata-runtime direct-volume`.
 //
 // Promises: data goes to stdout in the format chosen with -o (table, wide, json or yaml; wide is the
-// table with more columns, such as a volume's Kata caveats; json and yaml are the API's protobuf JSON
-// mapping, stable field names); errors go to stderr as "crustctl: CODE: message" with
+// table with more columns, such as a volume's mode and Kata caveats; json and yaml are the API's protobuf
+// JSON mapping, stable field names); errors go to stderr as "crustctl: CODE: message" with
 // the gRPC code, and the exit status is 1 (2 for a usage error). `doctor` exits 3 when it found problems.
 package ctl
 
@@ -88,7 +88,7 @@ func NewCommand() *cobra.Command {
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.socket, "socket", client.SocketFromEnv(), "crustd's socket (env CRUST_SOCKET)")
-	pf.StringVarP(&g.output, "output", "o", "", "output format: table, wide (a table with more columns, such as a volume's Kata caveats), json or yaml")
+	pf.StringVarP(&g.output, "output", "o", "", "output format: table, wide (a table with more columns, such as a volume's mode and Kata caveats), json or yaml")
 	pf.DurationVar(&g.timeout, "timeout", 30*time.Second, "how long a call may take")
 	root.AddCommand(
 		g.lsCmd(), g.getCmd(), g.stageCmd(), g.unstageCmd(), g.statsCmd(), g.expandCmd(),
@@ -150,9 +150,9 @@ func (g *globals) getCmd() *cobra.Command {
 func (g *globals) stageCmd() *cobra.Command {
 	spec := &crustv1.VolumeSpec{}
 	var (
-		volType, policy string
-		fsGroup         int64
-		metadata        map[string]string
+		volType, volMode, policy string
+		fsGroup                  int64
+		metadata                 map[string]string
 	)
 	cmd := &cobra.Command{
 		Use: "stage", Short: "Deposit a volume's descriptor (what a CSI plugin does in NodePublishVolume)", Args: cobra.NoArgs,
@@ -162,6 +162,13 @@ func (g *globals) stageCmd() *cobra.Command {
 				return usageError{fmt.Errorf("--volume-type: %q is not block, file or pmem", volType)}
 			}
 			spec.VolumeType = crustv1.VolumeType(t)
+			if cmd.Flags().Changed("volume-mode") {
+				m, ok := crustv1.VolumeMode_value["VOLUME_MODE_"+strings.ToUpper(volMode)]
+				if !ok || m == 0 {
+					return usageError{fmt.Errorf("--volume-mode: %q is not filesystem or block", volMode)}
+				}
+				spec.VolumeMode = crustv1.VolumeMode(m)
+			}
 			if cmd.Flags().Changed("fs-group") {
 				spec.VolumeSupplementalGroup = &fsGroup
 			}
@@ -185,8 +192,9 @@ func (g *globals) stageCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&spec.VolumeTargetPath, "target-path", "", "the volume's publish target path (required)")
 	f.StringVar(&spec.VolumeBackingPath, "device", "", "the block device or image file (required)")
-	f.StringVar(&spec.FsType, "fs-type", "", "ext4, ext3, xfs or btrfs (required)")
+	f.StringVar(&spec.FsType, "fs-type", "", "ext4, ext3, xfs or btrfs (required in the filesystem mode, refused in the block mode)")
 	f.StringVar(&volType, "volume-type", "block", "block, file or pmem")
+	f.StringVar(&volMode, "volume-mode", "filesystem", "filesystem, or block for a raw device in the sandbox (no filesystem)")
 	f.StringArrayVar(&spec.MountFlags, "mount-option", nil, "mount option, one per flag (repeatable)")
 	f.Int64Var(&fsGroup, "fs-group", 0, "the pod's fsGroup")
 	f.StringVar(&policy, "fs-group-policy", "", "always or on_root_mismatch")
@@ -196,7 +204,7 @@ func (g *globals) stageCmd() *cobra.Command {
 	f.StringVar(&spec.CsiDriver, "csi-driver", "", "the CSI driver name")
 	f.StringVar(&spec.PodUid, "pod-uid", "", "the pod UID")
 	f.StringToStringVar(&metadata, "metadata", nil, "key=value for the runtime handler (repeatable)")
-	for _, name := range []string{"target-path", "device", "fs-type"} {
+	for _, name := range []string{"target-path", "device"} {
 		_ = cmd.MarkFlagRequired(name)
 	}
 	return cmd

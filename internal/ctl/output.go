@@ -52,7 +52,7 @@ func (g *globals) print(w io.Writer, def string, m proto.Message, rows func(*tab
 	return usageError{fmt.Errorf("-o: %q is not table, wide, json or yaml", format)}
 }
 
-// table is the table form; wide adds the columns that make rows long (a volume's Kata caveats).
+// table is the table form; wide adds the columns that make rows long (a volume's mode and Kata caveats).
 type table struct {
 	w    *tabwriter.Writer
 	wide bool
@@ -61,10 +61,13 @@ type table struct {
 func (t *table) header(cols ...string) { t.row(cols...) }
 func (t *table) row(cols ...string)    { fmt.Fprintln(t.w, strings.Join(cols, "\t")) }
 
+// volumeRows lists volumes. FSTYPE is "-" for a raw block volume. The wide form adds VOLUME_MODE
+// (filesystem or block) and KATA_CAVEATS, the number of things an unmodified Kata runtime cannot honour
+// of the descriptor (`crustctl get` says what they are).
 func volumeRows(t *table, vols ...*crustv1.Volume) {
 	cols := []string{"TARGET", "DEVICE", "TYPE", "FSTYPE", "MODE", "SANDBOX", "AGE"}
 	if t.wide {
-		cols = append(cols, "KATA CAVEATS")
+		cols = append(cols, "VOLUME MODE", "KATA CAVEATS")
 	}
 	t.header(cols...)
 	for _, v := range vols {
@@ -84,13 +87,21 @@ func volumeRows(t *table, vols ...*crustv1.Volume) {
 			}
 		}
 		typ := strings.ToLower(strings.TrimPrefix(s.GetVolumeType().String(), "VOLUME_TYPE_"))
-		row := []string{s.GetVolumeTargetPath(), s.GetVolumeBackingPath(), typ, s.GetFsType(), mode, sandbox, age(v.GetStageTime().AsTime())}
+		fsType := s.GetFsType()
+		if fsType == "" {
+			fsType = "-"
+		}
+		row := []string{s.GetVolumeTargetPath(), s.GetVolumeBackingPath(), typ, fsType, mode, sandbox, age(v.GetStageTime().AsTime())}
 		if t.wide {
+			volMode := "filesystem"
+			if s.GetVolumeMode() == crustv1.VolumeMode_VOLUME_MODE_BLOCK {
+				volMode = "block"
+			}
 			caveats := "-"
 			if c := v.GetKataCaveats(); len(c) > 0 {
 				caveats = strings.Join(c, "; ")
 			}
-			row = append(row, caveats)
+			row = append(row, volMode, caveats)
 		}
 		t.row(row...)
 	}

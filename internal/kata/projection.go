@@ -23,6 +23,9 @@
 //	             when spec.volume_supplemental_group is set, and createFilesystem "true" when
 //	             spec.create_filesystem; these typed fields win over spec.metadata keys of the same name
 //
+// A raw block descriptor (spec.volume_mode VOLUME_MODE_BLOCK) is not projected (see Projects): Kata
+// takes every direct-assigned volume for a filesystem to mount in the guest.
+//
 // Why "directvol": Kata's Go runtime does not read volume-type at all, while runtime-rs takes a block
 // device or a raw image file only with volume-type "directvol" and refuses any other value for them.
 //
@@ -93,11 +96,20 @@ func (p *Projection) Check(target string) error {
 		"so the path may be at most %d bytes", len(target), katafmt.MaxVolumePathLen)
 }
 
+// Projects reports whether the projection holds a volume of spec: every one but a raw block volume
+// (volume_mode VOLUME_MODE_BLOCK). An unmodified Kata runtime mounts every direct-assigned volume it
+// finds as a filesystem (its mountInfo needs an fstype), while a raw block volume reaches a Kata
+// sandbox as an OCI device that kubelet maps, without a direct-volume entry; a projection of it would
+// be wrong at best.
+func Projects(spec *crustv1.VolumeSpec) bool {
+	return spec.GetVolumeMode() != crustv1.VolumeMode_VOLUME_MODE_BLOCK
+}
+
 // Write projects v: it writes the MountInfo of v's spec as the mountInfo.json of its target path,
 // atomically, keeping the sandbox-id files already there. Writing the same descriptor again is a no-op
 // (the file is not rewritten when its content is already right). Something other than a directory where
 // the volume directory belongs is errdefs.ErrFailedPrecondition, and is left as it is; a target Check
-// refuses is its *errdefs.FieldError.
+// refuses is its *errdefs.FieldError. A volume Projects leaves out is not written, and is not an error.
 func (p *Projection) Write(v *crustv1.Volume) error {
 	if p.dir == nil {
 		return nil
@@ -105,6 +117,9 @@ func (p *Projection) Write(v *crustv1.Volume) error {
 	spec := v.GetSpec()
 	if spec == nil {
 		return errdefs.Field("spec", "is required")
+	}
+	if !Projects(spec) {
+		return nil
 	}
 	target := spec.GetVolumeTargetPath()
 	if err := p.Check(target); err != nil {

@@ -18,6 +18,9 @@ const (
 	kataPmemFileCaveat = "Kata does not attach a file-backed pmem volume (it hot-plugs only block devices from " +
 		"a direct-assigned volume), so Kata cannot use it, with DAX or without; crust-microvm attaches it as " +
 		"virtio-pmem and mounts it with -o dax"
+	kataRawBlockCaveat = "raw block (volume_mode VOLUME_MODE_BLOCK) is not projected into the Kata direct-volume " +
+		"directory: Kata mounts every direct-assigned volume as a filesystem, so an unmodified Kata runtime " +
+		"gets this device only as the raw block device kubelet maps into the pod, not from crust"
 	kataIOLimitsCaveat = "Kata ignores the I/O limits: its mountInfo.json has no place for them, so an unmodified " +
 		"Kata runtime attaches the device without throttling"
 )
@@ -33,6 +36,9 @@ func kataCaveats(v *crustv1.Volume) []string {
 		} else {
 			out = append(out, kataPmemCaveat)
 		}
+	}
+	if v.GetSpec().GetVolumeMode() == crustv1.VolumeMode_VOLUME_MODE_BLOCK {
+		out = append(out, kataRawBlockCaveat)
 	}
 	if v.GetSpec().GetIoLimits() != nil {
 		out = append(out, kataIOLimitsCaveat)

@@ -139,7 +139,8 @@ func Open(cfg Config, loaded *store.LoadReport) (*Manager, error) {
 // crust's own handlers; it is quarantined, and staging it again gets the same refusal.)
 //
 // Something other than a directory where the target's Kata volume directory belongs is
-// ErrFailedPrecondition: crustd leaves it alone and stores nothing. Staging a quarantined descriptor again
+// ErrFailedPrecondition: crustd leaves it alone and stores nothing. A raw block volume has no projection
+// (kata.Projects), so neither rule applies to it. Staging a quarantined descriptor again
 // (same spec) writes its projection again; once that succeeds the quarantine ends.
 func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1.Volume, error) {
 	checked, err := m.cfg.Validator.Spec(spec)
@@ -171,10 +172,12 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 			}
 			m.healed(target)
 		}
-		return m.withKataClaim(old), nil
+		return withKataCaveats(m.withKataClaim(old)), nil
 	}
-	if err := m.cfg.Projection.Check(target); err != nil {
-		return nil, err
+	if kata.Projects(checked.Spec) {
+		if err := m.cfg.Projection.Check(target); err != nil {
+			return nil, err
+		}
 	}
 
 	v := &crustv1.Volume{
@@ -194,7 +197,7 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 		return nil, errdefs.NoSpace(fmt.Errorf("write the Kata projection of %q: %w", target, err))
 	}
 	m.commit(target, v, crustv1.EventType_EVENT_TYPE_STAGED)
-	return v, nil
+	return withKataCaveats(v), nil
 }
 
 // Unstage removes a descriptor, with its claim if it has one, and its Kata projection (whatever is where
@@ -224,8 +227,11 @@ func (m *Manager) unstageLocked(target string) error {
 		m.log.Warn("unstaging a claimed volume; the claim is dropped", "target", target, "sandbox", c.GetSandboxId())
 	}
 	// Projection first: a crash between the two leaves the record, and the next start projects it again.
-	if err := m.cfg.Projection.Remove(target); err != nil {
-		return fmt.Errorf("remove the Kata projection of %q: %w", target, err)
+	// A volume that has no projection leaves alone whatever is where it would be: it is not crust's.
+	if kata.Projects(old.GetSpec()) {
+		if err := m.cfg.Projection.Remove(target); err != nil {
+			return fmt.Errorf("remove the Kata projection of %q: %w", target, err)
+		}
 	}
 	m.healed(target)
 	m.noteBadNames(target, nil)
@@ -427,6 +433,9 @@ func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string) error {
 // an error.
 func (m *Manager) releaseKata(v *crustv1.Volume, sandboxID string, force bool) error {
 	target := v.GetSpec().GetVolumeTargetPath()
+	if !kata.Projects(v.GetSpec()) {
+		return nil
+	}
 	ids, _, err := m.cfg.Projection.SandboxIDs(target)
 	if err != nil || len(ids) == 0 {
 		return nil
@@ -453,11 +462,14 @@ func (m *Manager) releaseKata(v *crustv1.Volume, sandboxID string, force bool) e
 const NotMountedMessage = "not yet mounted in a sandbox: the total is the device's size; used and available are " +
 	"measured once a sandbox mounts the volume"
 
+// NotAttachedRawMessage is NotMountedMessage for a raw block volume, which has no usage to measure.
+const NotAttachedRawMessage = "raw block volume not yet attached to a sandbox: the total is the device's size"
+
 // Stats asks the claiming sandbox's handler for the volume's usage. A volume nothing claims is first
 // looked for among the Kata sandboxes of its pod (DiscoverKataClaim). Before any sandbox claims the volume
 // it answers from the host: the device's size as the total bytes, used and available unknown (zero), no
-// inode entry, and a condition, not abnormal, that says so (NotMountedMessage). A device that is no
-// longer the one staged is ErrFailedPrecondition.
+// inode entry, and a condition, not abnormal, that says so (NotMountedMessage, NotAttachedRawMessage for
+// a raw block volume). A device that is no longer the one staged is ErrFailedPrecondition.
 func (m *Manager) Stats(ctx context.Context, target string) (*crustv1.GetVolumeStatsResponse, error) {
 	v, err := m.stored(target)
 	if err != nil {
@@ -473,9 +485,13 @@ func (m *Manager) Stats(ctx context.Context, target string) (*crustv1.GetVolumeS
 		if err != nil {
 			return nil, err
 		}
+		msg := NotMountedMessage
+		if v.GetSpec().GetVolumeMode() == crustv1.VolumeMode_VOLUME_MODE_BLOCK {
+			msg = NotAttachedRawMessage
+		}
 		return &crustv1.GetVolumeStatsResponse{
 			Usage:           []*crustv1.VolumeUsage{{Unit: crustv1.VolumeUsage_UNIT_BYTES, Total: size}},
-			VolumeCondition: &crustv1.VolumeCondition{Message: NotMountedMessage},
+			VolumeCondition: &crustv1.VolumeCondition{Message: msg},
 		}, nil
 	}
 	if err := m.forwarding(v); err != nil {
@@ -633,9 +649,9 @@ func (m *Manager) get(target string) *crustv1.Volume {
 }
 
 // withKataClaim returns v, or a copy carrying the claim that an unmodified Kata shim recorded in the
-// projection when v has no claim of its own.
+// projection when v has no claim of its own. A volume that has no projection has no Kata claim.
 func (m *Manager) withKataClaim(v *crustv1.Volume) *crustv1.Volume {
-	if v.GetClaim() != nil {
+	if v.GetClaim() != nil || !kata.Projects(v.GetSpec()) {
 		return v
 	}
 	target := v.GetSpec().GetVolumeTargetPath()
@@ -658,11 +674,10 @@ func (m *Manager) withKataClaim(v *crustv1.Volume) *crustv1.Volume {
 // commit makes an acknowledged change visible: the in-memory map and the watchers, in one step so that
 // watchers see changes in revision order. v == nil removes target; the event then carries before[0].
 func (m *Manager) commit(target string, v *crustv1.Volume, typ crustv1.EventType, before ...*crustv1.Volume) {
-	ev := &crustv1.WatchVolumesResponse{Type: typ, Volume: withKataCaveats(v)}
+	ev := &crustv1.WatchVolumesResponse{Type: typ, Volume: v}
 	if v == nil {
-		ev.Volume = withKataCaveats(before[0])
+		ev.Volume = before[0]
 	}
-	ev.Volume = withKataCaveats(ev.Volume)
 	m.commitEvent(target, v, ev)
 }
 
@@ -677,6 +692,7 @@ func (m *Manager) commitEvent(target string, v *crustv1.Volume, ev *crustv1.Watc
 	}
 	m.rev++
 	ev.Revision = m.rev
+	ev.Volume = withKataCaveats(ev.GetVolume())
 	m.broadcast(ev)
 }
 

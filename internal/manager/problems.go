@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -221,7 +220,12 @@ func (m *Manager) noteBadNames(target string, bad []string) {
 // directory is quarantined then, as at start. It changes nothing on disk.
 func (m *Manager) Problems(ctx context.Context) []*crustv1.Problem {
 	m.mu.RLock()
-	targets := slices.Collect(maps.Keys(m.vols))
+	var targets []string
+	for t, v := range m.vols {
+		if kata.Projects(v.GetSpec()) {
+			targets = append(targets, t)
+		}
+	}
 	m.mu.RUnlock()
 	for _, t := range targets {
 		if _, bad, err := m.cfg.Projection.SandboxIDs(t); err == nil {
@@ -242,7 +246,7 @@ func (m *Manager) recheck(ctx context.Context, target string) {
 		return
 	}
 	defer unlock()
-	if m.get(target) == nil {
+	if v := m.get(target); v == nil || !kata.Projects(v.GetSpec()) {
 		return
 	}
 	_, bad, err := m.cfg.Projection.SandboxIDs(target)

@@ -26,6 +26,7 @@ type Metrics struct {
 	gone     *prometheus.CounterVec
 	ready    atomic.Bool
 	gc       prometheus.Counter
+	decided  *prometheus.CounterVec
 }
 
 // New returns a registry with the RPC metrics and the Go and process collectors.
@@ -50,7 +51,11 @@ func New() *Metrics {
 		Name: "crust_garbage_collected_volumes_total",
 		Help: "Descriptors unstaged because the kubelet directory of their pod was gone.",
 	})
-	m.Registry.MustRegister(m.rpcs, m.duration, m.gone, m.gc, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.decided = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "crust_csi_proxy_publish_decisions_total",
+		Help: "NodePublishVolume calls of volumes that ask for deferral, as crust-csi-proxy decided them, by decision (pass-through, defer, host-mount) and volume_mode (filesystem, block).",
+	}, []string{"decision", "volume_mode"})
+	m.Registry.MustRegister(m.rpcs, m.duration, m.gone, m.gc, m.decided, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -62,6 +67,12 @@ func (m *Metrics) ObserveRPC(method, code string, d time.Duration) {
 
 // HandlerGone counts one claim ended because its handler was gone.
 func (m *Metrics) HandlerGone(why string) { m.gone.WithLabelValues(why).Inc() }
+
+// PublishDecision counts one publish of a volume that asks for deferral, as crust-csi-proxy decided it
+// (crustd counts none).
+func (m *Metrics) PublishDecision(decision, volumeMode string) {
+	m.decided.WithLabelValues(decision, volumeMode).Inc()
+}
 
 // CollectedGarbage counts n descriptors of deleted pods unstaged by the collector.
 func (m *Metrics) CollectedGarbage(n int) { m.gc.Add(float64(n)) }

@@ -83,7 +83,9 @@ type Validator struct {
 type Checked struct {
 	// Spec is a normalised copy of the request's spec: volume_type UNSPECIFIED becomes BLOCK,
 	// supplemental_group_change_policy UNSPECIFIED becomes ALWAYS when a supplemental group is set, and
-	// io_limits of zeros (no limit) is unset. The caller's spec is not modified.
+	// io_limits of zeros (no limit) is unset. volume_mode is kept as given (UNSPECIFIED is the filesystem
+	// mode), so that a spec staged again compares equal to the one stored. The caller's spec is not
+	// modified.
 	Spec *crustv1.VolumeSpec
 	// ResolvedBackingPath is the backing path with every symlink resolved; it matched the allow-list.
 	ResolvedBackingPath string
@@ -185,10 +187,11 @@ func (v *Validator) KubeletDir() string { return v.root }
 // createFilesystem metadata ("true" or "false") taken out of the metadata into create_filesystem (true
 // when either says true; "false" beside create_filesystem true is refused). A nil error
 // means every rule held: spec.volume_target_path passes TargetPath; spec.volume_backing_path passes
-// Device for the spec's volume type; fs_type, mount_flags, the supplemental group and its policy,
-// volume_id, csi_driver, pod_uid and metadata are within their allow-lists and limits; io_limits pass
-// IOLimits. Otherwise the
-// error is a *errdefs.FieldError for the first field that failed. Checks that need no file system run
+// Device for the spec's volume type; volume_mode is known; in the filesystem mode fs_type, mount_flags,
+// the supplemental group and its policy are within their allow-lists and limits, and in the raw block
+// mode they and create_filesystem are unset; volume_id, csi_driver, pod_uid and metadata are within
+// their allow-lists and limits; io_limits pass IOLimits. Otherwise the error is a *errdefs.FieldError
+// for the first field that failed. Checks that need no file system run
 // first.
 func (v *Validator) Spec(spec *crustv1.VolumeSpec) (*Checked, error) {
 	if spec == nil {
@@ -201,14 +204,23 @@ func (v *Validator) Spec(spec *crustv1.VolumeSpec) (*Checked, error) {
 	if err := v.volumeType("spec.volume_type", vt); err != nil {
 		return nil, err
 	}
-	if err := fsType("spec.fs_type", spec.GetFsType()); err != nil {
+	if err := volumeMode("spec.volume_mode", spec.GetVolumeMode(), vt); err != nil {
 		return nil, err
 	}
-	if err := mountFlags("spec.mount_flags", spec.GetMountFlags(), spec.GetReadOnly(), v.allowedOpts); err != nil {
-		return nil, err
-	}
-	if err := supplementalGroup(spec); err != nil {
-		return nil, err
+	if spec.GetVolumeMode() == crustv1.VolumeMode_VOLUME_MODE_BLOCK {
+		if err := noFilesystem(spec); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := fsType("spec.fs_type", spec.GetFsType()); err != nil {
+			return nil, err
+		}
+		if err := mountFlags("spec.mount_flags", spec.GetMountFlags(), spec.GetReadOnly(), v.allowedOpts); err != nil {
+			return nil, err
+		}
+		if err := supplementalGroup(spec); err != nil {
+			return nil, err
+		}
 	}
 	if err := volumeID("spec.volume_id", spec.GetVolumeId()); err != nil {
 		return nil, err
@@ -291,6 +303,42 @@ func (v *Validator) volumeType(field string, t crustv1.VolumeType) error {
 		return nil
 	}
 	return errdefs.Field(field, "%d is not a known volume type", int32(t))
+}
+
+// volumeMode accepts the known volume modes. Raw block is refused for a pmem volume: the handler attaches
+// pmem as guest persistent memory so that a filesystem on it gets direct access, which a raw device
+// does not use; such a device is handed over as a plain disk with volume_type VOLUME_TYPE_BLOCK.
+func volumeMode(field string, m crustv1.VolumeMode, vt crustv1.VolumeType) error {
+	switch m {
+	case crustv1.VolumeMode_VOLUME_MODE_UNSPECIFIED, crustv1.VolumeMode_VOLUME_MODE_FILESYSTEM:
+		return nil
+	case crustv1.VolumeMode_VOLUME_MODE_BLOCK:
+		if vt == crustv1.VolumeType_VOLUME_TYPE_PMEM {
+			return errdefs.Field(field, "VOLUME_MODE_BLOCK is refused for VOLUME_TYPE_PMEM: a raw pmem device is handed "+
+				"to the sandbox as a plain disk, staged with volume_type VOLUME_TYPE_BLOCK")
+		}
+		return nil
+	}
+	return errdefs.Field(field, "%d is not a known volume mode", int32(m))
+}
+
+// noFilesystem refuses, for a raw block spec, every field that describes a filesystem: the sandbox gets
+// the device itself, so there is nothing to mount, format or give a group.
+func noFilesystem(spec *crustv1.VolumeSpec) error {
+	const why = "must be unset for volume_mode VOLUME_MODE_BLOCK: the sandbox gets the raw device, with no filesystem"
+	switch {
+	case spec.GetFsType() != "":
+		return errdefs.Field("spec.fs_type", "%s (got %q)", why, spec.GetFsType())
+	case len(spec.GetMountFlags()) > 0:
+		return errdefs.Field("spec.mount_flags", "%s (got %d options; read_only is the one mode a raw volume has)", why, len(spec.GetMountFlags()))
+	case spec.GetCreateFilesystem():
+		return errdefs.Field("spec.create_filesystem", "%s to create", why)
+	case spec.VolumeSupplementalGroup != nil:
+		return errdefs.Field("spec.volume_supplemental_group", "%s to give the group (got %d)", why, spec.GetVolumeSupplementalGroup())
+	case spec.GetSupplementalGroupChangePolicy() != crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_UNSPECIFIED:
+		return errdefs.Field("spec.supplemental_group_change_policy", "%s", why)
+	}
+	return nil
 }
 
 // supplementalGroup checks volume_supplemental_group and supplemental_group_change_policy together.

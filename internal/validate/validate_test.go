@@ -116,6 +116,14 @@ func (e *env) good() *crustv1.VolumeSpec {
 	}
 }
 
+// rawBlock makes a good spec a raw block one (no filesystem fields), then applies mut.
+func rawBlock(mut func(s *crustv1.VolumeSpec)) func(s *crustv1.VolumeSpec) {
+	return func(s *crustv1.VolumeSpec) {
+		s.VolumeMode, s.FsType, s.MountFlags = crustv1.VolumeMode_VOLUME_MODE_BLOCK, "", nil
+		mut(s)
+	}
+}
+
 func ptr[T any](v T) *T { return &v }
 
 type result struct {
@@ -331,6 +339,29 @@ func TestValidate(t *testing.T) {
 			s.VolumeSupplementalGroup, s.SupplementalGroupChangePolicy = ptr[int64](1000), 9
 		}), field: sgp, reason: "9 is not a known policy"},
 
+		// ---- refused: volume mode
+		{name: "mode unknown", run: spec(func(s *crustv1.VolumeSpec) { s.VolumeMode = 7 }), field: "spec.volume_mode",
+			reason: "7 is not a known volume mode"},
+		{name: "mode block with fs type", run: spec(func(s *crustv1.VolumeSpec) {
+			s.VolumeMode, s.MountFlags = crustv1.VolumeMode_VOLUME_MODE_BLOCK, nil
+		}), field: fst, reason: `must be unset for volume_mode VOLUME_MODE_BLOCK: the sandbox gets the raw device, with no filesystem (got "ext4")`},
+		{name: "mode block with mount flags", run: spec(rawBlock(func(s *crustv1.VolumeSpec) { s.MountFlags = []string{"noatime"} })),
+			field: "spec.mount_flags", reason: "must be unset for volume_mode VOLUME_MODE_BLOCK"},
+		{name: "mode block with create_filesystem", run: spec(rawBlock(func(s *crustv1.VolumeSpec) { s.CreateFilesystem = true })),
+			field: "spec.create_filesystem", reason: "must be unset for volume_mode VOLUME_MODE_BLOCK"},
+		{name: "mode block with a group", run: spec(rawBlock(func(s *crustv1.VolumeSpec) { s.VolumeSupplementalGroup = ptr[int64](0) })),
+			field: "spec.volume_supplemental_group", reason: "must be unset for volume_mode VOLUME_MODE_BLOCK"},
+		{name: "mode block with a group policy", run: spec(rawBlock(func(s *crustv1.VolumeSpec) {
+			s.SupplementalGroupChangePolicy = crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ALWAYS
+		})), field: sgp, reason: "must be unset for volume_mode VOLUME_MODE_BLOCK"},
+		{name: "mode block of a pmem volume", run: spec(rawBlock(backing(e.blk, crustv1.VolumeType_VOLUME_TYPE_PMEM))),
+			field: "spec.volume_mode", reason: "VOLUME_MODE_BLOCK is refused for VOLUME_TYPE_PMEM"},
+		{name: "mode block still checks the device", run: spec(rawBlock(backing(e.chr, blk))), field: bp,
+			reason: "is a character device, not a block device"},
+		{name: "mode filesystem still needs an fs type", run: spec(func(s *crustv1.VolumeSpec) {
+			s.VolumeMode, s.FsType = crustv1.VolumeMode_VOLUME_MODE_FILESYSTEM, ""
+		}), field: fst, reason: "is required"},
+
 		// ---- refused: identifiers
 		{name: "volume id too long", run: spec(func(s *crustv1.VolumeSpec) { s.VolumeId = strings.Repeat("v", 257) }),
 			field: "spec.volume_id", reason: "257 bytes long; at most 256"},
@@ -476,6 +507,18 @@ func TestValidate(t *testing.T) {
 			want := &crustv1.DeviceNumber{Major: unix.Major(st.Dev), Minor: unix.Minor(st.Dev), Inode: st.Ino}
 			if !proto.Equal(c.DeviceNumber, want) || c.ResolvedBackingPath != e.image || want.Inode == 0 {
 				t.Errorf("got %v at %q, want %v at %q", c.DeviceNumber, c.ResolvedBackingPath, want, e.image)
+			}
+		}},
+		{name: "mode block, read-only", run: spec(rawBlock(func(s *crustv1.VolumeSpec) { s.ReadOnly = true })), check: func(t *testing.T, c *Checked) {
+			blockDN(0)(t, c)
+			if c.Spec.VolumeMode != crustv1.VolumeMode_VOLUME_MODE_BLOCK || c.Spec.FsType != "" || !c.Spec.ReadOnly {
+				t.Errorf("spec = %v", c.Spec)
+			}
+		}},
+		{name: "mode block of an image file", run: specFile(rawBlock(backing(e.image, crustv1.VolumeType_VOLUME_TYPE_FILE)))},
+		{name: "mode unspecified is kept", run: spec(func(*crustv1.VolumeSpec) {}), check: func(t *testing.T, c *Checked) {
+			if c.Spec.VolumeMode != crustv1.VolumeMode_VOLUME_MODE_UNSPECIFIED {
+				t.Errorf("volume_mode = %v, want it kept UNSPECIFIED", c.Spec.VolumeMode)
 			}
 		}},
 		{name: "target whose pod directory does not exist yet", run: spec(func(s *crustv1.VolumeSpec) {

@@ -235,12 +235,13 @@ type PublishOption func(*crustv1.VolumeSpec)
 
 // CreateFilesystem lets the runtime format the device inside the sandbox when it holds no filesystem.
 // Without it a blank device fails to mount there: use it when the driver does not format volumes itself.
+// It has no effect on a raw block volume (see RawBlock).
 func CreateFilesystem() PublishOption {
 	return func(s *crustv1.VolumeSpec) { s.CreateFilesystem = true }
 }
 
-// DefaultFSType is the filesystem type used when the volume capability names none (CSI leaves the
-// default to the plugin). Without it the default is DefaultFS.
+// DefaultFSType is the filesystem type used when the mount capability names none (CSI leaves the
+// default to the plugin). Without it the default is DefaultFS. It has no effect on a raw block volume.
 func DefaultFSType(fsType string) PublishOption {
 	return func(s *crustv1.VolumeSpec) {
 		if s.FsType == "" {
@@ -267,6 +268,20 @@ func FSGroupChangePolicy(p crustv1.FSGroupChangePolicy) PublishOption {
 			s.SupplementalGroupChangePolicy = p
 		}
 	}
+}
+
+// RawBlock lets Publish and StageRequest defer a volume published with a block capability
+// (volumeMode: Block) as a raw block descriptor (volume_mode VOLUME_MODE_BLOCK): the runtime handler that
+// claims it gives the sandbox the device itself at the guest path, with no filesystem. Without this
+// option a block capability is refused, since a microVM runtime can take a raw device as kubelet hands it
+// over; use it when the driver wants crust's handlers to attach the device (for their device checks,
+// one-writer rule and stats). The descriptor is a record for runtime handlers only: Publish changes
+// nothing on the node, so the driver still publishes the device at target_path as CSI asks of a block
+// volume, for kubelet and for runtimes that know nothing of crust. With a mount capability the option
+// has no effect; options that describe a filesystem (CreateFilesystem, DefaultFSType) have none on a raw
+// block volume.
+func RawBlock() PublishOption {
+	return func(s *crustv1.VolumeSpec) { s.VolumeMode = crustv1.VolumeMode_VOLUME_MODE_BLOCK }
 }
 
 // DriverName records the CSI driver's name (csi_driver); Client sets it from WithDriverName.
@@ -300,10 +315,15 @@ func Metadata(md map[string]string) PublishOption {
 //   - pod_uid and metadata come from the pod information in the volume context (PodInfo);
 //   - io_limits come from the I/O limit keys of the volume context (IOLimits), unset when there are none.
 //
-// Options apply in order after that. It fails with InvalidArgument, naming the CSI field, when req has no
-// volume_id, target_path or volume_capability, when the capability is not a mount (a raw block volume is
-// used by the sandbox as a device and needs no deferral), when the group is not a number, or when device
-// is empty; and naming the key when an I/O limit is not a whole, non-negative quantity.
+// Options apply in order after that. A block capability makes a raw block descriptor when the RawBlock
+// option is given: volume_mode VOLUME_MODE_BLOCK, read_only as above, pod information, I/O limits and the
+// options' fields, and no fs_type, mount_flags, group or create_filesystem.
+//
+// It fails with InvalidArgument, naming the CSI field, when req has no volume_id, target_path or
+// volume_capability, when the capability is neither a mount nor a block one, when it is a block one and
+// RawBlock is not given (a raw block volume is used by the sandbox as a device and needs no deferral),
+// when the group is not a number, or when device is empty; and naming the key when an I/O limit is not a
+// whole, non-negative quantity.
 func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...PublishOption) (*crustv1.StageVolumeRequest, error) {
 	if err := required("volume_id", req.GetVolumeId(), "target_path", req.GetTargetPath()); err != nil {
 		return nil, err
@@ -313,9 +333,8 @@ func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...Publ
 		return nil, status.Error(codes.InvalidArgument, "volume_capability: is required")
 	}
 	mnt := vc.GetMount()
-	if mnt == nil {
-		return nil, status.Error(codes.InvalidArgument,
-			"volume_capability: only a mount volume is deferred; publish a block volume on the host")
+	if mnt == nil && vc.GetBlock() == nil {
+		return nil, status.Error(codes.InvalidArgument, "volume_capability: has neither a mount nor a block access type")
 	}
 	if device == "" {
 		return nil, status.Error(codes.InvalidArgument, "device: is required (the block device to defer)")
@@ -324,10 +343,46 @@ func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...Publ
 		VolumeTargetPath:  req.GetTargetPath(),
 		VolumeBackingPath: device,
 		VolumeType:        crustv1.VolumeType_VOLUME_TYPE_BLOCK,
-		FsType:            mnt.GetFsType(),
 		ReadOnly:          req.GetReadonly(),
 		VolumeId:          req.GetVolumeId(),
 	}
+	pod := PodInfo(req.GetVolumeContext())
+	spec.PodUid = pod.UID
+	if md := pod.Metadata(); len(md) > 0 {
+		spec.Metadata = md
+	}
+	limits, err := IOLimits(req.GetVolumeContext())
+	if err != nil {
+		return nil, err
+	}
+	spec.IoLimits = limits
+	if mnt != nil {
+		if err := mountFields(spec, mnt); err != nil {
+			return nil, err
+		}
+	}
+	for _, opt := range opts {
+		opt(spec)
+	}
+	switch {
+	case mnt != nil:
+		spec.VolumeMode = crustv1.VolumeMode_VOLUME_MODE_UNSPECIFIED // RawBlock is for block capabilities only
+		if spec.FsType == "" {
+			spec.FsType = DefaultFS
+		}
+	case spec.VolumeMode != crustv1.VolumeMode_VOLUME_MODE_BLOCK:
+		return nil, status.Error(codes.InvalidArgument, "volume_capability: a block volume is deferred only with the "+
+			"RawBlock option; without it, publish it on the host: the runtime hands the device to the sandbox itself")
+	default:
+		spec.FsType, spec.CreateFilesystem = "", false // filesystem options mean nothing for a raw device
+	}
+	return &crustv1.StageVolumeRequest{Spec: spec}, nil
+}
+
+// mountFields sets what a mount capability says: fs type, mount flags (and read-only from a "ro" flag)
+// and the group.
+func mountFields(spec *crustv1.VolumeSpec, mnt *csi.VolumeCapability_MountVolume) error {
+	spec.FsType = mnt.GetFsType()
 	seen := map[string]bool{}
 	for _, f := range mnt.GetMountFlags() {
 		for _, one := range strings.Split(f, ",") {
@@ -353,28 +408,12 @@ func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...Publ
 	if g := mnt.GetVolumeMountGroup(); g != "" {
 		gid, err := strconv.ParseInt(g, 10, 64)
 		if err != nil {
-			return nil, status.Errorf(codes.InvalidArgument,
+			return status.Errorf(codes.InvalidArgument,
 				"volume_capability.mount.volume_mount_group: %q is not a group id", g)
 		}
 		spec.VolumeSupplementalGroup = &gid
 	}
-	limits, err := IOLimits(req.GetVolumeContext())
-	if err != nil {
-		return nil, err
-	}
-	spec.IoLimits = limits
-	pod := PodInfo(req.GetVolumeContext())
-	spec.PodUid = pod.UID
-	if md := pod.Metadata(); len(md) > 0 {
-		spec.Metadata = md
-	}
-	for _, opt := range opts {
-		opt(spec)
-	}
-	if spec.FsType == "" {
-		spec.FsType = DefaultFS
-	}
-	return &crustv1.StageVolumeRequest{Spec: spec}, nil
+	return nil
 }
 
 // required fails with InvalidArgument naming the first empty field of the name, value pairs.

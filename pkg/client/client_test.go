@@ -96,6 +96,37 @@ func TestStageRequest(t *testing.T) {
 	}
 }
 
+func blockCap() *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+}
+
+// TestStageRequestRawBlock: a block capability with RawBlock makes a raw block spec, filesystem options
+// notwithstanding; RawBlock does nothing to a mount capability.
+func TestStageRequestRawBlock(t *testing.T) {
+	req := publishReq("/t", blockCap(), map[string]string{client.PodUIDKey: "u", client.PodNameKey: "p"})
+	req.Readonly = true
+	got, err := client.StageRequest(req, "/dev/vg/lv", client.CreateFilesystem(), client.DefaultFSType("xfs"),
+		client.RawBlock(), client.DriverName("d.example.com"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &crustv1.VolumeSpec{
+		VolumeTargetPath: "/t", VolumeBackingPath: "/dev/vg/lv", VolumeType: crustv1.VolumeType_VOLUME_TYPE_BLOCK,
+		VolumeMode: crustv1.VolumeMode_VOLUME_MODE_BLOCK, ReadOnly: true, VolumeId: "vol-1", PodUid: "u",
+		CsiDriver: "d.example.com", Metadata: map[string]string{client.PodUIDKey: "u", client.PodNameKey: "p"},
+	}
+	if !proto.Equal(got.GetSpec(), want) {
+		t.Errorf("got  %v\nwant %v", got.GetSpec(), want)
+	}
+	got, err = client.StageRequest(publishReq("/t", mountCap("", nil, ""), nil), "/dev/x", client.RawBlock())
+	if err != nil || got.GetSpec().GetVolumeMode() != crustv1.VolumeMode_VOLUME_MODE_UNSPECIFIED || got.GetSpec().GetFsType() != client.DefaultFS {
+		t.Fatalf("RawBlock on a mount capability: %v, %v", got, err)
+	}
+}
+
 func TestStageRequestRefusals(t *testing.T) {
 	block := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}}
 	for _, tc := range []struct {
@@ -106,7 +137,8 @@ func TestStageRequestRefusals(t *testing.T) {
 		{"no volume id", "/dev/x", "volume_id", &csi.NodePublishVolumeRequest{TargetPath: "/t", VolumeCapability: mountCap("", nil, "")}},
 		{"no target", "/dev/x", "target_path", &csi.NodePublishVolumeRequest{VolumeId: "v", VolumeCapability: mountCap("", nil, "")}},
 		{"no capability", "/dev/x", "volume_capability", publishReq("/t", nil, nil)},
-		{"block", "/dev/x", "volume_capability", publishReq("/t", block, nil)},
+		{"block without RawBlock", "/dev/x", "volume_capability", publishReq("/t", block, nil)},
+		{"neither mount nor block", "/dev/x", "volume_capability", publishReq("/t", &csi.VolumeCapability{}, nil)},
 		{"bad group", "/dev/x", "volume_mount_group", publishReq("/t", mountCap("", nil, "wheel"), nil)},
 		{"no device", "", "device", publishReq("/t", mountCap("", nil, ""), nil)},
 	} {
@@ -216,6 +248,20 @@ func TestPublishUnpublish(t *testing.T) {
 	outside := publishReq("/elsewhere/mount", mountCap("", nil, ""), nil)
 	if _, err := c.Publish(ctx, outside, dev, fileType); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("target outside the kubelet dir: %v, want InvalidArgument", err)
+	}
+
+	// A raw block publish, when the driver asks for it, is stored in block mode.
+	rawTarget := target(t, "aaaaaaaa-0000-4000-8000-000000000003", "pv-raw")
+	if _, err := c.Publish(ctx, publishReq(rawTarget, blockCap(), nil), image(t, "raw.img"), fileType, client.RawBlock()); err != nil {
+		t.Fatalf("raw block publish: %v", err)
+	}
+	if v, err := c.Volumes().GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: rawTarget}); err != nil ||
+		v.GetVolume().GetSpec().GetVolumeMode() != crustv1.VolumeMode_VOLUME_MODE_BLOCK || v.GetVolume().GetSpec().GetFsType() != "" ||
+		len(v.GetVolume().GetKataCaveats()) != 1 {
+		t.Fatalf("raw block descriptor: %v, %v", v, err)
+	}
+	if _, err := c.Unpublish(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "vol-1", TargetPath: rawTarget}); err != nil {
+		t.Fatal(err)
 	}
 
 	ureq := &csi.NodeUnpublishVolumeRequest{VolumeId: "vol-1", TargetPath: tp}

@@ -18,6 +18,10 @@
 //		... return crust.Unpublish(ctx, req) (Stats, Expand alike), or the error
 //	}
 //
+// A raw block volume (a block capability) is left to the runtime, which takes the device kubelet maps;
+// a driver that wants crust's handlers to attach it anyway publishes it as CSI asks and deposits it
+// with the RawBlock option (Publish(ctx, req, dev, client.RawBlock())).
+//
 // Every method returns gRPC status errors whose codes are CSI's, so a driver returns them as they are:
 // InvalidArgument for a missing or bad field (the message names it), AlreadyExists for a target published
 // with other parameters, NotFound (no deferred volume of that id at that path), FailedPrecondition (a

@@ -100,12 +100,19 @@ func (c *cluster) namespace(t *testing.T) string {
 // pvc makes a PersistentVolumeClaim of the deferring class.
 func (c *cluster) pvc(t *testing.T, ns, name, size string) *corev1.PersistentVolumeClaim {
 	t.Helper()
+	return c.pvcOfMode(t, ns, name, size, nil)
+}
+
+// pvcOfMode is pvc with a volume mode (nil: the default, Filesystem).
+func (c *cluster) pvcOfMode(t *testing.T, ns, name, size string, mode *corev1.PersistentVolumeMode) *corev1.PersistentVolumeClaim {
+	t.Helper()
 	class := deferClass
 	p, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Create(ctxT(t), &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			StorageClassName: &class,
+			VolumeMode:       mode,
 			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
 		},
 	}, metav1.CreateOptions{})

@@ -708,6 +708,21 @@ func (h *hostileEnv) cases() []hostileCase {
 		stageField("fs type vfat", func(s *crustv1.VolumeSpec) { s.FsType = "vfat" }),
 		stageField("fs type with options", func(s *crustv1.VolumeSpec) { s.FsType = "ext4,dev" }),
 		stageField("fs type 1 KiB", func(s *crustv1.VolumeSpec) { s.FsType = long(1024) }),
+		stageField("volume mode 3", func(s *crustv1.VolumeSpec) { s.VolumeMode = 3 }),
+		stageField("raw block with an fs type", func(s *crustv1.VolumeSpec) { s.VolumeMode = crustv1.VolumeMode_VOLUME_MODE_BLOCK }),
+		stageField("raw block with mount flags", func(s *crustv1.VolumeSpec) {
+			s.VolumeMode, s.FsType, s.MountFlags = crustv1.VolumeMode_VOLUME_MODE_BLOCK, "", []string{"dev"}
+		}),
+		stageField("raw block formatted", func(s *crustv1.VolumeSpec) {
+			s.VolumeMode, s.FsType, s.CreateFilesystem = crustv1.VolumeMode_VOLUME_MODE_BLOCK, "", true
+		}),
+		stageField("raw block with a group", func(s *crustv1.VolumeSpec) {
+			gid := int64(0)
+			s.VolumeMode, s.FsType, s.VolumeSupplementalGroup = crustv1.VolumeMode_VOLUME_MODE_BLOCK, "", &gid
+		}),
+		stageField("raw block of a pmem volume", func(s *crustv1.VolumeSpec) {
+			s.VolumeMode, s.FsType, s.VolumeType = crustv1.VolumeMode_VOLUME_MODE_BLOCK, "", crustv1.VolumeType_VOLUME_TYPE_PMEM
+		}),
 	)
 	for _, flags := range [][]string{
 		{"bind"}, {"rbind"}, {"remount"}, {"move"}, {"make-shared"}, {"rshared"}, {"dev"}, {"suid"}, {"SUID"},

@@ -41,15 +41,19 @@
 //     target, grows the filesystem (read-write ext2/3/4 and xfs) to fill the
 //     disk when the disk is more than one block larger, and applies fs_group.
 //     Mounting the same disk on the same target again succeeds without doing
-//     anything.
+//     anything. With block set it mounts nothing: it makes a block device
+//     node of the disk at target (a raw block volume); the same node there
+//     again succeeds, anything else there is failed_precondition.
 //   - unmount: UnmountArgs; empty result. Unmounting a target that is not
-//     mounted succeeds.
+//     mounted succeeds. For a raw block volume it removes the node.
 //   - statfs: StatfsArgs; result StatfsResult: bytes and inodes, and whether
 //     the volume is abnormal (device gone, or read-only though mounted
-//     read-write). not_found when nothing is mounted on target.
+//     read-write). not_found when nothing is mounted on target. For a raw
+//     block volume: the disk's size as bytes.total, nothing else.
 //   - grow: GrowArgs; result GrowResult. Waits until the disk reports at
 //     least min_device_bytes, then grows the mounted filesystem online
-//     (resize2fs for ext2/3/4, xfs_growfs for xfs).
+//     (resize2fs for ext2/3/4, xfs_growfs for xfs). For a raw block volume
+//     there is no filesystem: the capacity is the disk's size.
 //   - exec: ExecArgs; result ExecResult. Runs argv with a timeout.
 //   - shutdown: no args; empty result. The agent answers, unmounts what it
 //     mounted, syncs and powers the VM off.

@@ -116,6 +116,12 @@ type MountArgs struct {
 	// DeviceWaitMillis bounds the wait for the disk to appear; 0 means the
 	// agent's default (10 s).
 	DeviceWaitMillis int64 `json:"device_wait_ms,omitempty"`
+	// Block exposes the disk as a raw block volume: a block device node with
+	// the disk's major:minor is made at Target (its parent directories
+	// created), and nothing is mounted. FSType, Options, FSGroup,
+	// FSGroupPolicy and CreateFilesystem must then be unset; ReadOnly makes
+	// the node mode 0440 (the disk is read-only in the VM already).
+	Block bool `json:"block,omitempty"`
 }
 
 // MountResult answers mount.

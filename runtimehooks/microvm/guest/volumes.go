@@ -34,6 +34,7 @@ type volume struct {
 	device   string // /dev/vdX
 	fsType   string
 	readOnly bool
+	block    bool // a raw block volume: a device node at the target, nothing mounted
 }
 
 // volumes mounts, measures and grows the hot-plugged disks. Mount, unmount
@@ -79,6 +80,9 @@ func checkTarget(target string) error {
 var supportedFS = map[string]bool{"ext4": true, "ext3": true, "ext2": true, "xfs": true}
 
 func (v *volumes) mount(ctx context.Context, args agentproto.MountArgs) (agentproto.MountResult, error) {
+	if args.Block {
+		return v.expose(ctx, args)
+	}
 	if args.FSType == "" {
 		args.FSType = "ext4"
 	}
@@ -425,6 +429,9 @@ func (v *volumes) unmount(target string) error {
 	}
 	v.op.Lock()
 	defer v.op.Unlock()
+	if vol := v.lookup(target); vol != nil && vol.block {
+		return v.unexpose(target)
+	}
 	if _, ok := findMount(target); !ok {
 		v.set(target, nil)
 		return nil
@@ -459,6 +466,9 @@ func (v *volumes) unmountAll() {
 func (v *volumes) statfs(target string) (agentproto.StatfsResult, error) {
 	if err := checkTarget(target); err != nil {
 		return agentproto.StatfsResult{}, err
+	}
+	if vol := v.lookup(target); vol != nil && vol.block {
+		return blockStatfs(vol), nil
 	}
 	mi, ok := findMount(target)
 	if !ok {
@@ -507,6 +517,9 @@ func (v *volumes) grow(ctx context.Context, args agentproto.GrowArgs) (agentprot
 	}
 	v.op.Lock()
 	defer v.op.Unlock()
+	if vol := v.lookup(args.Target); vol != nil && vol.block {
+		return blockGrow(ctx, vol, args)
+	}
 	mi, ok := findMount(args.Target)
 	if !ok {
 		return agentproto.GrowResult{}, agentproto.Errorf(agentproto.CodeNotFound, "nothing is mounted on %s", args.Target)

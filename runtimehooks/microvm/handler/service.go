@@ -21,7 +21,8 @@ import (
 
 // GetVolumeStats measures the volume's filesystem in the guest: bytes and inodes as CSI reports them (from
 // statfs: total, used = total - free, available to unprivileged users), and whether the volume is abnormal
-// (its disk gone, or its filesystem turned read-only under a read-write mount).
+// (its disk gone, or its filesystem turned read-only under a read-write mount). A raw block volume has one
+// bytes entry, its total the disk's size as the guest sees it, as CSI reports a block volume.
 func (s *sandbox) GetVolumeStats(ctx context.Context, r *crustv1.RuntimeHandlerServiceGetVolumeStatsRequest) (*crustv1.RuntimeHandlerServiceGetVolumeStatsResponse, error) {
 	v, err := s.volumeFor(r.GetVolumeTargetPath(), r.GetSandboxId())
 	if err != nil {
@@ -30,6 +31,12 @@ func (s *sandbox) GetVolumeStats(ctx context.Context, r *crustv1.RuntimeHandlerS
 	st, err := s.vm.Agent().Statfs(ctx, v.GuestPath)
 	if err != nil {
 		return nil, agentStatus(err)
+	}
+	if v.block {
+		return &crustv1.RuntimeHandlerServiceGetVolumeStatsResponse{
+			Usage:           []*crustv1.VolumeUsage{{Total: clamp(st.Bytes.Total), Unit: crustv1.VolumeUsage_UNIT_BYTES}},
+			VolumeCondition: &crustv1.VolumeCondition{Abnormal: st.Abnormal, Message: st.Message},
+		}, nil
 	}
 	return &crustv1.RuntimeHandlerServiceGetVolumeStatsResponse{
 		Usage: []*crustv1.VolumeUsage{
@@ -46,7 +53,8 @@ func (s *sandbox) GetVolumeStats(ctx context.Context, r *crustv1.RuntimeHandlerS
 // only when the device is larger than the guest sees it (never shrunk); the filesystem is then grown to
 // fill it. A persistent-memory volume cannot grow (UNIMPLEMENTED). A volume already large enough is grown to fill its disk, which does nothing, so repeating a
 // call is a success with the same capacity. It fails with FAILED_PRECONDITION when the device is smaller
-// than required_bytes or the volume is read-only. The capacity returned is the filesystem's total size.
+// than required_bytes or the volume is read-only. The capacity returned is the filesystem's total size, or
+// for a raw block volume the disk's size as the guest sees it.
 func (s *sandbox) ExpandVolume(ctx context.Context, r *crustv1.RuntimeHandlerServiceExpandVolumeRequest) (*crustv1.RuntimeHandlerServiceExpandVolumeResponse, error) {
 	if r.GetRequiredBytes() <= 0 || r.GetDeviceBytes() < 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "required_bytes must be positive and device_bytes not negative, got %d and %d",

@@ -61,6 +61,7 @@ type volume struct {
 	plugged  bool       // the disk may be in the VM
 	pmem     bool       // a persistent-memory volume: plugged as virtio-pmem, never unplugged
 	readOnly bool
+	block    bool // a raw block volume: a device node at the guest path, no filesystem
 	hostPath string
 	size     int64 // the disk's size as QEMU shows it to the guest
 }
@@ -205,6 +206,7 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 	}
 	v.hostPath, v.readOnly = desc.GetResolvedBackingPath(), spec.GetReadOnly()
 	v.pmem = spec.GetVolumeType() == crustv1.VolumeType_VOLUME_TYPE_PMEM
+	v.block = spec.GetVolumeMode() == crustv1.VolumeMode_VOLUME_MODE_BLOCK
 	if v.hostPath == "" {
 		v.hostPath = spec.GetVolumeBackingPath()
 	}
@@ -242,6 +244,9 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 	if spec.GetSupplementalGroupChangePolicy() == crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH {
 		args.FSGroupPolicy = agentproto.FSGroupOnRootMismatch
 	}
+	if v.block { // the device node itself at the guest path
+		args = agentproto.MountArgs{Serial: v.disk, ReadOnly: v.readOnly, Target: v.GuestPath, Block: true}
+	}
 	res, err := s.vm.Agent().Mount(ctx, args)
 	if err != nil {
 		return false, s.undo(ctx, v, fmt.Errorf("mount in the guest: %w", err))
@@ -258,7 +263,7 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 	}
 	v.mounted.Store(true)
 	attrs := []any{"device", res.Device, "disk", v.disk, "fs_type", spec.GetFsType(), "read_only", v.readOnly,
-		"formatted", res.Formatted, "took", time.Since(start).Round(time.Millisecond)}
+		"formatted", res.Formatted, "raw_block", v.block, "took", time.Since(start).Round(time.Millisecond)}
 	if len(v.also) > 0 {
 		attrs = append(attrs, "also_at", strings.Join(v.also, ","))
 	}
@@ -292,10 +297,10 @@ func (s *sandbox) undo(ctx context.Context, v *volume, cause error) error {
 	return errors.Join(cause, s.detach(ctx, v))
 }
 
-// detach unmounts v in the guest, unplugs its disk and releases its claim, each step only when the one
-// before succeeded. A persistent-memory device cannot be unplugged: once in the VM it stays there, mapping
-// its backing, and so does its claim, until the VM has stopped (teardown releases it then). The caller
-// holds v.mu.
+// detach unmounts v in the guest (removes its device node, for a raw block volume), unplugs its disk and
+// releases its claim, each step only when the one before succeeded. A persistent-memory device cannot be
+// unplugged: once in the VM it stays there, mapping its backing, and so does its claim, until the VM has
+// stopped (teardown releases it then). The caller holds v.mu.
 func (s *sandbox) detach(ctx context.Context, v *volume) error {
 	if v.plugged {
 		// Unmounting what is not mounted succeeds, so an attach cut short is covered. The further guest
