@@ -244,6 +244,11 @@ func (v *Validator) Spec(spec *crustv1.VolumeSpec) (*Checked, error) {
 	if err := IOLimits(spec.GetIoLimits(), func(f string) string { return "spec.io_limits." + f }); err != nil {
 		return nil, err
 	}
+	if vt == crustv1.VolumeType_VOLUME_TYPE_PMEM && proto.Size(spec.GetIoLimits()) > 0 {
+		// Accepting them would promise a cap nothing enforces.
+		return nil, errdefs.Field("spec.io_limits", "must be unset for VOLUME_TYPE_PMEM: the guest maps persistent "+
+			"memory and reads and writes it without block requests, so there is nothing to throttle")
+	}
 
 	if err := v.TargetPath("spec.volume_target_path", spec.GetVolumeTargetPath()); err != nil {
 		return nil, err

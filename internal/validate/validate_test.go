@@ -272,6 +272,9 @@ func TestValidate(t *testing.T) {
 			reason: "is a character device, not a block device"},
 		{name: "PMEM on a char device", run: spec(backing(e.chr, crustv1.VolumeType_VOLUME_TYPE_PMEM)), field: bp,
 			reason: "is a character device, not a block device"},
+		{name: "PMEM with I/O limits", run: spec(func(s *crustv1.VolumeSpec) {
+			s.VolumeBackingPath, s.VolumeType, s.IoLimits = e.blk, crustv1.VolumeType_VOLUME_TYPE_PMEM, &crustv1.IOLimits{TotalIops: 50}
+		}), field: "spec.io_limits", reason: "nothing to throttle"},
 		// Accepted PMEM backings are in TestPmemVolumes, which has a sysfs tree with pmem namespaces.
 		{name: "PMEM on a loop device", run: spec(backing(e.blk, crustv1.VolumeType_VOLUME_TYPE_PMEM)), field: bp,
 			reason: "is a loop device (/dev/" + filepath.Base(e.loops[0].path) + "), not persistent memory"},
