@@ -242,32 +242,31 @@ func fsAvailable(fsType string) bool {
 // waitDisk waits up to wait for the virtio disk with the given serial and
 // returns its device node.
 func waitDisk(ctx context.Context, serial string, wait time.Duration) (string, error) {
-	deadline := time.Now().Add(wait)
-	for {
-		if dev, ok := findDisk(serial); ok {
-			return dev, nil
-		}
-		if time.Now().After(deadline) {
-			return "", agentproto.Errorf(agentproto.CodeNotFound, "no disk with serial %q after %s", serial, wait)
-		}
-		select {
-		case <-ctx.Done():
-			return "", ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	return waitDevice(ctx, wait, func() (string, bool) { return findDisk(serial) },
+		func() error {
+			return agentproto.Errorf(agentproto.CodeNotFound, "no disk with serial %q after %s", serial, wait)
+		})
 }
 
 // waitPmem waits up to wait for the persistent-memory device whose region starts at guest physical
 // address addr and returns its block device node (/dev/pmemN).
 func waitPmem(ctx context.Context, addr uint64, wait time.Duration) (string, error) {
+	return waitDevice(ctx, wait, func() (string, bool) { return findPmem(addr) },
+		func() error {
+			return agentproto.Errorf(agentproto.CodeNotFound, "no persistent-memory region at %#x after %s", addr, wait)
+		})
+}
+
+// waitDevice looks for a device with find every 20 ms until it is found, wait has passed (the error
+// missing makes) or ctx ends.
+func waitDevice(ctx context.Context, wait time.Duration, find func() (string, bool), missing func() error) (string, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		if dev, ok := findPmem(addr); ok {
+		if dev, ok := find(); ok {
 			return dev, nil
 		}
 		if time.Now().After(deadline) {
-			return "", agentproto.Errorf(agentproto.CodeNotFound, "no persistent-memory region at %#x after %s", addr, wait)
+			return "", missing()
 		}
 		select {
 		case <-ctx.Done():
