@@ -576,8 +576,11 @@ func (m *Manager) recordRequested(v *crustv1.Volume, requiredBytes int64) error 
 		return errdefs.NoSpace(fmt.Errorf("store the requested size of %q: %w", target, err))
 	}
 	m.commit(target, nv, crustv1.EventType_EVENT_TYPE_EXPANDED)
-	m.log.Info("expansion before any claim recorded; the handler grows the filesystem when it mounts",
-		"target", target, "requested_bytes", requiredBytes)
+	next := "the handler grows the filesystem when it mounts"
+	if v.GetSpec().GetVolumeMode() == crustv1.VolumeMode_VOLUME_MODE_BLOCK {
+		next = "the sandbox sees the device at its new size when it is attached"
+	}
+	m.log.Info("expansion before any claim recorded; "+next, "target", target, "requested_bytes", requiredBytes)
 	return nil
 }
 
