@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"crust.dev/crust/internal/kata"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
@@ -25,7 +26,7 @@ type SandboxFinder interface {
 // volume's claim, durably, with kata and cri_discovered set; watchers get EVENT_TYPE_CLAIMED. It returns
 // the volume as it then is, or nil when it recorded nothing: the volume is claimed already or unknown,
 // discovery is off (no SandboxFinder, or no Kata projection, so no Kata runtime can use the volume),
-// the target is in no pod's directory, the pod has no Kata sandbox or more than one (a warning: which
+// the target is in no pod's directory, the volume is raw block (never projected for Kata), the pod has no Kata sandbox or more than one (a warning: which
 // one uses the volume cannot be told), the device is no longer the one staged, another sandbox writes
 // to the device, or the runtime did not answer. Stats and Expand call it before answering from the host.
 // It never holds the target's lock while the runtime is asked.
@@ -132,8 +133,13 @@ func (m *Manager) recordKataClaim(ctx context.Context, target, uid string, ids [
 }
 
 // podUID is the UID of v's pod: the one whose kubelet directory holds v's target
-// (<kubelet>/pods/<uid>/...), else the spec's pod_uid (validation made sure the two agree), else "".
+// (<kubelet>/pods/<uid>/...), else the spec's pod_uid (validation made sure the two agree), else "". It
+// is "" as well for a volume without a Kata projection (raw block): no Kata runtime takes such a
+// volume from crust, so no Kata sandbox is its claimer.
 func (m *Manager) podUID(v *crustv1.Volume) string {
+	if !kata.Projects(v.GetSpec()) {
+		return ""
+	}
 	if uid := podDirOf(m.cfg.KubeletDir, v.GetSpec().GetVolumeTargetPath()); uid != "" {
 		return uid
 	}

@@ -301,3 +301,33 @@ func TestDiscoverKataClaims(t *testing.T) {
 		t.Errorf("with every volume claimed: found %q, %d calls to the runtime", got, n.cri.Calls()-before)
 	}
 }
+
+// TestDiscoverSkipsRawBlock: a raw block volume has no Kata projection, so no Kata runtime takes it from
+// crust and the Kata sandbox of its pod is not recorded as its claim; the runtime is not even asked.
+func TestDiscoverSkipsRawBlock(t *testing.T) {
+	n := newKataNode(t, "")
+	ctx := context.Background()
+	n.runtimeRS(t, "sb-a", 1)
+	n.cri.Set(critest.Sandbox("sb-a", "pod-0", true))
+	if err := n.m.Unstage(ctx, n.tp); err != nil {
+		t.Fatal(err)
+	}
+	spec := n.spec(0, 0)
+	spec.VolumeBackingPath, spec.VolumeMode, spec.FsType, spec.MountFlags = n.dev, crustv1.VolumeMode_VOLUME_MODE_BLOCK, "", nil
+	if _, err := n.m.Stage(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	before := n.cri.Calls()
+	if _, err := n.m.Stats(ctx, n.tp); err != nil {
+		t.Fatal(err)
+	}
+	if found := n.m.DiscoverKataClaims(ctx); len(found) != 0 {
+		t.Errorf("periodic discovery recorded %q", found)
+	}
+	if v, _ := n.m.Get(ctx, n.tp); v.GetClaim() != nil {
+		t.Errorf("claim %v on a raw block volume", v.GetClaim())
+	}
+	if n.cri.Calls() != before {
+		t.Error("the runtime was asked for a raw block volume")
+	}
+}
