@@ -11,6 +11,7 @@ import (
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/runtimehooks/microvm/agentproto"
+	"crust.dev/crust/runtimehooks/microvm/vm"
 )
 
 // The sandbox serves RuntimeHandlerService, which crustd dials for the volumes this sandbox claimed.
@@ -78,7 +79,7 @@ func (s *sandbox) ExpandVolume(ctx context.Context, r *crustv1.RuntimeHandlerSer
 	start := time.Now()
 	size := r.GetDeviceBytes()
 	if size == 0 {
-		if size, err = deviceSize(v.hostPath); err != nil {
+		if size, err = vm.BackingSize(v.hostPath); err != nil {
 			return nil, status.Error(codes.Internal, err.Error())
 		}
 	}

@@ -6,9 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -215,7 +213,7 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 	}
 	// Measured before QEMU opens it: should the device grow in between, QEMU shows more than recorded,
 	// and the next expansion resizes anyway.
-	if v.size, err = deviceSize(v.hostPath); err != nil {
+	if v.size, err = vm.BackingSize(v.hostPath); err != nil {
 		return false, s.undo(ctx, v, err)
 	}
 	v.plugged = true
@@ -420,18 +418,4 @@ func checkDevice(desc *crustv1.Volume, path string) error {
 			path, major, minor, ino, want.GetMajor(), want.GetMinor(), want.GetInode())
 	}
 	return nil
-}
-
-// deviceSize is the size of a block device or image file, read without changing anything.
-func deviceSize(path string) (int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, fmt.Errorf("device size: %w", err)
-	}
-	defer func() { _ = f.Close() }()
-	n, err := f.Seek(0, io.SeekEnd)
-	if err != nil {
-		return 0, fmt.Errorf("device size of %s: %w", path, err)
-	}
-	return n, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 
@@ -172,7 +173,7 @@ func pmemBacking(path string) (size int64, persistent bool, err error) {
 		size = int64(st.Size)
 		persistent = st.Attributes_mask&unix.STATX_ATTR_DAX != 0 && st.Attributes&unix.STATX_ATTR_DAX != 0
 	case unix.S_IFBLK:
-		if size, err = deviceBytes(path); err != nil {
+		if size, err = BackingSize(path); err != nil {
 			return 0, false, err
 		}
 	default:
@@ -184,14 +185,15 @@ func pmemBacking(path string) (size int64, persistent bool, err error) {
 	return size, persistent, nil
 }
 
-// deviceBytes is the size of a block device.
-func deviceBytes(path string) (int64, error) {
+// BackingSize is the size in bytes of a disk's or persistent-memory device's backing: a block device or
+// a regular file.
+func BackingSize(path string) (int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, fmt.Errorf("vm: %w", err)
 	}
 	defer func() { _ = f.Close() }()
-	n, err := f.Seek(0, 2)
+	n, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
 		return 0, fmt.Errorf("vm: size of %s: %w", path, err)
 	}
