@@ -50,9 +50,7 @@ func newKataNode(t *testing.T, criEndpoint string) *kataNode {
 	t.Cleanup(func() { _ = finder.Close() })
 	e.sandboxes = finder
 	e.fwd = &forward.Forwarder{KataShimDirs: []string{n.goDir, n.rsDir}}
-	n.dev, _ = harness.Loop(t, 8<<20)
-	e.addReal(n.dev)
-	e.reopen()
+	n.dev, _ = e.realLoop(8 << 20)
 	spec := e.spec(0, 0)
 	spec.VolumeBackingPath = n.dev
 	if _, err := e.m.Stage(context.Background(), spec); err != nil {

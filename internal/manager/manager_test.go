@@ -22,6 +22,7 @@ import (
 	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	katafmt "crust.dev/crust/pkg/kata"
+	"crust.dev/crust/test/harness"
 )
 
 // env is a manager on real parts: store, Kata projection and validator in temp dirs, with block device
@@ -95,6 +96,16 @@ func (e *env) addReal(dev string) {
 		e.t.Fatal(err)
 	}
 	e.allow = append(e.allow, dev)
+}
+
+// realLoop attaches a loop device of size bytes, makes it known to the env's sysfs and allow-list
+// (addReal) and reopens the manager so that it can be staged; it returns the device and its image file.
+func (e *env) realLoop(size int64) (dev, img string) {
+	e.t.Helper()
+	dev, img = harness.Loop(e.t, size)
+	e.addReal(dev)
+	e.reopen()
+	return dev, img
 }
 
 // reopen starts a new manager on the same directories, as a restarted crustd would.

@@ -9,7 +9,6 @@ import (
 
 	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/test/harness"
 )
 
 // Before any sandbox claims a volume, stats answer from the device and expansion grows the host's view
@@ -17,9 +16,7 @@ import (
 func TestStatsAndExpandBeforeAnyClaim(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	dev, img := harness.Loop(t, 8<<20)
-	e.addReal(dev)
-	e.reopen()
+	dev, img := e.realLoop(8 << 20)
 	spec := e.spec(0, 0)
 	spec.VolumeBackingPath = dev
 	if _, err := e.m.Stage(ctx, spec); err != nil {

@@ -13,7 +13,6 @@ import (
 	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	katafmt "crust.dev/crust/pkg/kata"
-	"crust.dev/crust/test/harness"
 )
 
 // rawBlockSpec is e.spec(i, device) as a raw block volume.
@@ -162,9 +161,7 @@ func TestRawBlockTargetNeedsNoKataName(t *testing.T) {
 func TestRawBlockStatsBeforeAnyClaim(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	dev, _ := harness.Loop(t, 8<<20)
-	e.addReal(dev)
-	e.reopen()
+	dev, _ := e.realLoop(8 << 20)
 	spec := e.rawBlockSpec(0, 0)
 	spec.VolumeBackingPath = dev
 	if _, err := e.m.Stage(ctx, spec); err != nil {
