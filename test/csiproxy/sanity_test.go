@@ -39,12 +39,13 @@ import (
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"crust.dev/crust/examples/lvm-csi"
+	"crust.dev/crust/examples/lvm-csi/lvmtest"
+	"crust.dev/crust/internal/testutil/sandbox"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/test/csidriver"
-	"crust.dev/crust/test/csidriver/lvmtest"
-	"crust.dev/crust/test/csiproxy/sandbox"
 	"crust.dev/crust/test/csisanity/sanityrun"
+	"crust.dev/crust/test/harness"
 )
 
 // deferralExceptions lists csi-sanity tests that pass against the driver but are expected not to pass in
@@ -70,7 +71,7 @@ func runMain(m *testing.M) int {
 		fmt.Println("csiproxy: skipped, needs root (LVM on loop devices, mounts)")
 		return 0
 	}
-	root, err := sanityrun.ModuleRoot()
+	root, err := harness.FindModuleRoot()
 	if err != nil {
 		fmt.Println("go env GOMOD:", err)
 		return 1
