@@ -1,6 +1,9 @@
-// Package csidriver is crust's reference CSI driver, for tests and demonstrations (it is not shipped):
-// local LVM logical volumes in one volume group, with the Identity, Controller and Node services on one
-// unix socket, and crust's deferral through pkg/client.
+// Package csidriver is crust's reference CSI driver: local LVM logical volumes in one volume group, with
+// the Identity, Controller and Node services on one unix socket, and crust's deferral through
+// crust.dev/crust/pkg/client. It shows a driver author what taking part in crust costs (a few calls in
+// the node service), runs under crust's test tiers and csi-sanity, and ships as the image that
+// deploy/examples deploys (crust/crust-lvm-csi). It is a Go module of its own, so that its dependencies
+// (go-fuse, for the extent map) stay out of crust's.
 //
 // What it offers:
 //

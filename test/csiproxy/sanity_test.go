@@ -9,7 +9,7 @@
 //     its controller calls at crust-csi-proxy --controller, which keeps the parameter from the driver, asks
 //     for block volumes and puts the flag in the volume context, so every mount volume is staged as raw
 //     block and published deferred. Between csi-sanity and the proxy sits a stand-in for the runtime: after a NodePublishVolume
-//     that crustd now holds, a sandbox claims the volume and mounts it (test/csiproxy/sandbox), and before
+//     that crustd now holds, a sandbox claims the volume and mounts it (internal/testutil/sandbox), and before
 //     NodeUnpublishVolume it lets go, as a pod's sandbox starts after kubelet publishes and stops before
 //     kubelet unpublishes. Stats and expansion of those volumes go proxy, crustd, sandbox;
 //   - unclaimed: the deferred run with csi-sanity straight at the proxy and no sandbox ever claiming a

@@ -1,5 +1,6 @@
-// Command crust-lvm-csi runs crust's reference CSI driver (package csidriver) as a process, for manual
-// tests and demonstrations; it is not shipped. It serves until SIGINT or SIGTERM.
+// Command crust-lvm-csi runs crust's reference CSI driver (package csidriver) as a process: the binary of
+// the crust/crust-lvm-csi image that deploy/examples deploys, and of the test tiers that run the driver
+// out of process. It serves until SIGINT or SIGTERM.
 //
 //	crust-lvm-csi --endpoint /run/crust-lvm-csi/csi.sock --vg VG [--pv /dev/loop3]... [--crust-socket /run/crust/crust.sock]
 package main
