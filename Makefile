@@ -10,6 +10,8 @@ BUF     := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/buf/go.mod buf
 LINT    := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/lint/go.mod golangci-lint
 # The Go modules, tied by go.work: crust, the two reference implementations, and the tests.
 MODULES := . examples/lvm-csi examples/microvm test
+# Every package of every module, as go.work lets one command name them from the root.
+ALLPKGS := ./... $(patsubst %,./%/...,$(filter-out .,$(MODULES)))
 GOTEST  ?= $(GO) test -count=1 -timeout 40m
 GUEST   := $(OUT)/guest
 # The VM tests find the guest kernel and initramfs here.
@@ -81,12 +83,12 @@ BENCH_OPS ?= 7
 bench: deps build guest ## Run the benchmarks (side-by-side comparisons print ratios); BENCH_OPS=N ops per VM benchmark
 	hack/guest/fetch-kernel.sh --with-9p $(GUEST)
 	$(GO) run ./examples/microvm/hack/mkinitramfs -assets $(GUEST) -flavour generic -agent $(GUEST)/crust-guest
-	$(GOTEST) -run='^$$' -bench=. -benchmem $$($(GO) list ./... | grep -v '/test/bench$$')
+	$(GOTEST) -run='^$$' -bench=. -benchmem $$($(GO) list $(ALLPKGS) | grep -v '/test/bench$$')
 	$(GOTEST) -run='^$$' -bench=. -benchtime=$(BENCH_OPS)x ./test/bench
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME each (default 10s)
-	@for pkg in $$($(GO) list ./...); do \
+	@for pkg in $$($(GO) list $(ALLPKGS)); do \
 		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 			echo "== $$pkg $$f"; $(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$${FUZZTIME:-10s} $$pkg || exit 1; \
 		done; \

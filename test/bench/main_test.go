@@ -78,10 +78,11 @@ func assetsDir() string {
 	return filepath.Join(moduleRoot(), "_output", "guest")
 }
 
+// moduleRoot is the repository's root: the directory of the go.work that ties its modules.
 func moduleRoot() string {
 	dir, _ := os.Getwd()
 	for ; dir != "/"; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
 			return dir
 		}
 	}

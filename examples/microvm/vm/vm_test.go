@@ -20,7 +20,7 @@ import (
 
 // The tests here boot real QEMU guests (TCG) with the kernel and tools
 // hack/guest/fetch-kernel.sh gathers, in CRUST_GUEST_ASSETS or else
-// _output/guest at the top of the module. They build crust-guest and the
+// _output/guest at the top of the repository (beside go.work). They build crust-guest and the
 // initramfs themselves, once.
 
 var (
@@ -45,7 +45,7 @@ func assetsDir() string {
 	}
 	dir, _ := os.Getwd()
 	for ; dir != "/"; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
 			return filepath.Join(dir, "_output", "guest")
 		}
 	}
