@@ -5,8 +5,13 @@ SHELL := /bin/bash
 GO      ?= go
 BIN     := $(CURDIR)/bin
 OUT     := $(CURDIR)/_output
-BUF     := $(GO) tool -modfile=tools/buf/go.mod buf
-LINT    := $(GO) tool -modfile=tools/lint/go.mod golangci-lint
+# The tools have go.mod files of their own, which -modfile names; workspace mode (go.work) refuses -modfile.
+BUF     := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/buf/go.mod buf
+LINT    := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/lint/go.mod golangci-lint
+# The Go modules, tied by go.work: crust, the two reference implementations, and the tests.
+MODULES := . examples/lvm-csi examples/microvm test
+# Every package of every module, as go.work lets one command name them from the root.
+ALLPKGS := ./... $(patsubst %,./%/...,$(filter-out .,$(MODULES)))
 GOTEST  ?= $(GO) test -count=1 -timeout 40m
 GUEST   := $(OUT)/guest
 # The VM tests find the guest kernel and initramfs here.
@@ -29,8 +34,8 @@ deps: ## Install the Debian packages the tests need (as root; skipped when prese
 	fi
 
 .PHONY: build
-build: ## Build every binary into bin/
-	$(GO) build -o $(BIN)/ ./cmd/...
+build: ## Build every binary of every module into bin/
+	$(GO) build -o $(BIN)/ ./cmd/... ./examples/lvm-csi/cmd/... ./examples/microvm/cmd/... ./test/cluster/cmd/...
 
 .PHONY: images
 images: ## Build the OCI image archives (crustd, the CSI proxy, the reference driver, the registrar, the sidecars, busybox, pause) into _output/images
@@ -48,8 +53,8 @@ cluster-down: ## Remove everything cluster-up made: processes, mounts, loop devi
 .PHONY: guest
 guest: deps ## Fetch the guest kernel (Debian's cloud kernel) and build the guest initramfs, cached in _output/guest
 	hack/guest/fetch-kernel.sh $(GUEST)
-	CGO_ENABLED=0 $(GO) build -o $(GUEST)/crust-guest ./cmd/crust-guest
-	$(GO) run ./hack/guest/mkinitramfs -assets $(GUEST) -flavour cloud -agent $(GUEST)/crust-guest
+	CGO_ENABLED=0 $(GO) build -o $(GUEST)/crust-guest ./examples/microvm/cmd/crust-guest
+	$(GO) run ./examples/microvm/hack/mkinitramfs -assets $(GUEST) -flavour cloud -agent $(GUEST)/crust-guest
 
 .PHONY: generate
 generate: ## Regenerate the Go code from proto/ (buf, pinned local plugins)
@@ -60,16 +65,16 @@ check-generated: generate ## Fail when the committed generated code differs from
 	git diff --exit-code -- pkg/api
 
 .PHONY: lint
-lint: ## buf lint and format, golangci-lint, go vet
+lint: ## buf lint and format, golangci-lint and go vet of every module
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
-	$(LINT) run ./...
+	@set -e; for m in $(MODULES); do echo "== lint $$m"; (cd $$m && $(LINT) run ./... && $(GO) vet ./...); done
 
 .PHONY: test
 test: deps build guest ## Run every test tier (unit, root on loop devices, e2e, csi-sanity, the real cluster); does its own set-up
 	@# One package at a time: the VM, LVM and csi-sanity tiers each want both cores, and csi-sanity's
 	@# per-call deadlines are not made for a machine shared with a booting guest.
-	$(GOTEST) -p 1 ./...
+	@set -e; for m in $(MODULES); do echo "== test $$m"; (cd $$m && $(GOTEST) -p 1 ./...); done
 
 # Ops per VM benchmark (test/bench): each op takes seconds under TCG, so they run a fixed count.
 BENCH_OPS ?= 7
@@ -77,13 +82,13 @@ BENCH_OPS ?= 7
 .PHONY: bench
 bench: deps build guest ## Run the benchmarks (side-by-side comparisons print ratios); BENCH_OPS=N ops per VM benchmark
 	hack/guest/fetch-kernel.sh --with-9p $(GUEST)
-	$(GO) run ./hack/guest/mkinitramfs -assets $(GUEST) -flavour generic -agent $(GUEST)/crust-guest
-	$(GOTEST) -run='^$$' -bench=. -benchmem $$($(GO) list ./... | grep -v '/test/bench$$')
+	$(GO) run ./examples/microvm/hack/mkinitramfs -assets $(GUEST) -flavour generic -agent $(GUEST)/crust-guest
+	$(GOTEST) -run='^$$' -bench=. -benchmem $$($(GO) list $(ALLPKGS) | grep -v '/test/bench$$')
 	$(GOTEST) -run='^$$' -bench=. -benchtime=$(BENCH_OPS)x ./test/bench
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME each (default 10s)
-	@for pkg in $$($(GO) list ./...); do \
+	@for pkg in $$($(GO) list $(ALLPKGS)); do \
 		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 			echo "== $$pkg $$f"; $(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$${FUZZTIME:-10s} $$pkg || exit 1; \
 		done; \

@@ -7,7 +7,7 @@
 #
 # It is idempotent: packages are cached under OUTDIR/debs and each part is
 # redone only when its package version changed or its files are missing.
-# Layout it produces (read by runtimehooks/microvm/initramfs.LoadAssets):
+# Layout it produces (read by examples/microvm/initramfs.LoadAssets):
 #
 #   OUTDIR/cloud/vmlinuz        linux-image-cloud-amd64's kernel
 #   OUTDIR/cloud/modules/*.ko   the modules the guest needs, dependencies included

@@ -57,7 +57,7 @@ var specs = []spec{
 		short: "crust-lvm-csi", repo: "localhost/crust/crust-lvm-csi",
 		entrypoint: []string{"/usr/local/bin/crust-lvm-csi"},
 		fill: func(b *builder, t *fsTree) error {
-			if err := b.goBinaries(t, "/usr/local/bin", "./test/csidriver/cmd/crust-lvm-csi"); err != nil {
+			if err := b.goBinaries(t, "/usr/local/bin", "./examples/lvm-csi/cmd/crust-lvm-csi"); err != nil {
 				return err
 			}
 			return hostTools(t, append([]string{"lvm"}, mountTools...)...)

@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"crust.dev/crust/internal/errdefs"
-	"crust.dev/crust/pkg/kata/katatest"
-	"crust.dev/crust/test/critest"
-	"crust.dev/crust/test/harness"
+	"crust.dev/crust/internal/testutil"
+	"crust.dev/crust/internal/testutil/critest"
+	"crust.dev/crust/internal/testutil/katatest"
 )
 
 func newFinder(t *testing.T, endpoint string, dirs ...string) *Finder {
@@ -34,7 +34,7 @@ func TestKataSandboxes(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to give files to another user")
 	}
-	root := harness.SocketDir(t)
+	root := testutil.SocketDir(t)
 	goDir, rsDir := filepath.Join(root, "sbs"), filepath.Join(root, "kata")
 	cri := (&critest.Server{}).Start(t, filepath.Join(root, "cri.sock"))
 	f := newFinder(t, cri.Endpoint(), goDir, rsDir)
@@ -86,7 +86,7 @@ func TestKataSandboxes(t *testing.T) {
 // TestNoRuntime: a CRI socket that is absent is an Unavailable error at once; one that does not
 // answer is the same error after the timeout, not later.
 func TestNoRuntime(t *testing.T) {
-	root := harness.SocketDir(t)
+	root := testutil.SocketDir(t)
 	ctx := context.Background()
 	f := newFinder(t, "unix://"+filepath.Join(root, "none.sock"))
 	t0 := time.Now()

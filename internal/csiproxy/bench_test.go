@@ -7,7 +7,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
-	"crust.dev/crust/test/csiproxy/sandbox"
+	"crust.dev/crust/internal/testutil/sandbox"
 )
 
 // BenchmarkProxyOverhead runs the same calls side by side straight to the reference driver and through the

@@ -3,11 +3,14 @@ package csiproxy
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,14 +18,13 @@ import (
 	"google.golang.org/grpc"
 
 	"crust.dev/crust/internal/daemon"
+	"crust.dev/crust/internal/testutil"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/test/csidriver"
-	"crust.dev/crust/test/csidriver/lvmtest"
 )
 
 // env is a node for integration tests: a throw-away volume group, the reference LVM driver (deferral
-// off: it is the unmodified driver behind the proxy) on its socket, crustd in this process, and a
+// off: it is the unmodified driver behind the proxy) on its socket as a process of its own, crustd in this process, and a
 // kubelet-shaped directory tree. It needs root.
 type env struct {
 	t                                testing.TB
@@ -64,29 +66,106 @@ func newEnv(t testing.TB) *env {
 	if err := os.MkdirAll(filepath.Join(e.kubelet, "pods"), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	vg := lvmtest.New(t, 1<<30)
-	stop, err := csidriver.Start(e.driverSock, csidriver.Config{VG: vg.Name, Devices: []string{vg.Device},
-		StateDir: filepath.Join(root, "driver"), Log: e.log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := stop(); err != nil {
-			t.Errorf("stop driver: %v", err)
-		}
-	})
+	e.startDriver(1 << 30)
 	e.startCrustd()
 	if e.driverConn, err = client.Dial(e.driverSock); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.driverConn.Close() })
 	e.ctrl = csi.NewControllerClient(e.driverConn)
-	info, err := csi.NewIdentityClient(e.driverConn).GetPluginInfo(context.Background(), &csi.GetPluginInfoRequest{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// The driver is ready once it answers; WaitForReady waits on its socket, not on the clock.
+	info, err := csi.NewIdentityClient(e.driverConn).GetPluginInfo(ctx, &csi.GetPluginInfoRequest{}, grpc.WaitForReady(true))
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.driverName = info.GetName()
 	return e
+}
+
+// lvmConfig keeps LVM to the one loop device and away from udev and metadata backups, as the driver
+// does.
+func lvmConfig(dev string) string {
+	return `devices { use_devicesfile=0 obtain_device_list_from_udev=0 external_device_info_source="none" ` +
+		`scan_lvs=0 global_filter=["a|^` + dev + `$|","r|.*|"] } ` +
+		`activation { udev_sync=0 udev_rules=0 verify_udev_operations=1 monitoring=0 } backup { backup=0 archive=0 }`
+}
+
+func lvmRun(dev string, args ...string) error {
+	c := exec.Command("lvm", append([]string{args[0], "--config", lvmConfig(dev)}, args[1:]...)...)
+	c.Env = append(os.Environ(), "LVM_SUPPRESS_FD_WARNINGS=1", "DM_DISABLE_UDEV=1")
+	if out, err := c.CombinedOutput(); err != nil {
+		return fmt.Errorf("lvm %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+var driverBuild struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+// driverBinary builds the reference LVM driver once per test binary. It lives in its own Go module
+// (examples/lvm-csi, with dependencies this module does not take), which the repository's go.work brings
+// into reach.
+func driverBinary(t testing.TB) string {
+	t.Helper()
+	driverBuild.once.Do(func() {
+		dir, err := os.MkdirTemp("", "csiproxy-driver")
+		if err != nil {
+			driverBuild.err = err
+			return
+		}
+		driverBuild.dir, driverBuild.bin = dir, filepath.Join(dir, "crust-lvm-csi")
+		out, err := exec.Command("go", "build", "-o", driverBuild.bin,
+			"crust.dev/crust/examples/lvm-csi/cmd/crust-lvm-csi").CombinedOutput()
+		if err != nil {
+			driverBuild.err = fmt.Errorf("build crust-lvm-csi: %v\n%s", err, out)
+		}
+	})
+	if driverBuild.err != nil {
+		t.Fatal(driverBuild.err)
+	}
+	return driverBuild.bin
+}
+
+// startDriver makes a volume group of size bytes on a loop device and runs the reference LVM driver on
+// it, at e.driverSock, until the test ends; the volume group goes at cleanup with whatever it holds.
+func (e *env) startDriver(size int64) {
+	t := e.t
+	t.Helper()
+	bin := driverBinary(t)
+	dev, _ := testutil.Loop(t, size)
+	vg := "crust-" + strings.TrimPrefix(filepath.Base(e.root), "csiproxy")
+	for _, args := range [][]string{{"pvcreate", "--yes", dev}, {"vgcreate", "--yes", vg, dev}} {
+		if err := lvmRun(dev, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, args := range [][]string{{"vgremove", "--yes", "--force", "--", vg}, {"pvremove", "--yes", dev}} {
+			if err := lvmRun(dev, args...); err != nil {
+				t.Errorf("cleanup: %v", err)
+			}
+		}
+	})
+	cmd := exec.Command(bin, "--endpoint", e.driverSock, "--vg", vg, "--pv", dev,
+		"--state-dir", filepath.Join(e.root, "driver"), "--log-level", "debug")
+	if os.Getenv("CSIPROXY_TEST_LOG") != "" {
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("stop driver: %v", err)
+		}
+	})
 }
 
 // startCrustd runs crustd in this process until the test ends.

@@ -19,8 +19,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"crust.dev/crust/internal/testutil/sandbox"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/test/csiproxy/sandbox"
 )
 
 func xfsCap(group string) *csi.VolumeCapability {

@@ -20,8 +20,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"crust.dev/crust/internal/recordfile"
+	"crust.dev/crust/internal/testutil/sandbox"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/test/csiproxy/sandbox"
 )
 
 // The calls a kill may interrupt, and the sandbox's steps between them.

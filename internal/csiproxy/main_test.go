@@ -32,7 +32,11 @@ func TestMain(m *testing.M) {
 	}
 	klog.LogToStderr(false) // mount-utils' klog lines; the tests' own logs say what matters
 	klog.SetOutput(discard{})
-	os.Exit(m.Run())
+	code := m.Run()
+	if driverBuild.dir != "" {
+		_ = os.RemoveAll(driverBuild.dir)
+	}
+	os.Exit(code)
 }
 
 type discard struct{}

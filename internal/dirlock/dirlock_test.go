@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"crust.dev/crust/pkg/safedir/safedirtest"
+	"crust.dev/crust/internal/testutil/safedirtest"
 )
 
 func TestAcquire(t *testing.T) {

@@ -15,9 +15,9 @@ import (
 
 	"crust.dev/crust/internal/errdefs"
 	kataproj "crust.dev/crust/internal/kata"
+	"crust.dev/crust/internal/testutil/katatest"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/kata"
-	"crust.dev/crust/pkg/kata/katatest"
 )
 
 // kataDirs returns stand-ins for the Go runtime's and runtime-rs's sandbox directories, under a short root

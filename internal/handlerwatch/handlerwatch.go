@@ -19,7 +19,7 @@
 //
 // Each release is logged, counted in crust_handler_claims_released_total{why} and sent to watchers as
 // EVENT_TYPE_RELEASED with RELEASE_REASON_HANDLER_GONE and a detail saying why. A handler that is in fact
-// alive claims again (runtimehooks.Client.KeepClaims does that).
+// alive claims again (handler.Client.KeepClaims in pkg/handler does that).
 package handlerwatch
 
 import (

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"crust.dev/crust/internal/crisandbox"
-	"crust.dev/crust/pkg/kata/katatest"
-	"crust.dev/crust/test/critest"
-	"crust.dev/crust/test/harness"
+	"crust.dev/crust/internal/testutil"
+	"crust.dev/crust/internal/testutil/critest"
+	"crust.dev/crust/internal/testutil/katatest"
 )
 
 // TestProbe takes only a refusal for a dead endpoint: a missing socket, a socket file nobody listens on
@@ -57,7 +57,7 @@ func TestProbe(t *testing.T) {
 // its Kata shim accepts connections and the runtime (a real gRPC server on a unix socket) no longer
 // lists it as ready; a runtime that does not answer proves nothing.
 func TestSandboxGone(t *testing.T) {
-	root := harness.SocketDir(t)
+	root := testutil.SocketDir(t)
 	goDir, rsDir := filepath.Join(root, "sbs"), filepath.Join(root, "kata")
 	cri := (&critest.Server{}).Start(t, filepath.Join(root, "cri.sock"))
 	finder := func(endpoint string) *Watcher {

@@ -5,12 +5,12 @@ import (
 	"path/filepath"
 	"testing"
 
+	"crust.dev/crust/internal/testutil"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/test/harness"
 )
 
 func TestRefreshSeesAGrownLoopDevice(t *testing.T) {
-	dev, img := harness.Loop(t, 8<<20)
+	dev, img := testutil.Loop(t, 8<<20)
 
 	for _, tc := range []struct {
 		name  string

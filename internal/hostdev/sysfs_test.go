@@ -12,14 +12,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"crust.dev/crust/internal/hostdev/sysfstree"
-	"crust.dev/crust/test/harness"
+	"crust.dev/crust/internal/testutil"
 )
 
 // TestBlockOnThisHost asks the real sysfs about real devices: an attached loop device, the host's other
 // disks where there are some, and a number no device has. (This kernel finds no partitions on loop
 // devices, so partitions are covered by TestBlockKinds.)
 func TestBlockOnThisHost(t *testing.T) {
-	dev, _ := harness.Loop(t, 1<<20)
+	dev, _ := testutil.Loop(t, 1<<20)
 	name := strings.TrimPrefix(dev, "/dev/")
 
 	number := func(p string) (uint32, uint32) {

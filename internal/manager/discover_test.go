@@ -16,11 +16,11 @@ import (
 	"crust.dev/crust/internal/crisandbox"
 	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/forward"
+	"crust.dev/crust/internal/testutil"
+	"crust.dev/crust/internal/testutil/critest"
+	"crust.dev/crust/internal/testutil/katatest"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	katafmt "crust.dev/crust/pkg/kata"
-	"crust.dev/crust/pkg/kata/katatest"
-	"crust.dev/crust/test/critest"
-	"crust.dev/crust/test/harness"
 )
 
 // kataNode is an env whose manager finds Kata sandboxes through a real CRI gRPC server (critest, on a
@@ -37,7 +37,7 @@ type kataNode struct {
 func newKataNode(t *testing.T, criEndpoint string) *kataNode {
 	t.Helper()
 	e := newEnv(t)
-	root := harness.SocketDir(t)
+	root := testutil.SocketDir(t)
 	n := &kataNode{env: e, goDir: filepath.Join(root, "sbs"), rsDir: filepath.Join(root, "kata"), finderTimeout: 300 * time.Millisecond}
 	n.cri = (&critest.Server{}).Start(t, filepath.Join(root, "cri.sock"))
 	if criEndpoint == "" {
@@ -234,7 +234,7 @@ func TestDiscoverNothing(t *testing.T) {
 // TestDiscoverWithoutRuntime: with no CRI socket, or one that never answers, stats answer from the host
 // as before, within the finder's timeout, and nothing is recorded.
 func TestDiscoverWithoutRuntime(t *testing.T) {
-	root := harness.SocketDir(t)
+	root := testutil.SocketDir(t)
 	mute, err := net.Listen("unix", filepath.Join(root, "mute.sock"))
 	if err != nil {
 		t.Fatal(err)

@@ -19,10 +19,10 @@ import (
 	"crust.dev/crust/internal/hostdev/sysfstree"
 	"crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/store"
+	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	katafmt "crust.dev/crust/pkg/kata"
-	"crust.dev/crust/test/harness"
 )
 
 // env is a manager on real parts: store, Kata projection and validator in temp dirs, with block device
@@ -102,7 +102,7 @@ func (e *env) addReal(dev string) {
 // (addReal) and reopens the manager so that it can be staged; it returns the device and its image file.
 func (e *env) realLoop(size int64) (dev, img string) {
 	e.t.Helper()
-	dev, img = harness.Loop(e.t, size)
+	dev, img = testutil.Loop(e.t, size)
 	e.addReal(dev)
 	e.reopen()
 	return dev, img

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"crust.dev/crust/internal/errdefs"
-	"crust.dev/crust/pkg/safedir/safedirtest"
+	"crust.dev/crust/internal/testutil/safedirtest"
 )
 
 // TestPlantedLinksInTheStateDir: a symbolic link at the place of the state directory or of one of its

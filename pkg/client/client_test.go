@@ -15,7 +15,7 @@ import (
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/runtimehooks"
+	"crust.dev/crust/pkg/handler"
 )
 
 func mountCap(fs string, flags []string, group string) *csi.VolumeCapability {
@@ -283,14 +283,14 @@ func TestPublishUnpublish(t *testing.T) {
 	}
 }
 
-// handler is a runtime handler that answers from fixed numbers.
-type handler struct {
+// fixedHandler is a runtime handler that answers from fixed numbers.
+type fixedHandler struct {
 	crustv1.UnimplementedRuntimeHandlerServiceServer
 	abnormal bool
 	capacity int64
 }
 
-func (h *handler) GetVolumeStats(context.Context, *crustv1.RuntimeHandlerServiceGetVolumeStatsRequest) (*crustv1.RuntimeHandlerServiceGetVolumeStatsResponse, error) {
+func (h *fixedHandler) GetVolumeStats(context.Context, *crustv1.RuntimeHandlerServiceGetVolumeStatsRequest) (*crustv1.RuntimeHandlerServiceGetVolumeStatsResponse, error) {
 	r := &crustv1.RuntimeHandlerServiceGetVolumeStatsResponse{Usage: []*crustv1.VolumeUsage{
 		{Available: 70, Total: 100, Used: 30, Unit: crustv1.VolumeUsage_UNIT_BYTES},
 		{Available: 9, Total: 10, Used: 1, Unit: crustv1.VolumeUsage_UNIT_INODES},
@@ -301,7 +301,7 @@ func (h *handler) GetVolumeStats(context.Context, *crustv1.RuntimeHandlerService
 	return r, nil
 }
 
-func (h *handler) ExpandVolume(_ context.Context, r *crustv1.RuntimeHandlerServiceExpandVolumeRequest) (*crustv1.RuntimeHandlerServiceExpandVolumeResponse, error) {
+func (h *fixedHandler) ExpandVolume(_ context.Context, r *crustv1.RuntimeHandlerServiceExpandVolumeRequest) (*crustv1.RuntimeHandlerServiceExpandVolumeResponse, error) {
 	if r.GetRequiredBytes() > 48<<20 {
 		return nil, status.Error(codes.OutOfRange, "the sandbox refuses")
 	}
@@ -337,13 +337,13 @@ func TestStatsHealthExpandForwarded(t *testing.T) {
 		t.Fatalf("requested_bytes after expand before a claim: %v, %v; want %d", v, err, 32<<20)
 	}
 
-	h := &handler{capacity: 16 << 20}
-	stop, endpoint, err := runtimehooks.ServeHandler(filepath.Join(t.TempDir(), "h.sock"), h)
+	h := &fixedHandler{capacity: 16 << 20}
+	stop, endpoint, err := handler.ServeHandler(filepath.Join(t.TempDir(), "h.sock"), h)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stop()
-	rt, err := runtimehooks.Dial(socket)
+	rt, err := handler.Dial(socket)
 	if err != nil {
 		t.Fatal(err)
 	}

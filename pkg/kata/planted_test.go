@@ -7,8 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"crust.dev/crust/internal/testutil/safedirtest"
 	"crust.dev/crust/pkg/safedir"
-	"crust.dev/crust/pkg/safedir/safedirtest"
 )
 
 // plantedInfo is what a planted target holds: a valid mount info naming another device, so that a read

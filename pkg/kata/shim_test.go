@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/pkg/kata/katatest"
+	"crust.dev/crust/internal/testutil/katatest"
 )
 
 // shimDirs returns a Go-runtime and a runtime-rs directory under a short temporary root: a unix socket

@@ -10,7 +10,7 @@ import (
 	"slices"
 	"testing"
 
-	"crust.dev/crust/pkg/kata/katatest"
+	"crust.dev/crust/internal/testutil/katatest"
 )
 
 type vector struct{ katatest.Vector }

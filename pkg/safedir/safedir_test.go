@@ -8,8 +8,8 @@ import (
 	"syscall"
 	"testing"
 
+	"crust.dev/crust/internal/testutil/safedirtest"
 	"crust.dev/crust/pkg/safedir"
-	"crust.dev/crust/pkg/safedir/safedirtest"
 )
 
 // planted makes a directory holding a link to a directory outside, a link to a file outside, a regular

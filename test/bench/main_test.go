@@ -42,9 +42,9 @@ import (
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"crust.dev/crust/examples/microvm/initramfs"
+	"crust.dev/crust/examples/microvm/vm"
 	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/runtimehooks/microvm/initramfs"
-	"crust.dev/crust/runtimehooks/microvm/vm"
 )
 
 func TestMain(m *testing.M) {
@@ -78,10 +78,11 @@ func assetsDir() string {
 	return filepath.Join(moduleRoot(), "_output", "guest")
 }
 
+// moduleRoot is the repository's root: the directory of the go.work that ties its modules.
 func moduleRoot() string {
 	dir, _ := os.Getwd()
 	for ; dir != "/"; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
 			return dir
 		}
 	}
@@ -110,7 +111,7 @@ func buildBinaries(b *testing.B) {
 		root := moduleRoot()
 		for _, c := range []*exec.Cmd{
 			exec.Command("go", "build", "-o", build.dir+"/", "crust.dev/crust/cmd/crustd"),
-			exec.Command("go", "build", "-o", build.dir+"/", "crust.dev/crust/cmd/crust-guest"),
+			exec.Command("go", "build", "-o", build.dir+"/", "crust.dev/crust/examples/microvm/cmd/crust-guest"),
 		} {
 			c.Dir = root
 			c.Env = append(os.Environ(), "CGO_ENABLED=0")

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/runtimehooks/microvm/agentproto"
-	"crust.dev/crust/runtimehooks/microvm/vm"
+	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/vm"
 )
 
 const (

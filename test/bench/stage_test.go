@@ -9,13 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/handler"
+	"crust.dev/crust/examples/microvm/vm"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/runtimehooks/microvm/agentproto"
-	"crust.dev/crust/runtimehooks/microvm/handler"
-	"crust.dev/crust/runtimehooks/microvm/vm"
 )
 
-// The handler's log messages the benchmark follows (runtimehooks/microvm/handler).
+// The handler's log messages the benchmark follows (examples/microvm/handler).
 const (
 	msgReady      = "ready"
 	msgWaiting    = "nothing staged at the target yet; waiting for it"

@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"crust.dev/crust/runtimehooks/microvm/agentproto"
-	"crust.dev/crust/runtimehooks/microvm/vm"
+	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/vm"
 )
 
 const (

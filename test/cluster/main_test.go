@@ -94,7 +94,7 @@ func runMain(m *testing.M) (code int) {
 		return 1
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	build := exec.Command("go", "build", "-o", dir+"/", "crust.dev/crust/cmd/crust-microvm")
+	build := exec.Command("go", "build", "-o", dir+"/", "crust.dev/crust/examples/microvm/cmd/crust-microvm")
 	build.Dir, build.Stdout, build.Stderr = root, os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Println("cluster: build:", err)

@@ -9,7 +9,7 @@
 //     its controller calls at crust-csi-proxy --controller, which keeps the parameter from the driver, asks
 //     for block volumes and puts the flag in the volume context, so every mount volume is staged as raw
 //     block and published deferred. Between csi-sanity and the proxy sits a stand-in for the runtime: after a NodePublishVolume
-//     that crustd now holds, a sandbox claims the volume and mounts it (test/csiproxy/sandbox), and before
+//     that crustd now holds, a sandbox claims the volume and mounts it (internal/testutil/sandbox), and before
 //     NodeUnpublishVolume it lets go, as a pod's sandbox starts after kubelet publishes and stops before
 //     kubelet unpublishes. Stats and expansion of those volumes go proxy, crustd, sandbox;
 //   - unclaimed: the deferred run with csi-sanity straight at the proxy and no sandbox ever claiming a
@@ -39,12 +39,13 @@ import (
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"crust.dev/crust/examples/lvm-csi"
+	"crust.dev/crust/examples/lvm-csi/lvmtest"
+	"crust.dev/crust/internal/testutil/sandbox"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/test/csidriver"
-	"crust.dev/crust/test/csidriver/lvmtest"
-	"crust.dev/crust/test/csiproxy/sandbox"
 	"crust.dev/crust/test/csisanity/sanityrun"
+	"crust.dev/crust/test/harness"
 )
 
 // deferralExceptions lists csi-sanity tests that pass against the driver but are expected not to pass in
@@ -70,7 +71,7 @@ func runMain(m *testing.M) int {
 		fmt.Println("csiproxy: skipped, needs root (LVM on loop devices, mounts)")
 		return 0
 	}
-	root, err := sanityrun.ModuleRoot()
+	root, err := harness.FindModuleRoot()
 	if err != nil {
 		fmt.Println("go env GOMOD:", err)
 		return 1

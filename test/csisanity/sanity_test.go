@@ -16,10 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/examples/lvm-csi"
+	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/test/csidriver"
-	"crust.dev/crust/test/csidriver/lvmtest"
 	"crust.dev/crust/test/csisanity/sanityrun"
+	"crust.dev/crust/test/harness"
 )
 
 // Sizes: whole 4 MiB extents, so that the capacities the driver returns are the ones csi-sanity asks for.
@@ -57,7 +58,7 @@ func TestCSISanity(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: LVM on a loop device, mounts")
 	}
-	root, err := sanityrun.ModuleRoot()
+	root, err := harness.FindModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,7 @@ import (
 var crustImages = map[string]string{
 	"crust/crustd":          "crustd",
 	"crust/crust-csi-proxy": "crust-csi-proxy",
-	"crust/crust-lvm-csi":   "crust-lvm-csi", // test/csidriver/cmd/crust-lvm-csi
+	"crust/crust-lvm-csi":   "crust-lvm-csi", // examples/lvm-csi/cmd/crust-lvm-csi
 }
 
 // upstreamImages are the images of deploy/ that this tree does not build (the Kubernetes CSI sidecars);

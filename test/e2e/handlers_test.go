@@ -11,7 +11,7 @@ import (
 	"time"
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/runtimehooks"
+	"crust.dev/crust/pkg/handler"
 )
 
 // TestDeadHandlerReleased runs crustd with --handler-grace 3s and two runtime handlers served by the test
@@ -22,7 +22,7 @@ import (
 //     endpoint refuses too (why=process_exited);
 //   - a claim whose claiming process lives (the test) is released once its endpoint has refused for the
 //     whole grace, not before (why=endpoint_refused); the handler, alive, sees the release
-//     (RELEASE_REASON_HANDLER_GONE with a detail) and claims again through runtimehooks.KeepClaims, and
+//     (RELEASE_REASON_HANDLER_GONE with a detail) and claims again through handler.KeepClaims, and
 //     the claim then stays while the endpoint answers;
 //   - each release is a log line and counts in crust_handler_claims_released_total{why}.
 func TestDeadHandlerReleased(t *testing.T) {
@@ -41,7 +41,7 @@ func TestDeadHandlerReleased(t *testing.T) {
 			t.Fatalf("stage: exit %d: %s", code, errOut)
 		}
 	}
-	rt, err := runtimehooks.Dial(d.socket)
+	rt, err := handler.Dial(d.socket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestDeadHandlerReleased(t *testing.T) {
 	}
 	sockDir := t.TempDir()
 	serve := func(name string) func() {
-		stop, _, err := runtimehooks.ServeHandler(filepath.Join(sockDir, name), crustv1.UnimplementedRuntimeHandlerServiceServer{})
+		stop, _, err := handler.ServeHandler(filepath.Join(sockDir, name), crustv1.UnimplementedRuntimeHandlerServiceServer{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,10 +110,10 @@ func TestDeadHandlerReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitEvent(crustv1.EventType_EVENT_TYPE_CLAIMED, alive, 10*time.Second)
-	reclaims := make(chan runtimehooks.Reclaim, 10)
+	reclaims := make(chan handler.Reclaim, 10)
 	go func() {
 		_ = rt.KeepClaims(ctx, "sb-alive", endpoint, func(target string) bool { return target == alive },
-			func(r runtimehooks.Reclaim) { reclaims <- r })
+			func(r handler.Reclaim) { reclaims <- r })
 	}()
 	stopAlive()
 	t0 = time.Now()

@@ -14,11 +14,11 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"crust.dev/crust/examples/lvm-csi"
+	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/test/co"
-	"crust.dev/crust/test/csidriver"
-	"crust.dev/crust/test/csidriver/lvmtest"
 	"crust.dev/crust/test/harness"
 )
 

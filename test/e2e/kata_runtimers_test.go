@@ -10,10 +10,10 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"crust.dev/crust/internal/testutil"
+	"crust.dev/crust/internal/testutil/critest"
+	"crust.dev/crust/internal/testutil/katatest"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/kata/katatest"
-	"crust.dev/crust/test/critest"
-	"crust.dev/crust/test/harness"
 )
 
 // TestRuntimeRsSandboxFoundThroughCRI plays a node running Kata's runtime-rs, which never records its
@@ -25,7 +25,7 @@ import (
 // ends the claim by itself. With the runtime gone, stats of another such volume answer from the host,
 // within the CRI timeout.
 func TestRuntimeRsSandboxFoundThroughCRI(t *testing.T) {
-	root := harness.SocketDir(t)
+	root := testutil.SocketDir(t)
 	goDir, rsDir := filepath.Join(root, "sbs"), filepath.Join(root, "kata")
 	cri := (&critest.Server{}).Start(t, filepath.Join(root, "cri.sock"))
 	d := newDaemon(t, "--kata-shim-dirs", goDir+","+rsDir, "--cri-endpoint", cri.Endpoint(), "--cri-timeout", "500ms")

@@ -12,9 +12,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"crust.dev/crust/internal/testutil/katatest"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/kata"
-	"crust.dev/crust/pkg/kata/katatest"
 )
 
 // TestKataShimBridge plays an unmodified Kata node: crustd projects a staged loop device, the test records

@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/test/harness"
 )
 
 var binDir string
@@ -37,7 +37,8 @@ func run(m *testing.M) int {
 		panic(err)
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	build := exec.Command("go", "build", "-o", dir+"/", "crust.dev/crust/cmd/...", "crust.dev/crust/test/csidriver/cmd/crust-lvm-csi")
+	build := exec.Command("go", "build", "-o", dir+"/", "crust.dev/crust/cmd/...", "crust.dev/crust/examples/microvm/cmd/...",
+		"crust.dev/crust/examples/lvm-csi/cmd/crust-lvm-csi")
 	build.Stdout, build.Stderr = os.Stdout, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Println("e2e: build:", err)
@@ -183,7 +184,7 @@ func runAs(t *testing.T, cred *syscall.Credential, bin string, args ...string) (
 // loopDevice attaches a sparse file of size bytes to a free loop device and detaches it at cleanup.
 func loopDevice(t *testing.T, size int64) string {
 	t.Helper()
-	dev, _ := harness.Loop(t, size)
+	dev, _ := testutil.Loop(t, size)
 	return dev
 }
 

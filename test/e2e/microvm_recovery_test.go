@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/runtimehooks/microvm/handler"
+	"crust.dev/crust/examples/microvm/handler"
 	"crust.dev/crust/test/harness"
 )
 

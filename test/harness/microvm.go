@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/runtimehooks/microvm/initramfs"
+	"crust.dev/crust/examples/microvm/initramfs"
 )
 
 // MicroVMConfig says how to run one `crust-microvm run`.
@@ -299,7 +299,7 @@ func ProcessAlive(pid int) bool {
 
 // GuestAssets returns an assets directory for crust-microvm --assets: the guest kernel (fetched with
 // hack/guest/fetch-kernel.sh into CRUST_GUEST_ASSETS or _output/guest when missing) and an initramfs built
-// with hack/guest/mkinitramfs from this tree's crust-guest, once per test binary, under dir. It skips the
+// with examples/microvm/hack/mkinitramfs from this tree's crust-guest, once per test binary, under dir. It skips the
 // test only when the kernel cannot be fetched; a missing QEMU fails it.
 func GuestAssets(t *testing.T, dir string) string {
 	t.Helper()
@@ -338,9 +338,9 @@ func buildGuestAssets(t *testing.T, dir string) (string, string, error) {
 		t.Logf("fetched the guest kernel into %s in %s", src, time.Since(t0).Round(time.Second))
 	}
 	agent := filepath.Join(dir, "crust-guest")
-	build := exec.Command("go", "build", "-o", agent, "crust.dev/crust/cmd/crust-guest")
+	build := exec.Command("go", "build", "-o", agent, "crust.dev/crust/examples/microvm/cmd/crust-guest")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	mkrd := exec.Command("go", "run", "./hack/guest/mkinitramfs", "-assets", src, "-flavour", "cloud",
+	mkrd := exec.Command("go", "run", "./examples/microvm/hack/mkinitramfs", "-assets", src, "-flavour", "cloud",
 		"-agent", agent, "-o", filepath.Join(dir, "initramfs-cloud.cpio.gz"))
 	for _, c := range []*exec.Cmd{build, mkrd} {
 		c.Dir = root
@@ -355,7 +355,8 @@ func buildGuestAssets(t *testing.T, dir string) (string, string, error) {
 	return dir, "", nil
 }
 
-// ModuleRoot is the directory of go.mod above the working directory; it fails t when there is none.
+// ModuleRoot is the root of crust's repository: the directory of the go.work (which ties its Go modules)
+// above the working directory. It fails t when there is none.
 func ModuleRoot(t testing.TB) string {
 	t.Helper()
 	dir, err := FindModuleRoot()
@@ -372,9 +373,9 @@ func FindModuleRoot() (string, error) {
 		return "", err
 	}
 	for ; dir != "/"; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
 			return dir, nil
 		}
 	}
-	return "", errors.New("no go.mod above the working directory")
+	return "", errors.New("no go.work above the working directory")
 }

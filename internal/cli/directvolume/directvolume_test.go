@@ -14,9 +14,9 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
+	"crust.dev/crust/internal/testutil/katatest"
+	"crust.dev/crust/internal/testutil/safedirtest"
 	"crust.dev/crust/pkg/kata"
-	"crust.dev/crust/pkg/kata/katatest"
-	"crust.dev/crust/pkg/safedir/safedirtest"
 )
 
 // The vectors were produced by running Kata's own code; pkg/kata keeps the copy.

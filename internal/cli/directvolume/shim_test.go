@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"crust.dev/crust/internal/testutil/katatest"
 	"crust.dev/crust/pkg/kata"
-	"crust.dev/crust/pkg/kata/katatest"
 )
 
 // shimRoot returns a short directory for sockets (a unix socket path must fit in 107 bytes).

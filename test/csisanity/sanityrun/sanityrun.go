@@ -59,18 +59,11 @@ type Report struct {
 	Elapsed time.Duration
 }
 
-// ModuleRoot returns the root of the module the current directory is in.
-func ModuleRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", err
-	}
-	return filepath.Dir(strings.TrimSpace(string(out))), nil
-}
-
 func command(root string, args ...string) *exec.Cmd {
 	cmd := exec.Command("go", append([]string{"tool", "-modfile=" + filepath.Join(root, "tools", "csisanity", "go.mod"), "csi-sanity"}, args...)...)
 	cmd.Dir = root
+	// -modfile names the tool's own module, which workspace mode (the repository's go.work) refuses.
+	cmd.Env = append(os.Environ(), "GOWORK=off")
 	return cmd
 }
 

@@ -1,0 +1,11 @@
+// Command crust-microvm is crust's reference runtime handler: it boots a QEMU microVM per sandbox and
+// mounts the sandbox's crust volumes inside it. See examples/microvm/handler.
+package main
+
+import (
+	"os"
+
+	"crust.dev/crust/examples/microvm/handler"
+)
+
+func main() { os.Exit(handler.Main(os.Args[1:], os.Stdout, os.Stderr)) }

@@ -1,0 +1,235 @@
+//go:build linux
+
+// Package guest is crust-guest, the agent that runs as PID 1 (/init) in the
+// crust microVM. It sets up the guest's base filesystems, loads the kernel
+// modules listed in agentproto.ModuleList, finds the virtio-serial port named
+// agentproto.PortName and serves the agentproto protocol on it for as long as
+// the VM runs: mounting hot-plugged disks, measuring and growing their
+// filesystems, running commands, powering off.
+//
+// Its log goes to the kernel console (the VM's serial port). It must be built
+// static (CGO_ENABLED=0): the guest has no C library for it. Child processes
+// are started only through procTable, never os/exec, because PID 1 reaps
+// every exited child.
+package guest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"crust.dev/crust/examples/microvm/agentproto"
+)
+
+// portWait bounds the wait for the agent's virtio-serial port at boot.
+const portWait = 30 * time.Second
+
+var logger = log.New(os.Stderr, "crust-guest: ", log.Lmicroseconds)
+
+// Run sets the guest up and serves the protocol; it returns only when the
+// setup fails. The caller then calls PowerOff.
+func Run() error {
+	start := time.Now()
+	if os.Getpid() != 1 {
+		return errors.New("crust-guest runs as PID 1 (/init) in the crust VM")
+	}
+	if err := mountBase(); err != nil {
+		return err
+	}
+	os.Clearenv()
+	_ = os.Setenv("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+	_ = os.Setenv("HOME", "/")
+	// The modules load in the background: the port appears as soon as
+	// virtio_console is in, and filesystem modules (xfs) may come later;
+	// operations on disks wait for all of them.
+	mods := &moduleLoader{done: make(chan struct{})}
+	go mods.load()
+	procs := newProcTable()
+	go procs.reap()
+
+	port, err := findPort(agentproto.PortName, portWait, mods)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(port, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", port, err)
+	}
+	a := newAgent(start, procs, mods)
+	srv := &agentproto.Server{Handler: a.handle}
+	logger.Printf("serving on %s (%s) %.2fs after start", port, agentproto.PortName, time.Since(start).Seconds())
+	for {
+		err := srv.Serve(context.Background(), f, f)
+		if !errors.Is(err, io.EOF) {
+			logger.Printf("reading %s: %v", port, err)
+		}
+		// Reads end when the host side is not connected; wait for it to
+		// come (back).
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// mountBase mounts /dev first (the initramfs has no device nodes, so the
+// console is opened only then), then /proc, /sys, /tmp and /run.
+func mountBase() error {
+	if err := mountFS("devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"); err != nil {
+		return err
+	}
+	if c, err := os.OpenFile("/dev/console", os.O_RDWR, 0); err == nil {
+		for fd := range 3 {
+			_ = unix.Dup3(int(c.Fd()), fd, 0)
+		}
+		_ = c.Close()
+	}
+	for _, m := range []struct {
+		src, target, fstype string
+		flags               uintptr
+		data                string
+	}{
+		{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+		{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+		{"tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
+		{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755"},
+	} {
+		if err := mountFS(m.src, m.target, m.fstype, m.flags, m.data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func mountFS(src, target, fstype string, flags uintptr, data string) error {
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount(src, target, fstype, flags, data); err != nil && !errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("mounting %s on %s: %w", fstype, target, err)
+	}
+	return nil
+}
+
+// moduleLoader loads the modules of agentproto.ModuleList in order, once.
+type moduleLoader struct {
+	done chan struct{} // closed when loading ended
+	err  error         // why it failed, readable after done
+}
+
+func (m *moduleLoader) load() {
+	m.err = loadModules()
+	if m.err != nil {
+		logger.Printf("%v", m.err)
+	}
+	close(m.done)
+}
+
+// wait waits for the loading to end and returns its error.
+func (m *moduleLoader) wait(ctx context.Context) error {
+	select {
+	case <-m.done:
+		if m.err != nil {
+			return agentproto.Errorf(agentproto.CodeInternal, "%v", m.err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// failed reports whether loading has ended in an error.
+func (m *moduleLoader) failed() error {
+	select {
+	case <-m.done:
+		return m.err
+	default:
+		return nil
+	}
+}
+
+// loadModules loads the modules of agentproto.ModuleList in order. A module
+// already loaded is fine; one that fails (crc32c-intel on a CPU without
+// SSE4.2 answers ENODEV, say) is logged and skipped: what needed it fails
+// later with its own error. Only an unreadable list is an error.
+func loadModules() error {
+	list, err := os.Open(agentproto.ModuleList)
+	if err != nil {
+		return fmt.Errorf("module list: %w", err)
+	}
+	defer func() { _ = list.Close() }()
+	sc := bufio.NewScanner(list)
+	var loaded []string
+	for sc.Scan() {
+		name := strings.TrimSpace(sc.Text())
+		if name == "" || strings.HasPrefix(name, "#") {
+			continue
+		}
+		if err := loadModule(filepath.Join(agentproto.ModulesDir, name)); err != nil {
+			logger.Printf("%v (skipped)", err)
+			continue
+		}
+		loaded = append(loaded, strings.TrimSuffix(name, ".ko"))
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("module list: %w", err)
+	}
+	logger.Printf("loaded modules %s", strings.Join(loaded, " "))
+	return nil
+}
+
+func loadModule(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("module: %w", err)
+	}
+	defer func() { _ = f.Close() }()
+	if err := unix.FinitModule(int(f.Fd()), "", 0); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("loading module %s: %w", filepath.Base(path), err)
+	}
+	return nil
+}
+
+// findPort waits up to wait for the virtio-serial port called name and
+// returns its device node. It gives up early when the modules fail to load.
+func findPort(name string, wait time.Duration, mods *moduleLoader) (string, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		names, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
+		for _, n := range names {
+			b, err := os.ReadFile(n)
+			if err != nil || strings.TrimSpace(string(b)) != name {
+				continue
+			}
+			dev := "/dev/" + filepath.Base(filepath.Dir(n))
+			if _, err := os.Stat(dev); err == nil {
+				return dev, nil
+			}
+		}
+		if err := mods.failed(); err != nil {
+			return "", err
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no virtio-serial port named %s after %s", name, wait)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// PowerOff syncs and powers the VM off. It does not return unless the
+// kernel refuses, in which case it sleeps forever: PID 1 must not exit.
+func PowerOff() {
+	unix.Sync()
+	if err := unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF); err != nil {
+		logger.Printf("power off: %v", err)
+	}
+	for {
+		time.Sleep(time.Hour)
+	}
+}

@@ -1,0 +1,202 @@
+//go:build linux
+
+package guest
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"crust.dev/crust/examples/microvm/agentproto"
+)
+
+// procTable starts the agent's child processes and, as PID 1's reaper,
+// collects the exit status of every child: its own go to whoever started
+// them, orphans that the kernel re-parented to PID 1 are just reaped.
+type procTable struct {
+	mu      sync.Mutex // held across fork and registration, and by the reaper while handing a status over
+	waiters map[int]chan unix.WaitStatus
+}
+
+func newProcTable() *procTable {
+	return &procTable{waiters: make(map[int]chan unix.WaitStatus)}
+}
+
+// reap runs forever, collecting exited children on SIGCHLD (and every
+// second, in case a signal was coalesced with a status taken earlier).
+func (p *procTable) reap() {
+	sig := make(chan os.Signal, 16)
+	signal.Notify(sig, unix.SIGCHLD)
+	tick := time.NewTicker(time.Second)
+	for {
+		for {
+			var ws unix.WaitStatus
+			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+			p.mu.Lock()
+			if ch, ok := p.waiters[pid]; ok {
+				ch <- ws
+				delete(p.waiters, pid)
+			}
+			p.mu.Unlock()
+		}
+		select {
+		case <-sig:
+		case <-tick.C:
+		}
+	}
+}
+
+// runResult is what a finished command left.
+type runResult struct {
+	stdout, stderr []byte
+	status         int // exit code, or 128+signal
+	timedOut       bool
+	truncated      bool
+}
+
+// run runs argv (argv[0] looked up in PATH) in its own process group with
+// stdin on /dev/null, keeping up to agentproto.MaxExecOutput bytes of each of
+// stdout and stderr. When timeout passes or ctx ends, the process group is
+// killed. An error means the command could not be started.
+func (p *procTable) run(ctx context.Context, argv []string, timeout time.Duration) (runResult, error) {
+	if len(argv) == 0 || argv[0] == "" {
+		return runResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument, "empty argv")
+	}
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		return runResult{}, agentproto.Errorf(agentproto.CodeNotFound, "%v", err)
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return runResult{}, err
+	}
+	defer func() { _ = devnull.Close() }()
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return runResult{}, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		_ = outR.Close()
+		_ = outW.Close()
+		return runResult{}, err
+	}
+
+	ch := make(chan unix.WaitStatus, 1)
+	p.mu.Lock()
+	pid, err := syscall.ForkExec(path, argv, &syscall.ProcAttr{
+		Env:   os.Environ(),
+		Files: []uintptr{devnull.Fd(), outW.Fd(), errW.Fd()},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	})
+	if err == nil {
+		p.waiters[pid] = ch
+	}
+	p.mu.Unlock()
+	_ = outW.Close()
+	_ = errW.Close()
+	if err != nil {
+		_ = outR.Close()
+		_ = errR.Close()
+		return runResult{}, agentproto.Errorf(agentproto.CodeInternal, "starting %s: %v", argv[0], err)
+	}
+
+	var res runResult
+	var outs [2]capture
+	var wg sync.WaitGroup
+	for i, r := range []*os.File{outR, errR} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outs[i].readFrom(r)
+		}()
+	}
+
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var ws unix.WaitStatus
+	select {
+	case ws = <-ch:
+	case <-timer.C:
+		res.timedOut = true
+		_ = unix.Kill(-pid, unix.SIGKILL)
+		ws = <-ch
+	case <-ctx.Done():
+		_ = unix.Kill(-pid, unix.SIGKILL)
+		ws = <-ch
+	}
+	// Background children may keep the pipes open: give the output a moment
+	// to drain, then stop reading.
+	drained := make(chan struct{})
+	go func() { wg.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(200 * time.Millisecond):
+	}
+	_ = outR.Close()
+	_ = errR.Close()
+	<-drained
+
+	res.stdout, res.stderr = outs[0].buf, outs[1].buf
+	res.truncated = outs[0].truncated || outs[1].truncated
+	switch {
+	case ws.Exited():
+		res.status = ws.ExitStatus()
+	case ws.Signaled():
+		res.status = 128 + int(ws.Signal())
+	default:
+		res.status = -1
+	}
+	return res, nil
+}
+
+// capture keeps the first agentproto.MaxExecOutput bytes of a stream.
+type capture struct {
+	buf       []byte
+	truncated bool
+}
+
+func (c *capture) readFrom(r io.Reader) {
+	chunk := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(chunk)
+		if n > 0 {
+			room := agentproto.MaxExecOutput - len(c.buf)
+			if n > room {
+				c.truncated = true
+				n = max(room, 0)
+			}
+			c.buf = append(c.buf, chunk[:n]...)
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrClosed) {
+				logger.Printf("reading command output: %v", err)
+			}
+			return
+		}
+	}
+}
+
+// runTool runs a filesystem tool with a generous timeout and turns a failure
+// into an error carrying its output.
+func (p *procTable) runTool(ctx context.Context, argv ...string) (runResult, error) {
+	res, err := p.run(ctx, argv, 10*time.Minute)
+	if err != nil {
+		return res, err
+	}
+	if res.status != 0 {
+		return res, agentproto.Errorf(agentproto.CodeInternal, "%s exited with %d: %s%s", argv[0], res.status, res.stderr, res.stdout)
+	}
+	return res, nil
+}

@@ -1,0 +1,604 @@
+//go:build linux
+
+package guest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"crust.dev/crust/examples/microvm/agentproto"
+)
+
+const (
+	defaultDeviceWait = 10 * time.Second
+	maxDeviceWait     = 5 * time.Minute
+	// growWait bounds the wait for a disk to show a resize done by the host.
+	growWait = 10 * time.Second
+	// maxSerial is virtio-blk's serial length (VIRTIO_BLK_ID_BYTES).
+	maxSerial = 20
+)
+
+// volume is a disk the agent mounted.
+type volume struct {
+	serial   string
+	device   string // /dev/vdX
+	fsType   string
+	readOnly bool
+	block    bool // a raw block volume: a device node at the target, nothing mounted
+}
+
+// volumes mounts, measures and grows the hot-plugged disks. Mount, unmount
+// and grow are serialised; statfs is not, so a slow filesystem operation does
+// not hold up measurements.
+type volumes struct {
+	procs *procTable
+	ready func(context.Context) error // waits for the kernel modules
+
+	op sync.Mutex // serialises mount, unmount and grow
+
+	mu     sync.Mutex
+	byPath map[string]*volume // by target
+}
+
+func newVolumes(procs *procTable, ready func(context.Context) error) *volumes {
+	return &volumes{procs: procs, ready: ready, byPath: make(map[string]*volume)}
+}
+
+func (v *volumes) lookup(target string) *volume {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.byPath[target]
+}
+
+func (v *volumes) set(target string, vol *volume) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if vol == nil {
+		delete(v.byPath, target)
+	} else {
+		v.byPath[target] = vol
+	}
+}
+
+func checkTarget(target string) error {
+	if !filepath.IsAbs(target) || filepath.Clean(target) != target || target == "/" {
+		return agentproto.Errorf(agentproto.CodeInvalidArgument, "target %q is not a clean absolute path below /", target)
+	}
+	return nil
+}
+
+var supportedFS = map[string]bool{"ext4": true, "ext3": true, "ext2": true, "xfs": true}
+
+func (v *volumes) mount(ctx context.Context, args agentproto.MountArgs) (agentproto.MountResult, error) {
+	if args.Block {
+		return v.expose(ctx, args)
+	}
+	if args.FSType == "" {
+		args.FSType = "ext4"
+	}
+	if err := checkTarget(args.Target); err != nil {
+		return agentproto.MountResult{}, err
+	}
+	switch {
+	case args.Serial == "" || len(args.Serial) > maxSerial:
+		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument, "serial %q must be 1 to %d bytes", args.Serial, maxSerial)
+	case !supportedFS[args.FSType]:
+		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeUnimplemented, "fs type %q (supported: ext4, ext3, ext2, xfs)", args.FSType)
+	case args.FSGroupPolicy != "" && args.FSGroupPolicy != agentproto.FSGroupAlways && args.FSGroupPolicy != agentproto.FSGroupOnRootMismatch:
+		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument, "fs_group_policy %q", args.FSGroupPolicy)
+	case args.FSGroup != nil && (*args.FSGroup < 0 || *args.FSGroup > 1<<32-2):
+		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument, "fs_group %d", *args.FSGroup)
+	case args.DeviceWaitMillis < 0:
+		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument, "negative device wait")
+	}
+	flags, data, err := mountOptions(args.Options, args.ReadOnly)
+	if err != nil {
+		return agentproto.MountResult{}, err
+	}
+	wait := min(time.Duration(args.DeviceWaitMillis)*time.Millisecond, maxDeviceWait)
+	if wait == 0 {
+		wait = defaultDeviceWait
+	}
+
+	// Filesystem modules load in the background at boot; wait for them
+	// only when this filesystem is not in yet.
+	if !fsAvailable(args.FSType) {
+		if err := v.ready(ctx); err != nil {
+			return agentproto.MountResult{}, err
+		}
+	}
+	v.op.Lock()
+	defer v.op.Unlock()
+	var dev string
+	if args.PmemAddress != 0 {
+		dev, err = waitPmem(ctx, args.PmemAddress, wait)
+		data = strings.Join(append(slices.DeleteFunc(strings.Split(data, ","), func(o string) bool { return o == "" }), "dax"), ",")
+	} else {
+		dev, err = waitDisk(ctx, args.Serial, wait)
+	}
+	if err != nil {
+		return agentproto.MountResult{}, err
+	}
+	res := agentproto.MountResult{Device: dev}
+
+	// Already mounted there? Then it is the same disk or a conflict.
+	if mi, ok := findMount(args.Target); ok {
+		if sameDevice(mi.source, dev) {
+			v.set(args.Target, &volume{serial: args.Serial, device: dev, fsType: mi.fsType, readOnly: args.ReadOnly})
+			res.Already = true
+			return res, nil
+		}
+		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeFailedPrecondition, "%s is already a mount of %s", args.Target, mi.source)
+	}
+
+	// blkid runs only when a blank disk may have to be formatted (or to
+	// explain a failed mount): it costs a process start.
+	if args.CreateFilesystem {
+		found, err := v.probe(ctx, dev)
+		if err != nil {
+			return agentproto.MountResult{}, err
+		}
+		switch {
+		case strings.HasPrefix(found, "partition table"):
+			return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeFailedPrecondition, "%s (serial %s) holds a %s, not a filesystem", dev, args.Serial, found)
+		case found != "":
+			// A filesystem (or another signature) is there: never format.
+		case args.ReadOnly:
+			return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeFailedPrecondition, "%s (serial %s) is blank and the volume is read-only", dev, args.Serial)
+		default:
+			if err := v.mkfs(ctx, args.FSType, dev, args.PmemAddress != 0); err != nil {
+				return agentproto.MountResult{}, err
+			}
+			res.Formatted = true
+		}
+	}
+
+	if err := os.MkdirAll(args.Target, 0o755); err != nil {
+		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInternal, "%v", err)
+	}
+	// The filesystem's size, read before it is mounted: a disk grown while no sandbox held the volume
+	// (an expansion before any claim) is grown into once mounted, as kubelet has a node plugin do at stage.
+	var fsBytes, block uint64
+	growable := !args.ReadOnly && !res.Formatted
+	if growable {
+		var err error
+		if fsBytes, block, err = filesystemBytes(dev, args.FSType); err != nil {
+			growable = false // the mount below says what the disk holds
+		}
+	}
+	if err := unix.Mount(dev, args.Target, args.FSType, flags, data); err != nil {
+		return agentproto.MountResult{}, v.mountFailure(ctx, dev, args, err)
+	}
+	if growable {
+		grew, err := v.growToDisk(ctx, dev, args.FSType, args.Target, fsBytes, block)
+		if err != nil {
+			_ = unix.Unmount(args.Target, 0)
+			return agentproto.MountResult{}, err
+		}
+		if grew {
+			res.GrewFromBytes = fsBytes
+		}
+	}
+	if args.FSGroup != nil && !args.ReadOnly {
+		policy := args.FSGroupPolicy
+		if policy == "" {
+			policy = agentproto.FSGroupAlways
+		}
+		if err := applyFSGroup(args.Target, int(*args.FSGroup), policy); err != nil {
+			_ = unix.Unmount(args.Target, 0)
+			return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInternal, "fs_group: %v", err)
+		}
+	}
+	v.set(args.Target, &volume{serial: args.Serial, device: dev, fsType: args.FSType, readOnly: args.ReadOnly})
+	logger.Printf("mounted %s (serial %s, %s) on %s", dev, args.Serial, args.FSType, args.Target)
+	return res, nil
+}
+
+// mountFailure explains a failed mount with what the disk holds.
+func (v *volumes) mountFailure(ctx context.Context, dev string, args agentproto.MountArgs, err error) error {
+	if args.PmemAddress != 0 && errors.Is(err, unix.EINVAL) {
+		// DAX maps file data page by page: a filesystem whose blocks are not a page refuses it.
+		if _, block, berr := filesystemBytes(dev, args.FSType); berr == nil && block != uint64(os.Getpagesize()) {
+			return agentproto.Errorf(agentproto.CodeFailedPrecondition, "mount %s on %s with DAX: its %s has %d-byte "+
+				"blocks, and DAX needs blocks of a page (%d bytes): make it with 4 KiB blocks (mkfs.ext4 -b 4096)",
+				dev, args.Target, args.FSType, block, os.Getpagesize())
+		}
+	}
+	found, perr := v.probe(ctx, dev)
+	switch {
+	case perr != nil:
+	case found == "":
+		return agentproto.Errorf(agentproto.CodeFailedPrecondition, "%s (serial %s) has no filesystem and create_filesystem is off", dev, args.Serial)
+	case found != args.FSType:
+		return agentproto.Errorf(agentproto.CodeFailedPrecondition, "mount %s on %s: %v: the disk holds %s, not %s", dev, args.Target, err, found, args.FSType)
+	}
+	return agentproto.Errorf(agentproto.CodeInternal, "mount %s (%s) on %s: %v", dev, args.FSType, args.Target, err)
+}
+
+// fsAvailable reports whether the kernel knows fsType already.
+func fsAvailable(fsType string) bool {
+	b, err := os.ReadFile("/proc/filesystems")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[len(f)-1] == fsType {
+			return true
+		}
+	}
+	return false
+}
+
+// waitDisk waits up to wait for the virtio disk with the given serial and
+// returns its device node.
+func waitDisk(ctx context.Context, serial string, wait time.Duration) (string, error) {
+	return waitDevice(ctx, wait, func() (string, bool) { return findDisk(serial) },
+		func() error {
+			return agentproto.Errorf(agentproto.CodeNotFound, "no disk with serial %q after %s", serial, wait)
+		})
+}
+
+// waitPmem waits up to wait for the persistent-memory device whose region starts at guest physical
+// address addr and returns its block device node (/dev/pmemN).
+func waitPmem(ctx context.Context, addr uint64, wait time.Duration) (string, error) {
+	return waitDevice(ctx, wait, func() (string, bool) { return findPmem(addr) },
+		func() error {
+			return agentproto.Errorf(agentproto.CodeNotFound, "no persistent-memory region at %#x after %s", addr, wait)
+		})
+}
+
+// waitDevice looks for a device with find every 20 ms until it is found, wait has passed (the error
+// missing makes) or ctx ends.
+func waitDevice(ctx context.Context, wait time.Duration, find func() (string, bool), missing func() error) (string, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		if dev, ok := find(); ok {
+			return dev, nil
+		}
+		if time.Now().After(deadline) {
+			return "", missing()
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// findPmem finds the block device of the nd region that starts at addr: the device the hot-plug made,
+// whatever number the kernel gave it.
+func findPmem(addr uint64) (string, bool) {
+	regions, _ := filepath.Glob("/sys/bus/nd/devices/region*/resource")
+	for _, f := range regions {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		start, err := strconv.ParseUint(strings.TrimSpace(string(b)), 0, 64)
+		if err != nil || start != addr {
+			continue
+		}
+		blocks, _ := filepath.Glob(filepath.Join(filepath.Dir(f), "namespace*", "block", "pmem*"))
+		for _, blk := range blocks {
+			dev := "/dev/" + filepath.Base(blk)
+			if _, err := os.Stat(dev); err == nil {
+				return dev, true
+			}
+		}
+	}
+	return "", false
+}
+
+func findDisk(serial string) (string, bool) {
+	files, _ := filepath.Glob("/sys/block/vd*/serial")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil || strings.TrimSpace(string(b)) != serial {
+			continue
+		}
+		dev := "/dev/" + filepath.Base(filepath.Dir(f))
+		if _, err := os.Stat(dev); err == nil {
+			return dev, true
+		}
+	}
+	return "", false
+}
+
+// sameDevice reports whether two paths name the same block device.
+func sameDevice(a, b string) bool {
+	var sa, sb unix.Stat_t
+	if unix.Stat(a, &sa) != nil || unix.Stat(b, &sb) != nil {
+		return a == b
+	}
+	return sa.Mode&unix.S_IFMT == unix.S_IFBLK && sa.Rdev == sb.Rdev
+}
+
+// probe returns what blkid finds on dev: a filesystem type, "partition table
+// TYPE", or "" for a disk without any signature.
+func (v *volumes) probe(ctx context.Context, dev string) (string, error) {
+	res, err := v.procs.run(ctx, []string{"blkid", "-p", "-o", "export", dev}, time.Minute)
+	if err != nil {
+		return "", err
+	}
+	switch res.status {
+	case 0:
+	case 2: // nothing found
+		return "", nil
+	default:
+		return "", agentproto.Errorf(agentproto.CodeInternal, "blkid %s exited with %d: %s", dev, res.status, res.stderr)
+	}
+	kv := map[string]string{}
+	for _, line := range strings.Split(string(res.stdout), "\n") {
+		if k, val, ok := strings.Cut(line, "="); ok {
+			kv[k] = val
+		}
+	}
+	switch {
+	case kv["TYPE"] != "":
+		return kv["TYPE"], nil
+	case kv["PTTYPE"] != "":
+		return "partition table " + kv["PTTYPE"], nil
+	}
+	return "unknown signature", nil
+}
+
+// mkfs formats dev with fsType; for DAX (persistent memory) with blocks of a page, which DAX needs.
+func (v *volumes) mkfs(ctx context.Context, fsType, dev string, dax bool) error {
+	var argv []string
+	switch fsType {
+	case "xfs":
+		argv = []string{"mkfs.xfs", "-q", dev}
+	default: // ext2/3/4; no blocks reserved for root, as is usual for volumes
+		argv = []string{"mke2fs", "-q", "-F", "-t", fsType, "-m", "0", dev}
+		if dax {
+			argv = slices.Insert(argv, len(argv)-1, "-b", "4096")
+		}
+	}
+	start := time.Now()
+	if _, err := v.procs.runTool(ctx, argv...); err != nil {
+		return err
+	}
+	logger.Printf("created %s on %s in %.2fs", fsType, dev, time.Since(start).Seconds())
+	return nil
+}
+
+// mountFlags are the mount options that are flags of mount(2); any other
+// option goes to the filesystem as data.
+var mountFlags = map[string]struct {
+	set   bool
+	flags uintptr
+}{
+	"ro": {true, unix.MS_RDONLY}, "rw": {false, unix.MS_RDONLY},
+	"nosuid": {true, unix.MS_NOSUID}, "suid": {false, unix.MS_NOSUID},
+	"nodev": {true, unix.MS_NODEV}, "dev": {false, unix.MS_NODEV},
+	"noexec": {true, unix.MS_NOEXEC}, "exec": {false, unix.MS_NOEXEC},
+	"sync": {true, unix.MS_SYNCHRONOUS}, "async": {false, unix.MS_SYNCHRONOUS},
+	"dirsync": {true, unix.MS_DIRSYNC},
+	"noatime": {true, unix.MS_NOATIME}, "atime": {false, unix.MS_NOATIME},
+	"nodiratime": {true, unix.MS_NODIRATIME}, "diratime": {false, unix.MS_NODIRATIME},
+	"relatime": {true, unix.MS_RELATIME}, "norelatime": {false, unix.MS_RELATIME},
+	"strictatime": {true, unix.MS_STRICTATIME},
+	"lazytime":    {true, unix.MS_LAZYTIME}, "nolazytime": {false, unix.MS_LAZYTIME},
+	"defaults": {true, 0},
+}
+
+// mountOptions splits options into mount(2) flags and filesystem data.
+func mountOptions(options []string, readOnly bool) (uintptr, string, error) {
+	var flags uintptr
+	var data []string
+	for _, o := range options {
+		switch {
+		case o == "":
+			continue
+		case strings.ContainsAny(o, ", \t\n"):
+			return 0, "", agentproto.Errorf(agentproto.CodeInvalidArgument, "mount option %q", o)
+		case o == "bind" || o == "rbind" || o == "remount" || o == "move":
+			return 0, "", agentproto.Errorf(agentproto.CodeInvalidArgument, "mount option %q is not for a volume", o)
+		}
+		if f, ok := mountFlags[o]; ok {
+			if f.set {
+				flags |= f.flags
+			} else {
+				flags &^= f.flags
+			}
+			continue
+		}
+		data = append(data, o)
+	}
+	if readOnly {
+		flags |= unix.MS_RDONLY
+	}
+	return flags, strings.Join(data, ","), nil
+}
+
+func (v *volumes) unmount(target string) error {
+	if err := checkTarget(target); err != nil {
+		return err
+	}
+	v.op.Lock()
+	defer v.op.Unlock()
+	if vol := v.lookup(target); vol != nil && vol.block {
+		return v.unexpose(target)
+	}
+	if _, ok := findMount(target); !ok {
+		v.set(target, nil)
+		return nil
+	}
+	if err := unix.Unmount(target, 0); err != nil {
+		code := agentproto.CodeInternal
+		if errors.Is(err, unix.EBUSY) {
+			code = agentproto.CodeFailedPrecondition
+		}
+		return agentproto.Errorf(code, "unmount %s: %v", target, err)
+	}
+	v.set(target, nil)
+	logger.Printf("unmounted %s", target)
+	return nil
+}
+
+// unmountAll unmounts every volume, for power-off; failures are logged.
+func (v *volumes) unmountAll() {
+	v.mu.Lock()
+	targets := make([]string, 0, len(v.byPath))
+	for t := range v.byPath {
+		targets = append(targets, t)
+	}
+	v.mu.Unlock()
+	for _, t := range targets {
+		if err := v.unmount(t); err != nil {
+			logger.Printf("%v", err)
+		}
+	}
+}
+
+func (v *volumes) statfs(target string) (agentproto.StatfsResult, error) {
+	if err := checkTarget(target); err != nil {
+		return agentproto.StatfsResult{}, err
+	}
+	if vol := v.lookup(target); vol != nil && vol.block {
+		return blockStatfs(vol), nil
+	}
+	mi, ok := findMount(target)
+	if !ok {
+		return agentproto.StatfsResult{}, agentproto.Errorf(agentproto.CodeNotFound, "nothing is mounted on %s", target)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(target, &st); err != nil {
+		return agentproto.StatfsResult{}, agentproto.Errorf(agentproto.CodeInternal, "statfs %s: %v", target, err)
+	}
+	bsize := uint64(st.Frsize)
+	if bsize == 0 {
+		bsize = uint64(st.Bsize)
+	}
+	res := agentproto.StatfsResult{
+		Bytes: agentproto.Usage{
+			Total:     st.Blocks * bsize,
+			Used:      (st.Blocks - st.Bfree) * bsize,
+			Available: st.Bavail * bsize,
+		},
+		Inodes: agentproto.Usage{
+			Total:     st.Files,
+			Used:      st.Files - st.Ffree,
+			Available: st.Ffree,
+		},
+	}
+	vol := v.lookup(target)
+	dev := mi.source
+	if vol != nil {
+		dev = vol.device
+	}
+	if strings.HasPrefix(dev, "/dev/vd") || strings.HasPrefix(dev, "/dev/pmem") {
+		if _, err := os.Stat(filepath.Join("/sys/block", filepath.Base(dev))); err != nil {
+			res.Abnormal, res.Message = true, fmt.Sprintf("device %s is gone", dev)
+			return res, nil
+		}
+	}
+	if vol != nil && !vol.readOnly && st.Flags&unix.ST_RDONLY != 0 {
+		res.Abnormal, res.Message = true, fmt.Sprintf("%s is read-only though mounted read-write (filesystem errors?)", target)
+	}
+	return res, nil
+}
+
+func (v *volumes) grow(ctx context.Context, args agentproto.GrowArgs) (agentproto.GrowResult, error) {
+	if err := checkTarget(args.Target); err != nil {
+		return agentproto.GrowResult{}, err
+	}
+	v.op.Lock()
+	defer v.op.Unlock()
+	if vol := v.lookup(args.Target); vol != nil && vol.block {
+		return blockGrow(ctx, vol, args)
+	}
+	mi, ok := findMount(args.Target)
+	if !ok {
+		return agentproto.GrowResult{}, agentproto.Errorf(agentproto.CodeNotFound, "nothing is mounted on %s", args.Target)
+	}
+	dev, fsType := mi.source, mi.fsType
+	if vol := v.lookup(args.Target); vol != nil {
+		dev = vol.device
+		if vol.readOnly {
+			return agentproto.GrowResult{}, agentproto.Errorf(agentproto.CodeFailedPrecondition, "%s is mounted read-only", args.Target)
+		}
+	}
+	size, err := waitDeviceSize(ctx, dev, args.MinDeviceBytes, growWait)
+	if err != nil {
+		return agentproto.GrowResult{}, err
+	}
+	start := time.Now()
+	if err := v.growFS(ctx, fsType, dev, args.Target); err != nil {
+		return agentproto.GrowResult{}, err
+	}
+	st, err := v.statfs(args.Target)
+	if err != nil {
+		return agentproto.GrowResult{}, err
+	}
+	logger.Printf("grew %s (%s) to %d bytes in %.2fs", args.Target, fsType, st.Bytes.Total, time.Since(start).Seconds())
+	return agentproto.GrowResult{DeviceBytes: size, CapacityBytes: st.Bytes.Total}, nil
+}
+
+// growFS grows the filesystem mounted on target from dev to fill dev, online.
+func (v *volumes) growFS(ctx context.Context, fsType, dev, target string) error {
+	var err error
+	switch fsType {
+	case "ext2", "ext3", "ext4":
+		_, err = v.procs.runTool(ctx, "resize2fs", dev)
+	case "xfs":
+		_, err = v.procs.runTool(ctx, "xfs_growfs", "-d", target)
+	default:
+		err = agentproto.Errorf(agentproto.CodeUnimplemented, "growing %s", fsType)
+	}
+	return err
+}
+
+// growToDisk grows the filesystem just mounted on target, of fsBytes in blocks of block bytes, to fill
+// dev when dev holds more than one block beyond it, and says whether it did.
+func (v *volumes) growToDisk(ctx context.Context, dev, fsType, target string, fsBytes, block uint64) (bool, error) {
+	size, err := waitDeviceSize(ctx, dev, 0, 0)
+	if err != nil || size <= fsBytes+block {
+		return false, err
+	}
+	start := time.Now()
+	if err := v.growFS(ctx, fsType, dev, target); err != nil {
+		return false, err
+	}
+	logger.Printf("grew %s (%s) on %s from %d bytes to its disk's %d at mount in %.2fs", target, fsType, dev, fsBytes, size,
+		time.Since(start).Seconds())
+	return true, nil
+}
+
+// waitDeviceSize waits up to wait for dev to report at least atLeast bytes and
+// returns its size.
+func waitDeviceSize(ctx context.Context, dev string, atLeast uint64, wait time.Duration) (uint64, error) {
+	sizeFile := filepath.Join("/sys/class/block", filepath.Base(dev), "size")
+	deadline := time.Now().Add(wait)
+	for {
+		b, err := os.ReadFile(sizeFile)
+		if err != nil {
+			return 0, agentproto.Errorf(agentproto.CodeNotFound, "size of %s: %v", dev, err)
+		}
+		sectors, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil {
+			return 0, agentproto.Errorf(agentproto.CodeInternal, "size of %s: %v", dev, err)
+		}
+		if size := sectors * 512; size >= atLeast {
+			return size, nil
+		} else if time.Now().After(deadline) {
+			return 0, agentproto.Errorf(agentproto.CodeTimeout, "%s is %d bytes, still under %d after %s", dev, size, atLeast, wait)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,155 @@
+package handler
+
+import (
+	"context"
+	"errors"
+	"math"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/vm"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+// The sandbox serves RuntimeHandlerService, which crustd dials for the volumes this sandbox claimed.
+//
+// Errors: NOT_FOUND for a target that is not one of the sandbox's volumes, FAILED_PRECONDITION for one
+// claimed under another sandbox id or not mounted (yet), INVALID_ARGUMENT for bad sizes; an error of the
+// guest agent keeps its meaning (agentCode), and a VM that cannot be reached is UNAVAILABLE.
+
+// GetVolumeStats measures the volume's filesystem in the guest: bytes and inodes as CSI reports them (from
+// statfs: total, used = total - free, available to unprivileged users), and whether the volume is abnormal
+// (its disk gone, or its filesystem turned read-only under a read-write mount). A raw block volume has one
+// bytes entry, its total the disk's size as the guest sees it, as CSI reports a block volume.
+func (s *sandbox) GetVolumeStats(ctx context.Context, r *crustv1.RuntimeHandlerServiceGetVolumeStatsRequest) (*crustv1.RuntimeHandlerServiceGetVolumeStatsResponse, error) {
+	v, err := s.volumeFor(r.GetVolumeTargetPath(), r.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	st, err := s.vm.Agent().Statfs(ctx, v.GuestPath)
+	if err != nil {
+		return nil, agentStatus(err)
+	}
+	if v.block {
+		return &crustv1.RuntimeHandlerServiceGetVolumeStatsResponse{
+			Usage:           []*crustv1.VolumeUsage{{Total: clamp(st.Bytes.Total), Unit: crustv1.VolumeUsage_UNIT_BYTES}},
+			VolumeCondition: &crustv1.VolumeCondition{Abnormal: st.Abnormal, Message: st.Message},
+		}, nil
+	}
+	return &crustv1.RuntimeHandlerServiceGetVolumeStatsResponse{
+		Usage: []*crustv1.VolumeUsage{
+			usage(st.Bytes, crustv1.VolumeUsage_UNIT_BYTES),
+			usage(st.Inodes, crustv1.VolumeUsage_UNIT_INODES),
+		},
+		VolumeCondition: &crustv1.VolumeCondition{Abnormal: st.Abnormal, Message: st.Message},
+	}, nil
+}
+
+// ExpandVolume makes the guest see the grown device and grows its filesystem online, without unmounting.
+// The host device must already have been grown (crustd does it and says how big it is in device_bytes;
+// when that is 0 the handler measures the device, and never changes its size). The disk is resized in QEMU
+// only when the device is larger than the guest sees it (never shrunk); the filesystem is then grown to
+// fill it. A persistent-memory volume cannot grow (UNIMPLEMENTED). A volume already large enough is grown to fill its disk, which does nothing, so repeating a
+// call is a success with the same capacity. It fails with FAILED_PRECONDITION when the device is smaller
+// than required_bytes or the volume is read-only. The capacity returned is the filesystem's total size, or
+// for a raw block volume the disk's size as the guest sees it.
+func (s *sandbox) ExpandVolume(ctx context.Context, r *crustv1.RuntimeHandlerServiceExpandVolumeRequest) (*crustv1.RuntimeHandlerServiceExpandVolumeResponse, error) {
+	if r.GetRequiredBytes() <= 0 || r.GetDeviceBytes() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "required_bytes must be positive and device_bytes not negative, got %d and %d",
+			r.GetRequiredBytes(), r.GetDeviceBytes())
+	}
+	v, err := s.volumeFor(r.GetVolumeTargetPath(), r.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.mounted.Load() {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not mounted in sandbox %s", v.Target, s.name)
+	}
+	if v.pmem {
+		return nil, status.Errorf(codes.Unimplemented, "volume %s is persistent memory, which cannot grow: QEMU cannot resize a virtio-pmem device", v.Target)
+	}
+	if v.readOnly {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is read-only", v.Target)
+	}
+	start := time.Now()
+	size := r.GetDeviceBytes()
+	if size == 0 {
+		if size, err = vm.BackingSize(v.hostPath); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+	}
+	if size < r.GetRequiredBytes() {
+		return nil, status.Errorf(codes.FailedPrecondition, "the device %s is %d bytes, less than the %d required: the host device must be grown first",
+			v.hostPath, size, r.GetRequiredBytes())
+	}
+	if size > v.size {
+		if err := s.vm.ResizeBlock(ctx, v.disk, size); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		v.size = size
+	}
+	g, err := s.vm.Agent().Grow(ctx, agentproto.GrowArgs{Target: v.GuestPath, MinDeviceBytes: uint64(v.size)})
+	if err != nil {
+		return nil, agentStatus(err)
+	}
+	s.log.Info("volume grown", "target", v.Target, "device_bytes", g.DeviceBytes, "capacity_bytes", g.CapacityBytes,
+		"took", time.Since(start).Round(time.Millisecond))
+	return &crustv1.RuntimeHandlerServiceExpandVolumeResponse{CapacityBytes: clamp(g.CapacityBytes)}, nil
+}
+
+// volumeFor finds the sandbox's volume at target for a request naming sandboxID.
+func (s *sandbox) volumeFor(target, sandboxID string) (*volume, error) {
+	v := s.byTarget[target]
+	switch {
+	case v == nil:
+		return nil, status.Errorf(codes.NotFound, "sandbox %s has no volume %q", s.name, target)
+	case sandboxID != s.name:
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s belongs to sandbox %s, not %q", target, s.name, sandboxID)
+	case !v.mounted.Load():
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not mounted in sandbox %s (yet)", target, s.name)
+	}
+	return v, nil
+}
+
+func usage(u agentproto.Usage, unit crustv1.VolumeUsage_Unit) *crustv1.VolumeUsage {
+	return &crustv1.VolumeUsage{Total: clamp(u.Total), Used: clamp(u.Used), Available: clamp(u.Available), Unit: unit}
+}
+
+func clamp(n uint64) int64 { return int64(min(n, math.MaxInt64)) }
+
+// agentStatus turns an error of an agent call into a gRPC status.
+func agentStatus(err error) error {
+	var ae *agentproto.Error
+	switch {
+	case errors.As(err, &ae):
+		return status.Error(agentCode(ae.Code), ae.Message)
+	case errors.Is(err, agentproto.ErrClosed):
+		return status.Errorf(codes.Unavailable, "the VM's agent: %v", err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func agentCode(c agentproto.Code) codes.Code {
+	switch c {
+	case agentproto.CodeInvalidArgument:
+		return codes.InvalidArgument
+	case agentproto.CodeNotFound:
+		return codes.NotFound
+	case agentproto.CodeFailedPrecondition:
+		return codes.FailedPrecondition
+	case agentproto.CodeTimeout:
+		return codes.DeadlineExceeded
+	case agentproto.CodeUnimplemented:
+		return codes.Unimplemented
+	}
+	return codes.Internal
+}

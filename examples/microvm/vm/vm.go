@@ -1,0 +1,560 @@
+// Package vm runs the crust microVM: a QEMU q35 machine booting a kernel and
+// the crust guest initramfs, controlled over QMP, with the crust-guest agent
+// reached over a virtio-serial port. It hot-plugs host block devices into the
+// VM as virtio-blk disks (whose serial is the caller's id, which the agent's
+// mount looks for) and resizes them; the agent, from Agent, mounts and grows
+// them inside. It hot-plugs persistent memory (a file or a pmem device) as
+// virtio-pmem devices (AttachPmem), which the agent finds by their address and
+// mounts with DAX; those cannot be unplugged and stay until the VM stops
+// (QEMU 7.2 refuses to unplug virtio memory devices; an emulated NVDIMM,
+// which needs converting to fsdax inside the guest, is not used: see
+// AttachPmem). It can also share host directories over virtio-9p (Config.Shares),
+// which the guest mounts itself; crust does not use them for volumes, they are
+// there to compare the two data paths (test/bench).
+//
+// A VM's files (sockets, console log, QEMU's own log) live in its StateDir.
+// Stop leaves no process and no socket behind; the logs stay for debugging.
+// QEMU is killed when the process that started it dies, however it dies.
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/qmp"
+)
+
+// Accel selects QEMU's accelerator.
+type Accel string
+
+// The accelerators.
+const (
+	// AccelTCG is software emulation: slower, works everywhere.
+	AccelTCG Accel = "tcg"
+	// AccelKVM is hardware virtualisation through /dev/kvm.
+	AccelKVM Accel = "kvm"
+	// AccelAuto tries KVM when /dev/kvm can be opened and falls back to TCG
+	// when KVM fails or its guest does not answer within Config.KVMTimeout.
+	AccelAuto Accel = "auto"
+)
+
+// Config describes a VM.
+type Config struct {
+	// Kernel and Initramfs are the images to boot (see the initramfs package).
+	Kernel    string
+	Initramfs string
+	// MemoryMB is the guest's memory; 0 means 512.
+	MemoryMB int
+	// CPUs is the number of vCPUs; 0 means 1.
+	CPUs int
+	// Accel is the accelerator; "" means AccelAuto.
+	Accel Accel
+	// CPU is QEMU's -cpu model for every attempt; "" means "host" under KVM
+	// and QEMU's default under TCG.
+	CPU string
+	// StateDir holds the VM's sockets and logs; it is created (0700) if
+	// missing. Its path must be short enough for unix sockets (about 90 bytes).
+	StateDir string
+	// QEMU is the emulator binary; "" means qemu-system-x86_64 from PATH.
+	QEMU string
+	// HotplugPorts is the number of PCIe root ports, which bounds the disks
+	// and persistent-memory devices attached at once; 0 means 8.
+	HotplugPorts int
+	// PmemMB is the guest physical address space kept for persistent-memory
+	// devices (AttachPmem), in MiB: their sizes together may not exceed it.
+	// It costs the guest no memory until a device is attached. 0 means
+	// DefaultPmemMB.
+	PmemMB int
+	// KernelArgs are appended to the kernel command line.
+	KernelArgs string
+	// BootTimeout bounds the wait for the agent to answer; 0 means 60 s.
+	BootTimeout time.Duration
+	// KVMTimeout bounds the KVM attempt of AccelAuto; 0 means 10 s.
+	KVMTimeout time.Duration
+	// Shares are host directories exported to the guest over virtio-9p, one
+	// virtio-9p-pci device each, present from boot (not hot-plugged). The
+	// guest mounts one with
+	//	mount -t 9p -o trans=virtio,version=9p2000.L TAG DIR
+	// which needs a kernel with 9p (the generic flavour of the guest assets).
+	Shares []Share
+}
+
+// Share is a host directory exported to the guest over virtio-9p (QEMU's
+// -fsdev local with security_model=passthrough: QEMU, which runs as the
+// caller, creates files with the guest's owners and modes).
+type Share struct {
+	// Tag is the name the guest mounts it by: a letter or digit, then up to
+	// 30 letters, digits, '.', '_' or '-'; distinct among the shares.
+	Tag string
+	// Path is the host directory; it must exist.
+	Path string
+	// ReadOnly exports it read-only.
+	ReadOnly bool
+}
+
+// validTag is what a share's tag may look like: safe in a QEMU option value
+// and within the 31 bytes older QEMUs accept as a mount_tag.
+var validTag = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,30}$`)
+
+func (c *Config) setDefaults() error {
+	if c.Kernel == "" || c.Initramfs == "" || c.StateDir == "" {
+		return errors.New("vm: Kernel, Initramfs and StateDir are required")
+	}
+	for _, f := range []string{c.Kernel, c.Initramfs} {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("vm: %w", err)
+		}
+	}
+	if c.MemoryMB == 0 {
+		c.MemoryMB = 512
+	}
+	if c.CPUs == 0 {
+		c.CPUs = 1
+	}
+	if c.Accel == "" {
+		c.Accel = AccelAuto
+	}
+	switch c.Accel {
+	case AccelTCG, AccelKVM, AccelAuto:
+	default:
+		return fmt.Errorf("vm: unknown accelerator %q", c.Accel)
+	}
+	if c.QEMU == "" {
+		c.QEMU = "qemu-system-x86_64"
+	}
+	if c.HotplugPorts == 0 {
+		c.HotplugPorts = 8
+	}
+	if c.PmemMB == 0 {
+		c.PmemMB = DefaultPmemMB
+	}
+	if c.BootTimeout == 0 {
+		c.BootTimeout = 60 * time.Second
+	}
+	if c.KVMTimeout == 0 {
+		c.KVMTimeout = 10 * time.Second
+	}
+	abs, err := filepath.Abs(c.StateDir)
+	if err != nil {
+		return fmt.Errorf("vm: %w", err)
+	}
+	c.StateDir = abs
+	if err := c.checkShares(); err != nil {
+		return err
+	}
+	// sun_path holds 108 bytes with its terminating NUL.
+	if n := len(filepath.Join(c.StateDir, "agent.sock")); n > 107 {
+		return fmt.Errorf("vm: StateDir %s is too long for a unix socket path (%d bytes)", c.StateDir, n)
+	}
+	return os.MkdirAll(c.StateDir, 0o700)
+}
+
+// checkShares validates the shares and makes their paths absolute (in a copy:
+// the caller's slice is not changed).
+func (c *Config) checkShares() error {
+	shares := make([]Share, 0, len(c.Shares))
+	tags := map[string]bool{}
+	for _, sh := range c.Shares {
+		if !validTag.MatchString(sh.Tag) {
+			return fmt.Errorf("vm: share tag %q: want a letter or digit, then up to 30 letters, digits, '.', '_', '-'", sh.Tag)
+		}
+		if tags[sh.Tag] {
+			return fmt.Errorf("vm: share tag %q given twice", sh.Tag)
+		}
+		tags[sh.Tag] = true
+		abs, err := filepath.Abs(sh.Path)
+		if err != nil {
+			return fmt.Errorf("vm: share %s: %w", sh.Tag, err)
+		}
+		fi, err := os.Stat(abs)
+		if err != nil {
+			return fmt.Errorf("vm: share %s: %w", sh.Tag, err)
+		}
+		if !fi.IsDir() {
+			return fmt.Errorf("vm: share %s: %s is not a directory", sh.Tag, abs)
+		}
+		sh.Path = abs
+		shares = append(shares, sh)
+	}
+	c.Shares = shares
+	return nil
+}
+
+// BootInfo tells how a VM came up.
+type BootInfo struct {
+	// Accel is the accelerator the VM runs with.
+	Accel Accel
+	// Took is the time from starting QEMU to the agent's first answer (of
+	// the attempt that succeeded).
+	Took time.Duration
+	// Fallback says why AccelAuto fell back to TCG; empty when it did not.
+	Fallback string
+	// Kernel is the guest kernel's release.
+	Kernel string
+}
+
+// VM is a running microVM. Its methods are safe for concurrent use.
+type VM struct {
+	cfg   Config
+	boot  BootInfo
+	cmd   *exec.Cmd
+	done  chan struct{} // closed when QEMU has exited
+	qmp   *qmp.Client
+	agent *agentproto.Client
+
+	mu      sync.Mutex
+	ports   []string         // hot-plug root port i holds device ports[i] ("" when free)
+	disks   map[string]*disk // by id
+	pmems   map[string]*pmem // by id; never removed: they cannot be unplugged
+	stop    sync.Once
+	stopErr error
+}
+
+// disk is a host device attached to the VM.
+type disk struct {
+	port     int
+	path     string
+	readOnly bool
+	limits   IOLimits
+}
+
+// Start boots a VM and returns once its agent answers, or with an error
+// (after killing QEMU) when it does not within the timeouts or ctx ends.
+// QEMU is killed when the OS thread that started it ends, which in Go is
+// when the process ends, unless the caller's goroutine is locked to its
+// thread (runtime.LockOSThread) and returns: do not call Start from one.
+func Start(ctx context.Context, cfg Config) (*VM, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	switch cfg.Accel {
+	case AccelTCG, AccelKVM:
+		return boot(ctx, cfg, cfg.Accel, cfg.BootTimeout)
+	}
+	fallback := ""
+	if err := kvmUsable(); err != nil {
+		fallback = err.Error()
+	} else {
+		v, err := boot(ctx, cfg, AccelKVM, cfg.KVMTimeout)
+		if err == nil {
+			return v, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		fallback = err.Error()
+	}
+	v, err := boot(ctx, cfg, AccelTCG, cfg.BootTimeout)
+	if err != nil {
+		return nil, err
+	}
+	v.boot.Fallback = fallback
+	return v, nil
+}
+
+func kvmUsable() error {
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("KVM unusable: %w", err)
+	}
+	return f.Close()
+}
+
+func (c *Config) path(name string) string { return filepath.Join(c.StateDir, name) }
+
+// qemuPath escapes a path for a QEMU option value, where ',' is doubled.
+func qemuPath(p string) string { return strings.ReplaceAll(p, ",", ",,") }
+
+// Names of the VM's QEMU objects.
+const (
+	agentChardev = "crust-agent"
+	serialBus    = "crust-vser"
+	portPrefix   = "crust-rp"
+	nodePrefix   = "crust-node-"
+	diskPrefix   = "crust-disk-"
+	fsdevPrefix  = "crust-fs"
+	sharePrefix  = "crust-9p"
+)
+
+func (c *Config) args(accel Accel) []string {
+	cmdline := "console=ttyS0 panic=-1 quiet"
+	if c.KernelArgs != "" {
+		cmdline += " " + c.KernelArgs
+	}
+	args := []string{
+		"-name", "crust",
+		"-machine", "q35",
+		"-accel", string(accel),
+		// maxmem makes room for hot-plugged memory devices (virtio-pmem); slots counts DIMMs, which
+		// crust does not plug, but QEMU wants at least one to allow memory hot-plug at all.
+		"-m", fmt.Sprintf("%d,slots=1,maxmem=%dM", c.MemoryMB, c.MemoryMB+c.PmemMB),
+		"-smp", strconv.Itoa(c.CPUs),
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-kernel", c.Kernel,
+		"-initrd", c.Initramfs,
+		"-append", cmdline,
+		"-chardev", "file,id=crust-console,path=" + qemuPath(c.path("console.log")),
+		"-serial", "chardev:crust-console",
+		"-qmp", "unix:" + qemuPath(c.path("qmp.sock")) + ",server=on,wait=off",
+		"-chardev", "socket,id=" + agentChardev + ",path=" + qemuPath(c.path("agent.sock")) + ",server=on,wait=off",
+		"-device", "virtio-serial-pci,id=" + serialBus,
+		"-device", "virtserialport,bus=" + serialBus + ".0,chardev=" + agentChardev + ",name=" + agentproto.PortName,
+	}
+	switch {
+	case c.CPU != "":
+		args = append(args, "-cpu", c.CPU)
+	case accel == AccelKVM:
+		args = append(args, "-cpu", "host")
+	}
+	for i := range c.HotplugPorts {
+		args = append(args, "-device", fmt.Sprintf("pcie-root-port,id=%s%d,chassis=%d", portPrefix, i, i+1))
+	}
+	for i, sh := range c.Shares {
+		fsdev := fmt.Sprintf("local,id=%s%d,path=%s,security_model=passthrough", fsdevPrefix, i, qemuPath(sh.Path))
+		if sh.ReadOnly {
+			fsdev += ",readonly=on"
+		}
+		args = append(args, "-fsdev", fsdev,
+			"-device", fmt.Sprintf("virtio-9p-pci,id=%s%d,fsdev=%s%d,mount_tag=%s", sharePrefix, i, fsdevPrefix, i, sh.Tag))
+	}
+	return args
+}
+
+// boot runs one attempt with one accelerator.
+func boot(ctx context.Context, cfg Config, accel Accel, timeout time.Duration) (*VM, error) {
+	cleanSockets(&cfg)
+	logf, err := os.OpenFile(cfg.path("qemu.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("vm: %w", err)
+	}
+	_, _ = fmt.Fprintf(logf, "--- %s starting with %s\n", time.Now().Format(time.RFC3339), accel)
+	// A fresh console log per attempt, so it shows the VM that runs.
+	_ = os.Remove(cfg.path("console.log"))
+
+	v := &VM{
+		cfg:   cfg,
+		boot:  BootInfo{Accel: accel},
+		done:  make(chan struct{}),
+		ports: make([]string, cfg.HotplugPorts),
+		disks: make(map[string]*disk),
+		pmems: make(map[string]*pmem),
+	}
+	v.cmd = exec.Command(cfg.QEMU, cfg.args(accel)...)
+	v.cmd.Stdout, v.cmd.Stderr = logf, logf
+	v.cmd.SysProcAttr = &syscall.SysProcAttr{
+		// QEMU dies with the process that started it, even by SIGKILL, so a
+		// crashed handler leaves no VM holding its devices (see Start).
+		Pdeathsig: syscall.SIGKILL,
+		// Its own process group: a ^C at the handler's terminal goes to the
+		// handler, which then stops the VM in order, not to QEMU directly.
+		Setpgid: true,
+	}
+	start := time.Now()
+	if err := v.cmd.Start(); err != nil {
+		_ = logf.Close()
+		return nil, fmt.Errorf("vm: starting %s: %w", cfg.QEMU, err)
+	}
+	go func() {
+		_ = v.cmd.Wait()
+		_ = logf.Close()
+		close(v.done)
+	}()
+
+	bctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := v.connect(bctx); err != nil {
+		v.kill()
+		return nil, fmt.Errorf("vm: %s boot: %w%s", accel, err, v.logTails())
+	}
+	v.boot.Took = time.Since(start)
+	return v, nil
+}
+
+// connect dials QMP and the agent's socket and pings the agent until it
+// answers.
+func (v *VM) connect(ctx context.Context) error {
+	var err error
+	v.qmp, err = dialRetry(ctx, v.done, func(ctx context.Context) (*qmp.Client, error) {
+		return qmp.Dial(ctx, v.cfg.path("qmp.sock"))
+	})
+	if err != nil {
+		return fmt.Errorf("QMP: %w", err)
+	}
+	v.agent, err = dialRetry(ctx, v.done, func(ctx context.Context) (*agentproto.Client, error) {
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, "unix", v.cfg.path("agent.sock"))
+		if err != nil {
+			return nil, err
+		}
+		return agentproto.NewClient(conn), nil
+	})
+	if err != nil {
+		return fmt.Errorf("agent socket: %w", err)
+	}
+	// A ping written before the agent opened its port is dropped by the
+	// guest, so ping again until one is answered.
+	attempt := 200 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, attempt)
+		p, err := v.agent.Ping(actx)
+		cancel()
+		if err == nil {
+			v.boot.Kernel = p.Kernel
+			return nil
+		}
+		select {
+		case <-v.done:
+			return errors.New("QEMU exited")
+		default:
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("the agent did not answer: %w", ctx.Err())
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("agent: %w", err)
+		}
+		attempt = min(attempt*2, time.Second)
+	}
+}
+
+// dialRetry calls dial until it succeeds, QEMU exits or ctx ends: QEMU
+// creates its sockets a moment after it starts.
+func dialRetry[T any](ctx context.Context, exited <-chan struct{}, dial func(context.Context) (T, error)) (T, error) {
+	for {
+		c, err := dial(ctx)
+		if err == nil {
+			return c, nil
+		}
+		select {
+		case <-exited:
+			return c, fmt.Errorf("QEMU exited (%v)", err)
+		case <-ctx.Done():
+			return c, fmt.Errorf("%w (%v)", ctx.Err(), err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// logTails returns the ends of QEMU's and the console's logs for an error.
+func (v *VM) logTails() string {
+	var b strings.Builder
+	for _, name := range []string{"qemu.log", "console.log"} {
+		data, err := os.ReadFile(v.cfg.path(name))
+		if err != nil || len(strings.TrimSpace(string(data))) == 0 {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+		lines = lines[max(0, len(lines)-8):]
+		fmt.Fprintf(&b, "\n%s:\n  %s", name, strings.Join(lines, "\n  "))
+	}
+	return b.String()
+}
+
+// kill ends QEMU at once and cleans up; for failed boots and Stop's last resort.
+func (v *VM) kill() {
+	if v.cmd.Process != nil {
+		_ = v.cmd.Process.Kill()
+	}
+	<-v.done
+	v.closeClients()
+	cleanSockets(&v.cfg)
+}
+
+func (v *VM) closeClients() {
+	if v.agent != nil {
+		_ = v.agent.Close()
+	}
+	if v.qmp != nil {
+		_ = v.qmp.Close()
+	}
+}
+
+func cleanSockets(cfg *Config) {
+	for _, s := range []string{"qmp.sock", "agent.sock"} {
+		_ = os.Remove(cfg.path(s))
+	}
+}
+
+// Boot tells how the VM came up.
+func (v *VM) Boot() BootInfo { return v.boot }
+
+// Agent is the client of the guest agent.
+func (v *VM) Agent() *agentproto.Client { return v.agent }
+
+// Done is closed when QEMU has exited, whether by Stop or on its own (a
+// guest power-off or crash).
+func (v *VM) Done() <-chan struct{} { return v.done }
+
+// Exit says how QEMU ended ("signal: killed", "exit status 1"); "" while it runs.
+func (v *VM) Exit() string {
+	select {
+	case <-v.done:
+		return v.cmd.ProcessState.String()
+	default:
+		return ""
+	}
+}
+
+// ConsoleLog is the path of the guest's serial console log.
+func (v *VM) ConsoleLog() string { return v.cfg.path("console.log") }
+
+// Pid is QEMU's process id.
+func (v *VM) Pid() int { return v.cmd.Process.Pid }
+
+// Stop shuts the VM down: it asks the agent to power off (the guest unmounts
+// its volumes and syncs), then QEMU to quit, then kills it, each step only if
+// the previous one did not end QEMU in time or before ctx ended. It removes
+// the sockets. Calling it again returns the first call's result.
+func (v *VM) Stop(ctx context.Context) error {
+	v.stop.Do(func() { v.stopErr = v.shutdown(ctx) })
+	return v.stopErr
+}
+
+func (v *VM) shutdown(ctx context.Context) error {
+	wait := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-v.done:
+			return true
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		return false
+	}
+	exited := false
+	select {
+	case <-v.done:
+		exited = true
+	default:
+	}
+	if !exited && ctx.Err() == nil {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := v.agent.Shutdown(sctx)
+		cancel()
+		exited = err == nil && wait(10*time.Second)
+	}
+	if !exited && ctx.Err() == nil {
+		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_ = v.qmp.Execute(qctx, "quit", nil, nil)
+		cancel()
+		exited = wait(5 * time.Second)
+	}
+	v.kill() // a no-op kill when QEMU is gone; closes clients, removes sockets
+	if !exited {
+		return fmt.Errorf("vm: QEMU did not stop by itself and was killed")
+	}
+	return nil
+}

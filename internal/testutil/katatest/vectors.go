@@ -1,0 +1,57 @@
+// Package katatest gives tests two things to check crust against Kata Containers:
+//
+//   - the Kata direct-volume vectors (Load): volume paths, mount infos, and the exact files and read-back
+//     values that Kata's own code produced for them, to check that code which writes or reads Kata's files
+//     does so exactly as Kata does;
+//   - Shim, a stand-in for a Kata shim's management server on a unix socket, serving direct-volume stats
+//     and resize as Kata's shim does, to check code that talks to it.
+//
+// It depends on nothing else of crust, so crust.dev/crust/pkg/kata's own tests can use it.
+package katatest
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+)
+
+// Vector is one case. MountInfo and ReadBack are kept as JSON so that callers decode them with the type
+// under test.
+type Vector struct {
+	VolumePath string          `json:"volume_path"`
+	MountInfo  json.RawMessage `json:"mount_info"`
+	// RawInput, when set, is the exact --mount-info string Kata was given (instead of MountInfo encoded).
+	RawInput  *string `json:"raw_input"`
+	SandboxID string  `json:"sandbox_id"`
+	// Dir is the volume directory's name; Files the files in it, by name, with their exact content.
+	Dir   string            `json:"dir"`
+	Files map[string]string `json:"files"`
+	// ReadBack is the mount info Kata reads back; SandboxRead the sandbox id it finds.
+	ReadBack    json.RawMessage `json:"read_back"`
+	SandboxRead string          `json:"sandbox_read"`
+}
+
+// Path is the vectors file committed with this package (a copy of shared/compat's).
+func Path() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "testdata", "kata-direct-volume-vectors.json")
+}
+
+// Load reads every vector, failing t when there are none.
+func Load(t testing.TB) []Vector {
+	t.Helper()
+	data, err := os.ReadFile(Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct{ Entries []Vector }
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Entries) == 0 {
+		t.Fatal("no vectors")
+	}
+	return doc.Entries
+}
