@@ -38,9 +38,10 @@ type env struct {
 	allow    []string // device patterns allowed besides devDir's nodes
 	sysfs    string
 	m        *Manager
+	k        *kata.Adapter // the Kata adapter, wired as crustd wires it
 
-	sandboxes SandboxFinder // nil: no discovery of Kata sandboxes
-	fwd       Forwarder     // nil: no forwarding
+	sandboxes kata.SandboxFinder // nil: no discovery of Kata sandboxes
+	fwd       Forwarder          // nil: no forwarding
 }
 
 func newEnv(t testing.TB) *env {
@@ -132,9 +133,14 @@ func (e *env) open() error {
 	if err != nil {
 		return err
 	}
-	e.m, err = Open(Config{Validator: v, Store: st, Projection: proj, KubeletDir: e.kubelet, LockWait: time.Minute, WatchBuffer: 16, Log: log,
-		Sandboxes: e.sandboxes, Forwarder: e.fwd}, loaded)
-	return err
+	e.k = kata.NewAdapter(proj, e.sandboxes, log)
+	e.m, err = Open(Config{Validator: v, Store: st, Subscribers: []Subscriber{e.k}, Claims: e.k, KubeletDir: e.kubelet,
+		LockWait: time.Minute, WatchBuffer: 16, Log: log, Forwarder: e.fwd}, Loaded(*loaded))
+	if err != nil {
+		return err
+	}
+	e.k.Bind(e.m)
+	return nil
 }
 
 type testWriter struct{ t testing.TB }

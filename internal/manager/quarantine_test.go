@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/internal/problems"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	katafmt "crust.dev/crust/pkg/kata"
 )
@@ -31,11 +32,10 @@ func (e *env) longSpec() *crustv1.VolumeSpec {
 // store write and the projection, or a stage made while the projection was off.
 func (e *env) storeOnly(spec *crustv1.VolumeSpec) {
 	e.t.Helper()
-	c, err := e.m.cfg.Validator.Spec(spec)
+	v, err := e.m.cfg.Validator.Volume(spec)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	v := &crustv1.Volume{Spec: c.Spec, ResolvedBackingPath: c.ResolvedBackingPath, DeviceNumber: c.DeviceNumber}
 	if err := e.m.cfg.Store.Put(v); err != nil {
 		e.t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func (e *env) wantProblems(want ...*crustv1.Problem) []*crustv1.Problem {
 		if p.GetMessage() == "" || p.GetRemedy() == "" {
 			e.t.Fatalf("problem %v does not say what is wrong and what to do", p)
 		}
-		counts[reason(p.GetKind())]++
+		counts[problems.Reason(p.GetKind())]++
 	}
 	for r, n := range e.m.ProblemCounts() {
 		if n != counts[r] {

@@ -12,6 +12,7 @@ import (
 
 	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/internal/kata"
 	katafmt "crust.dev/crust/pkg/kata"
 )
 
@@ -33,8 +34,8 @@ func TestRawBlockHasNoKataProjection(t *testing.T) {
 	defer w.Stop()
 	wantCaveat := func(what string, v *crustv1.Volume) {
 		t.Helper()
-		if !slices.Equal(v.GetKataCaveats(), []string{kataRawBlockCaveat}) {
-			t.Fatalf("%s: kata_caveats %q, want the raw block caveat", what, v.GetKataCaveats())
+		if c := e.k.Annotate(v).GetKataCaveats(); !slices.Equal(c, []string{kata.RawBlockCaveat}) {
+			t.Fatalf("%s: kata_caveats %q, want the raw block caveat", what, c)
 		}
 	}
 
@@ -56,8 +57,8 @@ func TestRawBlockHasNoKataProjection(t *testing.T) {
 	} else {
 		wantCaveat("watch event", ev.GetVolume())
 	}
-	if ev := <-w.Events(); len(ev.GetVolume().GetKataCaveats()) != 0 {
-		t.Fatalf("a filesystem volume has caveats %q", ev.GetVolume().GetKataCaveats())
+	if ev := <-w.Events(); len(e.k.Annotate(ev.GetVolume()).GetKataCaveats()) != 0 {
+		t.Fatalf("a filesystem volume has caveats %q", e.k.Annotate(ev.GetVolume()).GetKataCaveats())
 	}
 	if _, err := os.Lstat(e.volDir(raw)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the raw block volume has a Kata directory: %v", err)
@@ -82,8 +83,8 @@ func TestRawBlockHasNoKataProjection(t *testing.T) {
 	for _, l := range e.m.List(ctx) {
 		if l.GetSpec().GetVolumeTargetPath() == raw {
 			wantCaveat("list", l)
-		} else if len(l.GetKataCaveats()) != 0 {
-			t.Fatalf("list: a filesystem volume has caveats %q", l.GetKataCaveats())
+		} else if c := e.k.Annotate(l).GetKataCaveats(); len(c) != 0 {
+			t.Fatalf("list: a filesystem volume has caveats %q", c)
 		}
 	}
 	sw := e.m.Watch(true)
