@@ -27,4 +27,3 @@ func TestKataCaveatOfAFile(t *testing.T) {
 		}
 	}
 }
-

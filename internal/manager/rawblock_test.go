@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	"crust.dev/crust/internal/errdefs"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/internal/kata"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	katafmt "crust.dev/crust/pkg/kata"
 )
 

@@ -47,9 +47,9 @@ type Config struct {
 	// Annotators fill the volumes of the StageVolume, GetVolume, ListVolumes and WatchVolumes answers,
 	// in this order; none of them is stored.
 	Annotators []Annotator
-	Policy  peercred.Policy
-	Metrics *metrics.Metrics // nil: not counted
-	Log     *slog.Logger
+	Policy     peercred.Policy
+	Metrics    *metrics.Metrics // nil: not counted
+	Log        *slog.Logger
 }
 
 // Server is a configured gRPC server with its health service.
