@@ -181,7 +181,7 @@ func (a *Adapter) Release(v *crustv1.Volume, sandboxID string, force bool) (*cru
 	}
 	ids, _, err := a.proj.SandboxIDs(target)
 	if err != nil || len(ids) == 0 {
-		return nil, nil //nolint:nilerr // an unreadable projection records no claim to end
+		return nil, nil // an unreadable projection records no claim to end
 	}
 	if !force {
 		if !slices.Contains(ids, sandboxID) {

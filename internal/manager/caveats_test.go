@@ -51,9 +51,7 @@ func TestKataCaveats(t *testing.T) {
 	w := e.m.Watch(true)
 	defer w.Stop()
 	for _, s := range []*crustv1.VolumeSpec{pmem, block} {
-		if _, err := e.m.Stage(ctx, s); err != nil {
-			t.Fatal(err)
-		}
+		e.stage(s)
 	}
 	want := func(v *crustv1.Volume) []string {
 		if v.GetSpec().GetVolumeType() == crustv1.VolumeType_VOLUME_TYPE_PMEM {
@@ -110,9 +108,7 @@ func TestExpandPmemIsUnimplemented(t *testing.T) {
 	ctx := context.Background()
 	s := e.spec(0, 0)
 	s.VolumeType, s.VolumeBackingPath = crustv1.VolumeType_VOLUME_TYPE_PMEM, e.pmemNode("pmem0", 900, 8<<20)
-	if _, err := e.m.Stage(ctx, s); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(s)
 	tp := s.GetVolumeTargetPath()
 	before := e.m.get(tp)
 	w := e.m.Watch(false)
@@ -147,14 +143,10 @@ func TestKataCaveatIOLimits(t *testing.T) {
 	ctx := context.Background()
 	limited := e.spec(0, 0)
 	limited.IoLimits = &crustv1.IOLimits{TotalIops: 50}
-	if _, err := e.m.Stage(ctx, limited); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(limited)
 	w := e.m.Watch(true)
 	defer w.Stop()
-	if _, err := e.m.Stage(ctx, e.spec(1, 1)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(1, 1))
 	caveated := func(v *crustv1.Volume) bool {
 		c := e.k.Annotate(v).GetKataCaveats()
 		return len(c) == 1 && strings.Contains(c[0], "I/O limits")

@@ -98,9 +98,7 @@ func TestStartSurvivesAFileAtAVolumeDir(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	for i := range 3 {
-		if _, err := e.m.Stage(ctx, e.spec(i, i)); err != nil {
-			t.Fatal(err)
-		}
+		e.stage(e.spec(i, i))
 	}
 	e.plantFile(e.target(1))
 	if err := e.open(); err != nil {
@@ -150,9 +148,7 @@ func TestStartSurvivesAFileAtAVolumeDir(t *testing.T) {
 func TestUnstageHealsAQuarantinedVolume(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	e.plantFile(e.target(0))
 	e.reopen()
 	e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY, e.target(0)))
@@ -173,9 +169,7 @@ func TestUnstageHealsAQuarantinedVolume(t *testing.T) {
 func TestStartSurvivesATargetKataCannotName(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	e.storeOnly(e.longSpec())
 	if err := e.open(); err != nil {
 		t.Fatalf("start with a target Kata cannot name: %v", err)
@@ -248,9 +242,7 @@ func TestStageOfATargetKataCannotName(t *testing.T) {
 func TestNonUTF8SandboxFileIsNoClaim(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	if err := os.WriteFile(filepath.Join(e.volDir(e.target(0)), "a\xff"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -292,9 +284,7 @@ func TestNonUTF8SandboxFileIsNoClaim(t *testing.T) {
 func TestCorruptRecordIsReported(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	if err := os.WriteFile(filepath.Join(e.stateDir, "volumes", strings.Repeat("0", 64)+".json"), []byte("{torn"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -318,9 +308,7 @@ func TestProblemsSeeDamageAfterStart(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	for i := range 3 {
-		if _, err := e.m.Stage(ctx, e.spec(i, i)); err != nil {
-			t.Fatal(err)
-		}
+		e.stage(e.spec(i, i))
 	}
 	if err := os.RemoveAll(e.volDir(e.target(0))); err != nil {
 		t.Fatal(err)

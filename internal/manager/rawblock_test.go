@@ -49,9 +49,7 @@ func TestRawBlockHasNoKataProjection(t *testing.T) {
 		t.Fatalf("the same raw block spec again: %v", err)
 	}
 	wantCaveat("repeated stage", v)
-	if _, err := e.m.Stage(ctx, e.spec(1, 1)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(1, 1))
 	if ev := <-w.Events(); ev.GetType() != crustv1.EventType_EVENT_TYPE_STAGED {
 		t.Fatalf("first event %v", ev)
 	} else {
@@ -165,9 +163,7 @@ func TestRawBlockStatsBeforeAnyClaim(t *testing.T) {
 	dev, _ := e.realLoop(8 << 20)
 	spec := e.rawBlockSpec(0, 0)
 	spec.VolumeBackingPath = dev
-	if _, err := e.m.Stage(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(spec)
 	st, err := e.m.Stats(ctx, e.target(0))
 	if err != nil {
 		t.Fatal(err)
