@@ -2,7 +2,8 @@
 // help: the CRI runtime's list of the pod's ready sandboxes (ListPodSandbox over the CRI socket, by the
 // pod UID label kubelet puts on every sandbox), then the sandbox whose Kata shim serves its management
 // socket under one of the Kata shim directories. Kata's runtime-rs never records the sandbox id in a
-// volume's Kata directory, so this is how crustd learns which sandbox uses such a volume.
+// volume's Kata directory, so this is how crustd learns which sandbox uses such a volume: a Finder is the
+// Kata adapter's kata.SandboxFinder, and handlerwatch's check that such a sandbox is still there.
 //
 // Promises:
 //   - Every CRI call is bounded by Config.Timeout; an absent or silent CRI socket costs at most that, and

@@ -1,5 +1,8 @@
-// Package daemon wires crustd together: it loads the store, rebuilds the Kata projection, serves the API
-// on the unix socket and metrics over HTTP, collects garbage, and stops cleanly on a signal.
+// Package daemon wires crustd together: it loads the store, opens the core (internal/manager) with the
+// store, the validator, the forwarder and the Kata adapter (internal/kata: the projection, Kata's claims
+// and caveats) injected, serves the API on the unix socket and metrics over HTTP, watches runtime
+// handlers, collects garbage, and stops cleanly on a signal. Start-up fails on a bad configuration or an
+// unusable directory, never on one bad record.
 package daemon
 
 import (
@@ -64,7 +67,7 @@ type Config struct {
 	CRITimeout time.Duration
 }
 
-// Defaults returns the configuration DESIGN.md documents.
+// Defaults returns crustd's default configuration, the flags' defaults.
 func Defaults() Config {
 	return Config{
 		Socket:       "/run/crust/crust.sock",
@@ -116,22 +119,30 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	fwd := &forward.Forwarder{KataShimDirs: cfg.KataShimDirs}
 	defer func() { _ = fwd.Close() }()
-	mcfg := manager.Config{
-		Validator: v, Store: st, Projection: proj, Forwarder: fwd,
-		KubeletDir: cfg.KubeletDir, LockWait: cfg.LockWait, Log: log,
-	}
-	var sandboxes handlerwatch.Sandboxes
+	var (
+		sandboxes handlerwatch.Sandboxes
+		finder    kata.SandboxFinder
+		discover  func(context.Context) []string
+	)
 	if cfg.CRIEndpoint != "" {
-		finder, err := crisandbox.New(crisandbox.Config{Endpoint: cfg.CRIEndpoint, ShimDirs: cfg.KataShimDirs, Timeout: cfg.CRITimeout, Log: log})
+		f, err := crisandbox.New(crisandbox.Config{Endpoint: cfg.CRIEndpoint, ShimDirs: cfg.KataShimDirs, Timeout: cfg.CRITimeout, Log: log})
 		if err != nil {
 			return fmt.Errorf("--cri-endpoint: %w", err)
 		}
-		defer func() { _ = finder.Close() }()
-		mcfg.Sandboxes, sandboxes = finder, finder
+		defer func() { _ = f.Close() }()
+		sandboxes, finder = f, f
 	}
-	m, err := manager.Open(mcfg, loaded)
+	katas := kata.NewAdapter(proj, finder, log)
+	m, err := manager.Open(manager.Config{
+		Validator: v, Store: st, Subscribers: []manager.Subscriber{katas}, Claims: katas, Forwarder: fwd,
+		KubeletDir: cfg.KubeletDir, LockWait: cfg.LockWait, Log: log,
+	}, manager.Loaded(*loaded))
 	if err != nil {
 		return err
+	}
+	katas.Bind(m)
+	if finder != nil {
+		discover = katas.FindAll
 	}
 	log.Info("state loaded", "volumes", len(loaded.Volumes), "dropped_other_boot", len(loaded.Dropped),
 		"corrupt_moved_aside", len(loaded.Corrupt), "state_dir", cfg.StateDir, "kata_dir", cfg.KataDir)
@@ -140,7 +151,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	met.VolumeGauges(m.Counts)
 	met.QuarantineGauge(m.ProblemCounts)
 	srv := server.New(server.Config{
-		Manager: m, Policy: peercred.Policy{UIDs: cfg.AllowUIDs, GIDs: cfg.AllowGIDs}, Metrics: met, Log: log,
+		Manager: m, Annotators: []server.Annotator{katas}, Policy: peercred.Policy{UIDs: cfg.AllowUIDs, GIDs: cfg.AllowGIDs}, Metrics: met, Log: log,
 	})
 	lis, err := unixsocket.Listen(cfg.Socket)
 	if err != nil {
@@ -159,7 +170,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	met.SetReady(true)
 	log.Info("serving", "socket", cfg.Socket, "http", cfg.HTTPAddr)
 
-	hw := handlerwatch.New(handlerwatch.Config{Manager: m, Grace: cfg.HandlerGrace, Released: met.HandlerGone, Sandboxes: sandboxes, Log: log})
+	hw := handlerwatch.New(handlerwatch.Config{Manager: m, Grace: cfg.HandlerGrace, Released: met.HandlerGone, Sandboxes: sandboxes,
+		Discover: discover, Log: log})
 	hwCtx, hwStop := context.WithCancel(ctx)
 	hwDone := make(chan struct{})
 	go func() { hw.Run(hwCtx); close(hwDone) }()

@@ -1,6 +1,7 @@
 // Package forward takes stats and expansion requests for a claimed volume to the runtime handler that
 // claimed it: over the handler's RuntimeHandlerService socket, or, for a claim read from a Kata sandbox-id
-// file (claim.kata), over that Kata shim's management socket.
+// file or found through the CRI runtime (claim.kata), over that Kata shim's management socket. The
+// claim alone decides which: the caller hands over the claimed volume and need not know.
 //
 // Promises for handlers: a handler that cannot be reached is ErrUnavailable (the descriptor and its claim
 // are kept, so a restarted handler answers again); a handler's own error keeps its gRPC code and message;

@@ -45,14 +45,9 @@ func handlerVolume(endpoint, sandbox string) *crustv1.Volume {
 	}
 }
 
-// TestHandler: the gRPC path keeps working next to the Kata one.
-func TestHandler(t *testing.T) {
-	root, err := os.MkdirTemp("", "fh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	sock := filepath.Join(root, "h.sock")
+// serveHandler serves the test's handler on a unix socket at sock until the test ends.
+func serveHandler(t *testing.T, sock string) {
+	t.Helper()
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
@@ -61,6 +56,17 @@ func TestHandler(t *testing.T) {
 	crustv1.RegisterRuntimeHandlerServiceServer(srv, handler{})
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(srv.Stop)
+}
+
+// TestHandler: the gRPC path keeps working next to the Kata one.
+func TestHandler(t *testing.T) {
+	root, err := os.MkdirTemp("", "fh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	sock := filepath.Join(root, "h.sock")
+	serveHandler(t, sock)
 
 	f := &Forwarder{}
 	defer func() { _ = f.Close() }()
@@ -103,14 +109,7 @@ func TestRestartedHandlerAnswersAtOnce(t *testing.T) {
 			t.Fatalf("handler down: %v, want Unavailable", err)
 		}
 	}
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	crustv1.RegisterRuntimeHandlerServiceServer(srv, handler{})
-	go func() { _ = srv.Serve(l) }()
-	defer srv.Stop()
+	serveHandler(t, sock)
 	if _, err := f.Stats(ctx, handlerVolume(ep, "vm1")); err != nil {
 		t.Fatalf("first call after the handler came back: %v", err)
 	}

@@ -14,8 +14,8 @@
 // Claims crustd found through the CRI runtime (claim.cri_discovered, a Kata runtime that records no
 // sandbox id) end when their sandbox is gone: no management socket of its Kata shim accepts connections
 // and the CRI runtime no longer lists the sandbox as ready (a stopped sandbox's VM is stopped with it).
-// A runtime that does not answer proves nothing, and the claim stays. With Sandboxes set, each check also
-// looks for the Kata sandboxes of unclaimed volumes (manager.DiscoverKataClaims).
+// A runtime that does not answer proves nothing, and the claim stays. With Discover set, each check also
+// looks for the claimers of unclaimed volumes (the Kata adapter's FindAll).
 //
 // Each release is logged, counted in crust_handler_claims_released_total{why} and sent to watchers as
 // EVENT_TYPE_RELEASED with RELEASE_REASON_HANDLER_GONE and a detail saying why. A handler that is in fact
@@ -70,9 +70,12 @@ type Config struct {
 	// WhySandboxGone); nil: not called. For the metric.
 	Released func(why string)
 	// Sandboxes checks the sandboxes of claims found through the CRI runtime; nil: those claims are left
-	// alone and no discovery runs.
+	// alone.
 	Sandboxes Sandboxes
-	Log       *slog.Logger
+	// Discover looks for the claimers of the volumes nothing claims, once per check (kata.Adapter.FindAll);
+	// nil: not looked for.
+	Discover func(ctx context.Context) []string
+	Log      *slog.Logger
 }
 
 // Watcher checks the handlers of the claims the manager holds. Use one goroutine: Run, or Check.
@@ -164,8 +167,8 @@ func (w *Watcher) Check(ctx context.Context, now time.Time) []string {
 			delete(w.refused, ep)
 		}
 	}
-	if w.cfg.Sandboxes != nil {
-		w.cfg.Manager.DiscoverKataClaims(ctx)
+	if w.cfg.Discover != nil {
+		w.cfg.Discover(ctx)
 	}
 	return ended
 }

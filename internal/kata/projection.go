@@ -1,5 +1,9 @@
-// Package kata keeps crustd's descriptors projected into Kata Containers' direct-assigned volume
-// directory, so that an unmodified Kata runtime finds and mounts the volumes crust holds.
+// Package kata is all crustd does for Kata Containers, kept out of crustd's core (internal/manager):
+// it keeps crustd's descriptors projected into Kata's direct-assigned volume directory, so that an
+// unmodified Kata runtime finds and mounts the volumes crust holds (Projection); and its Adapter plugs
+// that into the core as a subscriber to the descriptors' changes, reports the claims Kata makes its own
+// way (sandbox-id files; sandboxes found through the CRI runtime, recorded through the core's ordinary
+// claim path), quarantines what cannot be projected, and gives the server the Kata caveats of a volume.
 //
 // For each descriptor, under the Kata directory (--kata-dir, by default
 // /run/kata-containers/shared/direct-volumes), the projection writes exactly:

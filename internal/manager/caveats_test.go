@@ -14,6 +14,7 @@ import (
 
 	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/hostdev/sysfstree"
+	"crust.dev/crust/internal/kata"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
@@ -38,9 +39,9 @@ func (e *env) pmemNode(name string, minor uint32, size int64) string {
 	return p
 }
 
-// TestKataCaveats: a pmem volume carries its Kata caveat in every Get, List and Watch answer, a block
-// volume none, and the caveat is never stored (the manager's own record, and a restarted manager's, have
-// none).
+// TestKataCaveats: the Kata adapter gives a pmem volume its Kata caveat in every Get, List and Watch
+// answer (the server annotates each with it), a block volume none, and the caveat is never stored (the
+// manager's own record, and a restarted manager's, have none).
 func TestKataCaveats(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -50,19 +51,17 @@ func TestKataCaveats(t *testing.T) {
 	w := e.m.Watch(true)
 	defer w.Stop()
 	for _, s := range []*crustv1.VolumeSpec{pmem, block} {
-		if _, err := e.m.Stage(ctx, s); err != nil {
-			t.Fatal(err)
-		}
+		e.stage(s)
 	}
 	want := func(v *crustv1.Volume) []string {
 		if v.GetSpec().GetVolumeType() == crustv1.VolumeType_VOLUME_TYPE_PMEM {
-			return []string{kataPmemCaveat}
+			return []string{kata.PmemCaveat}
 		}
 		return nil
 	}
 	check := func(how string, v *crustv1.Volume) {
 		t.Helper()
-		if got := v.GetKataCaveats(); !slices.Equal(got, want(v)) {
+		if got := e.k.Annotate(v).GetKataCaveats(); !slices.Equal(got, want(v)) {
 			t.Errorf("%s %s: kata_caveats %q, want %q", how, v.GetSpec().GetVolumeTargetPath(), got, want(v))
 		}
 	}
@@ -97,29 +96,8 @@ func TestKataCaveats(t *testing.T) {
 	if c := e.m.get(pmem.GetVolumeTargetPath()).GetKataCaveats(); c != nil {
 		t.Errorf("the volume loaded from the store carries caveats %q", c)
 	}
-	if !strings.Contains(kataPmemCaveat, "without DAX") {
-		t.Errorf("the pmem caveat does not say that Kata mounts it without DAX: %q", kataPmemCaveat)
-	}
-}
-
-// TestKataCaveatOfAFile: a file-backed pmem volume (its device number carries an inode) has the caveat that
-// Kata does not attach it at all; a file-backed volume of type FILE has none of pmem's.
-func TestKataCaveatOfAFile(t *testing.T) {
-	file := &crustv1.DeviceNumber{Major: 8, Minor: 1, Inode: 42}
-	for _, tc := range []struct {
-		typ  crustv1.VolumeType
-		dn   *crustv1.DeviceNumber
-		want []string
-	}{
-		{crustv1.VolumeType_VOLUME_TYPE_PMEM, file, []string{kataPmemFileCaveat}},
-		{crustv1.VolumeType_VOLUME_TYPE_PMEM, &crustv1.DeviceNumber{Major: 259, Minor: 0}, []string{kataPmemCaveat}},
-		{crustv1.VolumeType_VOLUME_TYPE_FILE, file, nil},
-		{crustv1.VolumeType_VOLUME_TYPE_BLOCK, &crustv1.DeviceNumber{Major: 7, Minor: 0}, nil},
-	} {
-		v := &crustv1.Volume{Spec: &crustv1.VolumeSpec{VolumeType: tc.typ}, DeviceNumber: tc.dn}
-		if got := kataCaveats(v); !slices.Equal(got, tc.want) {
-			t.Errorf("%v on %v: %q, want %q", tc.typ, tc.dn, got, tc.want)
-		}
+	if !strings.Contains(kata.PmemCaveat, "without DAX") {
+		t.Errorf("the pmem caveat does not say that Kata mounts it without DAX: %q", kata.PmemCaveat)
 	}
 }
 
@@ -130,9 +108,7 @@ func TestExpandPmemIsUnimplemented(t *testing.T) {
 	ctx := context.Background()
 	s := e.spec(0, 0)
 	s.VolumeType, s.VolumeBackingPath = crustv1.VolumeType_VOLUME_TYPE_PMEM, e.pmemNode("pmem0", 900, 8<<20)
-	if _, err := e.m.Stage(ctx, s); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(s)
 	tp := s.GetVolumeTargetPath()
 	before := e.m.get(tp)
 	w := e.m.Watch(false)
@@ -160,29 +136,25 @@ func TestExpandPmemIsUnimplemented(t *testing.T) {
 	}
 }
 
-// A volume with I/O limits carries the Kata caveat for them in Get, List and Watch answers (existing and
-// new); one without carries none; the caveat is never stored.
+// A volume with I/O limits gets the Kata caveat for them from the Kata adapter in Get, List and Watch
+// answers (existing and new); one without gets none; the caveat is never stored.
 func TestKataCaveatIOLimits(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	limited := e.spec(0, 0)
 	limited.IoLimits = &crustv1.IOLimits{TotalIops: 50}
-	if _, err := e.m.Stage(ctx, limited); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(limited)
 	w := e.m.Watch(true)
 	defer w.Stop()
-	if _, err := e.m.Stage(ctx, e.spec(1, 1)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(1, 1))
 	caveated := func(v *crustv1.Volume) bool {
-		c := v.GetKataCaveats()
+		c := e.k.Annotate(v).GetKataCaveats()
 		return len(c) == 1 && strings.Contains(c[0], "I/O limits")
 	}
 	want := map[string]bool{e.target(0): true, e.target(1): false}
 	for target, wantCaveat := range want {
 		v, err := e.m.Get(ctx, target)
-		if err != nil || caveated(v) != wantCaveat || (!wantCaveat && len(v.GetKataCaveats()) > 0) {
+		if err != nil || caveated(v) != wantCaveat || (!wantCaveat && len(e.k.Annotate(v).GetKataCaveats()) > 0) {
 			t.Errorf("Get(%s) = %v, %v; want a caveat %v", target, v.GetKataCaveats(), err, wantCaveat)
 		}
 	}

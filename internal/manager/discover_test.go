@@ -225,7 +225,7 @@ func TestDiscoverNothing(t *testing.T) {
 		if c, _ := n.m.Get(ctx, n.tp); c.GetClaim().GetSandboxId() != "sb-b" || c.GetClaim().GetCriDiscovered() {
 			t.Fatalf("claim %v, want sb-b's from its file", c.GetClaim())
 		}
-		if found := n.m.DiscoverKataClaims(ctx); len(found) != 0 {
+		if found := n.k.FindAll(ctx); len(found) != 0 {
 			t.Fatalf("periodic discovery recorded %q", found)
 		}
 	})
@@ -277,14 +277,14 @@ func TestDiscoverKataClaims(t *testing.T) {
 	}
 	n.cri.Set(critest.Sandbox("sb-0", "pod-0", true), critest.Sandbox("sb-1", "pod-1", false))
 	before := n.cri.Calls()
-	if got := n.m.DiscoverKataClaims(ctx); !slices.Equal(got, []string{n.tp}) {
+	if got := n.k.FindAll(ctx); !slices.Equal(got, []string{n.tp}) {
 		t.Fatalf("found %q, want %q", got, n.tp)
 	}
 	if calls := n.cri.Calls() - before; calls != 1 {
 		t.Errorf("%d calls to the runtime for three volumes, want 1", calls)
 	}
 	n.cri.Set(critest.Sandbox("sb-0", "pod-0", true), critest.Sandbox("sb-1", "pod-1", true))
-	got := n.m.DiscoverKataClaims(ctx)
+	got := n.k.FindAll(ctx)
 	slices.Sort(got)
 	if want := []string{n.target(1), n.target(5)}; !slices.Equal(got, want) {
 		t.Fatalf("found %q, want %q", got, want)
@@ -295,7 +295,7 @@ func TestDiscoverKataClaims(t *testing.T) {
 		}
 	}
 	before = n.cri.Calls()
-	if got := n.m.DiscoverKataClaims(ctx); len(got) != 0 || n.cri.Calls() != before {
+	if got := n.k.FindAll(ctx); len(got) != 0 || n.cri.Calls() != before {
 		t.Errorf("with every volume claimed: found %q, %d calls to the runtime", got, n.cri.Calls()-before)
 	}
 }
@@ -319,7 +319,7 @@ func TestDiscoverSkipsRawBlock(t *testing.T) {
 	if _, err := n.m.Stats(ctx, n.tp); err != nil {
 		t.Fatal(err)
 	}
-	if found := n.m.DiscoverKataClaims(ctx); len(found) != 0 {
+	if found := n.k.FindAll(ctx); len(found) != 0 {
 		t.Errorf("periodic discovery recorded %q", found)
 	}
 	if v, _ := n.m.Get(ctx, n.tp); v.GetClaim() != nil {

@@ -34,9 +34,9 @@ func claimerOf(ctx context.Context) (int32, uint64) {
 	return pid, start
 }
 
-// HandlerClaims returns the claims crust holds, by target path: those runtime handlers made through
-// crust and those found through the CRI runtime (cri_discovered), not those read from Kata sandbox-id
-// files. The claims are never mutated.
+// HandlerClaims returns the claims crust holds, by target path: those made through Claim and those a
+// claim source found and recorded (ClaimFound, such as Kata sandboxes found through the CRI runtime),
+// not those a claim source only reports (ClaimSource.Claim). The claims are never mutated.
 func (m *Manager) HandlerClaims() map[string]*crustv1.Claim {
 	m.mu.RLock()
 	defer m.mu.RUnlock()

@@ -18,9 +18,7 @@ func TestReleaseGone(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	tp := e.target(0)
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	w := e.m.Watch(false)
 	defer w.Stop()
 	released := func() *crustv1.WatchVolumesResponse {

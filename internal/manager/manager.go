@@ -1,15 +1,19 @@
-// Package manager is crustd's domain core: it owns the set of descriptors, keeps the store and the Kata
-// projection in step with it, serialises operations per target path and tells watchers what changed.
+// Package manager is crustd's domain core: it owns the descriptors and their claims, enforces one
+// writer per device, serialises operations per target path and publishes every committed change. It
+// knows no runtime: what it depends on (store, validator, forwarder, subscribers, claim source) are
+// interfaces it defines (deps.go), filled by the daemon's wiring.
 //
 // Promises:
 //   - Every operation is idempotent per target path, and operations on one target are serialised by a
 //     per-target lock (keylock), never by one global lock; a caller that waits too long gets ErrAborted.
-//   - A change is acknowledged only after the store made it durable. The store is the commit point: the
-//     Kata projection follows it, and on start it is rebuilt from the store (Open), so a crash at any
-//     instant leaves each descriptor wholly old or wholly new in both.
-//   - A refused request (validation, conflict) changes nothing.
-//   - One bad entry never stops the start or breaks an answer about the others: what cannot be
-//     projected or read is quarantined and reported (see Problems).
+//   - A change is acknowledged only after the store made it durable. The store is the commit point:
+//     subscribers follow it under the target's lock, in commit order, and are rebuilt from it at start
+//     (Open); a subscriber may refuse a stage before the commit, or after it, which takes the record back.
+//   - A refused request (validation, conflict, a subscriber's refusal) changes nothing.
+//   - A claim made without the Runtime API (ClaimSource) counts as any other: for the one-writer rule,
+//     for a Claim by another sandbox, and in every answer.
+//   - One bad entry never stops the start or breaks an answer about the others: store records that
+//     cannot be read are reported with what the subscribers set aside (see Problems).
 //   - Watchers see the changes in the order they were made durable, each with a revision one higher than
 //     the previous one.
 //
@@ -35,30 +39,20 @@ import (
 
 	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/hostdev"
-	"crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/keylock"
-	"crust.dev/crust/internal/store"
-	"crust.dev/crust/internal/validate"
+	"crust.dev/crust/internal/problems"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
-// Forwarder reaches the runtime handler that claimed a volume, for stats and expansion.
-type Forwarder interface {
-	// Stats measures the volume inside the sandbox that claimed it.
-	Stats(ctx context.Context, v *crustv1.Volume) (*crustv1.GetVolumeStatsResponse, error)
-	// Expand grows the volume to at least requiredBytes as the sandbox sees it and returns the capacity.
-	// deviceBytes is the size of the device as the host now sees it.
-	Expand(ctx context.Context, v *crustv1.Volume, requiredBytes, deviceBytes int64) (int64, error)
-}
-
 // Config is what the manager needs.
 type Config struct {
-	Validator  *validate.Validator
-	Store      *store.Store
-	Projection *kata.Projection
-	Forwarder  Forwarder // nil: stats and expansion of a claimed volume fail with FailedPrecondition
-	// Sandboxes finds the Kata sandbox of a volume no sandbox claimed (see DiscoverKataClaim); nil: off.
-	Sandboxes SandboxFinder
+	Validator Validator
+	Store     Store
+	// Subscribers follow the descriptors as they are staged and unstaged, in this order.
+	Subscribers []Subscriber
+	// Claims reports claims made without the Runtime API; nil: there are none.
+	Claims    ClaimSource
+	Forwarder Forwarder // nil: stats and expansion of a claimed volume fail with FailedPrecondition
 	// KubeletDir is the kubelet root; descriptors under <KubeletDir>/pods/<uid>/ are garbage-collected
 	// once that pod directory is gone.
 	KubeletDir string
@@ -80,17 +74,13 @@ type Manager struct {
 	rev      uint64
 	watchers map[*Watcher]struct{}
 
-	problems problems
-
-	noteMu sync.Mutex
-	noted  map[string]string // by target: the last condition of it logged once (noteOnce)
+	corrupt problems.Set // store records moved aside at start
 }
 
-// Open loads the descriptors the store kept from this boot and rebuilds the Kata projection from them
-// (records of an earlier boot or corrupt ones are gone from the store by then, and their projection is
-// removed). A descriptor whose projection cannot be written is held and served all the same, and
-// quarantined; the records the store moved aside are reported (Problems). No entry makes Open fail.
-func Open(cfg Config, loaded *store.LoadReport) (*Manager, error) {
+// Open holds the descriptors the store kept from this boot and gives them to each subscriber (Load), with
+// the target paths of the records the store dropped; the records the store moved aside are reported
+// (Problems). No entry makes Open fail.
+func Open(cfg Config, loaded Loaded) (*Manager, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
@@ -107,16 +97,11 @@ func Open(cfg Config, loaded *store.LoadReport) (*Manager, error) {
 	for _, v := range loaded.Volumes {
 		m.vols[v.GetSpec().GetVolumeTargetPath()] = v
 	}
-	failed, err := cfg.Projection.Sync(loaded.Volumes, loaded.Dropped)
-	if err != nil {
-		m.log.Warn("rebuild the Kata projection", "err", err)
-	}
-	for _, target := range slices.Sorted(maps.Keys(failed)) {
-		_, held := m.vols[target]
-		m.quarantine(target, failed[target], held)
+	for _, s := range cfg.Subscribers {
+		s.Load(loaded.Volumes, loaded.Dropped)
 	}
 	for _, path := range loaded.Corrupt {
-		m.problems.put(&crustv1.Problem{
+		m.corrupt.Put(&crustv1.Problem{
 			Kind:    crustv1.ProblemKind_PROBLEM_KIND_CORRUPT_RECORD,
 			Path:    path,
 			Message: "a store record could not be read and was moved aside at start; crustd no longer holds its volume",
@@ -127,27 +112,15 @@ func Open(cfg Config, loaded *store.LoadReport) (*Manager, error) {
 	return m, nil
 }
 
-// Stage deposits a descriptor. The same spec again returns the stored volume and changes nothing; another
-// spec for the same target is ErrAlreadyExists.
-//
-// With the Kata projection on, a target path too long for a Kata directory name is refused with a
-// *errdefs.FieldError on spec.volume_target_path, and nothing is stored. A caller that stages a volume
-// expects the node's runtimes to find it; a Kata runtime that does not find a direct-assigned volume
-// shares the (empty, unmounted) target directory with the sandbox instead, so the pod would start on an
-// empty volume and its writes would land on the node's disk. Refusing lets the CSI driver fail the
-// publish visibly. (Such a descriptor stored while the projection was off is still held and served to
-// crust's own handlers; it is quarantined, and staging it again gets the same refusal.)
-//
-// Something other than a directory where the target's Kata volume directory belongs is
-// ErrFailedPrecondition: crustd leaves it alone and stores nothing. A raw block volume has no projection
-// (kata.Projects), so neither rule applies to it. Staging a quarantined descriptor again
-// (same spec) writes its projection again; once that succeeds the quarantine ends.
+// Stage deposits a descriptor. The same spec again returns the stored volume and stores nothing (each
+// subscriber's Restaged may redo what it could not do before); another spec for the same target is
+// ErrAlreadyExists. A subscriber may refuse a new descriptor (see Subscriber): nothing is stored then.
 func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1.Volume, error) {
-	checked, err := m.cfg.Validator.Spec(spec)
+	v, err := m.cfg.Validator.Volume(spec)
 	if err != nil {
 		return nil, err
 	}
-	target := checked.Spec.GetVolumeTargetPath()
+	target := v.GetSpec().GetVolumeTargetPath()
 	unlock, err := m.locks.Lock(ctx, target)
 	if err != nil {
 		return nil, err
@@ -155,53 +128,48 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 	defer unlock()
 
 	if old := m.get(target); old != nil {
-		if diff := differingFields(old.GetSpec(), checked.Spec); len(diff) > 0 {
+		if diff := differingFields(old.GetSpec(), v.GetSpec()); len(diff) > 0 {
 			return nil, fmt.Errorf("volume %q is staged with other parameters (%s): %w",
 				target, strings.Join(diff, ", "), errdefs.ErrAlreadyExists)
 		}
-		if !proto.Equal(old.GetDeviceNumber(), checked.DeviceNumber) {
+		if !proto.Equal(old.GetDeviceNumber(), v.GetDeviceNumber()) {
 			return nil, fmt.Errorf("volume %q is staged with device number %s but %s is now %s; unstage it first: %w",
-				target, devString(old.GetDeviceNumber()), spec.GetVolumeBackingPath(), devString(checked.DeviceNumber),
+				target, devString(old.GetDeviceNumber()), spec.GetVolumeBackingPath(), devString(v.GetDeviceNumber()),
 				errdefs.ErrAlreadyExists)
 		}
-		if m.problems.has(target, projectionKinds...) {
-			if err := m.cfg.Projection.Write(old); err != nil {
-				m.quarantine(target, err, true)
-				return nil, errdefs.NoSpace(fmt.Errorf("volume %q is staged and served to crust's own handlers, but "+
-					"its Kata projection cannot be written: %w", target, err))
+		for _, s := range m.cfg.Subscribers {
+			if err := s.Restaged(old); err != nil {
+				return nil, err
 			}
-			m.healed(target)
 		}
-		return withKataCaveats(m.withKataClaim(old)), nil
+		return m.withFoundClaim(old), nil
 	}
-	if kata.Projects(checked.Spec) {
-		if err := m.cfg.Projection.Check(target); err != nil {
+	for _, s := range m.cfg.Subscribers {
+		if err := s.Check(v); err != nil {
 			return nil, err
 		}
 	}
-
-	v := &crustv1.Volume{
-		Spec:                checked.Spec,
-		ResolvedBackingPath: checked.ResolvedBackingPath,
-		DeviceNumber:        checked.DeviceNumber,
-		StageTime:           timestamppb.Now(),
-	}
+	v.StageTime = timestamppb.Now()
 	if err := m.cfg.Store.Put(v); err != nil {
 		return nil, errdefs.NoSpace(fmt.Errorf("store volume %q: %w", target, err))
 	}
-	if err := m.cfg.Projection.Write(v); err != nil {
-		// Not acknowledged, so take the record back; if that fails too, the next start re-projects it.
-		if derr := m.cfg.Store.Delete(target); derr != nil {
-			m.log.Error("take back a record after a failed projection", "target", target, "err", derr)
+	for _, s := range m.cfg.Subscribers {
+		if err := s.Staged(v); err != nil {
+			// Not acknowledged, so take the record back; if that fails too, the next start gives it to
+			// the subscribers again (Load).
+			if derr := m.cfg.Store.Delete(target); derr != nil {
+				m.log.Error("take back a record a subscriber refused", "target", target, "err", derr)
+			}
+			return nil, err
 		}
-		return nil, errdefs.NoSpace(fmt.Errorf("write the Kata projection of %q: %w", target, err))
 	}
 	m.commit(target, v, crustv1.EventType_EVENT_TYPE_STAGED)
-	return withKataCaveats(v), nil
+	return v, nil
 }
 
-// Unstage removes a descriptor, with its claim if it has one, and its Kata projection (whatever is where
-// the volume directory belongs), which ends any quarantine of it. An unknown target is not an error.
+// Unstage removes a descriptor, with its claim if it has one, after each subscriber's Unstaging (which
+// may refuse it: the descriptor is kept then). An unknown target is not an error; the subscribers are
+// told of it all the same.
 func (m *Manager) Unstage(ctx context.Context, target string) error {
 	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
 		return err
@@ -216,26 +184,19 @@ func (m *Manager) Unstage(ctx context.Context, target string) error {
 
 func (m *Manager) unstageLocked(target string) error {
 	old := m.get(target)
-	if old == nil {
-		// The projection of a dropped record that could not be removed at start: try again.
-		if m.problems.has(target, projectionKinds...) && m.cfg.Projection.Remove(target) == nil {
-			m.healed(target)
+	// Subscribers first: a crash between them and the store leaves the record, and the next start gives
+	// it to them again.
+	for _, s := range m.cfg.Subscribers {
+		if err := s.Unstaging(target, old); err != nil && old != nil {
+			return err
 		}
+	}
+	if old == nil {
 		return nil
 	}
 	if c := old.GetClaim(); c != nil {
 		m.log.Warn("unstaging a claimed volume; the claim is dropped", "target", target, "sandbox", c.GetSandboxId())
 	}
-	// Projection first: a crash between the two leaves the record, and the next start projects it again.
-	// A volume that has no projection leaves alone whatever is where it would be: it is not crust's.
-	if kata.Projects(old.GetSpec()) {
-		if err := m.cfg.Projection.Remove(target); err != nil {
-			return fmt.Errorf("remove the Kata projection of %q: %w", target, err)
-		}
-	}
-	m.healed(target)
-	m.noteBadNames(target, nil)
-	m.forgetNotes(target)
 	if err := m.cfg.Store.Delete(target); err != nil {
 		return fmt.Errorf("delete the record of %q: %w", target, err)
 	}
@@ -243,17 +204,13 @@ func (m *Manager) unstageLocked(target string) error {
 	return nil
 }
 
-// Get returns one descriptor, or ErrNotFound.
+// Get returns one descriptor, with a claim the claim source reports when it has none of crust's, or
+// ErrNotFound.
 func (m *Manager) Get(_ context.Context, target string) (*crustv1.Volume, error) {
-	v, err := m.stored(target)
-	if err != nil {
-		return nil, err
-	}
-	return withKataCaveats(v), nil
+	return m.stored(target)
 }
 
-// stored returns the descriptor at target as stored, with a claim an unmodified Kata shim recorded in the
-// projection, or ErrNotFound.
+// stored is Get.
 func (m *Manager) stored(target string) (*crustv1.Volume, error) {
 	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
 		return nil, err
@@ -262,7 +219,7 @@ func (m *Manager) stored(target string) (*crustv1.Volume, error) {
 	if v == nil {
 		return nil, notFound(target)
 	}
-	return withKataCaveats(m.withKataClaim(v)), nil
+	return m.withFoundClaim(v), nil
 }
 
 // List returns every descriptor, ordered by target path.
@@ -273,7 +230,8 @@ func (m *Manager) List(ctx context.Context) []*crustv1.Volume {
 
 // ListPage returns, in target path order, the descriptors whose target path sorts after after ("" for
 // the first page): at most maxEntries of them and, once it holds one, no more than maxBytes of encoded
-// descriptors (zero or less: no limit), and whether more follow. Kata claims are read for the page only.
+// descriptors (zero or less: no limit), and whether more follow. The claim source is asked for the page
+// only.
 func (m *Manager) ListPage(_ context.Context, after string, maxEntries, maxBytes int) ([]*crustv1.Volume, bool) {
 	m.mu.RLock()
 	rest := make([]*crustv1.Volume, 0, len(m.vols))
@@ -289,7 +247,7 @@ func (m *Manager) ListPage(_ context.Context, after string, maxEntries, maxBytes
 	page := make([]*crustv1.Volume, 0, min(len(rest), max(maxEntries, 0)))
 	size := 0
 	for _, v := range rest {
-		v = withKataCaveats(m.withKataClaim(v))
+		v = m.withFoundClaim(v)
 		n := proto.Size(v)
 		if (maxEntries > 0 && len(page) == maxEntries) || (maxBytes > 0 && len(page) > 0 && size+n > maxBytes) {
 			return page, true
@@ -301,17 +259,38 @@ func (m *Manager) ListPage(_ context.Context, after string, maxEntries, maxBytes
 }
 
 // Claim records that sandboxID uses the volume and returns the descriptor. The same sandbox claiming
-// again succeeds (its endpoint and the claiming process, see WithClaimer, are updated); another sandbox is
-// ErrFailedPrecondition until the claim is released. The device must still be the one staged, at every
-// claim, repeats included (ErrFailedPrecondition otherwise).
+// again succeeds (its endpoint and the claiming process, see WithClaimer, are updated); another sandbox,
+// or a claim the claim source reports for another sandbox, is ErrFailedPrecondition until the claim is
+// released. The device must still be the one staged, at every claim, repeats included
+// (ErrFailedPrecondition otherwise), and one writer per device holds (see oneWriter).
 func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string) (*crustv1.Volume, error) {
 	if err := errors.Join(
 		m.cfg.Validator.TargetPath("volume_target_path", target),
-		validate.SandboxID("sandbox_id", sandboxID),
-		validate.HandlerEndpoint("handler_endpoint", endpoint),
+		m.cfg.Validator.SandboxID("sandbox_id", sandboxID),
+		m.cfg.Validator.HandlerEndpoint("handler_endpoint", endpoint),
 	); err != nil {
 		return nil, err
 	}
+	pid, start := claimerOf(ctx)
+	return m.claim(ctx, target, &crustv1.Claim{SandboxId: sandboxID, HandlerEndpoint: endpoint,
+		ClaimerPid: pid, ClaimerStartTime: start}, false)
+}
+
+// ClaimFound records c, a claim found without the claimer's help (a claim source's Find), as the claim on
+// target, through Claim's checks and with its event, but only when nothing claims target yet: any claim,
+// the same sandbox's included, is ErrFailedPrecondition. c is recorded as given, with the claim time set.
+func (m *Manager) ClaimFound(ctx context.Context, target string, c *crustv1.Claim) (*crustv1.Volume, error) {
+	if err := errors.Join(
+		m.cfg.Validator.TargetPath("volume_target_path", target),
+		m.cfg.Validator.SandboxID("claim.sandbox_id", c.GetSandboxId()),
+	); err != nil {
+		return nil, err
+	}
+	return m.claim(ctx, target, proto.CloneOf(c), true)
+}
+
+// claim is Claim and ClaimFound (found): it records c on target, setting its claim time.
+func (m *Manager) claim(ctx context.Context, target string, c *crustv1.Claim, found bool) (*crustv1.Volume, error) {
 	unlock, err := m.locks.Lock(ctx, target)
 	if err != nil {
 		return nil, err
@@ -322,17 +301,17 @@ func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string)
 	if old == nil {
 		return nil, notFound(target)
 	}
-	if c := m.withKataClaim(old).GetClaim(); c != nil && c.GetSandboxId() != sandboxID {
+	if held := m.withFoundClaim(old).GetClaim(); held != nil && (found || held.GetSandboxId() != c.GetSandboxId()) {
 		return nil, fmt.Errorf("volume %q is claimed by sandbox %q (kata: %t); release that claim first: %w",
-			target, c.GetSandboxId(), c.GetKata(), errdefs.ErrFailedPrecondition)
+			target, held.GetSandboxId(), held.GetKata(), errdefs.ErrFailedPrecondition)
 	}
 	// The device is checked on every claim, a repeat by the same sandbox included: the path may name
 	// another device since the first claim.
 	if err := m.cfg.Validator.SameDevice(old); err != nil {
 		return nil, fmt.Errorf("volume %q: refusing to hand out its device: %w", target, err)
 	}
-	pid, start := claimerOf(ctx)
-	if c := old.GetClaim(); c != nil && c.GetHandlerEndpoint() == endpoint && c.GetClaimerPid() == pid && c.GetClaimerStartTime() == start {
+	if o := old.GetClaim(); o != nil && o.GetHandlerEndpoint() == c.GetHandlerEndpoint() &&
+		o.GetClaimerPid() == c.GetClaimerPid() && o.GetClaimerStartTime() == c.GetClaimerStartTime() {
 		return old, nil
 	}
 	// One writer per device, whatever the path: claims of one device through other targets are checked
@@ -342,12 +321,12 @@ func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string)
 		return nil, err
 	}
 	defer unlockDev()
-	if err := m.oneWriter(old, sandboxID); err != nil {
+	if err := m.oneWriter(old, c.GetSandboxId()); err != nil {
 		return nil, err
 	}
 	v := proto.CloneOf(old)
-	v.Claim = &crustv1.Claim{SandboxId: sandboxID, HandlerEndpoint: endpoint, ClaimTime: timestamppb.Now(),
-		ClaimerPid: pid, ClaimerStartTime: start}
+	c.ClaimTime = timestamppb.Now()
+	v.Claim = c
 	if err := m.cfg.Store.Put(v); err != nil {
 		return nil, errdefs.NoSpace(fmt.Errorf("store the claim on %q: %w", target, err))
 	}
@@ -355,15 +334,15 @@ func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string)
 	return v, nil
 }
 
-// Release ends sandboxID's claim, whether crust's or one a Kata shim recorded in the projection. An
-// unknown or unclaimed volume is not an error; another sandbox's claim is ErrFailedPrecondition unless
-// force is set, which releases any claim.
+// Release ends sandboxID's claim, whether crust's or one the claim source reports. An unknown or
+// unclaimed volume is not an error; another sandbox's claim is ErrFailedPrecondition unless force is
+// set, which releases any claim. Watchers get EVENT_TYPE_RELEASED with the claim ended.
 func (m *Manager) Release(ctx context.Context, target, sandboxID string, force bool) error {
 	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
 		return err
 	}
 	if !force || sandboxID != "" {
-		if err := validate.SandboxID("sandbox_id", sandboxID); err != nil {
+		if err := m.cfg.Validator.SandboxID("sandbox_id", sandboxID); err != nil {
 			return err
 		}
 	}
@@ -378,12 +357,26 @@ func (m *Manager) Release(ctx context.Context, target, sandboxID string, force b
 		return nil
 	}
 	if old.GetClaim() == nil {
-		return m.releaseKata(old, sandboxID, force)
+		return m.releaseFound(old, sandboxID, force)
 	}
 	if holder := old.GetClaim().GetSandboxId(); holder != sandboxID && !force {
 		return fmt.Errorf("volume %q is claimed by sandbox %q, not %q: %w", target, holder, sandboxID, errdefs.ErrFailedPrecondition)
 	}
 	return m.releaseLocked(old, releaseReason(force, sandboxID, old.GetClaim()), "")
+}
+
+// releaseFound ends, through the claim source, the claims it reports on v, which has none of crust's.
+func (m *Manager) releaseFound(v *crustv1.Volume, sandboxID string, force bool) error {
+	if m.cfg.Claims == nil {
+		return nil
+	}
+	ended, err := m.cfg.Claims.Release(v, sandboxID, force)
+	if err != nil || ended == nil {
+		return err
+	}
+	m.commitEvent(v.GetSpec().GetVolumeTargetPath(), v, &crustv1.WatchVolumesResponse{Type: crustv1.EventType_EVENT_TYPE_RELEASED,
+		Volume: v, ReleaseReason: releaseReason(force, sandboxID, ended), ReleasedClaim: ended})
+	return nil
 }
 
 // deviceKey is the lock key of a device; no target path (absolute) looks like it.
@@ -409,7 +402,7 @@ func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string) error {
 	}
 	m.mu.RUnlock()
 	for _, o := range same {
-		c := m.withKataClaim(o).GetClaim()
+		c := m.withFoundClaim(o).GetClaim()
 		if c == nil || (v.GetSpec().GetReadOnly() && o.GetSpec().GetReadOnly()) {
 			continue
 		}
@@ -428,36 +421,6 @@ func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string) error {
 	return nil
 }
 
-// releaseKata ends the claims a Kata shim recorded on v (its sandbox-id files): every one when force is
-// set, sandboxID's otherwise; another sandbox's is ErrFailedPrecondition. A volume without one is not
-// an error.
-func (m *Manager) releaseKata(v *crustv1.Volume, sandboxID string, force bool) error {
-	target := v.GetSpec().GetVolumeTargetPath()
-	if !kata.Projects(v.GetSpec()) {
-		return nil
-	}
-	ids, _, err := m.cfg.Projection.SandboxIDs(target)
-	if err != nil || len(ids) == 0 {
-		return nil
-	}
-	if !force {
-		if !slices.Contains(ids, sandboxID) {
-			return fmt.Errorf("volume %q is claimed by Kata sandbox %q, not %q: %w", target, ids[0], sandboxID, errdefs.ErrFailedPrecondition)
-		}
-		ids = []string{sandboxID}
-	}
-	for _, id := range ids {
-		if err := m.cfg.Projection.ForgetSandbox(target, id); err != nil {
-			return errdefs.NoSpace(fmt.Errorf("release Kata sandbox %q's claim on %q: %w", id, target, err))
-		}
-		m.log.Info("released a Kata claim", "target", target, "sandbox", id, "force", force)
-	}
-	ended := &crustv1.Claim{SandboxId: ids[0], Kata: true}
-	m.commitEvent(target, v, &crustv1.WatchVolumesResponse{Type: crustv1.EventType_EVENT_TYPE_RELEASED, Volume: v,
-		ReleaseReason: releaseReason(force, sandboxID, ended), ReleasedClaim: ended})
-	return nil
-}
-
 // NotMountedMessage is the volume condition's message in the stats of a volume no sandbox holds yet.
 const NotMountedMessage = "not yet mounted in a sandbox: the total is the device's size; used and available are " +
 	"measured once a sandbox mounts the volume"
@@ -465,8 +428,8 @@ const NotMountedMessage = "not yet mounted in a sandbox: the total is the device
 // NotAttachedRawMessage is NotMountedMessage for a raw block volume, which has no usage to measure.
 const NotAttachedRawMessage = "raw block volume not yet attached to a sandbox: the total is the device's size"
 
-// Stats asks the claiming sandbox's handler for the volume's usage. A volume nothing claims is first
-// looked for among the Kata sandboxes of its pod (DiscoverKataClaim). Before any sandbox claims the volume
+// Stats asks the claiming sandbox's handler for the volume's usage. For a volume nothing claims the claim
+// source is asked first (ClaimSource.Find). Before any sandbox claims the volume
 // it answers from the host: the device's size as the total bytes, used and available unknown (zero), no
 // inode entry, and a condition, not abnormal, that says so (NotMountedMessage, NotAttachedRawMessage for
 // a raw block volume). A device that is no longer the one staged is ErrFailedPrecondition.
@@ -476,7 +439,7 @@ func (m *Manager) Stats(ctx context.Context, target string) (*crustv1.GetVolumeS
 		return nil, err
 	}
 	if v.GetClaim() == nil {
-		if found := m.DiscoverKataClaim(ctx, target); found != nil {
+		if found := m.find(ctx, target); found != nil {
 			v = found
 		}
 	}
@@ -502,8 +465,8 @@ func (m *Manager) Stats(ctx context.Context, target string) (*crustv1.GetVolumeS
 
 // Expand grows the volume to at least requiredBytes (and at most limitBytes when that is not zero) and
 // returns its capacity. A persistent-memory volume cannot grow: ErrUnimplemented, claimed or not, and
-// nothing is changed. The claiming sandbox's handler grows it online; a volume nothing claims is first
-// looked for among the Kata sandboxes of its pod (DiscoverKataClaim). Before any sandbox claims the
+// nothing is changed. The claiming sandbox's handler grows it online; for a volume nothing claims the
+// claim source is asked first (ClaimSource.Find). Before any sandbox claims the
 // volume, Expand makes the host see the device's current size, records requiredBytes durably as the
 // volume's requested_bytes (the largest asked for is kept; watchers get EVENT_TYPE_EXPANDED when it
 // grows) and returns the device's size: the handler that claims the volume grows the filesystem when it
@@ -515,7 +478,7 @@ func (m *Manager) Expand(ctx context.Context, target string, requiredBytes, limi
 	if limitBytes < 0 || (limitBytes > 0 && limitBytes < requiredBytes) {
 		return 0, errdefs.Field("limit_bytes", "must be zero (no limit) or at least required_bytes %d, got %d", requiredBytes, limitBytes)
 	}
-	m.DiscoverKataClaim(ctx, target) // before the lock: the runtime is asked without holding it
+	m.find(ctx, target) // before the lock: the claim source asks its runtime without holding it
 	unlock, err := m.locks.Lock(ctx, target)
 	if err != nil {
 		return 0, err
@@ -651,27 +614,69 @@ func (m *Manager) get(target string) *crustv1.Volume {
 	return m.vols[target]
 }
 
-// withKataClaim returns v, or a copy carrying the claim that an unmodified Kata shim recorded in the
-// projection when v has no claim of its own. A volume that has no projection has no Kata claim.
-func (m *Manager) withKataClaim(v *crustv1.Volume) *crustv1.Volume {
-	if v.GetClaim() != nil || !kata.Projects(v.GetSpec()) {
-		return v
-	}
-	target := v.GetSpec().GetVolumeTargetPath()
-	ids, bad, err := m.cfg.Projection.SandboxIDs(target)
+// Held returns the descriptor at target as stored (its claim crust's, if any), or nil. It takes no lock
+// and checks nothing: for the parts that follow the manager (a claim source, a subscriber).
+func (m *Manager) Held(target string) *crustv1.Volume { return m.get(target) }
+
+// AllHeld returns every descriptor as stored, in no particular order (see Held).
+func (m *Manager) AllHeld() []*crustv1.Volume {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return slices.Collect(maps.Values(m.vols))
+}
+
+// Locked calls fn with the descriptor at target as stored (nil when none) under the target's lock, so
+// that no operation on target runs meanwhile. It is ErrAborted when the lock is not had in time.
+func (m *Manager) Locked(ctx context.Context, target string, fn func(held *crustv1.Volume)) error {
+	unlock, err := m.locks.Lock(ctx, target)
 	if err != nil {
-		if !m.problems.has(target, projectionKinds...) { // a quarantined projection is reported already
-			m.log.Warn("read Kata sandbox ids", "target", target, "err", err)
-		}
+		return err
+	}
+	defer unlock()
+	fn(m.get(target))
+	return nil
+}
+
+// PodUID is the UID of v's pod: the one whose kubelet directory holds v's target
+// (<kubelet>/pods/<uid>/...), else the spec's pod_uid (validation made sure the two agree), else "".
+func (m *Manager) PodUID(v *crustv1.Volume) string {
+	if uid := podDirOf(m.cfg.KubeletDir, v.GetSpec().GetVolumeTargetPath()); uid != "" {
+		return uid
+	}
+	return v.GetSpec().GetPodUid()
+}
+
+// podDirOf is the name of the pod directory under <kubeletDir>/pods that holds target, or "".
+func podDirOf(kubeletDir, target string) string {
+	rel, err := filepath.Rel(filepath.Join(kubeletDir, "pods"), target)
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return ""
+	}
+	uid, _, _ := strings.Cut(rel, string(filepath.Separator))
+	return uid
+}
+
+// withFoundClaim returns v, or a copy carrying the claim the claim source reports when v has no claim of
+// its own.
+func (m *Manager) withFoundClaim(v *crustv1.Volume) *crustv1.Volume {
+	if v.GetClaim() != nil || m.cfg.Claims == nil {
 		return v
 	}
-	m.noteBadNames(target, bad)
-	if len(ids) == 0 {
+	c := m.cfg.Claims.Claim(v)
+	if c == nil {
 		return v
 	}
-	c := proto.CloneOf(v)
-	c.Claim = &crustv1.Claim{SandboxId: ids[0], Kata: true}
-	return c
+	out := proto.CloneOf(v)
+	out.Claim = c
+	return out
+}
+
+// find asks the claim source for the claimer of the unclaimed volume at target (ClaimSource.Find).
+func (m *Manager) find(ctx context.Context, target string) *crustv1.Volume {
+	if m.cfg.Claims == nil {
+		return nil
+	}
+	return m.cfg.Claims.Find(ctx, target)
 }
 
 // commit makes an acknowledged change visible: the in-memory map and the watchers, in one step so that
@@ -695,7 +700,6 @@ func (m *Manager) commitEvent(target string, v *crustv1.Volume, ev *crustv1.Watc
 	}
 	m.rev++
 	ev.Revision = m.rev
-	ev.Volume = withKataCaveats(ev.GetVolume())
 	m.broadcast(ev)
 }
 

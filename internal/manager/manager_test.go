@@ -38,9 +38,10 @@ type env struct {
 	allow    []string // device patterns allowed besides devDir's nodes
 	sysfs    string
 	m        *Manager
+	k        *kata.Adapter // the Kata adapter, wired as crustd wires it
 
-	sandboxes SandboxFinder // nil: no discovery of Kata sandboxes
-	fwd       Forwarder     // nil: no forwarding
+	sandboxes kata.SandboxFinder // nil: no discovery of Kata sandboxes
+	fwd       Forwarder          // nil: no forwarding
 }
 
 func newEnv(t testing.TB) *env {
@@ -132,9 +133,14 @@ func (e *env) open() error {
 	if err != nil {
 		return err
 	}
-	e.m, err = Open(Config{Validator: v, Store: st, Projection: proj, KubeletDir: e.kubelet, LockWait: time.Minute, WatchBuffer: 16, Log: log,
-		Sandboxes: e.sandboxes, Forwarder: e.fwd}, loaded)
-	return err
+	e.k = kata.NewAdapter(proj, e.sandboxes, log)
+	e.m, err = Open(Config{Validator: v, Store: st, Subscribers: []Subscriber{e.k}, Claims: e.k, KubeletDir: e.kubelet,
+		LockWait: time.Minute, WatchBuffer: 16, Log: log, Forwarder: e.fwd}, Loaded(*loaded))
+	if err != nil {
+		return err
+	}
+	e.k.Bind(e.m)
+	return nil
 }
 
 type testWriter struct{ t testing.TB }
@@ -151,6 +157,14 @@ func (e *env) spec(i int, device int) *crustv1.VolumeSpec {
 		VolumeBackingPath: filepath.Join(e.devDir, fmt.Sprintf("disk%d", device)),
 		FsType:            "ext4",
 		MountFlags:        []string{"noatime"},
+	}
+}
+
+// stage stages spec, as a test's precondition: a failure ends the test.
+func (e *env) stage(spec *crustv1.VolumeSpec) {
+	e.t.Helper()
+	if _, err := e.m.Stage(context.Background(), spec); err != nil {
+		e.t.Fatal(err)
 	}
 }
 
@@ -237,9 +251,7 @@ func TestRefusedRequestsChangeNothing(t *testing.T) {
 func TestUnstageIsIdempotentAndRemovesProjection(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	dir := filepath.Join(e.kataDir, katafmt.VolumeDirName(e.target(0)))
 	if _, err := os.Stat(filepath.Join(dir, katafmt.MountInfoFileName)); err != nil {
 		t.Fatalf("projection missing: %v", err)
@@ -268,9 +280,7 @@ func TestClaimRelease(t *testing.T) {
 	if _, err := e.m.Claim(ctx, tp, "sb1", ""); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("claim of unknown: %v", err)
 	}
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	steps := []struct {
 		name    string
 		do      func() error
@@ -306,9 +316,7 @@ func TestClaimRelease(t *testing.T) {
 func TestClaimChecksDeviceNumber(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	e.mknod("disk0", 8, 16) // another device now answers to the staged path
 	_, err := e.m.Claim(ctx, e.target(0), "sb1", "")
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
@@ -319,9 +327,7 @@ func TestClaimChecksDeviceNumber(t *testing.T) {
 func TestKataSandboxFileIsAClaim(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	if err := katafmt.RecordSandbox(e.kataDir, e.target(0), "katasb"); err != nil {
 		t.Fatal(err)
 	}
@@ -345,9 +351,7 @@ func TestKataSandboxFileIsAClaim(t *testing.T) {
 func TestWatchSeesEventsInOrder(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.m.Stage(ctx, e.spec(9, 9)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(9, 9))
 	w := e.m.Watch(true)
 	defer w.Stop()
 	tp := e.target(0)
@@ -394,9 +398,7 @@ func TestSlowWatcherIsCutOffNotBlocking(t *testing.T) {
 	ctx := context.Background()
 	w := e.m.Watch(false)
 	for range e.m.cfg.WatchBuffer/2 + 1 {
-		if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-			t.Fatal(err)
-		}
+		e.stage(e.spec(0, 0))
 		if err := e.m.Unstage(ctx, e.target(0)); err != nil {
 			t.Fatal(err)
 		}
@@ -501,9 +503,7 @@ func TestGarbageCollectsVolumesOfDeletedPods(t *testing.T) {
 		if err := os.MkdirAll(e.target(i), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.m.Stage(ctx, e.spec(i, i)); err != nil {
-			t.Fatal(err)
-		}
+		e.stage(e.spec(i, i))
 	}
 	if gone := e.m.CollectGarbage(ctx); len(gone) != 0 {
 		t.Fatalf("collected %v while every pod exists", gone)
@@ -525,9 +525,7 @@ func TestGarbageCollectsVolumesOfDeletedPods(t *testing.T) {
 func TestReclaimChecksTheDevice(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	tp := e.target(0)
 	if _, err := e.m.Claim(ctx, tp, "sb1", "unix:///run/h1.sock"); err != nil {
 		t.Fatal(err)
@@ -547,9 +545,7 @@ func TestReclaimChecksTheDevice(t *testing.T) {
 func TestReleaseKataClaim(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	tp := e.target(0)
 	if err := katafmt.RecordSandbox(e.kataDir, tp, "katasb"); err != nil {
 		t.Fatal(err)
@@ -590,9 +586,7 @@ func TestOneWriterPerDevice(t *testing.T) {
 		e.spec(7, 3), e.spec(8, 3), // disk3, claimed by a Kata shim through one path
 		ro(e.spec(9, 4)), ro(e.spec(10, 4)), e.spec(11, 4), // disk4 read-only twice, and read-write
 	} {
-		if _, err := e.m.Stage(ctx, s); err != nil {
-			t.Fatal(err)
-		}
+		e.stage(s)
 	}
 	claim := func(i int, sb string) error { _, err := e.m.Claim(ctx, e.target(i), sb, ""); return err }
 	for _, st := range []struct {
@@ -635,9 +629,7 @@ func TestOneWriterPerDeviceRace(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	for _, s := range []*crustv1.VolumeSpec{e.spec(0, 0), e.spec(1, 0)} {
-		if _, err := e.m.Stage(ctx, s); err != nil {
-			t.Fatal(err)
-		}
+		e.stage(s)
 	}
 	for round := range 50 {
 		errs := make(chan error, 2)

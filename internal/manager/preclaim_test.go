@@ -19,9 +19,7 @@ func TestStatsAndExpandBeforeAnyClaim(t *testing.T) {
 	dev, img := e.realLoop(8 << 20)
 	spec := e.spec(0, 0)
 	spec.VolumeBackingPath = dev
-	if _, err := e.m.Stage(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(spec)
 	tp := e.target(0)
 
 	wantStats := func(step string, total int64) {
@@ -104,9 +102,7 @@ func TestStatsAndExpandBeforeAnyClaim(t *testing.T) {
 func TestStatsAndExpandBeforeAnyClaimCheckTheDevice(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	e.mknod("disk0", 8, 16) // another device now answers to the staged path
 	if _, err := e.m.Stats(ctx, e.target(0)); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "now device 8:16") {
 		t.Fatalf("stats of a swapped device: %v, want FailedPrecondition naming the new device", err)

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/internal/problems"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	katafmt "crust.dev/crust/pkg/kata"
 )
@@ -31,11 +32,10 @@ func (e *env) longSpec() *crustv1.VolumeSpec {
 // store write and the projection, or a stage made while the projection was off.
 func (e *env) storeOnly(spec *crustv1.VolumeSpec) {
 	e.t.Helper()
-	c, err := e.m.cfg.Validator.Spec(spec)
+	v, err := e.m.cfg.Validator.Volume(spec)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	v := &crustv1.Volume{Spec: c.Spec, ResolvedBackingPath: c.ResolvedBackingPath, DeviceNumber: c.DeviceNumber}
 	if err := e.m.cfg.Store.Put(v); err != nil {
 		e.t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func (e *env) wantProblems(want ...*crustv1.Problem) []*crustv1.Problem {
 		if p.GetMessage() == "" || p.GetRemedy() == "" {
 			e.t.Fatalf("problem %v does not say what is wrong and what to do", p)
 		}
-		counts[reason(p.GetKind())]++
+		counts[problems.Reason(p.GetKind())]++
 	}
 	for r, n := range e.m.ProblemCounts() {
 		if n != counts[r] {
@@ -98,9 +98,7 @@ func TestStartSurvivesAFileAtAVolumeDir(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	for i := range 3 {
-		if _, err := e.m.Stage(ctx, e.spec(i, i)); err != nil {
-			t.Fatal(err)
-		}
+		e.stage(e.spec(i, i))
 	}
 	e.plantFile(e.target(1))
 	if err := e.open(); err != nil {
@@ -150,9 +148,7 @@ func TestStartSurvivesAFileAtAVolumeDir(t *testing.T) {
 func TestUnstageHealsAQuarantinedVolume(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	e.plantFile(e.target(0))
 	e.reopen()
 	e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY, e.target(0)))
@@ -173,9 +169,7 @@ func TestUnstageHealsAQuarantinedVolume(t *testing.T) {
 func TestStartSurvivesATargetKataCannotName(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	e.storeOnly(e.longSpec())
 	if err := e.open(); err != nil {
 		t.Fatalf("start with a target Kata cannot name: %v", err)
@@ -248,9 +242,7 @@ func TestStageOfATargetKataCannotName(t *testing.T) {
 func TestNonUTF8SandboxFileIsNoClaim(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	if err := os.WriteFile(filepath.Join(e.volDir(e.target(0)), "a\xff"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -292,9 +284,7 @@ func TestNonUTF8SandboxFileIsNoClaim(t *testing.T) {
 func TestCorruptRecordIsReported(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(0, 0))
 	if err := os.WriteFile(filepath.Join(e.stateDir, "volumes", strings.Repeat("0", 64)+".json"), []byte("{torn"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -318,9 +308,7 @@ func TestProblemsSeeDamageAfterStart(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	for i := range 3 {
-		if _, err := e.m.Stage(ctx, e.spec(i, i)); err != nil {
-			t.Fatal(err)
-		}
+		e.stage(e.spec(i, i))
 	}
 	if err := os.RemoveAll(e.volDir(e.target(0))); err != nil {
 		t.Fatal(err)

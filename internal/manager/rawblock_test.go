@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/internal/kata"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	katafmt "crust.dev/crust/pkg/kata"
 )
@@ -33,8 +34,8 @@ func TestRawBlockHasNoKataProjection(t *testing.T) {
 	defer w.Stop()
 	wantCaveat := func(what string, v *crustv1.Volume) {
 		t.Helper()
-		if !slices.Equal(v.GetKataCaveats(), []string{kataRawBlockCaveat}) {
-			t.Fatalf("%s: kata_caveats %q, want the raw block caveat", what, v.GetKataCaveats())
+		if c := e.k.Annotate(v).GetKataCaveats(); !slices.Equal(c, []string{kata.RawBlockCaveat}) {
+			t.Fatalf("%s: kata_caveats %q, want the raw block caveat", what, c)
 		}
 	}
 
@@ -48,16 +49,14 @@ func TestRawBlockHasNoKataProjection(t *testing.T) {
 		t.Fatalf("the same raw block spec again: %v", err)
 	}
 	wantCaveat("repeated stage", v)
-	if _, err := e.m.Stage(ctx, e.spec(1, 1)); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(e.spec(1, 1))
 	if ev := <-w.Events(); ev.GetType() != crustv1.EventType_EVENT_TYPE_STAGED {
 		t.Fatalf("first event %v", ev)
 	} else {
 		wantCaveat("watch event", ev.GetVolume())
 	}
-	if ev := <-w.Events(); len(ev.GetVolume().GetKataCaveats()) != 0 {
-		t.Fatalf("a filesystem volume has caveats %q", ev.GetVolume().GetKataCaveats())
+	if ev := <-w.Events(); len(e.k.Annotate(ev.GetVolume()).GetKataCaveats()) != 0 {
+		t.Fatalf("a filesystem volume has caveats %q", e.k.Annotate(ev.GetVolume()).GetKataCaveats())
 	}
 	if _, err := os.Lstat(e.volDir(raw)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the raw block volume has a Kata directory: %v", err)
@@ -82,8 +81,8 @@ func TestRawBlockHasNoKataProjection(t *testing.T) {
 	for _, l := range e.m.List(ctx) {
 		if l.GetSpec().GetVolumeTargetPath() == raw {
 			wantCaveat("list", l)
-		} else if len(l.GetKataCaveats()) != 0 {
-			t.Fatalf("list: a filesystem volume has caveats %q", l.GetKataCaveats())
+		} else if c := e.k.Annotate(l).GetKataCaveats(); len(c) != 0 {
+			t.Fatalf("list: a filesystem volume has caveats %q", c)
 		}
 	}
 	sw := e.m.Watch(true)
@@ -164,9 +163,7 @@ func TestRawBlockStatsBeforeAnyClaim(t *testing.T) {
 	dev, _ := e.realLoop(8 << 20)
 	spec := e.rawBlockSpec(0, 0)
 	spec.VolumeBackingPath = dev
-	if _, err := e.m.Stage(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
+	e.stage(spec)
 	st, err := e.m.Stats(ctx, e.target(0))
 	if err != nil {
 		t.Fatal(err)

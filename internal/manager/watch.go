@@ -31,7 +31,7 @@ func (m *Manager) Watch(sendExisting bool) *Watcher {
 	w := &Watcher{m: m, events: make(chan *crustv1.WatchVolumesResponse, n)}
 	if sendExisting {
 		for _, v := range m.vols {
-			w.events <- &crustv1.WatchVolumesResponse{Type: crustv1.EventType_EVENT_TYPE_EXISTING, Volume: withKataCaveats(v), Revision: m.rev}
+			w.events <- &crustv1.WatchVolumesResponse{Type: crustv1.EventType_EVENT_TYPE_EXISTING, Volume: v, Revision: m.rev}
 		}
 		w.events <- &crustv1.WatchVolumesResponse{Type: crustv1.EventType_EVENT_TYPE_SYNCED, Revision: m.rev}
 	}

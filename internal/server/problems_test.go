@@ -40,7 +40,9 @@ func TestListProblemsIsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := manager.Open(manager.Config{Validator: v, Store: st, Projection: proj, KubeletDir: root}, loaded)
+	k := kata.NewAdapter(proj, nil, nil)
+	m, err := manager.Open(manager.Config{Validator: v, Store: st, Subscribers: []manager.Subscriber{k}, Claims: k, KubeletDir: root},
+		manager.Loaded(*loaded))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,12 +35,21 @@ import (
 // MaxMessageBytes bounds a request; a descriptor is a few hundred bytes, so this is generous.
 const MaxMessageBytes = 256 << 10
 
+// Annotator adds to a volume in an answer what a runtime's adapter has to say of it (the Kata adapter:
+// its caveats). It returns v, or a copy: v is shared with watchers and is never changed.
+type Annotator interface {
+	Annotate(v *crustv1.Volume) *crustv1.Volume
+}
+
 // Config is what the server needs.
 type Config struct {
 	Manager *manager.Manager
-	Policy  peercred.Policy
-	Metrics *metrics.Metrics // nil: not counted
-	Log     *slog.Logger
+	// Annotators fill the volumes of the StageVolume, GetVolume, ListVolumes and WatchVolumes answers,
+	// in this order; none of them is stored.
+	Annotators []Annotator
+	Policy     peercred.Policy
+	Metrics    *metrics.Metrics // nil: not counted
+	Log        *slog.Logger
 }
 
 // Server is a configured gRPC server with its health service.
@@ -63,8 +72,9 @@ func New(cfg Config) *Server {
 		grpc.ChainUnaryInterceptor(ic.unary),
 		grpc.ChainStreamInterceptor(ic.stream),
 	)
-	crustv1.RegisterVolumeServiceServer(g, &volumes{m: cfg.Manager})
-	crustv1.RegisterRuntimeServiceServer(g, &runtime{m: cfg.Manager})
+	out := answers(cfg.Annotators)
+	crustv1.RegisterVolumeServiceServer(g, &volumes{m: cfg.Manager, out: out})
+	crustv1.RegisterRuntimeServiceServer(g, &runtime{m: cfg.Manager, out: out})
 	h := health.NewServer()
 	healthpb.RegisterHealthServer(g, h)
 	return &Server{GRPC: g, Health: h}

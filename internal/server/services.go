@@ -16,12 +16,24 @@ import (
 
 // Secret metadata (validate.IsSecretKey, such as encryptionKey) leaves crustd in one answer only: the
 // ClaimVolume answer, to the handler that attaches the volume and needs the key. StageVolume, GetVolume,
-// ListVolumes and WatchVolumes answer it as validate.Redacted: the key is there, its value is not.
+// ListVolumes and WatchVolumes answer it as validate.Redacted: the key is there, its value is not; and
+// they carry what the annotators add (see Config.Annotators).
 
-// redactEvent returns ev, or a copy of it whose volume's secret metadata values are redacted. Events are
-// shared by every watcher, so ev itself is never changed.
-func redactEvent(ev *crustv1.WatchVolumesResponse) *crustv1.WatchVolumesResponse {
-	v := validate.RedactVolume(ev.GetVolume())
+// answers returns how a volume leaves crustd in an answer other than ClaimVolume's: annotated by each of
+// annotators, then redacted. The volume given is never changed.
+func answers(annotators []Annotator) func(*crustv1.Volume) *crustv1.Volume {
+	return func(v *crustv1.Volume) *crustv1.Volume {
+		for _, a := range annotators {
+			v = a.Annotate(v)
+		}
+		return validate.RedactVolume(v)
+	}
+}
+
+// event returns ev, or a copy of it whose volume is as out makes it. Events are shared by every watcher,
+// so ev itself is never changed.
+func event(ev *crustv1.WatchVolumesResponse, out func(*crustv1.Volume) *crustv1.Volume) *crustv1.WatchVolumesResponse {
+	v := out(ev.GetVolume())
 	if v == ev.GetVolume() {
 		return ev
 	}
@@ -33,7 +45,8 @@ func redactEvent(ev *crustv1.WatchVolumesResponse) *crustv1.WatchVolumesResponse
 // volumes serves VolumeService for CSI node plugins.
 type volumes struct {
 	crustv1.UnimplementedVolumeServiceServer
-	m *manager.Manager
+	m   *manager.Manager
+	out func(*crustv1.Volume) *crustv1.Volume // see answers
 }
 
 func (s *volumes) StageVolume(ctx context.Context, r *crustv1.StageVolumeRequest) (*crustv1.StageVolumeResponse, error) {
@@ -41,7 +54,7 @@ func (s *volumes) StageVolume(ctx context.Context, r *crustv1.StageVolumeRequest
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &crustv1.StageVolumeResponse{Volume: validate.RedactVolume(v)}, nil
+	return &crustv1.StageVolumeResponse{Volume: s.out(v)}, nil
 }
 
 func (s *volumes) UnstageVolume(ctx context.Context, r *crustv1.UnstageVolumeRequest) (*crustv1.UnstageVolumeResponse, error) {
@@ -56,7 +69,7 @@ func (s *volumes) GetVolume(ctx context.Context, r *crustv1.GetVolumeRequest) (*
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &crustv1.GetVolumeResponse{Volume: validate.RedactVolume(v)}, nil
+	return &crustv1.GetVolumeResponse{Volume: s.out(v)}, nil
 }
 
 // Paging of ListVolumes: a page holds at most listPageEntries descriptors (or max_entries, when smaller)
@@ -84,7 +97,7 @@ func (s *volumes) ListVolumes(ctx context.Context, r *crustv1.ListVolumesRequest
 	}
 	vols, more := s.m.ListPage(ctx, after, n, listPageBytes)
 	for i, v := range vols {
-		vols[i] = validate.RedactVolume(v)
+		vols[i] = s.out(v)
 	}
 	resp := &crustv1.ListVolumesResponse{Volumes: vols}
 	if more && len(vols) > 0 {
@@ -134,7 +147,8 @@ func (s *volumes) ListProblems(ctx context.Context, _ *crustv1.ListProblemsReque
 // runtime serves RuntimeService for runtime handlers.
 type runtime struct {
 	crustv1.UnimplementedRuntimeServiceServer
-	m *manager.Manager
+	m   *manager.Manager
+	out func(*crustv1.Volume) *crustv1.Volume // see answers
 }
 
 func (s *runtime) ClaimVolume(ctx context.Context, r *crustv1.ClaimVolumeRequest) (*crustv1.ClaimVolumeResponse, error) {
@@ -167,7 +181,7 @@ func (s *runtime) WatchVolumes(r *crustv1.WatchVolumesRequest, stream grpc.Serve
 			if !ok {
 				return toStatus(w.Err())
 			}
-			if err := stream.Send(redactEvent(ev)); err != nil {
+			if err := stream.Send(event(ev, s.out)); err != nil {
 				return err
 			}
 		}

@@ -1,4 +1,4 @@
-package manager
+package kata
 
 import (
 	"google.golang.org/protobuf/proto"
@@ -6,51 +6,51 @@ import (
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
-// kataPmemCaveat and kataPmemFileCaveat are what an unmodified Kata runtime does with a persistent-memory
+// PmemCaveat and PmemFileCaveat are what an unmodified Kata runtime does with a persistent-memory
 // volume from the Kata projection. Kata's Go runtime reads the device from mountInfo.json and hot-plugs a
 // block device as it does any other (with its block_device_driver), so the guest mounts a disk through its
 // page cache; a regular file it does not hot-plug at all (it makes a device only of a block device, or of a
 // loop device's file that carries an NVDIMM info block).
 const (
-	kataPmemCaveat = "Kata attaches a pmem volume as a plain disk (its block_device_driver, virtio-blk or " +
+	PmemCaveat = "Kata attaches a pmem volume as a plain disk (its block_device_driver, virtio-blk or " +
 		"virtio-scsi) and mounts it without DAX, through the guest's page cache; crust-microvm attaches it as " +
 		"virtio-pmem and mounts it with -o dax"
-	kataPmemFileCaveat = "Kata does not attach a file-backed pmem volume (it hot-plugs only block devices from " +
+	PmemFileCaveat = "Kata does not attach a file-backed pmem volume (it hot-plugs only block devices from " +
 		"a direct-assigned volume), so Kata cannot use it, with DAX or without; crust-microvm attaches it as " +
 		"virtio-pmem and mounts it with -o dax"
-	kataRawBlockCaveat = "raw block (volume_mode VOLUME_MODE_BLOCK) is not projected into the Kata direct-volume " +
+	RawBlockCaveat = "raw block (volume_mode VOLUME_MODE_BLOCK) is not projected into the Kata direct-volume " +
 		"directory: Kata mounts every direct-assigned volume as a filesystem, so an unmodified Kata runtime " +
 		"gets this device only as the raw block device kubelet maps into the pod, not from crust"
-	kataIOLimitsCaveat = "Kata ignores the I/O limits: its mountInfo.json has no place for them, so an unmodified " +
+	IOLimitsCaveat = "Kata ignores the I/O limits: its mountInfo.json has no place for them, so an unmodified " +
 		"Kata runtime attaches the device without throttling"
 )
 
-// kataCaveats says, one sentence each, what an unmodified Kata runtime that takes v from the Kata projection
+// Caveats says, one sentence each, what an unmodified Kata runtime that takes v from the Kata projection
 // cannot honour of it; none when Kata takes it as crust's own handlers do. It reads only v's spec and device
 // number.
-func kataCaveats(v *crustv1.Volume) []string {
+func Caveats(v *crustv1.Volume) []string {
 	var out []string
 	if v.GetSpec().GetVolumeType() == crustv1.VolumeType_VOLUME_TYPE_PMEM {
 		if v.GetDeviceNumber().GetInode() != 0 { // a regular file: its device number is its filesystem's and inode
-			out = append(out, kataPmemFileCaveat)
+			out = append(out, PmemFileCaveat)
 		} else {
-			out = append(out, kataPmemCaveat)
+			out = append(out, PmemCaveat)
 		}
 	}
 	if v.GetSpec().GetVolumeMode() == crustv1.VolumeMode_VOLUME_MODE_BLOCK {
-		out = append(out, kataRawBlockCaveat)
+		out = append(out, RawBlockCaveat)
 	}
 	if v.GetSpec().GetIoLimits() != nil {
-		out = append(out, kataIOLimitsCaveat)
+		out = append(out, IOLimitsCaveat)
 	}
 	return out
 }
 
-// withKataCaveats returns v for an answer: v itself when it has no caveats, or else a copy with
-// kata_caveats filled. v is never changed (stored volumes are shared with watchers), and the caveats are
-// never stored.
-func withKataCaveats(v *crustv1.Volume) *crustv1.Volume {
-	c := kataCaveats(v)
+// Annotate returns v for an answer: v itself when it has no caveats, or else a copy with kata_caveats
+// filled (Caveats). v is never changed (stored volumes are shared with watchers), and the caveats are
+// never stored: the server adds them to each answer.
+func (*Adapter) Annotate(v *crustv1.Volume) *crustv1.Volume {
+	c := Caveats(v)
 	if v == nil || len(c) == 0 {
 		return v
 	}
