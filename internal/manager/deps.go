@@ -60,8 +60,10 @@ type Forwarder interface {
 //	unstage:                    Unstaging, then the store's Delete
 //
 // An error of Check, Staged, Restaged or Unstaging fails the caller's request with that error, and the
-// store is left as before it: a record Staged refuses is taken back. Claims, releases and expansions do
-// not change what a subscriber follows; watchers see them (Watch).
+// store is left as before it: a record Staged refuses is taken back. (An error of Unstaging for a target
+// not held changes nothing and is not the caller's.) With several subscribers, a refusal is not undone in
+// those asked before; crustd has one, the Kata adapter. Claims, releases and expansions do not change
+// what a subscriber follows; watchers see them (Watch).
 type Subscriber interface {
 	// Load is called once, by Open, with the descriptors the store kept and the target paths of the
 	// records it dropped. It cannot fail: what it cannot do it reports among its Problems.

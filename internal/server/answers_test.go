@@ -62,17 +62,15 @@ func TestAnswersAreAnnotatedAndRedacted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want("StageVolume", staged.GetVolume())
-	got, err := s.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: target})
-	if err != nil {
-		t.Fatal(err)
+	got, gerr := s.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: target})
+	list, lerr := s.ListVolumes(ctx, &crustv1.ListVolumesRequest{})
+	if gerr != nil || lerr != nil || len(list.GetVolumes()) != 1 {
+		t.Fatalf("GetVolume: %v; ListVolumes = %v, %v", gerr, list, lerr)
 	}
-	want("GetVolume", got.GetVolume())
-	list, err := s.ListVolumes(ctx, &crustv1.ListVolumesRequest{})
-	if err != nil || len(list.GetVolumes()) != 1 {
-		t.Fatalf("ListVolumes = %v, %v", list, err)
+	for how, v := range map[string]*crustv1.Volume{"StageVolume": staged.GetVolume(), "GetVolume": got.GetVolume(),
+		"ListVolumes": list.GetVolumes()[0]} {
+		want(how, v)
 	}
-	want("ListVolumes", list.GetVolumes()[0])
 	ev := <-w.Events()
 	want("WatchVolumes", event(ev, out).GetVolume())
 	held, err := m.Get(ctx, target)
