@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -502,16 +503,11 @@ func TestRestart(t *testing.T) {
 
 func mounted(t *testing.T, path string) bool {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	m, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && f[4] == path {
-			return true
-		}
-	}
-	return false
+	return len(m) > 0
 }
 
 // blank reports whether the device's first MiB is all zeros.

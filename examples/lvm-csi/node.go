@@ -18,6 +18,7 @@ import (
 	mount "k8s.io/mount-utils"
 
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/fsgroup"
 )
 
 // NodeGetCapabilities returns STAGE_UNSTAGE_VOLUME, GET_VOLUME_STATS, EXPAND_VOLUME and VOLUME_MOUNT_GROUP (the
@@ -562,38 +563,13 @@ func mkdir(dir string) (bool, error) {
 	return true, os.MkdirAll(dir, 0o750)
 }
 
-// applyGroup gives the filesystem at root to group gid as kubelet does for fsGroup: every file's group
-// becomes gid, with group read and write (and execute where the owner has it), and directories get the
-// setgid bit.
+// applyGroup gives the filesystem at root to group gid as kubelet does for fsGroup (see pkg/fsgroup).
 func applyGroup(root, g string) error {
 	gid, err := strconv.Atoi(g)
 	if err != nil || gid < 0 {
 		return status.Errorf(codes.InvalidArgument, "volume_capability.mount.volume_mount_group: %q is not a group id", g)
 	}
-	err = filepath.WalkDir(root, func(p string, de fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if de.Type()&fs.ModeSymlink != 0 {
-			return os.Lchown(p, -1, gid)
-		}
-		info, err := de.Info()
-		if err != nil {
-			return err
-		}
-		if err := os.Lchown(p, -1, gid); err != nil {
-			return err
-		}
-		mode := info.Mode() | 0o060
-		if info.Mode()&0o100 != 0 {
-			mode |= 0o010
-		}
-		if de.IsDir() {
-			mode |= fs.ModeSetgid
-		}
-		return os.Chmod(p, mode)
-	})
-	if err != nil {
+	if err := fsgroup.Apply(root, gid, fsgroup.Always); err != nil {
 		return status.Errorf(codes.Internal, "apply fsGroup %d at %s: %v", gid, root, fmt.Errorf("%w", err))
 	}
 	return nil

@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	crust.dev/crust v0.0.0
 	github.com/cavaliergopher/cpio v1.0.1
+	github.com/moby/sys/mountinfo v0.7.2
 	github.com/spf13/cobra v1.10.2
 	golang.org/x/sys v0.49.0
 	google.golang.org/grpc v1.85.0

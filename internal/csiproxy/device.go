@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -46,11 +45,11 @@ func deviceSize(dev string) (int64, error) {
 		return 0, fmt.Errorf("device size: %w", err)
 	}
 	defer func() { _ = f.Close() }()
-	var size uint64
-	if err := ioctlGetUint64(int(f.Fd()), unix.BLKGETSIZE64, &size); err != nil {
+	size, err := hostdev.BlockSize(int(f.Fd()))
+	if err != nil {
 		return 0, fmt.Errorf("device size of %s: %w", dev, err)
 	}
-	return int64(size), nil
+	return size, nil
 }
 
 // removePrivate removes the private block path and its directory. A path that is still a mount point
@@ -61,13 +60,6 @@ func removePrivate(private string) error {
 	}
 	if err := os.Remove(filepath.Dir(private)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
-	}
-	return nil
-}
-
-func ioctlGetUint64(fd int, req uint, v *uint64) error {
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(unsafe.Pointer(v))); errno != 0 {
-		return errno
 	}
 	return nil
 }

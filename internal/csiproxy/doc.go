@@ -96,6 +96,10 @@
 // NodeUnpublishVolume or NodeUnstageVolume undoes whatever the record says may have been done. A record
 // of an earlier boot is kept (the driver's own state may outlive a boot) and treated as incomplete: its
 // mounts are gone, so the next publish runs every step again and the next unpublish undoes every step.
+// (crustd drops its descriptors of an earlier boot; the proxy's records are obligations to undo, which a
+// reboot does not discharge.) The records are kept by the record engine (internal/recordfile): a damaged
+// record is moved into corrupt/ and logged, a record of a newer version or an I/O error reading one stops
+// the proxy at start, naming the file.
 //
 // The on-disk format is a contract; a change older code cannot read takes a new version:
 //

@@ -2,9 +2,7 @@ package csiproxy
 
 import (
 	"errors"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -12,6 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/mount-utils"
+
+	"crust.dev/crust/pkg/fsgroup"
 )
 
 // hostMount formats rec.Device when it holds no filesystem and mounts it on the target path, unless the
@@ -37,7 +37,7 @@ func (p *Proxy) hostMount(rec *Record, flags []string, gid *int64) error {
 		}
 	}
 	if gid != nil && !rec.ReadOnly {
-		if err := setGroup(rec.Path, int(*gid)); err != nil {
+		if err := fsgroup.Apply(rec.Path, int(*gid), fsgroup.Always); err != nil {
 			return status.Errorf(codes.Internal, "apply fsGroup %d: %v", *gid, err)
 		}
 	}
@@ -67,36 +67,6 @@ func (p *Proxy) hostUnmount(target string) error {
 			return status.Errorf(codes.Internal, "unmount %s: %v", target, err)
 		}
 	}
-}
-
-// setGroup gives gid every file under root, group read/write (and execute where the owner has it), and
-// setgid on directories, as kubelet does for a pod's fsGroup.
-func setGroup(root string, gid int) error {
-	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.Type()&fs.ModeSymlink != 0 {
-			return os.Lchown(path, -1, gid)
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		if err := os.Lchown(path, -1, gid); err != nil {
-			return err
-		}
-		mode := info.Mode() | 0o060
-		if info.IsDir() {
-			mode |= os.ModeSetgid | 0o010
-		} else if info.Mode()&0o100 != 0 {
-			mode |= 0o010
-		}
-		if mode != info.Mode() {
-			return os.Chmod(path, mode)
-		}
-		return nil
-	})
 }
 
 // statfsUsage measures a mounted filesystem: bytes and inodes.

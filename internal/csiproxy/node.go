@@ -18,6 +18,7 @@ import (
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/fsgroup"
 )
 
 // undoTimeout bounds the undo of a publish that failed with a final code.
@@ -212,7 +213,7 @@ func (p *Proxy) forwardPublish(ctx context.Context, r *csi.NodePublishVolumeRequ
 	if err != nil || readOnly(r) {
 		return resp, err
 	}
-	if err := setGroup(r.GetTargetPath(), *gid); err != nil {
+	if err := fsgroup.Apply(r.GetTargetPath(), *gid, fsgroup.Always); err != nil {
 		return nil, status.Errorf(codes.Internal, "apply volume_mount_group %d to %s: %v", *gid, r.GetTargetPath(), err)
 	}
 	return resp, nil

@@ -8,15 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sort"
 	"sync"
 	"time"
 
-	"crust.dev/crust/internal/dirlock"
 	"crust.dev/crust/internal/recordfile"
-	"crust.dev/crust/pkg/safedir"
 )
 
 // recordVersion is the record format this code writes and the newest it reads.
@@ -83,125 +80,65 @@ type Record struct {
 	Stale bool `json:"-"`
 }
 
-var errNewerVersion = recordfile.ErrNewerVersion
-
 // recordKey is the file name key of a record.
 func recordKey(k Kind, path string) string {
 	sum := sha256.Sum256([]byte(string(k) + ":" + path))
 	return hex.EncodeToString(sum[:])
 }
 
-// state is the crash-safe record store with an in-memory index. Calls for one path must be serialised by
-// the caller; different paths may be used concurrently.
+// state is the proxy's journal: its records in a record directory (internal/recordfile) with an
+// in-memory index. Calls for one path must be serialised by the caller; different paths may be used
+// concurrently.
 type state struct {
-	dir, block   string       // paths: block holds the private publish paths handed to the driver
-	records, tmp *safedir.Dir // opened once; every record operation is relative to them
-	bootID       string
-
-	lock *dirlock.Lock // held while the state is open
+	block string          // path of the directory holding the private publish paths handed to the driver
+	dir   *recordfile.Dir // records/, tmp/, corrupt/, block/ under the state directory, which it locks
 
 	mu  sync.Mutex
 	idx map[string]*Record // by recordKey
 }
 
-// close releases the state directory for another process. The record directories stay open (a put
-// racing the shutdown fails no worse than before); the process is ending.
-func (s *state) close() { s.lock.Release() }
+// close releases the state directory for another process.
+func (s *state) close() { s.dir.Close() }
 
-// openState creates the directories, empties tmp/, and loads the records as the package doc describes.
+// openState locks the state directory (one proxy per directory: a second one fails at once, naming the
+// first), creates its subdirectories, empties tmp/ and loads the records, as the package doc describes.
 // The state directory must be ours and writable by us alone, and neither it nor its subdirectories may be
-// symbolic links (see safedir.OpenOwned); every record operation is relative to the opened directories
-// and never follows a link.
+// symbolic links; every record operation is relative to the opened directories and never follows a link.
+//
+// A record of an earlier boot is kept, marked Stale: unlike crustd's descriptors, which describe what a
+// running VM may use and mean nothing after a reboot, a record here is an obligation to undo (the driver's
+// publish or stage, a private path) that a reboot does not discharge.
 func openState(dir, bootID string, log *slog.Logger) (*state, error) {
-	s := &state{dir: dir, bootID: bootID, block: filepath.Join(dir, "block"), idx: map[string]*Record{}}
-	// One proxy per state directory: a second one fails at once, naming the first. Acquire also creates
-	// dir and checks its owner and mode.
-	lock, err := dirlock.Acquire(dir, "crust-csi-proxy")
-	if err != nil {
-		return nil, fmt.Errorf("--state-dir: %w", err)
-	}
-	s.lock = lock
-	ok := false
-	defer func() {
-		if !ok {
-			lock.Release()
+	s := &state{block: filepath.Join(dir, "block"), idx: map[string]*Record{}}
+	check := func(l recordfile.Loaded) (bool, error) {
+		r, err := decodePayload(l.Payload)
+		if err != nil {
+			return false, err
 		}
-	}()
-	root, err := safedir.OpenOwned(dir)
-	if err != nil {
-		return nil, fmt.Errorf("--state-dir: %w", err)
-	}
-	defer func() { _ = root.Close() }()
-	var subs [4]*safedir.Dir
-	for i, name := range []string{"records", "tmp", "corrupt", "block"} {
-		if subs[i], err = root.EnsureDir(name, 0o700); err != nil {
-			return nil, fmt.Errorf("state: %w", err)
+		key := recordKey(r.Kind, r.Path)
+		if l.Name != key+".json" {
+			return false, errors.New("file name does not match kind and path")
 		}
-	}
-	s.records, s.tmp = subs[0], subs[1]
-	corrupt := subs[2]
-	defer func() { _, _ = corrupt.Close(), subs[3].Close() }()
-	if err := root.Sync(); err != nil {
-		return nil, fmt.Errorf("state: %w", err)
-	}
-	tmps, err := s.tmp.Names()
-	if err != nil {
-		return nil, fmt.Errorf("state: %w", err)
-	}
-	for _, name := range tmps {
-		_ = s.tmp.RemoveAll(name)
-	}
-	entries, err := s.records.Names()
-	if err != nil {
-		return nil, fmt.Errorf("state: %w", err)
-	}
-	type bad struct{ name, reason string }
-	var damaged []bad
-	for _, name := range entries {
-		r, err := readRecordFile(s.records, name, bootID)
-		switch {
-		case errors.Is(err, errNewerVersion):
-			return nil, fmt.Errorf("state: %s: %w; refusing to start so that a downgrade loses nothing",
-				s.records.Join(name), err)
-		case err != nil:
-			damaged = append(damaged, bad{name, err.Error()})
-			continue
-		}
-		if want := recordKey(r.Kind, r.Path) + ".json"; name != want {
-			damaged = append(damaged, bad{name, "file name does not match kind and path"})
-			continue
-		}
-		if r.Stale {
+		if r.Stale = l.BootID != bootID; r.Stale {
 			log.Info("state: record of an earlier boot; its mounts are gone, the next call on the path redoes or undoes it",
 				"kind", r.Kind, "path", r.Path, "phase", r.Phase)
 		}
-		s.idx[recordKey(r.Kind, r.Path)] = r
+		s.idx[key] = r
+		return false, nil
 	}
-	now := time.Now().UTC().Format("20060102T150405.000000000Z")
-	for _, b := range damaged {
-		to := b.name + "." + now
-		log.Error("state: moving a damaged record aside; what it recorded may need cleaning up by hand",
-			"file", s.records.Join(b.name), "to", corrupt.Join(to), "reason", b.reason)
-		if err := s.records.Rename(b.name, corrupt, to); err != nil {
-			return nil, fmt.Errorf("state: %w", err)
-		}
-	}
-	if len(damaged) > 0 {
-		if err := errors.Join(corrupt.Sync(), s.records.Sync()); err != nil {
-			return nil, fmt.Errorf("state: %w", err)
-		}
-	}
-	ok = true
-	return s, nil
-}
-
-// readRecordFile reads and verifies the record file name of dir (never through a link).
-func readRecordFile(dir *safedir.Dir, name, bootID string) (*Record, error) {
-	b, err := recordfile.Read(dir, name)
+	d, report, err := recordfile.Open(dir, recordfile.Options{
+		Version: recordVersion, Field: payloadField, BootID: bootID,
+		Records: "records", Extra: []string{"block"}, Lock: "crust-csi-proxy", Log: log,
+	}, check)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--state-dir: %w", err)
 	}
-	return decodeRecord(b, bootID)
+	if len(report.Corrupt) > 0 {
+		log.Error("state: damaged records were moved aside; what they recorded may need cleaning up by hand",
+			"files", report.Corrupt)
+	}
+	s.dir = d
+	return s, nil
 }
 
 // decodeRecord verifies and decodes the bytes of one record file; a record of another boot is marked
@@ -211,6 +148,16 @@ func decodeRecord(b []byte, bootID string) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
+	r, err := decodePayload(payload)
+	if err != nil {
+		return nil, err
+	}
+	r.Stale = recBoot != bootID
+	return r, nil
+}
+
+// decodePayload decodes and checks a record's payload.
+func decodePayload(payload []byte) (*Record, error) {
 	var r Record
 	if err := json.NewDecoder(bytes.NewReader(payload)).Decode(&r); err != nil {
 		return nil, fmt.Errorf("payload: %w", err)
@@ -218,7 +165,6 @@ func decodeRecord(b []byte, bootID string) (*Record, error) {
 	if r.Path == "" || (r.Kind != KindPublish && r.Kind != KindStage) {
 		return nil, errors.New("payload has no path or an unknown kind")
 	}
-	r.Stale = recBoot != bootID
 	return &r, nil
 }
 
@@ -259,12 +205,8 @@ func (s *state) put(r *Record) error {
 	if err != nil {
 		return err
 	}
-	data, err := recordfile.Encode(recordVersion, s.bootID, payloadField, payload)
-	if err != nil {
-		return err
-	}
 	key := recordKey(r.Kind, r.Path)
-	if err := recordfile.Write(s.records, s.tmp, key+".json", data); err != nil {
+	if err := s.dir.Put(key+".json", payload); err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
 	c := *r
@@ -277,10 +219,7 @@ func (s *state) put(r *Record) error {
 // delete removes the record of (k, path) durably; an unknown one is not an error.
 func (s *state) delete(k Kind, path string) error {
 	key := recordKey(k, path)
-	if err := s.records.Remove(key + ".json"); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("state: %w", err)
-	}
-	if err := s.records.Sync(); err != nil {
+	if err := s.dir.Delete(key + ".json"); err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
 	s.mu.Lock()

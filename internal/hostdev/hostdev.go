@@ -56,9 +56,9 @@ func size(resolvedPath string, t crustv1.VolumeType, refresh bool) (int64, error
 			return 0, fmt.Errorf("refresh the size of loop device %s: %w", resolvedPath, err)
 		}
 	}
-	var size uint64
-	if err := ioctlGetSize(fd, &size); err != nil {
+	size, err := BlockSize(fd)
+	if err != nil {
 		return 0, fmt.Errorf("size of %s: %w", resolvedPath, err)
 	}
-	return int64(size), nil
+	return size, nil
 }

@@ -1,15 +1,53 @@
-// Package recordfile writes and reads the small state files of crust's daemons: one JSON document per
-// file, with a format version, the boot id of the writer and a checksum of the payload,
+// Package recordfile is crust's one crash-safe record engine, shared by crustd's store of descriptors
+// (internal/store) and the CSI proxy's journal (internal/csiproxy): small records, one JSON document per
+// file, in a directory that one process at a time owns.
 //
-//	{"version":V,"bootId":"<boot id>","sha256":"<hex sha256 of the payload bytes>","<field>":<payload>}\n
+// # Promises
 //
-// written atomically and durably: a temporary file in a directory of the caller's on the same filesystem,
-// fsync, rename over the final name, fsync of the directory; every file operation is relative to a
-// directory the caller opened (safedir) and never follows a symbolic link. A reader sees the old file or the new one,
-// never a torn one, and a record a crash cut short fails its checksum.
+//   - Dir.Put and Dir.Delete are durable when they return nil, and a crash at any instant leaves each
+//     record wholly old or wholly new, never torn: a record is written to a temporary file in tmp/ (same
+//     filesystem), fsynced, renamed over its name, and the directory is fsynced.
+//   - Every file operation is relative to a directory opened once (pkg/safedir) and never follows a
+//     symbolic link.
+//   - Open never fails because of a damaged record: it moves the file into corrupt/, logs and reports it.
+//   - Open fails, before it deletes or moves anything, on a record of a newer format version, so that an
+//     older program over a newer one's state loses nothing; and on an I/O error reading a record, because
+//     the record may well be good (moving it aside would lose what it holds) and a restart retries.
+//   - A record carries the boot id of its writer. What a record of another boot means is the user's to
+//     say, through its Check: crustd drops its descriptors (a VM does not survive a reboot), the proxy
+//     keeps its journal (an obligation to undo survives a reboot).
+//   - With Options.Lock, one process at a time: <dir>/lock (internal/dirlock).
 //
-// The payload is any JSON the caller encodes; the checksum is over its bytes exactly as stored, which is
-// why the envelope is assembled here rather than by json.Marshal (that would re-compact the payload).
+// # On-disk format
+//
+// This format is a contract: a change that older code cannot read correctly takes a new record version.
+//
+//	<dir>/                          ours, writable by us alone; created mode 0700 if missing
+//	<dir>/lock                      with Options.Lock: the flock(2) of the holder, naming its pid
+//	<dir>/<records>/<name>          one record, mode 0600 (the user names its records subdirectory and files)
+//	<dir>/tmp/                      files of writes in progress; emptied by Open
+//	<dir>/corrupt/<name>.<UTC time> a file Open moved aside, such as x.json.20250102T030405.123456789Z
+//
+// Every subdirectory has mode 0700. A record is one JSON object, written as one line ending in a newline:
+//
+//	{"version":V,"bootId":"<boot id>","sha256":"<hex sha256 of the payload bytes>","<field>":<payload>}
+//
+// version is a JSON integer (every future format keeps it, so that older code recognises a record it must
+// not touch); bootId the writer's boot id (ReadBootID), non-empty; sha256 the lowercase hex SHA-256 of the
+// payload bytes exactly as stored, from the first byte of the value of <field> to its last; <field> the
+// user's payload, any JSON. Writers write the members in the order shown, without whitespace; readers
+// accept whitespace and any member order. The checksum is over the payload's bytes as stored, which is why
+// the envelope is assembled here rather than by json.Marshal (that would re-compact the payload). A
+// record file is at most MaxSize bytes.
+//
+// Open empties tmp/, then classifies every entry of the records subdirectory before acting on any:
+//
+//  1. Of a version newer than the user's: Open fails naming the file, having changed nothing.
+//  2. Not a regular file, larger than MaxSize, not JSON, an older or missing version, an empty bootId,
+//     no payload, a checksum mismatch, or refused by the user's Check (a payload that does not decode, a
+//     file name that does not match it): moved into corrupt/, logged at Warn, reported.
+//  3. Dropped by the user's Check: deleted, reported.
+//  4. Otherwise kept: the Check holds what it needs of it.
 package recordfile
 
 import (

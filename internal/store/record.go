@@ -18,9 +18,6 @@ const recordVersion = 1
 // maxRecordSize bounds a record file. Put refuses a larger record, so anything Put accepts Open loads.
 const maxRecordSize = recordfile.MaxSize
 
-// errNewerVersion marks a record written by a newer format than this code knows.
-var errNewerVersion = recordfile.ErrNewerVersion
-
 // payloadField is the envelope's key for the volume.
 const payloadField = "volume"
 
@@ -37,35 +34,14 @@ func keyOf(target string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// encodeRecord returns the record of v written under bootID.
-func encodeRecord(bootID string, v *crustv1.Volume) ([]byte, error) {
-	payload, err := protojson.Marshal(v)
-	if err != nil {
-		return nil, err
-	}
-	return recordfile.Encode(recordVersion, bootID, payloadField, payload)
-}
-
-// record is a decoded, verified record.
-type record struct {
-	bootID string
-	volume *crustv1.Volume
-}
-
-// decodeRecord parses and verifies a record. It returns an error wrapping errNewerVersion for a record of
-// a newer format, and another error for anything that is not a valid version 1 record. It does not check
-// the file name or the boot id; the caller does.
-func decodeRecord(data []byte) (record, error) {
-	bootID, payload, err := recordfile.Decode(data, recordVersion, payloadField)
-	if err != nil {
-		return record{}, err
-	}
+// decodeVolume decodes and checks a record's payload.
+func decodeVolume(payload []byte) (*crustv1.Volume, error) {
 	v := &crustv1.Volume{}
 	if err := unmarshalVolume.Unmarshal(payload, v); err != nil {
-		return record{}, fmt.Errorf("bad volume: %w", err)
+		return nil, fmt.Errorf("bad volume: %w", err)
 	}
 	if v.GetSpec().GetVolumeTargetPath() == "" {
-		return record{}, errors.New("volume has no target path")
+		return nil, errors.New("volume has no target path")
 	}
-	return record{bootID: bootID, volume: v}, nil
+	return v, nil
 }

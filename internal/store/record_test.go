@@ -5,7 +5,11 @@ import (
 	"errors"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"crust.dev/crust/internal/recordfile"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // FuzzDecodeRecord checks that the decoder never panics, and that whatever it accepts is a verified
@@ -81,4 +85,37 @@ func TestDecodeRecordNewerVersion(t *testing.T) {
 			t.Errorf("decodeRecord(%s): %v, want errNewerVersion", data, err)
 		}
 	}
+}
+
+// errNewerVersion marks a record written by a newer format than this code knows.
+var errNewerVersion = recordfile.ErrNewerVersion
+
+// encodeRecord returns the record of v written under bootID.
+func encodeRecord(bootID string, v *crustv1.Volume) ([]byte, error) {
+	payload, err := protojson.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return recordfile.Encode(recordVersion, bootID, payloadField, payload)
+}
+
+// record is a decoded, verified record.
+type record struct {
+	bootID string
+	volume *crustv1.Volume
+}
+
+// decodeRecord parses and verifies a record. It returns an error wrapping errNewerVersion for a record of
+// a newer format, and another error for anything that is not a valid version 1 record. It does not check
+// the file name or the boot id; the caller does.
+func decodeRecord(data []byte) (record, error) {
+	bootID, payload, err := recordfile.Decode(data, recordVersion, payloadField)
+	if err != nil {
+		return record{}, err
+	}
+	v, err := decodeVolume(payload)
+	if err != nil {
+		return record{}, err
+	}
+	return record{bootID: bootID, volume: v}, nil
 }

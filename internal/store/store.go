@@ -1,7 +1,8 @@
 // Package store is crustd's crash-safe persistence of volume descriptors (*crustv1.Volume), one record
 // per target path (Volume.Spec.VolumeTargetPath). It knows nothing of gRPC or Kata, and it keeps no index:
 // the caller holds the descriptors in memory, calls Put and Delete to make changes durable, and calls Open
-// once at start to read back what survived.
+// once at start to read back what survived. The records are kept by the record engine
+// (internal/recordfile); this package adds what they hold and which to keep.
 //
 // # Promises
 //
@@ -11,7 +12,8 @@
 //     half-written record.
 //   - Put and Delete are idempotent. They are safe to call concurrently for different target paths; calls
 //     for one target path must be serialised by the caller.
-//   - Open never fails because of a damaged record: it moves the file aside, logs it and reports it.
+//   - Open never fails because of a damaged record: it moves the file aside, logs it and reports it. It
+//     does fail on an I/O error reading a record: the record may be good, and a restart retries.
 //   - Open deletes the records written under another boot id and reports their target paths.
 //   - Open fails, before it deletes or moves any record, when it finds a record of a newer format version,
 //     so that running an older crustd over a newer one's state loses nothing.
@@ -75,28 +77,21 @@
 package store
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"slices"
 	"strings"
-	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/recordfile"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/safedir"
 )
-
-// corruptTimeFormat is the suffix of a file moved into corrupt/.
-const corruptTimeFormat = "20060102T150405.000000000Z"
 
 // Store persists descriptors under one directory. Create it with Open.
 type Store struct {
-	bootID  string
-	volumes *safedir.Dir // <dir>/volumes
-	tmp     *safedir.Dir // <dir>/tmp
+	dir *recordfile.Dir
 }
 
 // LoadReport is what Open found.
@@ -121,115 +116,41 @@ type LoadReport struct {
 // dir is created mode 0700; an existing one keeps its mode.
 //
 // Open fails on a record of a newer format version (before it deletes or moves any record) and on I/O
-// errors; it does not fail because of a damaged record.
+// errors, reading a record included; it does not fail because of a damaged record.
 func Open(dir, bootID string, log *slog.Logger) (*Store, *LoadReport, error) {
-	if bootID == "" {
-		return nil, nil, fmt.Errorf("store: empty boot id: %w", errdefs.ErrInvalidArgument)
-	}
 	if log == nil {
 		log = slog.Default()
 	}
-	root, err := safedir.OpenOwned(dir)
-	if err != nil {
-		return nil, nil, fmt.Errorf("store: %w", precondition(err))
-	}
-	defer func() { _ = root.Close() }() // the subdirectories stay open
-	var subs [3]*safedir.Dir
-	for i, name := range []string{"volumes", "tmp", "corrupt"} {
-		if subs[i], err = root.EnsureDir(name, 0o700); err != nil {
-			return nil, nil, fmt.Errorf("store: %w", precondition(err))
+	var report LoadReport
+	check := func(l recordfile.Loaded) (bool, error) {
+		v, err := decodeVolume(l.Payload)
+		if err != nil {
+			return false, err
 		}
-	}
-	volumes, tmp, corrupt := subs[0], subs[1], subs[2]
-	defer func() { _ = corrupt.Close() }()
-	s := &Store{bootID: bootID, volumes: volumes, tmp: tmp}
-	// Make the subdirectories' entries durable before any record is written into them.
-	if err := root.Sync(); err != nil {
-		return nil, nil, fmt.Errorf("store: %w", err)
-	}
-
-	if err := removeContents(tmp, log); err != nil {
-		return nil, nil, fmt.Errorf("store: clean %s: %w", tmp.Path(), err)
-	}
-
-	// Classify every record before deleting or moving any, so that a record of a newer version fails Open
-	// with all records where they were.
-	entries, err := volumes.Names()
-	if err != nil {
-		return nil, nil, fmt.Errorf("store: %w", err)
-	}
-	type damaged struct{ name, reason string }
-	var (
-		report  LoadReport
-		bad     []damaged
-		dropped []string // file names
-	)
-	for _, name := range entries {
-		rec, err := readRecord(volumes, name)
-		switch {
-		case errors.Is(err, errNewerVersion):
-			return nil, nil, fmt.Errorf("store: %s: %w; refusing to load anything so that a downgrade loses nothing: %w",
-				volumes.Join(name), err, errdefs.ErrFailedPrecondition)
-		case errors.Is(err, errIO):
-			return nil, nil, fmt.Errorf("store: %w", err)
-		case err != nil:
-			bad = append(bad, damaged{name, err.Error()})
-			continue
+		target := v.GetSpec().GetVolumeTargetPath()
+		if want := keyOf(target) + ".json"; l.Name != want {
+			return false, fmt.Errorf("file name does not match target path %q (want %s)", target, want)
 		}
-		target := rec.volume.GetSpec().GetVolumeTargetPath()
-		if want := keyOf(target) + ".json"; name != want {
-			bad = append(bad, damaged{name, fmt.Sprintf("file name does not match target path %q (want %s)", target, want)})
-			continue
-		}
-		if rec.bootID != bootID {
-			log.Info("store: dropping a record of another boot", "target", target, "bootId", rec.bootID)
-			dropped = append(dropped, name)
+		if l.BootID != bootID {
+			log.Info("store: dropping a record of another boot", "target", target, "bootId", l.BootID)
 			report.Dropped = append(report.Dropped, target)
-			continue
+			return true, nil
 		}
-		report.Volumes = append(report.Volumes, rec.volume)
+		report.Volumes = append(report.Volumes, v)
+		return false, nil
 	}
-
-	for _, name := range dropped {
-		if err := volumes.Remove(name); err != nil {
-			return nil, nil, fmt.Errorf("store: drop record of another boot: %w", err)
-		}
+	d, r, err := recordfile.Open(dir, recordfile.Options{
+		Version: recordVersion, Field: payloadField, BootID: bootID, Records: "volumes", Log: log,
+	}, check)
+	if err != nil {
+		return nil, nil, fmt.Errorf("store: %w", err)
 	}
-	now := time.Now().UTC().Format(corruptTimeFormat)
-	for _, b := range bad {
-		to := b.name + "." + now
-		log.Warn("store: moving a corrupt record aside", "file", volumes.Join(b.name), "to", corrupt.Join(to), "reason", b.reason)
-		if err := volumes.Rename(b.name, corrupt, to); err != nil {
-			return nil, nil, fmt.Errorf("store: move corrupt record aside: %w", err)
-		}
-		report.Corrupt = append(report.Corrupt, corrupt.Join(to))
-	}
-	if len(bad) > 0 {
-		if err := corrupt.Sync(); err != nil {
-			return nil, nil, fmt.Errorf("store: %w", err)
-		}
-	}
-	if len(bad) > 0 || len(dropped) > 0 {
-		if err := volumes.Sync(); err != nil {
-			return nil, nil, fmt.Errorf("store: %w", err)
-		}
-	}
-
+	report.Corrupt = r.Corrupt
 	slices.SortFunc(report.Volumes, func(a, b *crustv1.Volume) int {
 		return strings.Compare(a.GetSpec().GetVolumeTargetPath(), b.GetSpec().GetVolumeTargetPath())
 	})
 	slices.Sort(report.Dropped)
-	slices.Sort(report.Corrupt)
-	return s, &report, nil
-}
-
-// precondition marks a state directory that is not what crustd may work in (a link, another owner, a
-// loose mode) as a failed precondition: the operator must fix it.
-func precondition(err error) error {
-	if errors.Is(err, safedir.ErrWrongType) || errors.Is(err, safedir.ErrInsecure) {
-		return fmt.Errorf("%w: %w", err, errdefs.ErrFailedPrecondition)
-	}
-	return err
+	return &Store{dir: d}, &report, nil
 }
 
 // Put stores v, replacing the record of its target path if there is one. The record is durable when Put
@@ -241,21 +162,14 @@ func (s *Store) Put(v *crustv1.Volume) error {
 	if target == "" {
 		return fmt.Errorf("store: volume has no target path: %w", errdefs.ErrInvalidArgument)
 	}
-	b, err := encodeRecord(s.bootID, v)
+	payload, err := protojson.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("store: put %q: %w", target, err)
 	}
-	if len(b) > maxRecordSize {
-		return fmt.Errorf("store: put %q: record is %d bytes, more than %d: %w", target, len(b), maxRecordSize, errdefs.ErrInvalidArgument)
-	}
-	if err := s.write(keyOf(target)+".json", b); err != nil {
+	if err := s.dir.Put(keyOf(target)+".json", payload); err != nil {
 		return fmt.Errorf("store: put %q: %w", target, err)
 	}
 	return nil
-}
-
-func (s *Store) write(name string, b []byte) error {
-	return recordfile.Write(s.volumes, s.tmp, name, b)
 }
 
 // Delete removes the record of target. The removal is durable when Delete returns nil. An unknown target
@@ -264,45 +178,8 @@ func (s *Store) Delete(target string) error {
 	if target == "" {
 		return fmt.Errorf("store: empty target path: %w", errdefs.ErrInvalidArgument)
 	}
-	err := s.volumes.Remove(keyOf(target) + ".json")
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := s.dir.Delete(keyOf(target) + ".json"); err != nil {
 		return fmt.Errorf("store: delete %q: %w", target, err)
-	}
-	// Sync even when the file was already gone: an earlier Delete may have unlinked it and then failed to
-	// sync, and this call must not report success for a removal that is not yet durable.
-	if err := s.volumes.Sync(); err != nil {
-		return fmt.Errorf("store: delete %q: %w", target, err)
-	}
-	return nil
-}
-
-// errIO marks a failure to read a record file, as opposed to a damaged record.
-var errIO = errors.New("I/O error")
-
-// readRecord reads and decodes the record file name of dir. Anything but a regular file (a link
-// included, never read through) is a damaged record, not an I/O error.
-func readRecord(dir *safedir.Dir, name string) (record, error) {
-	data, err := recordfile.Read(dir, name)
-	if errors.Is(err, safedir.ErrWrongType) {
-		return record{}, err
-	}
-	if err != nil {
-		return record{}, fmt.Errorf("%w: %w", errIO, err)
-	}
-	return decodeRecord(data)
-}
-
-// removeContents removes everything inside dir, leaving dir itself, never following a link.
-func removeContents(dir *safedir.Dir, log *slog.Logger) error {
-	names, err := dir.Names()
-	if err != nil {
-		return err
-	}
-	for _, name := range names {
-		log.Debug("store: removing a leftover temporary file", "file", dir.Join(name))
-		if err := dir.RemoveAll(name); err != nil {
-			return err
-		}
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -58,5 +59,37 @@ func TestListen(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(file); string(b) != "keep" {
 		t.Fatal("the regular file was touched")
+	}
+}
+
+// The socket is born 0600: bind, before any chmod, already creates it so, even under an umask that lets
+// every bit through. (The test changes its own process's umask to prove that; Listen never does.)
+func TestBornWithMode(t *testing.T) {
+	old := syscall.Umask(0)
+	defer syscall.Umask(old)
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	l, err := bind(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	fi, err := os.Lstat(sock)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket right after bind: %v, %v; want mode 0600", fi.Mode(), err)
+	}
+}
+
+// An umask narrower than 0600 is widened back to exactly 0600.
+func TestNarrowUmask(t *testing.T) {
+	old := syscall.Umask(0o277)
+	defer syscall.Umask(old)
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	l, err := Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	if fi, err := os.Lstat(sock); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket %v, %v; want mode 0600", fi.Mode(), err)
 	}
 }

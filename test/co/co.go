@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/fsgroup"
 )
 
 // DefaultHandler is the runtime handler of a pod without a RuntimeClass.
@@ -796,7 +797,7 @@ func (c *CO) mountVolume(ctx context.Context, rp *RunningPod, pv *podVolumeState
 
 	// fsGroup, when not delegated to the driver.
 	if pod.FSGroup != nil && group == "" && !pv.ReadOnly && c.ownershipApplies(d, v) {
-		if err := setVolumeOwnership(target, int(*pod.FSGroup)); err != nil {
+		if err := fsgroup.Apply(target, int(*pod.FSGroup), fsgroup.Always); err != nil {
 			return fmt.Errorf("fsGroup %d on %s: %w", *pod.FSGroup, target, err)
 		}
 	}
@@ -832,30 +833,6 @@ func (c *CO) ownershipApplies(d *Driver, v *Volume) bool {
 	default:
 		return v.FSType != "" && v.AccessMode == csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
 	}
-}
-
-// setVolumeOwnership gives gid every file under root, group read and write (execute where the owner
-// has it), and the setgid bit on directories.
-func setVolumeOwnership(root string, gid int) error {
-	return filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		if err := os.Lchown(p, -1, gid); err != nil {
-			return err
-		}
-		if fi.Mode()&os.ModeSymlink != 0 {
-			return nil
-		}
-		mode := fi.Mode() | 0o060
-		if fi.Mode()&0o100 != 0 {
-			mode |= 0o010
-		}
-		if fi.IsDir() {
-			mode |= os.ModeSetgid
-		}
-		return os.Chmod(p, mode)
-	})
 }
 
 // StopPod stops a pod as kubelet does when it is deleted: the runtime first, then NodeUnpublishVolume

@@ -4,8 +4,6 @@ package guest
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -16,71 +14,19 @@ import (
 	"crust.dev/crust/examples/microvm/agentproto"
 )
 
-func TestFSGroup(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("fsGroup needs root to change groups")
+func TestFindMountIn(t *testing.T) {
+	const table = `22 1 0:21 / / rw - rootfs rootfs rw
+36 22 254:0 / /mnt/my\040vol rw,noatime shared:1 master:2 - ext4 /dev/vda rw,errors=remount-ro
+37 36 254:16 / /mnt/my\040vol rw - xfs /dev/vdb rw
+`
+	e, ok := findMountIn(strings.NewReader(table), "/mnt/my vol")
+	if !ok || e.target != "/mnt/my vol" || e.fsType != "xfs" || e.source != "/dev/vdb" {
+		t.Fatalf("findMountIn = %+v, %v; want the topmost mount, xfs on /dev/vdb", e, ok)
 	}
-	root := t.TempDir()
-	if err := os.Chmod(root, 0o755); err != nil {
-		t.Fatal(err)
+	if e, ok := findMountIn(strings.NewReader(table), "/mnt"); ok {
+		t.Fatalf("found %+v on a path nothing is mounted on", e)
 	}
-	sub := filepath.Join(root, "sub")
-	file := filepath.Join(sub, "f")
-	if err := os.Mkdir(sub, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(file, []byte("x"), 0o604); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink("f", filepath.Join(sub, "link")); err != nil {
-		t.Fatal(err)
-	}
-	const gid = 4321
-	check := func(p string, wantMode uint32) {
-		t.Helper()
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			t.Fatal(err)
-		}
-		if st.Gid != gid || st.Mode&^unix.S_IFMT != wantMode {
-			t.Errorf("%s: gid %d mode %o, want gid %d mode %o", p, st.Gid, st.Mode&^unix.S_IFMT, gid, wantMode)
-		}
-	}
-
-	// OnRootMismatch on a root that does not match walks everything.
-	if err := applyFSGroup(root, gid, agentproto.FSGroupOnRootMismatch); err != nil {
-		t.Fatal(err)
-	}
-	check(root, 0o2775)
-	check(sub, 0o2770)
-	check(file, 0o664)
-	check(filepath.Join(sub, "link"), 0o777)
-
-	// Now the root matches: OnRootMismatch leaves a changed file alone,
-	// Always fixes it.
-	if err := os.Chmod(file, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := applyFSGroup(root, gid, agentproto.FSGroupOnRootMismatch); err != nil {
-		t.Fatal(err)
-	}
-	var st unix.Stat_t
-	_ = unix.Stat(file, &st)
-	if st.Mode&0o777 != 0o600 {
-		t.Fatalf("OnRootMismatch walked a matching root (file mode %o)", st.Mode&0o777)
-	}
-	if err := applyFSGroup(root, gid, agentproto.FSGroupAlways); err != nil {
-		t.Fatal(err)
-	}
-	check(file, 0o660)
-}
-
-func TestParseMountinfo(t *testing.T) {
-	e, ok := parseMountinfo(`36 35 254:0 / /mnt/my\040vol rw,noatime shared:1 master:2 - ext4 /dev/vda rw,errors=remount-ro`)
-	if !ok || e.target != "/mnt/my vol" || e.fsType != "ext4" || e.source != "/dev/vda" {
-		t.Fatalf("parse = %+v, %v", e, ok)
-	}
-	if _, ok := parseMountinfo("garbage line"); ok {
+	if _, ok := findMountIn(strings.NewReader("garbage line\n"), "/mnt/my vol"); ok {
 		t.Fatal("parsed garbage")
 	}
 }

@@ -3,13 +3,13 @@
 package guest
 
 import (
-	"bufio"
+	"io"
 	"os"
-	"strconv"
-	"strings"
+
+	"github.com/moby/sys/mountinfo"
 )
 
-// mountEntry is one line of /proc/self/mountinfo.
+// mountEntry is what the agent needs of a mount.
 type mountEntry struct {
 	target string
 	fsType string
@@ -23,53 +23,18 @@ func findMount(target string) (mountEntry, bool) {
 		return mountEntry{}, false
 	}
 	defer func() { _ = f.Close() }()
-	var found mountEntry
-	ok := false
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		if e, good := parseMountinfo(sc.Text()); good && e.target == target {
-			found, ok = e, true // later lines are mounted on top of earlier ones
-		}
-	}
-	return found, ok
+	return findMountIn(f, target)
 }
 
-// parseMountinfo parses "ID PARENT MAJ:MIN ROOT TARGET OPTS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS".
-func parseMountinfo(line string) (mountEntry, bool) {
-	fields := strings.Fields(line)
-	sep := -1
-	for i := 6; i < len(fields); i++ {
-		if fields[i] == "-" {
-			sep = i
-			break
-		}
-	}
-	if len(fields) < 5 || sep < 0 || sep+2 >= len(fields) {
+// findMountIn returns the topmost mount on target in r, a mountinfo table. A table that does not parse
+// finds nothing.
+func findMountIn(r io.Reader, target string) (mountEntry, bool) {
+	infos, err := mountinfo.GetMountsFromReader(r, func(i *mountinfo.Info) (skip, stop bool) {
+		return i.Mountpoint != target, false
+	})
+	if err != nil || len(infos) == 0 {
 		return mountEntry{}, false
 	}
-	return mountEntry{
-		target: unescapeMountinfo(fields[4]),
-		fsType: fields[sep+1],
-		source: unescapeMountinfo(fields[sep+2]),
-	}, true
-}
-
-// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space, ...).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	i := infos[len(infos)-1] // later lines are mounted on top of earlier ones
+	return mountEntry{target: i.Mountpoint, fsType: i.FSType, source: i.Source}, true
 }

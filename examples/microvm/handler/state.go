@@ -29,7 +29,7 @@ var stale = []string{handlerSocket, controlSocket, "qmp.sock", "agent.sock", pid
 // state is a sandbox's state directory, locked by this process.
 type state struct {
 	dir  string
-	lock *os.File
+	lock *safedir.Lock
 }
 
 func (s *state) path(name string) string { return filepath.Join(s.dir, name) }
@@ -62,10 +62,6 @@ func lockState(parent, name string, log *slog.Logger) (*state, error) {
 	if !locked {
 		return nil, fmt.Errorf("sandbox %s is already running (%s is locked)", name, st.path(lockFile))
 	}
-	// The lock file names the process holding it, for Stop to wait for its exit.
-	if err := st.lock.Truncate(0); err == nil {
-		_, _ = st.lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	}
 	if cleaned := cleanStale(dir); len(cleaned) > 0 {
 		log.Warn("cleaned up after an earlier run that did not stop", "removed", cleaned)
 	}
@@ -81,20 +77,22 @@ func checkOwned(path string) error {
 	return errors.Join(d.CheckOwned(), d.Close())
 }
 
-// tryLock opens dir's lock file (never through a link) and tries to lock it without waiting.
+// tryLock tries to take dir's lock file (pkg/safedir's lock, never through a link) without waiting. The
+// lock file names the process holding it, for Stop to wait for its exit.
 func tryLock(dir string) (*state, bool, error) {
-	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600)
+	d, err := safedir.Open(dir)
 	if err != nil {
 		return nil, false, err
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		_ = f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return &state{dir: dir}, false, nil
-		}
-		return nil, false, fmt.Errorf("locking %s: %w", f.Name(), err)
+	defer func() { _ = d.Close() }()
+	l, err := d.Lock(lockFile, "crust-microvm")
+	if errors.Is(err, safedir.ErrLocked) {
+		return &state{dir: dir}, false, nil
 	}
-	return &state{dir: dir, lock: f}, true, nil
+	if err != nil {
+		return nil, false, err
+	}
+	return &state{dir: dir, lock: l}, true, nil
 }
 
 // writeNoFollow writes data to the file at path (mode 0600), never through a link at its place.
@@ -107,11 +105,7 @@ func writeNoFollow(path string, data []byte) error {
 	return errors.Join(err, f.Close())
 }
 
-func (s *state) unlock() {
-	if s.lock != nil {
-		_ = s.lock.Close()
-	}
-}
+func (s *state) unlock() { s.lock.Release() }
 
 // cleanStale kills a QEMU left by a dead run of this state directory (QEMU normally dies with it) and
 // removes the stale files; it returns what it cleaned. The caller holds the lock.
@@ -155,10 +149,10 @@ func alive(pid int) bool {
 
 // lockHolder is the pid a run process wrote in dir's lock file, or 0.
 func lockHolder(dir string) int {
-	b, err := os.ReadFile(filepath.Join(dir, lockFile))
+	d, err := safedir.Open(dir)
 	if err != nil {
 		return 0
 	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	return pid
+	defer func() { _ = d.Close() }()
+	return d.LockHolder(lockFile)
 }

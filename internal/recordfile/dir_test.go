@@ -1,0 +1,90 @@
+package recordfile
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"crust.dev/crust/internal/dirlock"
+	"crust.dev/crust/internal/errdefs"
+)
+
+// Open hands every valid record to the check and acts on its verdicts: kept, dropped (deleted) or moved
+// aside; a damaged envelope is moved aside without reaching the check; tmp/ is emptied; the lock is held
+// until Close; a newer record stops Open with nothing moved.
+func TestOpenClassifies(t *testing.T) {
+	dir := t.TempDir()
+	opt := Options{Version: 1, Field: "p", BootID: "b1", Records: "recs", Extra: []string{"more"}, Lock: "test"}
+	keepAll := func(Loaded) (bool, error) { return false, nil }
+	d, _, err := Open(dir, opt, keepAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"keep", "drop", "refuse"} {
+		if err := d.Put(name, []byte(`"`+name+`"`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.Put("gone", []byte(`1`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(d.Delete("gone"), d.Delete("gone")); err != nil {
+		t.Fatalf("Delete, twice: %v", err)
+	}
+	if d.Extra("more") == nil {
+		t.Fatal("the extra subdirectory is not open")
+	}
+	if _, _, err := Open(dir, opt, keepAll); !errors.Is(err, dirlock.ErrHeld) {
+		t.Fatalf("second Open while locked: %v", err)
+	}
+	d.Close()
+	recs := filepath.Join(dir, "recs")
+	if err := os.WriteFile(filepath.Join(recs, "torn"), []byte(`{"version":1,"bootId":"b1","sha`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tmp", "leftover"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{}
+	d, report, err := Open(dir, opt, func(l Loaded) (bool, error) {
+		seen[l.Name] = string(l.Payload)
+		switch l.Name {
+		case "drop":
+			return true, nil
+		case "refuse":
+			return false, errors.New("not mine")
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	if len(seen) != 3 || seen["keep"] != `"keep"` {
+		t.Errorf("the check saw %v; want keep, drop and refuse", seen)
+	}
+	if len(report.Dropped) != 1 || report.Dropped[0] != "drop" || len(report.Corrupt) != 2 {
+		t.Errorf("report %+v; want drop dropped, refuse and torn moved aside", report)
+	}
+	if names, _ := os.ReadDir(recs); len(names) != 1 || names[0].Name() != "keep" {
+		t.Errorf("records left: %v; want keep", names)
+	}
+	if names, _ := os.ReadDir(filepath.Join(dir, "tmp")); len(names) != 0 {
+		t.Errorf("tmp/ not emptied: %v", names)
+	}
+
+	newer, err := Encode(2, "b1", "p", []byte(`1`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(recs, "newer"), newer, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Open(dir, opt, keepAll); !errors.Is(err, ErrNewerVersion) || !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("Open over a newer record: %v", err)
+	}
+	if names, _ := os.ReadDir(recs); len(names) != 2 {
+		t.Errorf("Open over a newer record changed the records: %v", names)
+	}
+}
