@@ -25,6 +25,7 @@ import (
 	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/command"
 )
 
 // usageError marks a mistake in the command line.
@@ -87,13 +88,19 @@ func NewCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.socket, "socket", client.SocketFromEnv(), "crustd's socket (env CRUST_SOCKET)")
+	command.AddSocketFlag(pf, &g.socket, client.DefaultSocket, "crustd's socket", "socket")
 	pf.StringVarP(&g.output, "output", "o", "", "output format: table, wide (a table with more columns, such as a volume's mode and Kata caveats), json or yaml")
 	pf.DurationVar(&g.timeout, "timeout", 30*time.Second, "how long a call may take")
 	root.AddCommand(
 		g.lsCmd(), g.getCmd(), g.stageCmd(), g.unstageCmd(), g.statsCmd(), g.expandCmd(),
 		g.claimCmd(), g.releaseCmd(), g.watchCmd(), g.doctorCmd(), directvolume.NewCommand(),
+		command.VersionCommand(func(_ *cobra.Command, w io.Writer) error {
+			// The API has no call that reports crustd's version; its metrics do (crust_build_info).
+			_, err := fmt.Fprintln(w, "crustd: its API does not report a version; see crust_build_info in its metrics")
+			return err
+		}),
 	)
+	command.SetVersion(root)
 	return root
 }
 
@@ -316,8 +323,12 @@ func (g *globals) releaseCmd() *cobra.Command {
 func (g *globals) watchCmd() *cobra.Command {
 	var existing bool
 	cmd := &cobra.Command{
-		Use: "watch", Short: "Print volume events as they happen, one JSON document a line", Args: cobra.NoArgs,
+		Use: "watch", Short: "Print volume events as they happen: one JSON document a line (the default), a table row each (-o table), or YAML documents", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := g.checkOutput(); err != nil {
+				return err
+			}
+			header := false
 			conn, err := client.Dial(g.socket)
 			if err != nil {
 				return err
@@ -335,11 +346,9 @@ func (g *globals) watchCmd() *cobra.Command {
 					}
 					return err
 				}
-				b, err := compactJSON.Marshal(ev)
-				if err != nil {
+				if err := g.printEvent(cmd.OutOrStdout(), ev, &header); err != nil {
 					return err
 				}
-				fmt.Fprintln(cmd.OutOrStdout(), string(b))
 			}
 		},
 	}

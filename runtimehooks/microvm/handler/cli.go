@@ -5,16 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/command"
 	"crust.dev/crust/runtimehooks/microvm/agentproto"
 	"crust.dev/crust/runtimehooks/microvm/vm"
 )
@@ -94,6 +92,7 @@ func newCommand(stdout, stderr io.Writer) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
+	command.SetVersion(root)
 	stateDir := root.PersistentFlags().String("state-dir", DefaultStateDir, "parent of the sandboxes' state directories")
 	root.AddCommand(runCmd(stateDir, stderr), execCmd(stateDir, stdout, stderr), stopCmd(stateDir))
 	return root
@@ -103,6 +102,7 @@ func runCmd(stateDir *string, stderr io.Writer) *cobra.Command {
 	cfg := Config{}
 	var volumes []string
 	var accel string
+	var logging command.Logging
 	cmd := &cobra.Command{
 		Use:   "run --name NAME --crust-socket PATH --volume TARGET:GUEST_PATH...",
 		Short: "Boot the sandbox's VM, claim and mount its volumes, serve crustd; stays in the foreground until stopped",
@@ -128,8 +128,11 @@ func runCmd(stateDir *string, stderr io.Writer) *cobra.Command {
 				return usageError{fmt.Errorf("--name: %w", err)}
 			}
 			cfg.StateDir = *stateDir
-			cfg.Log = slog.New(slog.NewTextHandler(stderr, nil))
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			var err error
+			if cfg.Log, err = logging.Logger(stderr); err != nil {
+				return usageError{err}
+			}
+			ctx, stop := command.SignalContext(cmd.Context())
 			defer stop()
 			return Run(ctx, cfg)
 		},
@@ -137,9 +140,10 @@ func runCmd(stateDir *string, stderr io.Writer) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&cfg.Name, "name", "", "the sandbox's name, for exec and stop (required)")
 	f.StringVar(&cfg.SandboxID, "sandbox-id", "", "the sandbox id the volumes are claimed for in crustd, such as the CRI pod sandbox id (default: --name)")
-	f.StringVar(&cfg.CrustSocket, "crust-socket", client.SocketFromEnv(), "crustd's socket (env CRUST_SOCKET)")
+	command.AddSocketFlag(f, &cfg.CrustSocket, client.DefaultSocket, "crustd's socket")
 	f.StringArrayVar(&volumes, "volume", nil, "TARGET:GUEST_PATH, a staged target path and where to mount it in the guest (repeatable; a target given again is mounted at that guest path too)")
 	f.StringVar(&accel, "accel", string(vm.AccelAuto), "tcg, kvm, or auto (KVM, falling back to TCG when it fails or hangs)")
+	logging.AddFlags(f)
 	f.StringVar(&cfg.Assets, "assets", envOr("CRUST_GUEST_ASSETS", DefaultAssets), "guest assets: cloud/vmlinuz and initramfs-cloud.cpio.gz (env CRUST_GUEST_ASSETS)")
 	return cmd
 }

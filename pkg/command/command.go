@@ -1,0 +1,129 @@
+// Package command is the command-line plumbing every crust binary shares, so that they all read the
+// same: --log-level and --log-format and the one slog logger they set up, --version, the flag that
+// names crustd's API socket (--crust-socket, env CRUST_SOCKET), and a context that ends on SIGINT or
+// SIGTERM. Flags are spf13/pflag's (through cobra), the one CLI library of the project.
+//
+// It is public because the reference runtime handler and CSI driver (their own Go modules, which may not
+// import crustd's insides) use it, and so may a runtime or driver author who wants the same conventions.
+// It carries no crust behaviour: nothing here dials or serves.
+package command
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"crust.dev/crust/pkg/version"
+)
+
+// SocketFlag is the one spelling, in every binary, of the flag that names crustd's API socket.
+const SocketFlag = "crust-socket"
+
+// SocketEnv is the environment variable that names crustd's API socket when the flag is not given.
+const SocketEnv = "CRUST_SOCKET"
+
+// Logging is what --log-level and --log-format chose. The zero value logs at info, as text.
+type Logging struct {
+	Level  string // debug, info, warn or error (or a slog level such as info+2)
+	Format string // text or json
+}
+
+// AddFlags registers --log-level and --log-format on fs, with l's fields (or info and text) as defaults.
+func (l *Logging) AddFlags(fs *pflag.FlagSet) {
+	if l.Level == "" {
+		l.Level = "info"
+	}
+	if l.Format == "" {
+		l.Format = "text"
+	}
+	fs.StringVar(&l.Level, "log-level", l.Level, "debug, info, warn or error")
+	fs.StringVar(&l.Format, "log-format", l.Format, "text or json")
+}
+
+// Logger returns the logger l describes, writing to w. A bad level or format is an error that names its
+// flag.
+func (l Logging) Logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if l.Level != "" {
+		if err := level.UnmarshalText([]byte(l.Level)); err != nil {
+			return nil, fmt.Errorf("--log-level: %q is not debug, info, warn or error", l.Level)
+		}
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch l.Format {
+	case "", "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format: %q is not text or json", l.Format)
+}
+
+// AddSocketFlag registers --crust-socket on fs, storing into p. Its default is $CRUST_SOCKET when that
+// is set, else def, so that the environment variable works wherever the flag does (pkg/client's
+// SocketFromEnv reads the same variable). usage says what the socket is for; the flag's help adds the
+// variable. Each of oldNames is registered as a hidden alias that sets the same value, for command lines
+// written before the flag had one spelling; OldSocketFlag says whether one was used.
+func AddSocketFlag(fs *pflag.FlagSet, p *string, def, usage string, oldNames ...string) {
+	if env := os.Getenv(SocketEnv); env != "" {
+		def = env
+	}
+	fs.StringVar(p, SocketFlag, def, usage+" (env "+SocketEnv+")")
+	for _, n := range oldNames {
+		fs.StringVar(p, n, def, "old name of --"+SocketFlag)
+		_ = fs.MarkHidden(n)
+		_ = fs.SetAnnotation(n, oldNameAnnotation, []string{SocketFlag})
+	}
+}
+
+const oldNameAnnotation = "crust.dev/old-name-of"
+
+// OldSocketFlag returns the old name of --crust-socket that the command line used ("--socket"), or "".
+func OldSocketFlag(fs *pflag.FlagSet) string {
+	var used string
+	fs.Visit(func(f *pflag.Flag) {
+		if len(f.Annotations[oldNameAnnotation]) > 0 {
+			used = "--" + f.Name
+		}
+	})
+	return used
+}
+
+// SignalContext returns a context that ends on SIGINT or SIGTERM (or when ctx ends); stop releases the
+// signals.
+func SignalContext(ctx context.Context) (_ context.Context, stop context.CancelFunc) {
+	return signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+}
+
+// SetVersion gives cmd a --version flag that prints "NAME version VERSION (revision R, GO)" and exits 0.
+func SetVersion(cmd *cobra.Command) {
+	cmd.Version = version.Get().String()
+}
+
+// Version is the line --version prints for the binary called name.
+func Version(name string) string {
+	return name + " version " + version.Get().String()
+}
+
+// VersionCommand returns a `version` subcommand that prints Version(root's name), then what more
+// reports (such as the server's version), if more is not nil.
+func VersionCommand(more func(cmd *cobra.Command, w io.Writer) error) *cobra.Command {
+	return &cobra.Command{
+		Use: "version", Short: "Print the version of this binary", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			w := cmd.OutOrStdout()
+			fmt.Fprintln(w, Version(cmd.Root().Name()))
+			if more == nil {
+				return nil
+			}
+			return more(cmd, w)
+		},
+	}
+}
