@@ -1,40 +1,28 @@
 package csiproxy
 
 import (
+	"context"
+	"log/slog"
 	"os"
 
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
 	"crust.dev/crust/pkg/command"
-	"crust.dev/crust/pkg/version"
 )
 
 // NewCommand returns the crust-csi-proxy command.
 func NewCommand() *cobra.Command {
 	cfg := Defaults()
-	var logging command.Logging
-	cmd := &cobra.Command{
-		Use:          "crust-csi-proxy",
-		Short:        "CSI Node proxy in front of an unmodified driver: defers block volumes' filesystems to microVM runtimes through crustd",
-		Args:         cobra.NoArgs,
-		SilenceUsage: true,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := logging.Logger(os.Stderr)
-			if err != nil {
-				return err
-			}
+	cmd := command.Server("crust-csi-proxy",
+		"CSI Node proxy in front of an unmodified driver: defers block volumes' filesystems to microVM runtimes through crustd",
+		func(ctx context.Context, _ *cobra.Command, log *slog.Logger) error {
 			if cfg.NodeName == "" {
 				cfg.NodeName = os.Getenv("NODE_NAME")
 			}
 			klog.SetSlogLogger(log) // k8s.io/mount-utils and client-go log through klog
-			ctx, stop := command.SignalContext(cmd.Context())
-			defer stop()
-			log.Info("starting", "version", version.Get().Version, "revision", version.Get().Revision)
 			return Run(ctx, cfg, log)
-		},
-	}
-	command.SetVersion(cmd)
+		})
 	f := cmd.Flags()
 	f.BoolVar(&cfg.Controller, "controller", false, "serve Identity and Controller in front of the driver's controller socket (the one external-provisioner and external-resizer dial), instead of Identity and Node")
 	f.StringVar(&cfg.CSIAddress, "csi-address", "", "unix socket to serve CSI on (the one kubelet dials, or with --controller the sidecars)")
@@ -47,7 +35,6 @@ func NewCommand() *cobra.Command {
 	f.DurationVar(&cfg.PodWait, "pod-wait", cfg.PodWait, "how long a publish waits for its pod to appear in the cache before UNAVAILABLE")
 	f.DurationVar(&cfg.LockWait, "lock-wait", cfg.LockWait, "how long a call waits for another on the same path before ABORTED")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", "", `address for /metrics, /healthz and /readyz, such as 127.0.0.1:9810 ("" disables)`)
-	logging.AddFlags(f)
 	_ = cmd.MarkFlagRequired("csi-address")
 	_ = cmd.MarkFlagRequired("driver-address")
 	return cmd

@@ -28,7 +28,6 @@ import (
 	"crust.dev/crust/pkg/command"
 	katafmt "crust.dev/crust/pkg/kata"
 	"crust.dev/crust/pkg/unixsocket"
-	"crust.dev/crust/pkg/version"
 )
 
 // Config is crustd's configuration; the flags of NewCommand fill it.
@@ -195,36 +194,23 @@ serve:
 // NewCommand returns the crustd command.
 func NewCommand() *cobra.Command {
 	cfg := Defaults()
-	logging := command.Logging{Format: cfg.LogFormat}
 	var uids, gids []uint
-	cmd := &cobra.Command{
-		Use:          "crustd",
-		Short:        "crust node daemon: holds deferred-mount descriptors for microVM runtimes",
-		Args:         cobra.NoArgs,
-		SilenceUsage: true,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := logging.Logger(os.Stderr)
-			if err != nil {
-				return err
-			}
-			_ = cfg.LogLevel.UnmarshalText([]byte(logging.Level)) // checked by Logger
-			cfg.LogFormat = logging.Format
+	cmd := command.Server("crustd", "crust node daemon: holds deferred-mount descriptors for microVM runtimes",
+		func(ctx context.Context, cmd *cobra.Command, log *slog.Logger) error {
+			_ = cfg.LogLevel.UnmarshalText([]byte(cmd.Flag("log-level").Value.String())) // checked by command.Server
+			cfg.LogFormat = cmd.Flag("log-format").Value.String()
 			if old := command.OldSocketFlag(cmd.Flags()); old != "" {
 				log.Warn(old+" is an old name of --"+command.SocketFlag, "socket", cfg.Socket)
 			}
+			var err error
 			if cfg.AllowUIDs, err = toUint32("--allow-uid", uids); err != nil {
 				return err
 			}
 			if cfg.AllowGIDs, err = toUint32("--allow-gid", gids); err != nil {
 				return err
 			}
-			ctx, stop := command.SignalContext(cmd.Context())
-			defer stop()
-			log.Info("starting", "version", version.Get().Version, "revision", version.Get().Revision)
 			return Run(ctx, cfg, log)
-		},
-	}
-	command.SetVersion(cmd)
+		})
 	f := cmd.Flags()
 	command.AddSocketFlag(f, &cfg.Socket, cfg.Socket, "unix socket to serve the API on (created 0600)", "socket")
 	f.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the crash-safe descriptor store")
@@ -249,7 +235,6 @@ func NewCommand() *cobra.Command {
 	f.DurationVar(&cfg.GCInterval, "gc-interval", cfg.GCInterval, "how often descriptors of deleted pods are collected")
 	f.DurationVar(&cfg.HandlerGrace, "handler-grace", cfg.HandlerGrace,
 		"release a runtime handler's claims once its endpoint has refused connections this long (at once when the claiming process has exited too); 0 never releases")
-	logging.AddFlags(f)
 	return cmd
 }
 

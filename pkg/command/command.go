@@ -127,3 +127,31 @@ func VersionCommand(more func(cmd *cobra.Command, w io.Writer) error) *cobra.Com
 		},
 	}
 }
+
+// Server returns the root command of a binary that serves until it is stopped: it takes no arguments,
+// answers --version, has --log-level and --log-format, and when run sets up the logger (to stderr), logs
+// its version at start-up, and calls run with a context that ends on SIGINT or SIGTERM. run's error is
+// the command's; cobra prints it, once, after "Error: ".
+func Server(use, short string, run func(ctx context.Context, cmd *cobra.Command, log *slog.Logger) error) *cobra.Command {
+	var logging Logging
+	cmd := &cobra.Command{
+		Use:          use,
+		Short:        short,
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := logging.Logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			ctx, stop := SignalContext(cmd.Context())
+			defer stop()
+			v := version.Get()
+			log.Info("starting", "version", v.Version, "revision", v.Revision, "goversion", v.GoVersion)
+			return run(ctx, cmd, log)
+		},
+	}
+	SetVersion(cmd)
+	logging.AddFlags(cmd.Flags())
+	return cmd
+}

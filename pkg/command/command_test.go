@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"strings"
 	"syscall"
 	"testing"
@@ -156,4 +157,47 @@ func TestSignalContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-ctx.Done() // the test times out if SIGTERM does not end it
+}
+
+func TestServer(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		wantErr string
+		ran     bool
+	}{
+		{name: "runs", args: nil, ran: true},
+		{name: "json", args: []string{"--log-format", "json"}, ran: true},
+		{name: "bad level", args: []string{"--log-level", "x"}, wantErr: "--log-level"},
+		{name: "no arguments", args: []string{"extra"}, wantErr: "unknown command"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ran := false
+			cmd := command.Server("srv", "a server", func(ctx context.Context, _ *cobra.Command, log *slog.Logger) error {
+				ran = true
+				if ctx.Err() != nil {
+					t.Error("the context ended before run")
+				}
+				log.Info("served")
+				return nil
+			})
+			var stderr bytes.Buffer
+			cmd.SetErr(&stderr)
+			cmd.SetOut(io.Discard)
+			cmd.SetArgs(tc.args)
+			err := cmd.Execute()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Execute: %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || ran != tc.ran {
+				t.Fatalf("Execute: %v, ran %v", err, ran)
+			}
+			if log := stderr.String(); !strings.Contains(log, "starting") || !strings.Contains(log, version.Get().Version) || !strings.Contains(log, "served") {
+				t.Errorf("log %q lacks the start-up line or run's", log)
+			}
+		})
+	}
 }

@@ -5,6 +5,8 @@
 package main
 
 import (
+	"context"
+	"log/slog"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -22,28 +24,16 @@ func main() {
 func newCommand() *cobra.Command {
 	var cfg csidriver.Config
 	var endpoint string
-	var logging command.Logging
-	cmd := &cobra.Command{
-		Use:          "crust-lvm-csi",
-		Short:        "crust's reference CSI driver: LVM volumes, deferred to microVM runtimes through crustd",
-		Args:         cobra.NoArgs,
-		SilenceUsage: true,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var err error
-			if cfg.Log, err = logging.Logger(os.Stderr); err != nil {
-				return err
-			}
+	cmd := command.Server("crust-lvm-csi", "crust's reference CSI driver: LVM volumes, deferred to microVM runtimes through crustd",
+		func(ctx context.Context, _ *cobra.Command, log *slog.Logger) error {
+			cfg.Log = log
 			stop, err := csidriver.Start(endpoint, cfg)
 			if err != nil {
 				return err
 			}
-			ctx, cancel := command.SignalContext(cmd.Context())
-			defer cancel()
 			<-ctx.Done()
 			return stop()
-		},
-	}
-	command.SetVersion(cmd)
+		})
 	f := cmd.Flags()
 	f.StringVar(&endpoint, "endpoint", "/run/crust-lvm-csi/csi.sock", "unix socket to serve CSI on")
 	f.StringVar(&cfg.VG, "vg", "", "volume group of the volumes (required)")
@@ -58,6 +48,5 @@ func newCommand() *cobra.Command {
 	f.BoolVar(&cfg.NoVolumeContext, "no-volume-context", false, "return no volume context from CreateVolume, as most drivers do")
 	f.BoolVar(&cfg.StrictAccessType, "strict-access-type", false, "refuse to publish as raw block a volume created for filesystem use")
 	f.BoolVar(&cfg.Capacity, "capacity", false, "report the node as topology and the volume group's free space through GetCapacity (storage capacity tracking)")
-	logging.AddFlags(f)
 	return cmd
 }
