@@ -29,7 +29,7 @@ import (
 )
 
 // usageError marks a mistake in the command line.
-type usageError struct{ error }
+func usageError(err error) error { return command.UsageError{Err: err} }
 
 // Main runs crustctl with args and returns the exit status.
 func Main(args []string, stdout, stderr io.Writer) int {
@@ -48,12 +48,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "crustctl: %s is not valid UTF-8\n", what)
 		return 2
 	}
-	cmd := NewCommand()
-	cmd.SetArgs(args)
-	cmd.SetOut(stdout)
-	cmd.SetErr(stderr)
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	err := cmd.Execute()
+	err := command.Execute(NewCommand(), args, stdout, stderr)
 	if err == nil {
 		return 0
 	}
@@ -65,8 +60,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stderr, "crustctl: %v\n", err)
-	var ue usageError
-	if errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "arg(s)") {
+	if command.IsUsage(err) {
 		return 2
 	}
 	return 1
@@ -166,13 +160,13 @@ func (g *globals) stageCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			t, ok := crustv1.VolumeType_value["VOLUME_TYPE_"+strings.ToUpper(volType)]
 			if !ok {
-				return usageError{fmt.Errorf("--volume-type: %q is not block, file or pmem", volType)}
+				return usageError(fmt.Errorf("--volume-type: %q is not block, file or pmem", volType))
 			}
 			spec.VolumeType = crustv1.VolumeType(t)
 			if cmd.Flags().Changed("volume-mode") {
 				m, ok := crustv1.VolumeMode_value["VOLUME_MODE_"+strings.ToUpper(volMode)]
 				if !ok || m == 0 {
-					return usageError{fmt.Errorf("--volume-mode: %q is not filesystem or block", volMode)}
+					return usageError(fmt.Errorf("--volume-mode: %q is not filesystem or block", volMode))
 				}
 				spec.VolumeMode = crustv1.VolumeMode(m)
 			}
@@ -182,7 +176,7 @@ func (g *globals) stageCmd() *cobra.Command {
 			if policy != "" {
 				p, ok := crustv1.FSGroupChangePolicy_value["FS_GROUP_CHANGE_POLICY_"+strings.ToUpper(policy)]
 				if !ok {
-					return usageError{fmt.Errorf("--fs-group-policy: %q is not always or on_root_mismatch", policy)}
+					return usageError(fmt.Errorf("--fs-group-policy: %q is not always or on_root_mismatch", policy))
 				}
 				spec.SupplementalGroupChangePolicy = crustv1.FSGroupChangePolicy(p)
 			}
@@ -255,7 +249,7 @@ func (g *globals) expandCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n, err := ParseBytes(size)
 			if err != nil {
-				return usageError{fmt.Errorf("--size: %w", err)}
+				return usageError(fmt.Errorf("--size: %w", err))
 			}
 			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				r, err := crustv1.NewVolumeServiceClient(conn).ExpandVolume(ctx, &crustv1.ExpandVolumeRequest{VolumeTargetPath: args[0], RequiredBytes: n})
@@ -305,7 +299,7 @@ func (g *globals) releaseCmd() *cobra.Command {
 		Use: "release TARGET (--sandbox-id ID | --force)", Short: "End a sandbox's claim on a volume (--force: whoever holds it)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if sandbox == "" && !force {
-				return usageError{errors.New("--sandbox-id or --force is required")}
+				return usageError(errors.New("--sandbox-id or --force is required"))
 			}
 			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				_, err := crustv1.NewRuntimeServiceClient(conn).ReleaseVolume(ctx, &crustv1.ReleaseVolumeRequest{

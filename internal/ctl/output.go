@@ -36,7 +36,7 @@ func (g *globals) print(w io.Writer, def string, m proto.Message, rows func(*tab
 		rows(t)
 		return t.w.Flush()
 	}
-	return usageError{fmt.Errorf("-o: %q is not table, wide, json or yaml", format)}
+	return usageError(fmt.Errorf("-o: %q is not table, wide, json or yaml", format))
 }
 
 // table is the table form; wide adds the columns that make rows long (a volume's mode and Kata caveats).
@@ -142,7 +142,7 @@ var outputs = map[string]bool{"": true, "table": true, "wide": true, "json": tru
 // checkOutput refuses an -o that print would refuse, before a command starts a stream.
 func (g *globals) checkOutput() error {
 	if !outputs[g.output] {
-		return usageError{fmt.Errorf("-o: %q is not table, wide, json or yaml", g.output)}
+		return usageError(fmt.Errorf("-o: %q is not table, wide, json or yaml", g.output))
 	}
 	return nil
 }

@@ -10,11 +10,13 @@ package command
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -154,4 +156,27 @@ func Server(use, short string, run func(ctx context.Context, cmd *cobra.Command,
 	SetVersion(cmd)
 	logging.AddFlags(cmd.Flags())
 	return cmd
+}
+
+// UsageError marks a mistake in the command line; by convention the binary exits 2 for it.
+type UsageError struct{ Err error }
+
+func (e UsageError) Error() string { return e.Err.Error() }
+func (e UsageError) Unwrap() error { return e.Err }
+
+// IsUsage says whether err is a mistake in the command line: a UsageError (which Execute makes of every
+// flag error), or cobra's unknown command or wrong number of arguments.
+func IsUsage(err error) bool {
+	var ue UsageError
+	return errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "arg(s)")
+}
+
+// Execute runs cmd with args, writing to stdout and stderr, and returns its error; a flag error comes
+// back as a UsageError.
+func Execute(cmd *cobra.Command, args []string, stdout, stderr io.Writer) error {
+	cmd.SetArgs(args)
+	cmd.SetOut(stdout)
+	cmd.SetErr(stderr)
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return UsageError{err} })
+	return cmd.Execute()
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -197,6 +198,48 @@ func TestServer(t *testing.T) {
 			}
 			if log := stderr.String(); !strings.Contains(log, "starting") || !strings.Contains(log, version.Get().Version) || !strings.Contains(log, "served") {
 				t.Errorf("log %q lacks the start-up line or run's", log)
+			}
+		})
+	}
+}
+
+func TestExecuteUsage(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		usage bool // whether the error is a usage error; nil error when false and ok
+		ok    bool
+	}{
+		{name: "ok", args: []string{"sub", "a"}, ok: true},
+		{name: "unknown flag", args: []string{"sub", "--nope", "a"}, usage: true},
+		{name: "bad flag value", args: []string{"sub", "--n", "x", "a"}, usage: true},
+		{name: "unknown command", args: []string{"nope"}, usage: true},
+		{name: "too many arguments", args: []string{"sub", "a", "b"}, usage: true},
+		{name: "usage error of the command", args: []string{"sub", "bad"}, usage: true},
+		{name: "other error", args: []string{"sub", "fail"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := &cobra.Command{Use: "tool", SilenceErrors: true, SilenceUsage: true}
+			sub := &cobra.Command{Use: "sub", Args: cobra.ExactArgs(1), RunE: func(_ *cobra.Command, args []string) error {
+				switch args[0] {
+				case "bad":
+					return command.UsageError{Err: errors.New("bad argument")}
+				case "fail":
+					return errors.New("failed")
+				}
+				return nil
+			}}
+			sub.Flags().Int("n", 0, "a number")
+			root.AddCommand(sub)
+			err := command.Execute(root, tc.args, io.Discard, io.Discard)
+			if tc.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || command.IsUsage(err) != tc.usage {
+				t.Errorf("Execute: %v; IsUsage = %v, want %v", err, err != nil && command.IsUsage(err), tc.usage)
 			}
 		})
 	}

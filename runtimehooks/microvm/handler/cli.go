@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -30,7 +29,7 @@ const (
 )
 
 // usageError marks a mistake in the command line.
-type usageError struct{ error }
+func usageError(err error) error { return command.UsageError{Err: err} }
 
 // exitError carries a status of its own (exec's).
 type exitError struct {
@@ -57,12 +56,7 @@ func (e exitError) Error() string {
 // could not be run, 127 when the command is not found in the guest). stop exits 0 once the run process
 // is gone. Errors go to stderr as "crust-microvm: message"; a usage error exits 2.
 func Main(args []string, stdout, stderr io.Writer) int {
-	cmd := newCommand(stdout, stderr)
-	cmd.SetArgs(args)
-	cmd.SetOut(stdout)
-	cmd.SetErr(stderr)
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	err := cmd.Execute()
+	err := command.Execute(newCommand(stdout, stderr), args, stdout, stderr)
 	if err == nil {
 		return 0
 	}
@@ -77,8 +71,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if errors.Is(err, ErrVMDied) {
 		return ExitVMDied
 	}
-	var ue usageError
-	if errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "arg(s)") {
+	if command.IsUsage(err) {
 		return ExitUsage
 	}
 	return 1
@@ -111,7 +104,7 @@ func runCmd(stateDir *string, stderr io.Writer) *cobra.Command {
 			for _, s := range volumes {
 				v, err := ParseVolume(s)
 				if err != nil {
-					return usageError{fmt.Errorf("--volume: %w", err)}
+					return usageError(fmt.Errorf("--volume: %w", err))
 				}
 				cfg.Volumes = append(cfg.Volumes, v)
 			}
@@ -119,18 +112,18 @@ func runCmd(stateDir *string, stderr io.Writer) *cobra.Command {
 			case vm.AccelTCG, vm.AccelKVM, vm.AccelAuto:
 				cfg.Accel = a
 			default:
-				return usageError{fmt.Errorf("--accel: %q is not tcg, kvm or auto", accel)}
+				return usageError(fmt.Errorf("--accel: %q is not tcg, kvm or auto", accel))
 			}
 			if cfg.Name == "" {
-				return usageError{errors.New("--name is required")}
+				return usageError(errors.New("--name is required"))
 			}
 			if err := checkName(cfg.Name); err != nil {
-				return usageError{fmt.Errorf("--name: %w", err)}
+				return usageError(fmt.Errorf("--name: %w", err))
 			}
 			cfg.StateDir = *stateDir
 			var err error
 			if cfg.Log, err = logging.Logger(stderr); err != nil {
-				return usageError{err}
+				return usageError(err)
 			}
 			ctx, stop := command.SignalContext(cmd.Context())
 			defer stop()
@@ -159,7 +152,7 @@ func execCmd(stateDir *string, stdout, stderr io.Writer) *cobra.Command {
 				argv = argv[1:]
 			}
 			if len(argv) == 0 {
-				return usageError{errors.New("exec: no command given")}
+				return usageError(errors.New("exec: no command given"))
 			}
 			res, err := Exec(cmd.Context(), *stateDir, name, argv)
 			if err != nil {
