@@ -134,7 +134,7 @@ func TestVersion(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			root := &cobra.Command{Use: "tool", RunE: func(*cobra.Command, []string) error { return nil }}
 			command.SetVersion(root)
-			root.AddCommand(command.VersionCommand(func(cmd *cobra.Command, w io.Writer) error {
+			root.AddCommand(command.VersionCommand(func(_ *cobra.Command, w io.Writer) error {
 				_, err := w.Write([]byte(tc.more))
 				return err
 			}))
