@@ -14,6 +14,10 @@ MODULES := . examples/lvm-csi examples/microvm test
 ALLPKGS := ./... $(patsubst %,./%/...,$(filter-out .,$(MODULES)))
 GOTEST  ?= $(GO) test -count=1 -timeout 40m
 GUEST   := $(OUT)/guest
+# The one version of every binary, stamped into pkg/version (an unstamped build says "devel" and its
+# VCS revision). Override with `make build VERSION=v0.2.0`.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+GOLDFLAGS := -X crust.dev/crust/pkg/version.version=$(VERSION)
 # The VM tests find the guest kernel and initramfs here.
 export CRUST_GUEST_ASSETS := $(GUEST)
 # Debian packages the tests and the demo use (installed only when missing); the second line is the
@@ -35,12 +39,12 @@ deps: ## Install the Debian packages the tests need (as root; skipped when prese
 
 .PHONY: build
 build: ## Build every binary of every module into bin/
-	$(GO) build -o $(BIN)/ ./cmd/... ./examples/lvm-csi/cmd/... ./examples/microvm/cmd/... ./test/cluster/cmd/...
+	$(GO) build -ldflags "$(GOLDFLAGS)" -o $(BIN)/ ./cmd/... ./examples/lvm-csi/cmd/... ./examples/microvm/cmd/... ./test/cluster/cmd/...
 
 .PHONY: images
 images: ## Build the OCI image archives (crustd, the CSI proxy, the reference driver, the registrar, the sidecars, busybox, pause) into _output/images
 	hack/cluster/build.sh
-	$(GO) run ./hack/images -out $(OUT)/images -k8s-bin $(OUT)/k8s/bin
+	$(GO) run ./hack/images -out $(OUT)/images -k8s-bin $(OUT)/k8s/bin -version $(VERSION)
 
 .PHONY: cluster-up
 cluster-up: deps images ## Start a real single-node Kubernetes with crust deployed from deploy/; prints the kubeconfig's path
@@ -53,7 +57,7 @@ cluster-down: ## Remove everything cluster-up made: processes, mounts, loop devi
 .PHONY: guest
 guest: deps ## Fetch the guest kernel (Debian's cloud kernel) and build the guest initramfs, cached in _output/guest
 	hack/guest/fetch-kernel.sh $(GUEST)
-	CGO_ENABLED=0 $(GO) build -o $(GUEST)/crust-guest ./examples/microvm/cmd/crust-guest
+	CGO_ENABLED=0 $(GO) build -ldflags "$(GOLDFLAGS)" -o $(GUEST)/crust-guest ./examples/microvm/cmd/crust-guest
 	$(GO) run ./examples/microvm/hack/mkinitramfs -assets $(GUEST) -flavour cloud -agent $(GUEST)/crust-guest
 
 .PHONY: generate

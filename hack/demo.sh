@@ -54,7 +54,7 @@ fi
 
 say "crustd: the node daemon"
 mkdir -p "$kubelet/pods"
-"$BIN/crustd" --socket "$sock" --state-dir "$work/state" --kata-dir "$work/kata" --kubelet-dir "$kubelet" \
+"$BIN/crustd" --crust-socket "$sock" --state-dir "$work/state" --kata-dir "$work/kata" --kubelet-dir "$kubelet" \
 	--device-allow '/dev/loop*' --device-allow '/dev/dm-*' --http-addr "" --log-level warn &
 crustd_pid=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done

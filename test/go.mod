@@ -10,6 +10,7 @@ require (
 	crust.dev/crust/examples/lvm-csi v0.0.0
 	crust.dev/crust/examples/microvm v0.0.0
 	github.com/container-storage-interface/spec v1.13.0
+	github.com/spf13/pflag v1.0.10
 	golang.org/x/sys v0.49.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
@@ -59,7 +60,6 @@ require (
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/spf13/cobra v1.10.2 // indirect
-	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/x448/float16 v0.8.4 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect

@@ -113,11 +113,12 @@ type builder struct {
 	modRoot string // the crust module's directory, where go build runs
 	k8sBin  string // directory with the prebuilt sidecar binaries
 	work    string // scratch directory for the Go builds
+	version string // stamped into pkg/version; "" leaves it unstamped
 }
 
 // newBuilder finds the module root from the working directory (go env GOMOD) and makes a scratch
 // directory; the caller removes b.work.
-func newBuilder(k8sBin string) (*builder, error) {
+func newBuilder(k8sBin, version string) (*builder, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
 		return nil, fmt.Errorf("go env GOMOD: %w", err)
@@ -130,7 +131,7 @@ func newBuilder(k8sBin string) (*builder, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &builder{modRoot: filepath.Dir(gomod), k8sBin: k8sBin, work: work}, nil
+	return &builder{modRoot: filepath.Dir(gomod), k8sBin: k8sBin, work: work, version: version}, nil
 }
 
 // build makes the image of s, tagged ref, and writes it to the archive file.
@@ -170,7 +171,11 @@ func (b *builder) goBinaries(t *fsTree, dir string, pkgs ...string) error {
 	if err != nil {
 		return err
 	}
-	args := append([]string{"build", "-trimpath", "-ldflags", "-s -w", "-o", out + "/"}, pkgs...)
+	ldflags := "-s -w"
+	if b.version != "" {
+		ldflags += " -X crust.dev/crust/pkg/version.version=" + b.version
+	}
+	args := append([]string{"build", "-trimpath", "-ldflags", ldflags, "-o", out + "/"}, pkgs...)
 	cmd := exec.Command("go", args...)
 	cmd.Dir = b.modRoot
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")

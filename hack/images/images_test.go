@@ -141,7 +141,7 @@ func TestImages(t *testing.T) {
 				t.Fatal(err)
 			}
 			out := t.TempDir()
-			if err := run(out, "test", t.TempDir(), sel); err != nil {
+			if err := run(out, "test", t.TempDir(), "", sel); err != nil {
 				t.Fatal(err)
 			}
 			list, err := os.ReadFile(filepath.Join(out, "images.txt"))

@@ -1,7 +1,7 @@
 // Command images builds crust's container images and the few it needs from elsewhere as image
 // archives, with go-containerregistry and without a registry or Docker:
 //
-//	go run ./hack/images [-out _output/images] [-tag dev] [-k8s-bin _output/k8s/bin] [SHORT...]
+//	go run ./hack/images [-out _output/images] [-tag dev] [-version V] [-k8s-bin _output/k8s/bin] [SHORT...]
 //
 // It promises, for each image (all of them, or the short names given):
 //
@@ -46,6 +46,7 @@ import (
 func main() {
 	out := flag.String("out", "_output/images", "directory to write the archives and images.txt to")
 	tag := flag.String("tag", "dev", "tag of crust's own images")
+	version := flag.String("version", "", `version stamped into crust's binaries (pkg/version); "" leaves them "devel" with their VCS revision`)
 	k8sBin := flag.String("k8s-bin", "_output/k8s/bin", "directory with the csi-provisioner and csi-resizer binaries")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: images [flags] [%s]\n", strings.Join(shortNames(), " | "))
@@ -57,7 +58,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "images:", err)
 		os.Exit(2)
 	}
-	if err := run(*out, *tag, *k8sBin, selected); err != nil {
+	if err := run(*out, *tag, *k8sBin, *version, selected); err != nil {
 		fmt.Fprintln(os.Stderr, "images:", err)
 		os.Exit(1)
 	}
@@ -95,11 +96,11 @@ func selectSpecs(names []string) ([]*spec, error) {
 }
 
 // run builds the selected images into out and writes out/images.txt listing those that succeeded.
-func run(out, tag, k8sBin string, selected []*spec) error {
+func run(out, tag, k8sBin, version string, selected []*spec) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	b, err := newBuilder(k8sBin)
+	b, err := newBuilder(k8sBin, version)
 	if err != nil {
 		return err
 	}

@@ -34,6 +34,7 @@ import (
 
 	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/pkg/kata"
+	"crust.dev/crust/pkg/version"
 )
 
 // DefaultEndpoint is containerd's CRI socket.
@@ -77,7 +78,7 @@ func New(cfg Config) (*Finder, error) {
 	if len(cfg.ShimDirs) == 0 {
 		cfg.ShimDirs = kata.DefaultShimDirs()
 	}
-	conn, err := grpc.NewClient(cfg.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(cfg.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUserAgent(version.UserAgent()))
 	if err != nil {
 		return nil, fmt.Errorf("CRI endpoint %q: %w", cfg.Endpoint, err)
 	}

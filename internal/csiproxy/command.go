@@ -1,55 +1,33 @@
 package csiproxy
 
 import (
-	"fmt"
+	"context"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
+
+	"crust.dev/crust/pkg/command"
 )
 
 // NewCommand returns the crust-csi-proxy command.
 func NewCommand() *cobra.Command {
 	cfg := Defaults()
-	var level, format string
-	cmd := &cobra.Command{
-		Use:          "crust-csi-proxy",
-		Short:        "CSI Node proxy in front of an unmodified driver: defers block volumes' filesystems to microVM runtimes through crustd",
-		Args:         cobra.NoArgs,
-		SilenceUsage: true,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var lv slog.Level
-			if err := lv.UnmarshalText([]byte(level)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
-			}
-			opts := &slog.HandlerOptions{Level: lv}
-			var h slog.Handler
-			switch format {
-			case "text":
-				h = slog.NewTextHandler(os.Stderr, opts)
-			case "json":
-				h = slog.NewJSONHandler(os.Stderr, opts)
-			default:
-				return fmt.Errorf("--log-format: %q is neither text nor json", format)
-			}
+	cmd := command.Server("crust-csi-proxy",
+		"CSI Node proxy in front of an unmodified driver: defers block volumes' filesystems to microVM runtimes through crustd",
+		func(ctx context.Context, _ *cobra.Command, log *slog.Logger) error {
 			if cfg.NodeName == "" {
 				cfg.NodeName = os.Getenv("NODE_NAME")
 			}
-			log := slog.New(h)
 			klog.SetSlogLogger(log) // k8s.io/mount-utils and client-go log through klog
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
 			return Run(ctx, cfg, log)
-		},
-	}
+		})
 	f := cmd.Flags()
 	f.BoolVar(&cfg.Controller, "controller", false, "serve Identity and Controller in front of the driver's controller socket (the one external-provisioner and external-resizer dial), instead of Identity and Node")
 	f.StringVar(&cfg.CSIAddress, "csi-address", "", "unix socket to serve CSI on (the one kubelet dials, or with --controller the sidecars)")
 	f.StringVar(&cfg.DriverAddress, "driver-address", "", "unix socket of the CSI driver behind the proxy")
-	f.StringVar(&cfg.CrustSocket, "crust-socket", cfg.CrustSocket, "crustd's API socket")
+	command.AddSocketFlag(f, &cfg.CrustSocket, cfg.CrustSocket, "crustd's API socket")
 	f.StringSliceVar(&cfg.MicroVMHandlers, "microvm-handlers", nil, "runtime handlers whose pods get deferred volumes (comma-separated; with --kubeconfig)")
 	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig for pod and RuntimeClass look-ups (\"in-cluster\": the pod's service account); without it every volume whose context asks for deferral is deferred")
 	f.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the proxy's crash-safe records and private block paths")
@@ -57,8 +35,6 @@ func NewCommand() *cobra.Command {
 	f.DurationVar(&cfg.PodWait, "pod-wait", cfg.PodWait, "how long a publish waits for its pod to appear in the cache before UNAVAILABLE")
 	f.DurationVar(&cfg.LockWait, "lock-wait", cfg.LockWait, "how long a call waits for another on the same path before ABORTED")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", "", `address for /metrics, /healthz and /readyz, such as 127.0.0.1:9810 ("" disables)`)
-	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
-	f.StringVar(&format, "log-format", "text", "text or json")
 	_ = cmd.MarkFlagRequired("csi-address")
 	_ = cmd.MarkFlagRequired("driver-address")
 	return cmd

@@ -127,7 +127,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) (*Pr
 	if cfg.Controller {
 		p := &Proxy{cfg: cfg, log: log, codec: newRawCodec(), metrics: metrics.New()}
 		var err error
-		if p.driver, err = client.Dial(cfg.DriverAddress); err != nil {
+		if p.driver, err = client.DialUnix(cfg.DriverAddress); err != nil {
 			return nil, fmt.Errorf("--driver-address: %w", err)
 		}
 		p.ident = csi.NewIdentityClient(p.driver)
@@ -186,7 +186,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) (*Pr
 	if p.state, err = openState(cfg.StateDir, bootID, log); err != nil {
 		return nil, err
 	}
-	if p.driver, err = client.Dial(cfg.DriverAddress); err != nil {
+	if p.driver, err = client.DialUnix(cfg.DriverAddress); err != nil {
 		return nil, fmt.Errorf("--driver-address: %w", err)
 	}
 	if p.crust, err = client.New(cfg.CrustSocket); err != nil {

@@ -25,10 +25,11 @@ import (
 	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/command"
 )
 
 // usageError marks a mistake in the command line.
-type usageError struct{ error }
+func usageError(err error) error { return command.UsageError{Err: err} }
 
 // Main runs crustctl with args and returns the exit status.
 func Main(args []string, stdout, stderr io.Writer) int {
@@ -47,12 +48,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "crustctl: %s is not valid UTF-8\n", what)
 		return 2
 	}
-	cmd := NewCommand()
-	cmd.SetArgs(args)
-	cmd.SetOut(stdout)
-	cmd.SetErr(stderr)
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	err := cmd.Execute()
+	err := command.Execute(NewCommand(), args, stdout, stderr)
 	if err == nil {
 		return 0
 	}
@@ -64,8 +60,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stderr, "crustctl: %v\n", err)
-	var ue usageError
-	if errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "arg(s)") {
+	if command.IsUsage(err) {
 		return 2
 	}
 	return 1
@@ -87,13 +82,19 @@ func NewCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.socket, "socket", client.SocketFromEnv(), "crustd's socket (env CRUST_SOCKET)")
+	command.AddSocketFlag(pf, &g.socket, client.DefaultSocket, "crustd's socket", "socket")
 	pf.StringVarP(&g.output, "output", "o", "", "output format: table, wide (a table with more columns, such as a volume's mode and Kata caveats), json or yaml")
 	pf.DurationVar(&g.timeout, "timeout", 30*time.Second, "how long a call may take")
 	root.AddCommand(
 		g.lsCmd(), g.getCmd(), g.stageCmd(), g.unstageCmd(), g.statsCmd(), g.expandCmd(),
 		g.claimCmd(), g.releaseCmd(), g.watchCmd(), g.doctorCmd(), directvolume.NewCommand(),
+		command.VersionCommand(func(_ *cobra.Command, w io.Writer) error {
+			// The API has no call that reports crustd's version; its metrics do (crust_build_info).
+			_, err := fmt.Fprintln(w, "crustd: its API does not report a version; see crust_build_info in its metrics")
+			return err
+		}),
 	)
+	command.SetVersion(root)
 	return root
 }
 
@@ -159,13 +160,13 @@ func (g *globals) stageCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			t, ok := crustv1.VolumeType_value["VOLUME_TYPE_"+strings.ToUpper(volType)]
 			if !ok {
-				return usageError{fmt.Errorf("--volume-type: %q is not block, file or pmem", volType)}
+				return usageError(fmt.Errorf("--volume-type: %q is not block, file or pmem", volType))
 			}
 			spec.VolumeType = crustv1.VolumeType(t)
 			if cmd.Flags().Changed("volume-mode") {
 				m, ok := crustv1.VolumeMode_value["VOLUME_MODE_"+strings.ToUpper(volMode)]
 				if !ok || m == 0 {
-					return usageError{fmt.Errorf("--volume-mode: %q is not filesystem or block", volMode)}
+					return usageError(fmt.Errorf("--volume-mode: %q is not filesystem or block", volMode))
 				}
 				spec.VolumeMode = crustv1.VolumeMode(m)
 			}
@@ -175,7 +176,7 @@ func (g *globals) stageCmd() *cobra.Command {
 			if policy != "" {
 				p, ok := crustv1.FSGroupChangePolicy_value["FS_GROUP_CHANGE_POLICY_"+strings.ToUpper(policy)]
 				if !ok {
-					return usageError{fmt.Errorf("--fs-group-policy: %q is not always or on_root_mismatch", policy)}
+					return usageError(fmt.Errorf("--fs-group-policy: %q is not always or on_root_mismatch", policy))
 				}
 				spec.SupplementalGroupChangePolicy = crustv1.FSGroupChangePolicy(p)
 			}
@@ -248,7 +249,7 @@ func (g *globals) expandCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n, err := ParseBytes(size)
 			if err != nil {
-				return usageError{fmt.Errorf("--size: %w", err)}
+				return usageError(fmt.Errorf("--size: %w", err))
 			}
 			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				r, err := crustv1.NewVolumeServiceClient(conn).ExpandVolume(ctx, &crustv1.ExpandVolumeRequest{VolumeTargetPath: args[0], RequiredBytes: n})
@@ -298,7 +299,7 @@ func (g *globals) releaseCmd() *cobra.Command {
 		Use: "release TARGET (--sandbox-id ID | --force)", Short: "End a sandbox's claim on a volume (--force: whoever holds it)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if sandbox == "" && !force {
-				return usageError{errors.New("--sandbox-id or --force is required")}
+				return usageError(errors.New("--sandbox-id or --force is required"))
 			}
 			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
 				_, err := crustv1.NewRuntimeServiceClient(conn).ReleaseVolume(ctx, &crustv1.ReleaseVolumeRequest{
@@ -316,8 +317,12 @@ func (g *globals) releaseCmd() *cobra.Command {
 func (g *globals) watchCmd() *cobra.Command {
 	var existing bool
 	cmd := &cobra.Command{
-		Use: "watch", Short: "Print volume events as they happen, one JSON document a line", Args: cobra.NoArgs,
+		Use: "watch", Short: "Print volume events as they happen: one JSON document a line (the default), a table row each (-o table), or YAML documents", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := g.checkOutput(); err != nil {
+				return err
+			}
+			header := false
 			conn, err := client.Dial(g.socket)
 			if err != nil {
 				return err
@@ -335,11 +340,9 @@ func (g *globals) watchCmd() *cobra.Command {
 					}
 					return err
 				}
-				b, err := compactJSON.Marshal(ev)
-				if err != nil {
+				if err := g.printEvent(cmd.OutOrStdout(), ev, &header); err != nil {
 					return err
 				}
-				fmt.Fprintln(cmd.OutOrStdout(), string(b))
 			}
 		},
 	}

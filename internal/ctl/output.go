@@ -28,28 +28,15 @@ func (g *globals) print(w io.Writer, def string, m proto.Message, rows func(*tab
 	}
 	switch format {
 	case "json":
-		b, err := prettyJSON.Marshal(m)
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintln(w, string(b))
-		return err
+		return writeDoc(w, "json", m, "")
 	case "yaml":
-		b, err := compactJSON.Marshal(m)
-		if err != nil {
-			return err
-		}
-		if b, err = yaml.JSONToYAML(b); err != nil {
-			return err
-		}
-		_, err = w.Write(b)
-		return err
+		return writeDoc(w, "yaml", m, "")
 	case "table", "wide":
 		t := &table{w: tabwriter.NewWriter(w, 0, 4, 2, ' ', 0), wide: format == "wide"}
 		rows(t)
 		return t.w.Flush()
 	}
-	return usageError{fmt.Errorf("-o: %q is not table, wide, json or yaml", format)}
+	return usageError(fmt.Errorf("-o: %q is not table, wide, json or yaml", format))
 }
 
 // table is the table form; wide adds the columns that make rows long (a volume's mode and Kata caveats).
@@ -126,4 +113,92 @@ func age(t time.Time) string {
 		return "-"
 	}
 	return time.Since(t).Round(time.Second).String()
+}
+
+// writeDoc writes m as one document after sep: "json" (indented), "jsonl" (one line) or "yaml".
+func writeDoc(w io.Writer, form string, m proto.Message, sep string) error {
+	opts := compactJSON
+	if form == "json" {
+		opts = prettyJSON
+	}
+	b, err := opts.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if form != "yaml" {
+		_, err = fmt.Fprintf(w, "%s%s\n", sep, b)
+		return err
+	}
+	if b, err = yaml.JSONToYAML(b); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s%s", sep, b)
+	return err
+}
+
+// outputs are the -o formats.
+var outputs = map[string]bool{"": true, "table": true, "wide": true, "json": true, "yaml": true}
+
+// checkOutput refuses an -o that print would refuse, before a command starts a stream.
+func (g *globals) checkOutput() error {
+	if !outputs[g.output] {
+		return usageError(fmt.Errorf("-o: %q is not table, wide, json or yaml", g.output))
+	}
+	return nil
+}
+
+// printEvent writes one watch event in the -o format: a JSON document a line (the default, and json,
+// so that a stream stays one document a line), a YAML document, or a table row, the header before the
+// first (*header records that it was written). Each event is written, and flushed, as it arrives.
+func (g *globals) printEvent(w io.Writer, ev *crustv1.WatchVolumesResponse, header *bool) error {
+	switch g.output {
+	case "", "json":
+		return writeDoc(w, "jsonl", ev, "")
+	case "yaml":
+		return writeDoc(w, "yaml", ev, "---\n")
+	}
+	// Rows are flushed one at a time, so the columns are padded to a fixed minimum instead of aligned.
+	t := &table{w: tabwriter.NewWriter(w, 12, 4, 2, ' ', 0), wide: g.output == "wide"}
+	cols := []string{"REVISION", "EVENT", "TARGET", "SANDBOX", "DETAIL"}
+	if t.wide {
+		cols = append(cols, "DEVICE", "RELEASED BY")
+	}
+	if !*header {
+		t.header(cols...)
+		*header = true
+	}
+	v := ev.GetVolume()
+	sandbox := "-"
+	if c := v.GetClaim(); c != nil {
+		sandbox = c.GetSandboxId()
+	} else if c := ev.GetReleasedClaim(); c != nil {
+		sandbox = c.GetSandboxId()
+	}
+	target := v.GetSpec().GetVolumeTargetPath()
+	if target == "" {
+		target = "-"
+	}
+	detail := ev.GetDetail()
+	if detail == "" {
+		detail = "-"
+	}
+	row := []string{strconv.FormatUint(ev.GetRevision(), 10), enumWord(ev.GetType().String(), "EVENT_TYPE_"), target, sandbox, detail}
+	if t.wide {
+		dev := v.GetSpec().GetVolumeBackingPath()
+		if dev == "" {
+			dev = "-"
+		}
+		by := "-"
+		if ev.GetReleaseReason() != 0 {
+			by = enumWord(ev.GetReleaseReason().String(), "RELEASE_REASON_")
+		}
+		row = append(row, dev, by)
+	}
+	t.row(row...)
+	return t.w.Flush()
+}
+
+// enumWord is a protobuf enum value's name without its prefix, in lower case: EVENT_TYPE_STAGED → staged.
+func enumWord(name, prefix string) string {
+	return strings.ToLower(strings.TrimPrefix(name, prefix))
 }

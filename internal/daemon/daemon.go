@@ -11,8 +11,6 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"crust.dev/crust/internal/dirlock"
@@ -30,6 +28,7 @@ import (
 	"crust.dev/crust/internal/server"
 	"crust.dev/crust/internal/store"
 	"crust.dev/crust/internal/validate"
+	"crust.dev/crust/pkg/command"
 	katafmt "crust.dev/crust/pkg/kata"
 	"crust.dev/crust/pkg/unixsocket"
 )
@@ -207,34 +206,25 @@ serve:
 // NewCommand returns the crustd command.
 func NewCommand() *cobra.Command {
 	cfg := Defaults()
-	var level, format string
 	var uids, gids []uint
-	cmd := &cobra.Command{
-		Use:          "crustd",
-		Short:        "crust node daemon: holds deferred-mount descriptors for microVM runtimes",
-		Args:         cobra.NoArgs,
-		SilenceUsage: true,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := cfg.LogLevel.UnmarshalText([]byte(level)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
+	cmd := command.Server("crustd", "crust node daemon: holds deferred-mount descriptors for microVM runtimes",
+		func(ctx context.Context, cmd *cobra.Command, log *slog.Logger) error {
+			_ = cfg.LogLevel.UnmarshalText([]byte(cmd.Flag("log-level").Value.String())) // checked by command.Server
+			cfg.LogFormat = cmd.Flag("log-format").Value.String()
+			if old := command.OldSocketFlag(cmd.Flags()); old != "" {
+				log.Warn(old+" is an old name of --"+command.SocketFlag, "socket", cfg.Socket)
 			}
-			log, err := newLogger(format, cfg.LogLevel)
-			if err != nil {
-				return err
-			}
+			var err error
 			if cfg.AllowUIDs, err = toUint32("--allow-uid", uids); err != nil {
 				return err
 			}
 			if cfg.AllowGIDs, err = toUint32("--allow-gid", gids); err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
 			return Run(ctx, cfg, log)
-		},
-	}
+		})
 	f := cmd.Flags()
-	f.StringVar(&cfg.Socket, "socket", cfg.Socket, "unix socket to serve the API on (created 0600)")
+	command.AddSocketFlag(f, &cfg.Socket, cfg.Socket, "unix socket to serve the API on (created 0600)", "socket")
 	f.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the crash-safe descriptor store")
 	f.StringVar(&cfg.KataDir, "kata-dir", cfg.KataDir, `Kata direct-volume directory to project descriptors into ("" disables)`)
 	f.StringSliceVar(&cfg.KataShimDirs, "kata-shim-dirs", cfg.KataShimDirs,
@@ -257,20 +247,7 @@ func NewCommand() *cobra.Command {
 	f.DurationVar(&cfg.GCInterval, "gc-interval", cfg.GCInterval, "how often descriptors of deleted pods are collected")
 	f.DurationVar(&cfg.HandlerGrace, "handler-grace", cfg.HandlerGrace,
 		"release a runtime handler's claims once its endpoint has refused connections this long (at once when the claiming process has exited too); 0 never releases")
-	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
-	f.StringVar(&format, "log-format", cfg.LogFormat, "text or json")
 	return cmd
-}
-
-func newLogger(format string, level slog.Level) (*slog.Logger, error) {
-	opts := &slog.HandlerOptions{Level: level}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format: %q is not text or json", format)
 }
 
 func toUint32(flag string, in []uint) ([]uint32, error) {

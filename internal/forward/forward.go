@@ -35,6 +35,7 @@ import (
 
 	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/version"
 )
 
 // Forwarder dials handlers and Kata shims. The zero value is ready to use.
@@ -111,7 +112,7 @@ func (f *Forwarder) client(v *crustv1.Volume) (crustv1.RuntimeHandlerServiceClie
 	if c, ok := f.conns[ep]; ok {
 		return crustv1.NewRuntimeHandlerServiceClient(c), nil
 	}
-	c, err := grpc.NewClient(ep, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	c, err := grpc.NewClient(ep, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUserAgent(version.UserAgent()))
 	if err != nil {
 		return nil, fmt.Errorf("handler endpoint %q: %v: %w", ep, err, errdefs.ErrUnavailable)
 	}

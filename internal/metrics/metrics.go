@@ -16,6 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"crust.dev/crust/pkg/version"
 )
 
 // Metrics is one registry with crust's collectors. Create it with New.
@@ -29,7 +31,7 @@ type Metrics struct {
 	decided  *prometheus.CounterVec
 }
 
-// New returns a registry with the RPC metrics and the Go and process collectors.
+// New returns a registry with the RPC metrics, crust_build_info and the Go and process collectors.
 func New() *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
@@ -55,7 +57,14 @@ func New() *Metrics {
 		Name: "crust_csi_proxy_publish_decisions_total",
 		Help: "NodePublishVolume calls of volumes that ask for deferral, as crust-csi-proxy decided them, by decision (pass-through, defer, host-mount) and volume_mode (filesystem, block).",
 	}, []string{"decision", "volume_mode"})
-	m.Registry.MustRegister(m.rpcs, m.duration, m.gone, m.gc, m.decided, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	bi := version.Get()
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "crust_build_info",
+		Help:        "Always 1; its labels say which build of crust serves: version, revision (VCS) and goversion.",
+		ConstLabels: prometheus.Labels{"version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion},
+	})
+	build.Set(1)
+	m.Registry.MustRegister(m.rpcs, m.duration, m.gone, m.gc, m.decided, build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -30,29 +30,53 @@
 package client
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"crust.dev/crust/pkg/version"
 )
 
 // DefaultSocket is where crustd listens unless told otherwise.
 const DefaultSocket = "/run/crust/crust.sock"
 
+// SocketEnv is the environment variable that names crustd's socket; every crust binary's --crust-socket
+// flag defaults to it too.
+const SocketEnv = "CRUST_SOCKET"
+
 // SocketFromEnv returns $CRUST_SOCKET, or DefaultSocket when it is unset.
 func SocketFromEnv() string {
-	if s := os.Getenv("CRUST_SOCKET"); s != "" {
+	if s := os.Getenv(SocketEnv); s != "" {
 		return s
 	}
 	return DefaultSocket
 }
 
 // Dial returns a connection to crustd's unix socket (a path, or a unix:// address). It does not wait for
-// the daemon: the first call does, honouring its context.
+// the daemon: the first call does, honouring its context. Its user agent carries crust's version. When
+// the socket cannot be connected to, the calls' Unavailable errors say what to check (DialHint): a
+// missing socket means crustd is not running there, a permission denied that only root (or crustd's
+// user) may connect.
 func Dial(socket string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
-	target := socket
+	return dial(socket, DialHint, opts)
+}
+
+// DialUnix is Dial for a unix socket that is not crustd's (a CSI driver's, a runtime handler's): the same
+// address forms and user agent, and errors without crustd's hints.
+func DialUnix(socket string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	return dial(socket, func(_ string, err error) error { return err }, opts)
+}
+
+func dial(socket string, hint func(path string, err error) error, opts []grpc.DialOption) (*grpc.ClientConn, error) {
+	target, path := socket, strings.TrimPrefix(strings.TrimPrefix(socket, "unix://"), "unix:")
 	switch {
 	case strings.HasPrefix(socket, "unix:"):
 	case filepath.IsAbs(socket):
@@ -60,6 +84,33 @@ func Dial(socket string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	default:
 		target = "unix:" + socket
 	}
-	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
+	opts = append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUserAgent(version.UserAgent()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, "unix", path)
+			if err != nil {
+				return nil, hint(path, err)
+			}
+			return c, nil
+		}),
+	}, opts...)
 	return grpc.NewClient(target, opts...)
+}
+
+// DialHint adds to err, an error connecting to crustd's socket at path, what to check: for a missing
+// socket, that crustd is not running there (and the flag and variable that name the socket); for a
+// permission denied, who may connect. Other errors are returned as they are.
+func DialHint(path string, err error) error {
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		return fmt.Errorf("%w: no crustd is serving at %s: start crustd, or name its socket with --crust-socket or %s", err, path, SocketEnv)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("%w: %s exists but no crustd is listening on it: start crustd, or name its socket with --crust-socket or %s", err, path, SocketEnv)
+	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
+		return fmt.Errorf("%w: crustd's socket %s admits its owner only (mode 0600): run as root, "+
+			"and check that crustd's --allow-uid/--allow-gid admit uid %d gid %d", err, path, os.Getuid(), os.Getgid())
+	}
+	return err
 }

@@ -271,7 +271,7 @@ func (d *Driver) name() string {
 }
 
 func (d *Driver) dial(endpoint string) (*grpc.ClientConn, error) {
-	cc, err := client.Dial(endpoint, grpc.WithChainUnaryInterceptor(d.intercept(endpoint)))
+	cc, err := client.DialUnix(endpoint, grpc.WithChainUnaryInterceptor(d.intercept(endpoint)))
 	if err != nil {
 		return nil, fmt.Errorf("co: dial %s: %w", endpoint, err)
 	}

@@ -5,11 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -17,6 +13,7 @@ import (
 	"crust.dev/crust/examples/microvm/agentproto"
 	"crust.dev/crust/examples/microvm/vm"
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/command"
 )
 
 // Exit statuses of Main besides the guest command's own (exec).
@@ -32,7 +29,7 @@ const (
 )
 
 // usageError marks a mistake in the command line.
-type usageError struct{ error }
+func usageError(err error) error { return command.UsageError{Err: err} }
 
 // exitError carries a status of its own (exec's).
 type exitError struct {
@@ -59,12 +56,7 @@ func (e exitError) Error() string {
 // could not be run, 127 when the command is not found in the guest). stop exits 0 once the run process
 // is gone. Errors go to stderr as "crust-microvm: message"; a usage error exits 2.
 func Main(args []string, stdout, stderr io.Writer) int {
-	cmd := newCommand(stdout, stderr)
-	cmd.SetArgs(args)
-	cmd.SetOut(stdout)
-	cmd.SetErr(stderr)
-	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	err := cmd.Execute()
+	err := command.Execute(newCommand(stdout, stderr), args, stdout, stderr)
 	if err == nil {
 		return 0
 	}
@@ -79,8 +71,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if errors.Is(err, ErrVMDied) {
 		return ExitVMDied
 	}
-	var ue usageError
-	if errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command") || strings.Contains(err.Error(), "arg(s)") {
+	if command.IsUsage(err) {
 		return ExitUsage
 	}
 	return 1
@@ -94,6 +85,7 @@ func newCommand(stdout, stderr io.Writer) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
+	command.SetVersion(root)
 	stateDir := root.PersistentFlags().String("state-dir", DefaultStateDir, "parent of the sandboxes' state directories")
 	root.AddCommand(runCmd(stateDir, stderr), execCmd(stateDir, stdout, stderr), stopCmd(stateDir))
 	return root
@@ -103,6 +95,7 @@ func runCmd(stateDir *string, stderr io.Writer) *cobra.Command {
 	cfg := Config{}
 	var volumes []string
 	var accel string
+	var logging command.Logging
 	cmd := &cobra.Command{
 		Use:   "run --name NAME --crust-socket PATH --volume TARGET:GUEST_PATH...",
 		Short: "Boot the sandbox's VM, claim and mount its volumes, serve crustd; stays in the foreground until stopped",
@@ -111,7 +104,7 @@ func runCmd(stateDir *string, stderr io.Writer) *cobra.Command {
 			for _, s := range volumes {
 				v, err := ParseVolume(s)
 				if err != nil {
-					return usageError{fmt.Errorf("--volume: %w", err)}
+					return usageError(fmt.Errorf("--volume: %w", err))
 				}
 				cfg.Volumes = append(cfg.Volumes, v)
 			}
@@ -119,17 +112,20 @@ func runCmd(stateDir *string, stderr io.Writer) *cobra.Command {
 			case vm.AccelTCG, vm.AccelKVM, vm.AccelAuto:
 				cfg.Accel = a
 			default:
-				return usageError{fmt.Errorf("--accel: %q is not tcg, kvm or auto", accel)}
+				return usageError(fmt.Errorf("--accel: %q is not tcg, kvm or auto", accel))
 			}
 			if cfg.Name == "" {
-				return usageError{errors.New("--name is required")}
+				return usageError(errors.New("--name is required"))
 			}
 			if err := checkName(cfg.Name); err != nil {
-				return usageError{fmt.Errorf("--name: %w", err)}
+				return usageError(fmt.Errorf("--name: %w", err))
 			}
 			cfg.StateDir = *stateDir
-			cfg.Log = slog.New(slog.NewTextHandler(stderr, nil))
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			var err error
+			if cfg.Log, err = logging.Logger(stderr); err != nil {
+				return usageError(err)
+			}
+			ctx, stop := command.SignalContext(cmd.Context())
 			defer stop()
 			return Run(ctx, cfg)
 		},
@@ -137,9 +133,10 @@ func runCmd(stateDir *string, stderr io.Writer) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&cfg.Name, "name", "", "the sandbox's name, for exec and stop (required)")
 	f.StringVar(&cfg.SandboxID, "sandbox-id", "", "the sandbox id the volumes are claimed for in crustd, such as the CRI pod sandbox id (default: --name)")
-	f.StringVar(&cfg.CrustSocket, "crust-socket", client.SocketFromEnv(), "crustd's socket (env CRUST_SOCKET)")
+	command.AddSocketFlag(f, &cfg.CrustSocket, client.DefaultSocket, "crustd's socket")
 	f.StringArrayVar(&volumes, "volume", nil, "TARGET:GUEST_PATH, a staged target path and where to mount it in the guest (repeatable; a target given again is mounted at that guest path too)")
 	f.StringVar(&accel, "accel", string(vm.AccelAuto), "tcg, kvm, or auto (KVM, falling back to TCG when it fails or hangs)")
+	logging.AddFlags(f)
 	f.StringVar(&cfg.Assets, "assets", envOr("CRUST_GUEST_ASSETS", DefaultAssets), "guest assets: cloud/vmlinuz and initramfs-cloud.cpio.gz (env CRUST_GUEST_ASSETS)")
 	return cmd
 }
@@ -155,7 +152,7 @@ func execCmd(stateDir *string, stdout, stderr io.Writer) *cobra.Command {
 				argv = argv[1:]
 			}
 			if len(argv) == 0 {
-				return usageError{errors.New("exec: no command given")}
+				return usageError(errors.New("exec: no command given"))
 			}
 			res, err := Exec(cmd.Context(), *stateDir, name, argv)
 			if err != nil {

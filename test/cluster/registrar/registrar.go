@@ -14,7 +14,6 @@ package registrar
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -25,11 +24,14 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"crust.dev/crust/pkg/command"
 	"crust.dev/crust/pkg/unixsocket"
+	"crust.dev/crust/pkg/version"
 )
 
 // Config is what the flags set.
@@ -49,7 +51,7 @@ type Config struct {
 
 // Main parses args as node-driver-registrar's flags and runs until ctx ends. It returns the exit status.
 func Main(ctx context.Context, args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("crust-test-registrar", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("crust-test-registrar", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg Config
 	fs.StringVar(&cfg.CSIAddress, "csi-address", "/run/csi/socket", "the driver's CSI socket, as this container sees it")
@@ -57,15 +59,26 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	fs.StringVar(&cfg.PluginRegistrationPath, "plugin-registration-path", "/registration", "kubelet's plugin registration directory, as mounted here")
 	fs.StringVar(&cfg.HTTPEndpoint, "http-endpoint", "", "address for /healthz; empty disables it")
 	fs.DurationVar(&cfg.Timeout, "timeout", time.Second, "timeout of each call to the driver")
-	fs.Int("v", 0, "accepted for compatibility; the log level is fixed")
+	fs.Int("v", 0, "accepted for compatibility; use --log-level")
+	var logging command.Logging
+	logging.AddFlags(fs)
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *showVersion {
+		fmt.Fprintln(stderr, command.Version("crust-test-registrar"))
+		return 0
 	}
 	if cfg.KubeletRegistrationPath == "" {
 		fmt.Fprintln(stderr, "crust-test-registrar: --kubelet-registration-path is required")
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	log, err := logging.Logger(stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "crust-test-registrar:", err)
+		return 2
+	}
 	if err := Run(ctx, cfg, log); err != nil {
 		log.Error("registrar stopped", "err", err)
 		return 1
@@ -75,7 +88,8 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 
 // Run registers the driver and serves until ctx ends.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
-	conn, err := grpc.NewClient("unix://"+cfg.CSIAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+cfg.CSIAddress, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUserAgent(version.UserAgent()))
 	if err != nil {
 		return fmt.Errorf("--csi-address: %w", err)
 	}

@@ -7,56 +7,47 @@ package main
 
 import (
 	"context"
-	"flag"
-	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 
+	"github.com/spf13/cobra"
+
+	"crust.dev/crust/pkg/command"
 	"crust.dev/crust/examples/lvm-csi"
 )
 
-type list []string
-
-func (l *list) String() string     { return strings.Join(*l, ",") }
-func (l *list) Set(v string) error { *l = append(*l, v); return nil }
-
 func main() {
+	if err := newCommand().Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+
+func newCommand() *cobra.Command {
 	var cfg csidriver.Config
-	var pvs list
-	endpoint := flag.String("endpoint", "/run/crust-lvm-csi/csi.sock", "unix socket to serve CSI on")
-	flag.StringVar(&cfg.VG, "vg", "", "volume group of the volumes (required)")
-	flag.Var(&pvs, "pv", "physical volume of the group, the only devices LVM looks at (repeatable; none: LVM's own scan)")
-	flag.StringVar(&cfg.CrustSocket, "crust-socket", "", `crustd's socket; "" turns deferral off`)
-	flag.StringVar(&cfg.Name, "name", csidriver.DefaultName, "CSI plugin name")
-	flag.StringVar(&cfg.NodeID, "node-id", "", "node id (default: the host name)")
-	flag.StringVar(&cfg.StateDir, "state-dir", "", "private directory (default: a temporary one)")
-	flag.StringVar((*string)(&cfg.Activation), "activation", "", `"device-mapper", "extent-map", or "" to pick`)
-	flag.StringVar(&cfg.DefaultFSType, "default-fs-type", "ext4", "filesystem of a mount volume that names none")
-	flag.BoolVar(&cfg.NoVolumeContext, "no-volume-context", false, "return no volume context from CreateVolume, as most drivers do")
-	flag.BoolVar(&cfg.StrictAccessType, "strict-access-type", false, "refuse to publish as raw block a volume created for filesystem use")
-	flag.BoolVar(&cfg.Capacity, "capacity", false, "report the node as topology and the volume group's free space through GetCapacity (storage capacity tracking)")
-	level := flag.String("log-level", "info", "debug, info, warn or error")
-	flag.Parse()
-	cfg.Devices = pvs
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(*level)); err != nil {
-		fmt.Fprintln(os.Stderr, "crust-lvm-csi: --log-level:", err)
-		os.Exit(2)
-	}
-	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
-	stop, err := csidriver.Start(*endpoint, cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "crust-lvm-csi:", err)
-		os.Exit(1)
-	}
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer cancel()
-	<-ctx.Done()
-	if err := stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "crust-lvm-csi: stop:", err)
-		os.Exit(1)
-	}
+	var endpoint string
+	cmd := command.Server("crust-lvm-csi", "crust's reference CSI driver: LVM volumes, deferred to microVM runtimes through crustd",
+		func(ctx context.Context, _ *cobra.Command, log *slog.Logger) error {
+			cfg.Log = log
+			stop, err := csidriver.Start(endpoint, cfg)
+			if err != nil {
+				return err
+			}
+			<-ctx.Done()
+			return stop()
+		})
+	f := cmd.Flags()
+	f.StringVar(&endpoint, "endpoint", "/run/crust-lvm-csi/csi.sock", "unix socket to serve CSI on")
+	f.StringVar(&cfg.VG, "vg", "", "volume group of the volumes (required)")
+	f.StringArrayVar(&cfg.Devices, "pv", nil, "physical volume of the group, the only devices LVM looks at (repeatable; none: LVM's own scan)")
+	// Deferral is off unless the socket is named, by the flag or by the environment.
+	command.AddSocketFlag(f, &cfg.CrustSocket, "", `crustd's socket; "" turns deferral off`)
+	f.StringVar(&cfg.Name, "name", csidriver.DefaultName, "CSI plugin name")
+	f.StringVar(&cfg.NodeID, "node-id", "", "node id (default: the host name)")
+	f.StringVar(&cfg.StateDir, "state-dir", "", "private directory (default: a temporary one)")
+	f.StringVar((*string)(&cfg.Activation), "activation", "", `"device-mapper", "extent-map", or "" to pick`)
+	f.StringVar(&cfg.DefaultFSType, "default-fs-type", "ext4", "filesystem of a mount volume that names none")
+	f.BoolVar(&cfg.NoVolumeContext, "no-volume-context", false, "return no volume context from CreateVolume, as most drivers do")
+	f.BoolVar(&cfg.StrictAccessType, "strict-access-type", false, "refuse to publish as raw block a volume created for filesystem use")
+	f.BoolVar(&cfg.Capacity, "capacity", false, "report the node as topology and the volume group's free space through GetCapacity (storage capacity tracking)")
+	return cmd
 }

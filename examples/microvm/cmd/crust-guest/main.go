@@ -7,10 +7,17 @@ import (
 	"fmt"
 	"os"
 
+	"crust.dev/crust/pkg/version"
 	"crust.dev/crust/examples/microvm/guest"
 )
 
 func main() {
+	// The kernel hands /init no flags; --version is for the host, before the binary goes into an
+	// initramfs. (No CLI library: the guest binary stays small.)
+	if len(os.Args) == 2 && os.Args[1] == "--version" && os.Getpid() != 1 {
+		fmt.Println("crust-guest version " + version.Get().String())
+		return
+	}
 	err := guest.Run() // returns only when the guest could not be set up
 	fmt.Fprintln(os.Stderr, "crust-guest:", err)
 	if os.Getpid() == 1 {
