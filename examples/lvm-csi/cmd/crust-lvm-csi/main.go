@@ -15,7 +15,7 @@ import (
 	"strings"
 	"syscall"
 
-	"crust.dev/crust/examples/lvm-csi"
+	csidriver "crust.dev/crust/examples/lvm-csi"
 )
 
 type list []string
