@@ -8,7 +8,7 @@ import (
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/examples/lvm-csi"
+	csidriver "crust.dev/crust/examples/lvm-csi"
 )
 
 // Every field the CSI spec marks csi_secret is stripped, at any depth, and the request itself is untouched.

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/examples/lvm-csi"
+	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/test/csisanity/sanityrun"

@@ -12,8 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/pkg/command"
-	"crust.dev/crust/examples/lvm-csi"
 )
 
 func main() {
