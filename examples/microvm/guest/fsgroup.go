@@ -3,8 +3,8 @@
 package guest
 
 import (
-	"crust.dev/crust/pkg/fsgroup"
 	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/pkg/fsgroup"
 )
 
 // applyFSGroup gives the tree under root the group gid as kubelet does for a pod's fsGroup (see
