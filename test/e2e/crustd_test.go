@@ -147,8 +147,8 @@ func TestPeerCredentials(t *testing.T) {
 		t.Fatalf("root: exit %d: %s", code, errOut)
 	}
 
-	d.stop()
-	d.args = append(d.args, "--allow-uid", "0", "--allow-uid", "1000")
+	d.Stop()
+	d.Args = append(d.Args, "--allow-uid", "0", "--allow-uid", "1000")
 	d.start()
 	widen()
 	if _, errOut, code = runAs(t, other, ctl, "--socket", d.socket, "ls"); code != 0 {
@@ -176,7 +176,7 @@ func TestKillAtAnyInstant(t *testing.T) {
 		c := crustv1.NewVolumeServiceClient(d.conn())
 		killAt := time.Duration(rng.IntN(40_000)) * time.Microsecond
 		killed := make(chan struct{})
-		go func() { time.Sleep(killAt); d.kill(); close(killed) }()
+		go func() { time.Sleep(killAt); d.Kill(); close(killed) }()
 		inflight := -1
 		for op := 0; ; op++ {
 			i := rng.IntN(targets)
@@ -212,7 +212,7 @@ func TestKillAtAnyInstant(t *testing.T) {
 		}
 		for i := range targets {
 			if got[i] != staged[i] && i != inflight {
-				t.Fatalf("round %d: target %d staged=%t, acknowledged %t\n%s", rounds, i, got[i], staged[i], d.log)
+				t.Fatalf("round %d: target %d staged=%t, acknowledged %t\n%s", rounds, i, got[i], staged[i], d.Log())
 			}
 			staged[i] = got[i] // the in-flight op settles either way
 		}
@@ -365,13 +365,13 @@ func TestSecondDaemonOnOneStateDir(t *testing.T) {
 	if err == nil {
 		t.Fatalf("a second crustd ran on %s:\n%s", d.state, out)
 	}
-	if want := fmt.Sprintf("held by pid %d (crustd)", d.cmd.Process.Pid); !strings.Contains(string(out), want) {
+	if want := fmt.Sprintf("held by pid %d (crustd)", d.Pid()); !strings.Contains(string(out), want) {
 		t.Errorf("the second crustd did not name the holder (%q):\n%s", want, out)
 	}
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("the second crustd took %s to give up", took)
 	}
-	if err := waitServing(d.socket, 5*time.Second); err != nil {
+	if err := d.serving(5 * time.Second); err != nil {
 		t.Fatalf("the first crustd stopped serving: %v", err)
 	}
 }
@@ -429,7 +429,7 @@ func TestFullDisk(t *testing.T) {
 			if _, err := c.UnstageVolume(context.Background(), &crustv1.UnstageVolumeRequest{VolumeTargetPath: req.GetSpec().GetVolumeTargetPath()}); err != nil {
 				t.Fatal(err)
 			}
-			d.stop()
+			d.Stop()
 		})
 	}
 }

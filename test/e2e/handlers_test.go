@@ -62,7 +62,7 @@ func TestDeadHandlerReleased(t *testing.T) {
 					return ev
 				}
 			case <-deadline:
-				t.Fatalf("no %s event for %s within %s\ncrustd log:\n%s", typ, target, within, d.log)
+				t.Fatalf("no %s event for %s within %s\ncrustd log:\n%s", typ, target, within, d.Log())
 			}
 		}
 	}
@@ -87,7 +87,7 @@ func TestDeadHandlerReleased(t *testing.T) {
 	// 1. The claiming process (crustctl) exited, but the endpoint answers: kept over two grace periods.
 	time.Sleep(2 * grace)
 	if c := getVolume(t, d, exited).GetClaim(); c == nil {
-		t.Fatalf("a claim whose endpoint answers was released:\n%s", d.log)
+		t.Fatalf("a claim whose endpoint answers was released:\n%s", d.Log())
 	}
 	// Now the endpoint refuses too: released without waiting for the grace.
 	stopExited()
@@ -144,8 +144,8 @@ func TestDeadHandlerReleased(t *testing.T) {
 
 	// Log and metric.
 	for _, why := range []string{"process_exited", "endpoint_refused"} {
-		if !strings.Contains(d.log.String(), "released the claim of a runtime handler that is gone") || !strings.Contains(d.log.String(), "why="+why) {
-			t.Errorf("no log line for why=%s:\n%s", why, d.log)
+		if !strings.Contains(d.Log(), "released the claim of a runtime handler that is gone") || !strings.Contains(d.Log(), "why="+why) {
+			t.Errorf("no log line for why=%s:\n%s", why, d.Log())
 		}
 	}
 	resp, err := http.Get("http://" + httpAddr + "/metrics")

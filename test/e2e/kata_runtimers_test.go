@@ -102,7 +102,7 @@ func TestRuntimeRsSandboxFoundThroughCRI(t *testing.T) {
 	deadline := time.Now().Add(15 * time.Second)
 	for get().GetClaim() != nil {
 		if time.Now().After(deadline) {
-			t.Fatalf("the claim of a stopped sandbox is still held after 15 s\n%s", d.log)
+			t.Fatalf("the claim of a stopped sandbox is still held after 15 s\n%s", d.Log())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -279,7 +279,7 @@ func TestMicroVMKillUnderLoad(t *testing.T) {
 			}
 			if time.Now().After(deadline) {
 				t.Fatalf("round %d: claims held for the dead handler %s after the kill (grace %s): %v, %v\ncrustd log:\n%s",
-					killed, time.Since(killedAt).Round(time.Millisecond), grace, claimOf(data), claimOf(extra), d.log)
+					killed, time.Since(killedAt).Round(time.Millisecond), grace, claimOf(data), claimOf(extra), d.Log())
 			}
 			time.Sleep(10 * time.Millisecond)
 		}

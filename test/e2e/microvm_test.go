@@ -158,9 +158,9 @@ func TestMicroVMHandler(t *testing.T) {
 	qemuPid := m.QemuPid()
 	m.Kill()
 	killed := time.Now()
-	waitFor(t, 10*time.Second, "QEMU to die with crust-microvm", func() bool { return !harness.ProcessAlive(qemuPid) })
+	harness.Eventually(t, 10*time.Second, "QEMU to die with crust-microvm", func() bool { return !harness.ProcessAlive(qemuPid) })
 	// crustd notices the dead handler (its process gone, its endpoint refusing) and releases its claims.
-	waitFor(t, 10*time.Second, "crustd to release the dead handler's claims", func() bool {
+	harness.Eventually(t, 10*time.Second, "crustd to release the dead handler's claims", func() bool {
 		for _, v := range []vol{ext, xfs, ro} {
 			if getVolume(t, d, v.target).GetClaim() != nil {
 				return false
@@ -252,7 +252,7 @@ func TestMicroVMSignalWhileBooting(t *testing.T) {
 		t.Fatal(err)
 	}
 	// QEMU creates its QMP socket at once; the guest answers seconds later.
-	waitFor(t, 30*time.Second, "QEMU to start", func() bool {
+	harness.Eventually(t, 30*time.Second, "QEMU to start", func() bool {
 		_, err := os.Stat(filepath.Join(dir, "qmp.sock"))
 		return err == nil
 	})
@@ -280,17 +280,6 @@ func startMicroVM(t *testing.T, d *daemon, assets, stateDir, name string, volume
 	t.Helper()
 	return harness.StartMicroVM(t, harness.MicroVMConfig{Bin: filepath.Join(binDir, "crust-microvm"), StateDir: stateDir,
 		Name: name, CrustSocket: d.socket, Assets: assets, Volumes: volumes})
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // usage is a volume's usage in bytes and inodes.

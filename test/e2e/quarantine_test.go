@@ -34,7 +34,7 @@ func TestOneBadEntryDoesNotTakeTheNodeDown(t *testing.T) {
 			t.Fatalf("stage %s: exit %d: %s", target, code, errOut)
 		}
 	}
-	d.stop()
+	d.Stop()
 	if err := os.MkdirAll(d.kata, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestOneBadEntryDoesNotTakeTheNodeDown(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(d.state, "volumes", strings.Repeat("0", 64)+".json"), []byte("{torn"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d.args = append(d.args, "--kata-dir", d.kata)
+	d.Args = append(d.Args, "--kata-dir", d.kata)
 	d.start()
 
 	if err := os.WriteFile(filepath.Join(d.kata, kata.VolumeDirName(odd), "a\xff"), nil, 0o600); err != nil {
