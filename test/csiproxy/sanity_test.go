@@ -27,17 +27,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
@@ -45,6 +42,7 @@ import (
 	"crust.dev/crust/test/csidriver/lvmtest"
 	"crust.dev/crust/test/csiproxy/sandbox"
 	"crust.dev/crust/test/csisanity/sanityrun"
+	"crust.dev/crust/test/harness"
 )
 
 // deferralExceptions lists csi-sanity tests that pass against the driver but are expected not to pass in
@@ -81,9 +79,7 @@ func runMain(m *testing.M) int {
 		panic(err)
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	build := exec.Command("go", "build", "-o", dir+"/", "crust.dev/crust/cmd/crustd", "crust.dev/crust/cmd/crust-csi-proxy")
-	build.Dir, build.Stdout, build.Stderr = moduleRoot, os.Stdout, os.Stderr
-	if err := build.Run(); err != nil {
+	if err := harness.Build(dir, "crust.dev/crust/cmd/crustd", "crust.dev/crust/cmd/crust-csi-proxy"); err != nil {
 		fmt.Println("build:", err)
 		return 1
 	}
@@ -96,81 +92,10 @@ func runMain(m *testing.M) int {
 	return m.Run()
 }
 
-// proc is a started binary.
-type proc struct {
-	cmd *exec.Cmd
-	log *bytes.Buffer
-}
-
-func start(t *testing.T, bin string, args ...string) *proc {
+// start starts a binary of binDir and waits until it is ready.
+func start(t *testing.T, bin string, ready func(context.Context, <-chan struct{}) error, args ...string) *harness.Proc {
 	t.Helper()
-	p := &proc{log: &bytes.Buffer{}}
-	p.cmd = exec.Command(filepath.Join(binDir, bin), args...)
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = p.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-done
-			t.Errorf("%s did not stop on SIGTERM", bin)
-		}
-		if t.Failed() {
-			t.Logf("%s log (tail):\n%s", bin, sanityrun.Tail(p.log.Bytes(), 60))
-		}
-	})
-	return p
-}
-
-// waitCSI waits until a CSI endpoint answers GetPluginInfo.
-func waitCSI(t *testing.T, sock string) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		cc, err := client.Dial(sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err = csi.NewIdentityClient(cc).GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
-		cancel()
-		_ = cc.Close()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not answer: %v", sock, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func waitHealthy(t *testing.T, sock string) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		cc, err := client.Dial(sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		r, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
-		cancel()
-		_ = cc.Close()
-		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("crustd does not serve: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return harness.StartProc(t, harness.ProcConfig{Bin: filepath.Join(binDir, bin), Args: args, Ready: ready})
 }
 
 // outcome is one csi-sanity run: test name to "passed", "failed" or "skipped: <reason>".
@@ -252,16 +177,14 @@ func runSanity(t *testing.T, mode string) outcome {
 	endpoint, controller := driverSock, driverSock
 	var params string
 	var crust crustv1.VolumeServiceClient
-	var proxy, crustdProc *proc
+	var proxy, crustdProc *harness.Proc
 	deferred := mode == "deferred" || mode == "unclaimed"
 	if mode != "driver" {
 		crustSock, proxySock := filepath.Join(dir, "crust.sock"), filepath.Join(dir, "csi.sock")
-		crustdProc = start(t, "crustd", "--socket", crustSock, "--state-dir", filepath.Join(dir, "crustd"), "--kata-dir", "",
-			"--kubelet-dir", kubelet, "--http-addr", "")
-		waitHealthy(t, crustSock)
-		proxy = start(t, "crust-csi-proxy", "--csi-address", proxySock, "--driver-address", driverSock, "--crust-socket", crustSock,
-			"--state-dir", filepath.Join(dir, "proxy"), "--log-level", "debug")
-		waitCSI(t, proxySock)
+		crustdProc = start(t, "crustd", harness.Serving(crustSock), "--socket", crustSock, "--state-dir", filepath.Join(dir, "crustd"),
+			"--kata-dir", "", "--kubelet-dir", kubelet, "--http-addr", "")
+		proxy = start(t, "crust-csi-proxy", harness.AnswersCSI(proxySock), "--csi-address", proxySock, "--driver-address", driverSock,
+			"--crust-socket", crustSock, "--state-dir", filepath.Join(dir, "proxy"), "--log-level", "debug")
 		cc, err := client.Dial(crustSock)
 		if err != nil {
 			t.Fatal(err)
@@ -281,8 +204,8 @@ func runSanity(t *testing.T, mode string) outcome {
 			// class's crust.dev/defer from the driver, asks for block, and puts the flag in the volume
 			// context the node proxy reads.
 			ctrlSock := filepath.Join(dir, "controller.sock")
-			start(t, "crust-csi-proxy", "--controller", "--csi-address", ctrlSock, "--driver-address", driverSock, "--log-level", "debug")
-			waitCSI(t, ctrlSock)
+			start(t, "crust-csi-proxy", harness.AnswersCSI(ctrlSock), "--controller", "--csi-address", ctrlSock, "--driver-address",
+				driverSock, "--log-level", "debug")
 			controller = ctrlSock
 		}
 	}
@@ -334,14 +257,14 @@ func runSanity(t *testing.T, mode string) outcome {
 	}
 	if mode == "unclaimed" {
 		// The node expansion test expanded a deferred volume that no sandbox had claimed.
-		if n := strings.Count(crustdProc.log.String(), "expansion before any claim recorded"); n == 0 {
+		if n := strings.Count(crustdProc.Log(), "expansion before any claim recorded"); n == 0 {
 			t.Errorf("crustd recorded no expansion before a claim in the unclaimed run")
 		} else {
 			t.Logf("crustd recorded %d expansions before a claim", n)
 		}
 	}
 	if deferred {
-		if n := strings.Count(proxy.log.String(), "decision=defer"); n == 0 {
+		if n := strings.Count(proxy.Log(), "decision=defer"); n == 0 {
 			t.Errorf("the proxy deferred no publish in the deferred run")
 		} else {
 			t.Logf("the proxy deferred %d publishes", n)

@@ -419,10 +419,7 @@ func startProxy(t *testing.T, logFile string, args ...string) *proxyProc {
 	sock := args[slices.Index(args, "--csi-address")+1]
 	return &proxyProc{harness.StartProc(t, harness.ProcConfig{
 		Bin: filepath.Join(binDir, "crust-csi-proxy"), Args: append(args, "--log-level", "debug"), LogFile: logFile,
-		StopMustSucceed: true,
-		Ready: func(ctx context.Context, exited <-chan struct{}) error {
-			return harness.WaitCSI(ctx, sock, exited)
-		},
+		StopMustSucceed: true, Ready: harness.AnswersCSI(sock),
 	})}
 }
 

@@ -235,9 +235,7 @@ func StartCrustd(t testing.TB, bin string, extra ...string) *Crustd {
 		"--socket", d.Socket, "--state-dir", d.StateDir, "--kata-dir", d.KataDir, "--kubelet-dir", d.KubeletDir,
 		"--http-addr", "", "--device-allow", "/dev/loop*",
 	}, extra...)
-	d.Proc = StartProc(t, ProcConfig{Bin: bin, Args: args, Ready: func(ctx context.Context, exited <-chan struct{}) error {
-		return WaitServing(ctx, d.Socket, exited)
-	}})
+	d.Proc = StartProc(t, ProcConfig{Bin: bin, Args: args, Ready: Serving(d.Socket)})
 	return d
 }
 

@@ -106,6 +106,16 @@ func WaitCSI(ctx context.Context, socket string, exited <-chan struct{}) error {
 	})
 }
 
+// Serving is a ProcConfig.Ready: WaitServing on socket.
+func Serving(socket string) func(ctx context.Context, exited <-chan struct{}) error {
+	return func(ctx context.Context, exited <-chan struct{}) error { return WaitServing(ctx, socket, exited) }
+}
+
+// AnswersCSI is a ProcConfig.Ready: WaitCSI on socket.
+func AnswersCSI(socket string) func(ctx context.Context, exited <-chan struct{}) error {
+	return func(ctx context.Context, exited <-chan struct{}) error { return WaitCSI(ctx, socket, exited) }
+}
+
 // waitConn runs wait on a connection to socket, ending it when exited is closed.
 func waitConn(ctx context.Context, socket string, exited <-chan struct{}, wait func(context.Context, *grpc.ClientConn) error) error {
 	cc, err := dial(socket)
