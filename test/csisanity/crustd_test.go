@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-
 	"crust.dev/crust/internal/daemon"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
