@@ -23,6 +23,7 @@ import (
 	"crust.dev/crust/internal/recordfile"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/test/csiproxy/sandbox"
+	"crust.dev/crust/test/harness"
 )
 
 // The calls a kill may interrupt, and the sandbox's steps between them.
@@ -205,14 +206,14 @@ func retryable(err error) bool {
 // retryFor calls f until it succeeds, fails for a reason kubelet does not retry, or d passes: after the
 // last kill, the driver may still be running what the killed proxy asked (ABORTED for the same volume).
 func retryFor(d time.Duration, f func() error) error {
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil || !retryable(err) || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var err error
+	_ = harness.Poll(ctx, func() (bool, error) {
+		err = f()
+		return err == nil || !retryable(err), nil
+	})
+	return err
 }
 
 // work runs the slot's plan against the proxy until the proxy is killed (dead closed and a call failed
@@ -240,7 +241,7 @@ func (s *killSlot) work(ctx context.Context, e *env, n csi.NodeClient, dead <-ch
 			if s.retriedAlive > 1000 {
 				return fmt.Errorf("%s %s: retried more than 1000 times while the proxy lived: %w", op, s.target, err)
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // kubelet's retry back-off, shortened: the caller under test
 			continue
 		}
 		if err != nil {

@@ -176,7 +176,7 @@ func TestKillAtAnyInstant(t *testing.T) {
 		c := crustv1.NewVolumeServiceClient(d.conn())
 		killAt := time.Duration(rng.IntN(40_000)) * time.Microsecond
 		killed := make(chan struct{})
-		go func() { time.Sleep(killAt); d.Kill(); close(killed) }()
+		go func() { time.Sleep(killAt); d.Kill(); close(killed) }() // the kill's instant is what is under test
 		inflight := -1
 		for op := 0; ; op++ {
 			i := rng.IntN(targets)

@@ -84,7 +84,8 @@ func TestDeadHandlerReleased(t *testing.T) {
 		t.Errorf("the claim does not name the claiming process: %v", c)
 	}
 
-	// 1. The claiming process (crustctl) exited, but the endpoint answers: kept over two grace periods.
+	// 1. The claiming process (crustctl) exited, but the endpoint answers: kept over two grace periods
+	// (the time is what is under test: nothing may happen in it).
 	time.Sleep(2 * grace)
 	if c := getVolume(t, d, exited).GetClaim(); c == nil {
 		t.Fatalf("a claim whose endpoint answers was released:\n%s", d.Log())
@@ -137,7 +138,7 @@ func TestDeadHandlerReleased(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the live handler did not claim again")
 	}
-	time.Sleep(2 * grace)
+	time.Sleep(2 * grace) // kept over two grace periods: nothing may happen in that time
 	if c := getVolume(t, d, alive).GetClaim(); c.GetSandboxId() != "sb-alive" {
 		t.Errorf("after claiming again with its endpoint answering, the claim is %v", c)
 	}

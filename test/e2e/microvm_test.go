@@ -292,34 +292,34 @@ type usage struct {
 // (crustd's connection to a restarted handler may still be backing off).
 func statsOf(t *testing.T, d *daemon, target string) usage {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		out, errOut, code := d.crustctl("stats", target, "-o", "json")
-		if code != 0 {
-			if strings.Contains(errOut, "Unavailable") && time.Now().Before(deadline) {
-				time.Sleep(100 * time.Millisecond)
-				continue
-			}
-			t.Fatalf("stats %s: exit %d: %s", target, code, errOut)
-		}
-		var r crustv1.GetVolumeStatsResponse
-		if err := protojson.Unmarshal([]byte(out), &r); err != nil {
-			t.Fatalf("stats output: %v\n%s", err, out)
-		}
-		if r.GetVolumeCondition().GetAbnormal() {
-			t.Errorf("%s is abnormal: %s", target, r.GetVolumeCondition().GetMessage())
-		}
-		var u usage
-		for _, x := range r.GetUsage() {
-			switch x.GetUnit() {
-			case crustv1.VolumeUsage_UNIT_BYTES:
-				u.total, u.used, u.available = x.GetTotal(), x.GetUsed(), x.GetAvailable()
-			case crustv1.VolumeUsage_UNIT_INODES:
-				u.inodes, u.inodesUsed = x.GetTotal(), x.GetUsed()
-			}
-		}
-		return u
+	ctx, cancel := harness.Context(t, 30*time.Second)
+	defer cancel()
+	var out, errOut string
+	var code int
+	_ = harness.Poll(ctx, func() (bool, error) {
+		out, errOut, code = d.crustctl("stats", target, "-o", "json")
+		return code == 0 || !strings.Contains(errOut, "Unavailable"), nil
+	})
+	if code != 0 {
+		t.Fatalf("stats %s: exit %d: %s", target, code, errOut)
 	}
+	var r crustv1.GetVolumeStatsResponse
+	if err := protojson.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("stats output: %v\n%s", err, out)
+	}
+	if r.GetVolumeCondition().GetAbnormal() {
+		t.Errorf("%s is abnormal: %s", target, r.GetVolumeCondition().GetMessage())
+	}
+	var u usage
+	for _, x := range r.GetUsage() {
+		switch x.GetUnit() {
+		case crustv1.VolumeUsage_UNIT_BYTES:
+			u.total, u.used, u.available = x.GetTotal(), x.GetUsed(), x.GetAvailable()
+		case crustv1.VolumeUsage_UNIT_INODES:
+			u.inodes, u.inodesUsed = x.GetTotal(), x.GetUsed()
+		}
+	}
+	return u
 }
 
 func getVolume(t *testing.T, d *daemon, target string) *crustv1.Volume {

@@ -6,6 +6,7 @@ package harness
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -99,19 +100,25 @@ func StartMicroVM(t *testing.T, cfg MicroVMConfig) *MicroVM {
 			}
 		}
 	})
-	for {
-		_, _, code := m.Exec("true")
-		if code == 0 {
-			break
+	ctx, cancel := Context(t, 2*time.Minute)
+	defer cancel()
+	go func() {
+		select {
+		case <-m.exited:
+			cancel()
+		case <-ctx.Done():
 		}
+	}()
+	if err := Poll(ctx, func() (bool, error) {
+		_, _, code := m.Exec("true")
+		return code == 0, nil
+	}); err != nil {
 		select {
 		case <-m.exited:
 			t.Fatalf("crust-microvm exited: %v\n%s", m.waitErr, m.Log())
-		case <-time.After(50 * time.Millisecond):
+		default:
 		}
-		if time.Since(start) > 2*time.Minute {
-			t.Fatalf("crust-microvm not ready after 2 minutes:\n%s", m.Log())
-		}
+		t.Fatalf("crust-microvm not ready after %s: %v\n%s", time.Since(start).Round(time.Second), err, m.Log())
 	}
 	m.Ready = time.Since(start).Round(time.Millisecond)
 	m.QemuPidWas = m.QemuPid()
@@ -195,13 +202,15 @@ next:
 // WaitLogFileValue is LogValue of the log file at path once such a line is there, or "" after a few
 // seconds.
 func WaitLogFileValue(path, msg, key string, has ...string) string {
-	for deadline := time.Now().Add(5 * time.Second); ; {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var v string
+	_ = Poll(ctx, func() (bool, error) {
 		b, _ := os.ReadFile(path)
-		if v := LogValue(string(b), msg, key, has...); v != "" || time.Now().After(deadline) {
-			return v
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		v = LogValue(string(b), msg, key, has...)
+		return v != "", nil
+	})
+	return v
 }
 
 // Exec runs `crust-microvm exec NAME -- argv...` and returns its stdout, stderr and exit status.
