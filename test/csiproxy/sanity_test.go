@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -35,6 +36,9 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
@@ -303,7 +307,7 @@ func deferredVolumesSeen(t *testing.T, dir string) {
 type standIn struct {
 	csi.UnimplementedIdentityServer
 	csi.UnimplementedNodeServer
-	ident  csi.IdentityClient
+	cc     *grpc.ClientConn
 	node   csi.NodeClient
 	crust  crustv1.VolumeServiceClient
 	sb     *sandbox.Sandbox
@@ -320,13 +324,13 @@ func serveRuntimeStandIn(t *testing.T, sock, proxySock, crustSock string, crust 
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &standIn{ident: csi.NewIdentityClient(cc), node: csi.NewNodeClient(cc), crust: crust,
+	s := &standIn{cc: cc, node: csi.NewNodeClient(cc), crust: crust,
 		sb: sandbox.New(t, crustSock, "sanity-sandbox"), claims: claims}
 	l, err := listenUnix(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(grpc.UnaryInterceptor(s.passThrough))
 	csi.RegisterIdentityServer(srv, s)
 	csi.RegisterNodeServer(srv, s)
 	go func() { _ = srv.Serve(l) }()
@@ -334,24 +338,22 @@ func serveRuntimeStandIn(t *testing.T, sock, proxySock, crustSock string, crust 
 	return sock
 }
 
-func (s *standIn) GetPluginInfo(ctx context.Context, r *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
-	return s.ident.GetPluginInfo(ctx, r)
-}
-
-func (s *standIn) GetPluginCapabilities(ctx context.Context, r *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
-	return s.ident.GetPluginCapabilities(ctx, r)
-}
-
-func (s *standIn) Probe(ctx context.Context, r *csi.ProbeRequest) (*csi.ProbeResponse, error) {
-	return s.ident.Probe(ctx, r)
-}
-
-func (s *standIn) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	return s.node.NodeStageVolume(ctx, r)
-}
-
-func (s *standIn) NodeUnstageVolume(ctx context.Context, r *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	return s.node.NodeUnstageVolume(ctx, r)
+// passThrough forwards every call but a publish and an unpublish to the proxy as it came.
+func (s *standIn) passThrough(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if info.FullMethod == csi.Node_NodePublishVolume_FullMethodName || info.FullMethod == csi.Node_NodeUnpublishVolume_FullMethodName {
+		return handler(ctx, req)
+	}
+	service, method := path.Split(strings.TrimPrefix(info.FullMethod, "/"))
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(strings.TrimSuffix(service, "/")))
+	if err != nil {
+		return nil, err
+	}
+	out, err := protoregistry.GlobalTypes.FindMessageByName(d.(protoreflect.ServiceDescriptor).Methods().ByName(protoreflect.Name(method)).Output().FullName())
+	if err != nil {
+		return nil, err
+	}
+	resp := out.New().Interface()
+	return resp, s.cc.Invoke(ctx, info.FullMethod, req, resp)
 }
 
 func (s *standIn) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
@@ -369,20 +371,4 @@ func (s *standIn) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolum
 func (s *standIn) NodeUnpublishVolume(ctx context.Context, r *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	s.sb.Stop(r.GetTargetPath())
 	return s.node.NodeUnpublishVolume(ctx, r)
-}
-
-func (s *standIn) NodeGetVolumeStats(ctx context.Context, r *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	return s.node.NodeGetVolumeStats(ctx, r)
-}
-
-func (s *standIn) NodeExpandVolume(ctx context.Context, r *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	return s.node.NodeExpandVolume(ctx, r)
-}
-
-func (s *standIn) NodeGetCapabilities(ctx context.Context, r *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
-	return s.node.NodeGetCapabilities(ctx, r)
-}
-
-func (s *standIn) NodeGetInfo(ctx context.Context, r *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
-	return s.node.NodeGetInfo(ctx, r)
 }

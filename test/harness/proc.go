@@ -1,16 +1,29 @@
+// Package harness is what crust's test tiers share: it starts crust's binaries (crustd, the CSI proxy,
+// crust-microvm sandboxes) on temp directories and waits on their readiness (the gRPC health service, a
+// CSI answer, exec reaching the guest agent) raced against the process's exit, so that a binary that
+// crashes at start fails the test at once with its log; it waits on conditions with a bound (Poll,
+// Eventually), never on a fixed time; and it makes loop devices, short socket directories, kubelet-shaped
+// target paths and the guest assets. The e2e tier runs the binaries on the host; the cluster tier runs
+// crust-microvm inside the test node's mount namespace, through a command prefix (nsenter).
 package harness
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"crust.dev/crust/runtimehooks/microvm/initramfs"
 )
 
 // ProcConfig says how to run one of crust's binaries.
@@ -255,4 +268,369 @@ func PodTarget(t testing.TB, kubeletDir, pod, pv string) string {
 		t.Fatal(err)
 	}
 	return filepath.Join(dir, "mount")
+}
+
+// MicroVMConfig says how to run one `crust-microvm run`.
+type MicroVMConfig struct {
+	// Bin is the crust-microvm binary.
+	Bin string
+	// Wrap is a command prefix every crust-microvm invocation runs under, such as
+	// ["nsenter", "-t", PID, "-m", "--"]; empty runs it directly.
+	Wrap []string
+	// StateDir is crust-microvm's --state-dir.
+	StateDir string
+	// Name is the sandbox's name; SandboxID, when set, the id its volumes are claimed under.
+	Name, SandboxID string
+	// CrustSocket is crustd's socket as crust-microvm sees it.
+	CrustSocket string
+	// Assets is the guest assets directory (GuestAssets).
+	Assets string
+	// Volumes are TARGET:GUEST_PATH pairs.
+	Volumes []string
+}
+
+// MicroVM is a `crust-microvm run` process.
+type MicroVM struct {
+	t   *testing.T
+	cfg MicroVMConfig
+	// Ready is the time from start to the first exec answered by the guest.
+	Ready time.Duration
+	// QemuPidWas is QEMU's pid when the sandbox became ready.
+	QemuPidWas int
+	cmd        *exec.Cmd
+	logFile    string
+	exited     chan struct{}
+	waitErr    error
+}
+
+// StartMicroVM starts `crust-microvm run` (TCG) and waits until exec reaches its guest. At cleanup a run
+// still going is stopped, and on failure its log and the guest console are shown.
+func StartMicroVM(t *testing.T, cfg MicroVMConfig) *MicroVM {
+	t.Helper()
+	m := &MicroVM{t: t, cfg: cfg, exited: make(chan struct{})}
+	f, err := os.CreateTemp(t.TempDir(), "crust-microvm-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.logFile = f.Name()
+	args := []string{"--state-dir", cfg.StateDir, "run", "--name", cfg.Name, "--crust-socket", cfg.CrustSocket, "--accel", "tcg", "--assets", cfg.Assets}
+	if cfg.SandboxID != "" {
+		args = append(args, "--sandbox-id", cfg.SandboxID)
+	}
+	for _, v := range cfg.Volumes {
+		args = append(args, "--volume", v)
+	}
+	m.cmd = m.command(args...)
+	m.cmd.Stdout, m.cmd.Stderr = f, f
+	start := time.Now()
+	if err := m.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	go func() { m.waitErr = m.cmd.Wait(); close(m.exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-m.exited:
+		default:
+			_, _, _ = m.run("--state-dir", cfg.StateDir, "stop", cfg.Name)
+			select {
+			case <-m.exited:
+			case <-time.After(30 * time.Second):
+				_ = m.cmd.Process.Kill()
+				<-m.exited
+			}
+		}
+		if t.Failed() {
+			t.Logf("crust-microvm log:\n%s", m.Log())
+			if b, err := m.readState("console.log"); err == nil {
+				t.Logf("guest console:\n%s", b)
+			}
+		}
+	})
+	ctx, cancel := Context(t, 2*time.Minute)
+	defer cancel()
+	go func() {
+		select {
+		case <-m.exited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if err := Poll(ctx, func() (bool, error) {
+		_, _, code := m.Exec("true")
+		return code == 0, nil
+	}); err != nil {
+		select {
+		case <-m.exited:
+			t.Fatalf("crust-microvm exited: %v\n%s", m.waitErr, m.Log())
+		default:
+		}
+		t.Fatalf("crust-microvm not ready after %s: %v\n%s", time.Since(start).Round(time.Second), err, m.Log())
+	}
+	m.Ready = time.Since(start).Round(time.Millisecond)
+	m.QemuPidWas = m.QemuPid()
+	return m
+}
+
+// command is crust-microvm with args, under the configured prefix.
+func (m *MicroVM) command(args ...string) *exec.Cmd {
+	argv := append(append(append([]string{}, m.cfg.Wrap...), m.cfg.Bin), args...)
+	return exec.Command(argv[0], argv[1:]...)
+}
+
+// run runs crust-microvm with args and returns its stdout, stderr and exit status.
+func (m *MicroVM) run(args ...string) (string, string, int) {
+	var stdout, stderr bytes.Buffer
+	cmd := m.command(args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		m.t.Fatalf("%s: %v", strings.Join(cmd.Args, " "), err)
+	}
+	return stdout.String(), stderr.String(), code
+}
+
+// readState reads a file of the sandbox's state directory, through the prefix's mount namespace.
+func (m *MicroVM) readState(name string) ([]byte, error) {
+	p := filepath.Join(m.cfg.StateDir, m.cfg.Name, name)
+	if len(m.cfg.Wrap) == 0 {
+		return os.ReadFile(p)
+	}
+	argv := append(append([]string{}, m.cfg.Wrap...), "cat", p)
+	return exec.Command(argv[0], argv[1:]...).Output()
+}
+
+// Log is what the run process logged so far.
+func (m *MicroVM) Log() string {
+	b, _ := os.ReadFile(m.logFile)
+	return string(b)
+}
+
+// LogValue returns the value of key on the last log line with msg that contains every one of has.
+func (m *MicroVM) LogValue(msg, key string, has ...string) string {
+	return LogValue(m.Log(), msg, key, has...)
+}
+
+// WaitLogValue is LogValue once such a line is there (the guest may show a mount a moment before the
+// handler logs it), or "" after a few seconds.
+func (m *MicroVM) WaitLogValue(msg, key string, has ...string) string {
+	return WaitLogFileValue(m.logFile, msg, key, has...)
+}
+
+// LogValue returns the value of key on the last line of a text (slog) log with msg that contains every
+// one of has; "" when there is none.
+func LogValue(log, msg, key string, has ...string) string {
+	lines := strings.Split(log, "\n")
+	re := regexp.MustCompile(`(?:^| )` + regexp.QuoteMeta(key) + `=("(?:[^"\\]|\\.)*"|\S*)`)
+next:
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := lines[i]
+		if !strings.Contains(l, "msg="+strconv.Quote(msg)) && !strings.Contains(l, "msg="+msg+" ") {
+			continue
+		}
+		for _, h := range has {
+			if !strings.Contains(l, h) {
+				continue next
+			}
+		}
+		if sm := re.FindStringSubmatch(l); sm != nil {
+			if s, err := strconv.Unquote(sm[1]); err == nil {
+				return s
+			}
+			return sm[1]
+		}
+	}
+	return ""
+}
+
+// WaitLogFileValue is LogValue of the log file at path once such a line is there, or "" after a few
+// seconds.
+func WaitLogFileValue(path, msg, key string, has ...string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var v string
+	_ = Poll(ctx, func() (bool, error) {
+		b, _ := os.ReadFile(path)
+		v = LogValue(string(b), msg, key, has...)
+		return v != "", nil
+	})
+	return v
+}
+
+// Exec runs `crust-microvm exec NAME -- argv...` and returns its stdout, stderr and exit status.
+func (m *MicroVM) Exec(argv ...string) (string, string, int) {
+	m.t.Helper()
+	return m.run(append([]string{"--state-dir", m.cfg.StateDir, "exec", m.cfg.Name, "--"}, argv...)...)
+}
+
+// ExecOK is Exec that fails the test unless the command exits 0; it returns the trimmed stdout.
+func (m *MicroVM) ExecOK(argv ...string) string {
+	m.t.Helper()
+	out, errOut, code := m.Exec(argv...)
+	if code != 0 {
+		m.t.Fatalf("exec %q: exit %d: %s%s", argv, code, out, errOut)
+	}
+	return strings.TrimSpace(out)
+}
+
+// WaitMountedAsync waits, in the guest, until something is mounted on path (at most a minute).
+func (m *MicroVM) WaitMountedAsync(path string) <-chan error {
+	ch := make(chan error, 1)
+	script := fmt.Sprintf(`i=0; while ! awk '$2 == %q {f=1} END {exit !f}' /proc/mounts; do i=$((i+1)); [ $i -gt 6000 ] && exit 1; usleep 10000; done`, path)
+	cmd := m.command("--state-dir", m.cfg.StateDir, "exec", m.cfg.Name, "--", "sh", "-c", script)
+	go func() {
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			err = fmt.Errorf("%s not mounted: %v: %s", path, err, out)
+		}
+		ch <- err
+	}()
+	return ch
+}
+
+// QemuPid is the pid of the sandbox's QEMU.
+func (m *MicroVM) QemuPid() int {
+	m.t.Helper()
+	b, err := m.readState("qemu.pid")
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	return pid
+}
+
+// Kill ends the run process with SIGKILL, as a crash would.
+func (m *MicroVM) Kill() {
+	_ = m.cmd.Process.Signal(syscall.SIGKILL)
+	<-m.exited
+}
+
+// Stop runs `crust-microvm stop NAME`, which must return only once the run process is gone, and checks
+// that the run process exited 0.
+func (m *MicroVM) Stop() {
+	m.t.Helper()
+	t0 := time.Now()
+	_, errOut, code := m.run("--state-dir", m.cfg.StateDir, "stop", m.cfg.Name)
+	if code != 0 {
+		m.t.Fatalf("stop: exit %d: %s", code, errOut)
+	}
+	m.t.Logf("stop (unmount, detach, release, VM down): %s", time.Since(t0).Round(time.Millisecond))
+	if ProcessAlive(m.cmd.Process.Pid) {
+		m.t.Errorf("crust-microvm run still running after stop returned")
+	}
+	select {
+	case <-m.exited:
+	case <-time.After(10 * time.Second):
+		m.t.Fatal("crust-microvm run did not exit")
+	}
+	if m.waitErr != nil {
+		m.t.Errorf("crust-microvm run exited with %v:\n%s", m.waitErr, m.Log())
+	}
+}
+
+// ExitCode waits for the run process to exit and returns its exit status (-1 when a signal ended it).
+func (m *MicroVM) ExitCode() int {
+	<-m.exited
+	return m.cmd.ProcessState.ExitCode()
+}
+
+// Exited is closed when the run process has exited.
+func (m *MicroVM) Exited() <-chan struct{} { return m.exited }
+
+// ProcessAlive reports whether pid is a process that has not exited (a zombie has).
+func ProcessAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i < 0 || i+2 >= len(b) || (b[i+2] != 'Z' && b[i+2] != 'X')
+}
+
+// GuestAssets returns an assets directory for crust-microvm --assets: the guest kernel (fetched with
+// hack/guest/fetch-kernel.sh into CRUST_GUEST_ASSETS or _output/guest when missing) and an initramfs built
+// with hack/guest/mkinitramfs from this tree's crust-guest, once per test binary, under dir. It skips the
+// test only when the kernel cannot be fetched; a missing QEMU fails it.
+func GuestAssets(t *testing.T, dir string) string {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Fatal("qemu-system-x86_64 is missing: apt-get install qemu-system-x86 (make deps)")
+	}
+	assetsOnce.Do(func() { assetsDir, assetsSkip, assetsErr = buildGuestAssets(t, filepath.Join(dir, "guest")) })
+	if assetsSkip != "" {
+		t.Skip(assetsSkip)
+	}
+	if assetsErr != nil {
+		t.Fatal(assetsErr)
+	}
+	return assetsDir
+}
+
+var (
+	assetsOnce            sync.Once
+	assetsDir, assetsSkip string
+	assetsErr             error
+)
+
+func buildGuestAssets(t *testing.T, dir string) (string, string, error) {
+	root := ModuleRoot(t)
+	src := os.Getenv("CRUST_GUEST_ASSETS")
+	if src == "" {
+		src = filepath.Join(root, "_output", "guest")
+	}
+	t0 := time.Now()
+	if _, err := initramfs.LoadAssets(src, "cloud"); err != nil {
+		cmd := exec.Command(filepath.Join(root, "hack", "guest", "fetch-kernel.sh"), src)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Sprintf("skipping: the guest kernel cannot be fetched (%v):\n%s", err, out), nil
+		}
+		t.Logf("fetched the guest kernel into %s in %s", src, time.Since(t0).Round(time.Second))
+	}
+	agent := filepath.Join(dir, "crust-guest")
+	build := exec.Command("go", "build", "-o", agent, "crust.dev/crust/cmd/crust-guest")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	mkrd := exec.Command("go", "run", "./hack/guest/mkinitramfs", "-assets", src, "-flavour", "cloud",
+		"-agent", agent, "-o", filepath.Join(dir, "initramfs-cloud.cpio.gz"))
+	for _, c := range []*exec.Cmd{build, mkrd} {
+		c.Dir = root
+		if out, err := c.CombinedOutput(); err != nil {
+			return "", "", fmt.Errorf("%s: %v\n%s", strings.Join(c.Args, " "), err, out)
+		}
+	}
+	if err := os.Symlink(filepath.Join(src, "cloud"), filepath.Join(dir, "cloud")); err != nil {
+		return "", "", err
+	}
+	t.Logf("guest assets ready in %s", time.Since(t0).Round(time.Millisecond))
+	return dir, "", nil
+}
+
+// ModuleRoot is the directory of go.mod above the working directory; it fails t when there is none.
+func ModuleRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := FindModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// FindModuleRoot is ModuleRoot for code that has no testing.TB (a TestMain).
+func FindModuleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for ; dir != "/"; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+	}
+	return "", errors.New("no go.mod above the working directory")
 }
