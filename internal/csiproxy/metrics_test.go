@@ -2,7 +2,6 @@ package csiproxy
 
 import (
 	"context"
-	"io"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -57,13 +56,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	_, _ = csi.NewControllerClient(cc).ControllerGetCapabilities(ctx, &csi.ControllerGetCapabilitiesRequest{})
 	get := func(path string) (int, string) {
 		t.Helper()
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = resp.Body.Close() }()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return harness.HTTPGet(t, addr, path)
 	}
 	for _, p := range []string{"/healthz", "/readyz"} {
 		if code, body := get(p); code != http.StatusOK {

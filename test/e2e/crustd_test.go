@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +24,7 @@ import (
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/kata"
+	"crust.dev/crust/test/harness"
 )
 
 // TestLoopDeviceThroughCrustctl stages a real loop device with crustctl over the real socket, sees it in
@@ -265,11 +264,11 @@ func TestMetricsAndHealth(t *testing.T) {
 		t.Fatal("get of an unknown volume succeeded")
 	}
 	for _, p := range []string{"/healthz", "/readyz"} {
-		if code, body := httpGet(t, addr, p); code != 200 {
+		if code, body := harness.HTTPGet(t, addr, p); code != 200 {
 			t.Fatalf("%s: %d %s", p, code, body)
 		}
 	}
-	_, body := httpGet(t, addr, "/metrics")
+	_, body := harness.HTTPGet(t, addr, "/metrics")
 	for _, want := range []string{
 		`crust_rpc_requests_total{code="NotFound",method="/crust.v1.VolumeService/GetVolume"} 1`,
 		`crust_volumes{state="staged"} 0`,
@@ -289,18 +288,6 @@ func freeAddr(t *testing.T) string {
 	}
 	defer func() { _ = l.Close() }()
 	return l.Addr().String()
-}
-
-// httpGet returns the status code and body of GET http://addr/path.
-func httpGet(t *testing.T, addr, path string) (int, string) {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }
 
 // TestWatchOverTheSocket follows one volume through stage, claim, release and unstage with crustctl as

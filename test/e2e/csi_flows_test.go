@@ -78,12 +78,7 @@ func TestCSIFlows(t *testing.T) {
 	sockB := filepath.Join(d.kubelet, "plugins", plainDriver, "driver.sock")
 	startLVMDriver(t, sockB, csidriver.Config{Name: plainDriver, VG: vgB.Name, Devices: []string{vgB.Device},
 		StateDir: stateB}, filepath.Join(logDir, "driver-b.log"))
-	api := co.NewAPIServer()
-	t.Cleanup(api.Close)
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := api.WriteKubeconfig(kubeconfig); err != nil {
-		t.Fatal(err)
-	}
+	api, kubeconfig := startAPIServer(t)
 	proxySock := filepath.Join(d.kubelet, "plugins", plainDriver, "csi.sock")
 	proxyState := filepath.Join(d.kubelet, "plugins", "crust.dev", "csi-proxy")
 	proxy := startProxy(t, filepath.Join(logDir, "proxy.log"), "--csi-address", proxySock, "--driver-address", sockB,
@@ -410,6 +405,19 @@ func startLVMDriver(t *testing.T, socket string, cfg csidriver.Config, logFile s
 }
 
 // proxyProc is a crust-csi-proxy process.
+// startAPIServer starts the stand-in API server until the test ends; it returns it and a kubeconfig
+// file that reaches it.
+func startAPIServer(t *testing.T) (*co.APIServer, string) {
+	t.Helper()
+	api := co.NewAPIServer()
+	t.Cleanup(api.Close)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := api.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	return api, kubeconfig
+}
+
 type proxyProc struct{ *harness.Proc }
 
 // startProxy runs crust-csi-proxy with args until the test ends (SIGTERM, then it must exit 0), once it

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"testing"
 	"time"
 
@@ -104,6 +106,18 @@ func WaitCSI(ctx context.Context, socket string, exited <-chan struct{}) error {
 			return err == nil, err
 		})
 	})
+}
+
+// HTTPGet returns the status code and body of GET http://addr/path, failing t when there is no answer.
+func HTTPGet(t testing.TB, addr, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 // Serving is a ProcConfig.Ready: WaitServing on socket.
