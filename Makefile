@@ -73,8 +73,8 @@ test: deps build guest ## Run every test tier (unit, root on loop devices, e2e, 
 
 # The test tiers. `make test` runs them all at once (one `go test ./...`); each also runs alone. A tier is
 # a set of packages, and the unit tier is every package but the tier packages, run where no test can be
-# root: its test binaries run in a new user namespace (unshare --user), so every test that needs root
-# (loop devices, LVM, mkfs, mounts, QEMU) skips itself, as it does on a developer's machine.
+# root: its test binaries run in a new user namespace as uid and gid 1000 (unshare --map-user), so every
+# test that needs root (loop devices, LVM, mkfs, mounts, QEMU) skips itself, as on a developer's machine.
 TIER_E2E     := ./test/e2e ./runtimehooks/microvm/vm
 TIER_SANITY  := ./test/csisanity ./test/csiproxy
 TIER_CLUSTER := ./test/cluster
@@ -82,7 +82,7 @@ TIER_PKGS     = $$($(GO) list ./... | grep -v -E '/test/(e2e|csisanity|csiproxy|
 
 .PHONY: test-unit
 test-unit: ## Unit tier: no root, no VM, no loop devices (test binaries run unprivileged); under a minute
-	$(GOTEST) -short -exec 'unshare --user' $(TIER_PKGS)
+	$(GOTEST) -short -exec 'unshare --map-user=1000 --map-group=1000' $(TIER_PKGS)
 
 .PHONY: test-root
 test-root: deps ## Root tier: the unit tier's packages as root, with loop devices, LVM, mkfs and mounts
