@@ -27,7 +27,7 @@ DEB_PKGS := e2fsprogs xfsprogs btrfs-progs lvm2 util-linux kmod cpio busybox-sta
 
 .PHONY: help
 help: ## Show this help
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: deps
 deps: ## Install the Debian packages the tests need (as root; skipped when present)
@@ -79,6 +79,35 @@ test: deps build guest ## Run every test tier (unit, root on loop devices, e2e, 
 	@# One package at a time: the VM, LVM and csi-sanity tiers each want both cores, and csi-sanity's
 	@# per-call deadlines are not made for a machine shared with a booting guest.
 	@set -e; for m in $(MODULES); do echo "== test $$m"; (cd $$m && $(GOTEST) -p 1 ./...); done
+
+# The test tiers. `make test` runs them all at once (one `go test ./...`); each also runs alone. A tier is
+# a set of packages, and the unit tier is every package but the tier packages, run where no test can be
+# root: its test binaries run in a new user namespace as uid and gid 1000 (unshare --map-user), so every
+# test that needs root (loop devices, LVM, mkfs, mounts, QEMU) skips itself, as on a developer's machine.
+TIER_E2E     := ./test/e2e ./runtimehooks/microvm/vm
+TIER_SANITY  := ./test/csisanity ./test/csiproxy
+TIER_CLUSTER := ./test/cluster
+TIER_PKGS     = $$($(GO) list ./... | grep -v -E '/test/(e2e|csisanity|csiproxy|cluster|bench)$$|/runtimehooks/microvm/vm$$')
+
+.PHONY: test-unit
+test-unit: ## Unit tier: no root, no VM, no loop devices (test binaries run unprivileged); under a minute
+	$(GOTEST) -short -exec 'unshare --map-user=1000 --map-group=1000' $(TIER_PKGS)
+
+.PHONY: test-root
+test-root: deps ## Root tier: the unit tier's packages as root, with loop devices, LVM, mkfs and mounts
+	$(GOTEST) -p 1 $(TIER_PKGS)
+
+.PHONY: test-e2e
+test-e2e: deps guest ## E2E tier: the real binaries, and QEMU guests booted from _output/guest (root)
+	$(GOTEST) -p 1 $(TIER_E2E)
+
+.PHONY: test-sanity
+test-sanity: deps ## csi-sanity tier: the reference driver, crustd and the CSI proxy under csi-sanity (root)
+	$(GOTEST) -p 1 $(TIER_SANITY)
+
+.PHONY: test-cluster
+test-cluster: ## Cluster tier: a real single-node Kubernetes with crust deployed by make cluster-up (root; takes the machine)
+	$(GOTEST) -p 1 $(TIER_CLUSTER)
 
 # Ops per VM benchmark (test/bench): each op takes seconds under TCG, so they run a fixed count.
 BENCH_OPS ?= 7

@@ -17,6 +17,7 @@ import (
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/test/harness"
 )
 
 // child is a proxy process (this test binary, see TestMain).
@@ -32,26 +33,15 @@ type child struct {
 func (e *env) startChild(kind Kind, phase Phase, pods map[string]Pod) *child {
 	e.t.Helper()
 	c := e.spawnChild(kind, phase, pods)
-	// A new connection per attempt: one connection's reconnect back-off would cost a second or more.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var err error
-		if c.cc, err = client.Dial(e.proxySock); err != nil {
-			e.t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err = csi.NewIdentityClient(c.cc).GetPluginInfo(ctx, &csi.GetPluginInfoRequest{}, grpc.WaitForReady(false))
-		cancel()
-		if err == nil {
-			break
-		}
-		_ = c.cc.Close()
-		c.cc = nil
-		if time.Now().After(deadline) {
-			c.stop()
-			e.t.Fatalf("child proxy did not serve: %v\n%s", err, c.out)
-		}
-		time.Sleep(20 * time.Millisecond)
+	ctx, cancel := harness.Context(e.t, 10*time.Second)
+	defer cancel()
+	if err := harness.WaitCSI(ctx, e.proxySock, nil); err != nil {
+		c.stop()
+		e.t.Fatalf("child proxy did not serve: %v\n%s", err, c.out)
+	}
+	var err error
+	if c.cc, err = client.Dial(e.proxySock); err != nil {
+		e.t.Fatal(err)
 	}
 	return c
 }

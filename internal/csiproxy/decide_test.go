@@ -127,7 +127,7 @@ func TestInformerPods(t *testing.T) {
 	}
 	// A pod created while a publish waits for it is picked up within the wait.
 	go func() {
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // the pod's lateness is what is under test
 		_, _ = cs.CoreV1().Pods("ns").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "late", UID: "u3"},
 			Spec: corev1.PodSpec{NodeName: "node-a", RuntimeClassName: &kata}}, metav1.CreateOptions{})
 	}()

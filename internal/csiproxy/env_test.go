@@ -21,6 +21,7 @@ import (
 	"crust.dev/crust/internal/testutil"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/test/harness"
 )
 
 // env is a node for integration tests: a throw-away volume group, the reference LVM driver (deferral
@@ -174,8 +175,8 @@ func (e *env) startCrustd() {
 	cfg.Socket, cfg.StateDir, cfg.KataDir, cfg.KubeletDir = e.crustSock, filepath.Join(e.root, "crustd"), "", e.kubelet
 	cfg.HTTPAddr, cfg.GCInterval = "", time.Hour
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- daemon.Run(ctx, cfg, e.log) }()
+	done, exited := make(chan error, 1), make(chan struct{})
+	go func() { done <- daemon.Run(ctx, cfg, e.log); close(exited) }()
 	e.t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -188,16 +189,10 @@ func (e *env) startCrustd() {
 	}
 	e.t.Cleanup(func() { _ = cc.Close() })
 	e.crust = crustv1.NewVolumeServiceClient(cc)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, err := e.crust.ListVolumes(context.Background(), &crustv1.ListVolumesRequest{})
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("crustd did not come up: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	wctx, wcancel := harness.Context(e.t, 10*time.Second)
+	defer wcancel()
+	if err := harness.WaitServing(wctx, e.crustSock, exited); err != nil {
+		e.t.Fatalf("crustd did not come up: %v", err)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"crust.dev/crust/internal/testutil/sandbox"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/test/harness"
 )
 
 func xfsCap(group string) *csi.VolumeCapability {
@@ -298,18 +299,23 @@ func TestFinalErrorUndoes(t *testing.T) {
 func waitEvent(t *testing.T, cs kubernetes.Interface, name, reason, want string) {
 	t.Helper()
 	var seen []string
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		evs, err := cs.CoreV1().Events("ns").List(context.Background(), metav1.ListOptions{})
+	ctx, cancel := harness.Context(t, 10*time.Second)
+	defer cancel()
+	if harness.Poll(ctx, func() (bool, error) {
+		evs, err := cs.CoreV1().Events("ns").List(ctx, metav1.ListOptions{})
 		if err != nil {
-			t.Fatal(err)
+			return false, err
 		}
 		seen = seen[:0]
 		for _, ev := range evs.Items {
 			seen = append(seen, ev.InvolvedObject.Name+" "+ev.Reason+": "+ev.Message)
 			if ev.InvolvedObject.Kind == "Pod" && ev.InvolvedObject.Name == name && ev.Reason == reason && strings.Contains(ev.Message, want) {
-				return
+				return true, nil
 			}
 		}
+		return false, nil
+	}) == nil {
+		return
 	}
 	t.Fatalf("no event %s on pod %s with %q; events: %v", reason, name, want, seen)
 }

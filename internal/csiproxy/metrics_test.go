@@ -2,7 +2,6 @@ package csiproxy
 
 import (
 	"context"
-	"io"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/test/harness"
 )
 
 // --http-addr serves /healthz, /readyz and /metrics, where every call through the proxy is counted by
@@ -41,14 +41,13 @@ func TestMetricsEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cc.Close() })
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if resp, err := http.Get("http://" + addr + "/readyz"); err == nil {
+	harness.Eventually(t, 10*time.Second, "the proxy's /readyz", func() bool {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err == nil {
 			_ = resp.Body.Close()
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatal(err)
 		}
-	}
+		return err == nil
+	})
 	for i := 0; i < 3; i++ {
 		if _, err := csi.NewIdentityClient(cc).GetPluginInfo(ctx, &csi.GetPluginInfoRequest{}); err != nil {
 			t.Fatal(err)
@@ -57,13 +56,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	_, _ = csi.NewControllerClient(cc).ControllerGetCapabilities(ctx, &csi.ControllerGetCapabilitiesRequest{})
 	get := func(path string) (int, string) {
 		t.Helper()
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = resp.Body.Close() }()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return harness.HTTPGet(t, addr, path)
 	}
 	for _, p := range []string{"/healthz", "/readyz"} {
 		if code, body := get(p); code != http.StatusOK {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/test/harness"
 )
 
 func TestSerialisesOneKey(t *testing.T) {
@@ -31,7 +32,7 @@ func TestSerialisesOneKey(t *testing.T) {
 			inside++
 			maxSeen = max(maxSeen, inside)
 			mu.Unlock()
-			time.Sleep(time.Millisecond)
+			time.Sleep(time.Millisecond) // a holder that keeps the key a moment, so that an overlap would show
 			mu.Lock()
 			inside--
 			mu.Unlock()
@@ -110,7 +111,11 @@ func TestWaiterGetsLockWhenReleased(t *testing.T) {
 		}
 		got <- err
 	}()
-	time.Sleep(10 * time.Millisecond)
+	harness.Eventually(t, 10*time.Second, "the second caller to wait for the key", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.slots["k"].refs == 2
+	})
 	unlock()
 	if err := <-got; err != nil {
 		t.Fatalf("waiter: %v", err)

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"crust.dev/crust/test/harness"
 )
 
 // TestStartTime tells a running process from one that exited, a zombie, and a pid with another start
@@ -34,9 +36,7 @@ func TestStartTime(t *testing.T) {
 	}
 	_ = cmd.Process.Kill()
 	// Not yet waited for: a zombie, which has exited.
-	for Alive(pid, cstart) {
-		time.Sleep(time.Millisecond)
-	}
+	harness.Eventually(t, 10*time.Second, "the killed child to exit", func() bool { return !Alive(pid, cstart) })
 	if _, err := StartTime(pid); !errors.Is(err, ErrGone) {
 		t.Errorf("StartTime(zombie) error %v, want ErrGone", err)
 	}

@@ -10,10 +10,8 @@ import (
 	"testing"
 	"time"
 
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-
 	"crust.dev/crust/internal/daemon"
-	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/test/harness"
 )
 
 // The tests and the example run against a real crustd, in this process (a test may import the daemon; the
@@ -54,38 +52,19 @@ func runMain(m *testing.M) int {
 		runErr = daemon.Run(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	}()
 	defer func() { cancel(); <-exited }()
-	if err := waitServing(socket, exited, &runErr); err != nil {
-		fmt.Println("crustd:", err)
+	wctx, wcancel := context.WithTimeout(context.Background(), time.Minute)
+	defer wcancel()
+	if err := harness.WaitServing(wctx, socket, exited); err != nil {
+		select {
+		case <-exited:
+			fmt.Println("crustd:", err, runErr)
+		default:
+			fmt.Println("crustd:", err)
+		}
 		return 1
 	}
 	_ = os.Setenv("CRUST_SOCKET", socket)
 	return m.Run()
-}
-
-func waitServing(socket string, exited <-chan struct{}, runErr *error) error {
-	conn, err := client.Dial(socket)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = conn.Close() }()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		select {
-		case <-exited:
-			return fmt.Errorf("exited: %v", *runErr)
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-		cancel()
-		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not serving: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // image makes a 64 MiB sparse image file, a stand-in for a block device.

@@ -35,16 +35,17 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"crust.dev/crust/examples/microvm/initramfs"
 	"crust.dev/crust/examples/microvm/vm"
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/examples/microvm/initramfs"
+	"crust.dev/crust/examples/microvm/vm"
+	"crust.dev/crust/test/harness"
 )
 
 func TestMain(m *testing.M) {
@@ -201,67 +202,29 @@ func (l loop) free(b *testing.B) {
 	_ = os.Remove(l.file)
 }
 
-// daemon is a crustd process on temp dirs, stopped at cleanup.
+// daemon is a crustd process on temp dirs (harness.Crustd), stopped at cleanup, with a connection.
 type daemon struct {
-	socket, kubelet string
-	conn            *grpc.ClientConn
+	*harness.Crustd
+	socket string
+	conn   *grpc.ClientConn
 }
 
 func startCrustd(b *testing.B) *daemon {
 	b.Helper()
 	buildBinaries(b)
-	root := b.TempDir()
-	d := &daemon{socket: filepath.Join(root, "crust.sock"), kubelet: filepath.Join(root, "kubelet")}
-	if err := os.MkdirAll(filepath.Join(d.kubelet, "pods"), 0o755); err != nil {
-		b.Fatal(err)
-	}
-	var log bytes.Buffer
-	cmd := exec.Command(build.crustd, "--socket", d.socket, "--state-dir", filepath.Join(root, "state"),
-		"--kata-dir", "", "--kubelet-dir", d.kubelet, "--http-addr", "", "--device-allow", "/dev/loop*",
-		"--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	b.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
-	conn, err := client.Dial(d.socket)
+	c := harness.StartCrustd(b, build.crustd, "--kata-dir", "", "--log-level", "warn")
+	conn, err := client.Dial(c.Socket)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = conn.Close() })
-	d.conn = conn
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-		cancel()
-		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return d
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("crustd did not come up: %v\n%s", err, log.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return &daemon{Crustd: c, socket: c.Socket, conn: conn}
 }
 
 // target returns a kubelet-shaped publish target path for volume pv of pod, with the pod's directories made.
 func (d *daemon) target(b *testing.B, pod, pv string) string {
 	b.Helper()
-	dir := filepath.Join(d.kubelet, "pods", pod, "volumes", "kubernetes.io~csi", pv)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		b.Fatal(err)
-	}
-	return filepath.Join(dir, "mount")
+	return d.PodTarget(b, pod, pv)
 }
 
 // hook is a slog.Handler that keeps the text log (for failures) and tells, on events, of the records

@@ -46,23 +46,14 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-// waitFor polls ok every 100 ms until it holds, failing t after timeout.
+// waitFor polls ok (harness.Poll) until it holds, failing t after timeout; an error from ok is the
+// reason it does not hold yet.
 func waitFor(t *testing.T, timeout time.Duration, what string, ok func() (bool, error)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last error
-	for {
-		done, err := ok()
-		if done {
-			return
-		}
-		if err != nil {
-			last = err
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, last)
-		}
-		time.Sleep(100 * time.Millisecond)
+	ctx, cancel := harness.Context(t, timeout)
+	defer cancel()
+	if err := harness.Poll(ctx, ok); err != nil {
+		t.Fatalf("waited %s for %s: %v", timeout, what, err)
 	}
 }
 
@@ -86,13 +77,12 @@ func (c *cluster) namespace(t *testing.T) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		_ = c.cs.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{})
-		for ctx.Err() == nil {
-			if _, err := c.cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-				return
-			}
-			time.Sleep(200 * time.Millisecond)
+		if err := harness.Poll(ctx, func() (bool, error) {
+			_, err := c.cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), err
+		}); err != nil {
+			t.Errorf("namespace %s not gone after 3 minutes: %v", name, err)
 		}
-		t.Errorf("namespace %s not gone after 3 minutes", name)
 	})
 	return name
 }

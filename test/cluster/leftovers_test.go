@@ -1,12 +1,16 @@
 package cluster
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // hostState is what the cluster may change on the host and must leave as it found it.
@@ -15,7 +19,39 @@ type hostState struct {
 	dirs    map[string]bool // the host directories the node's mount namespace binds over
 }
 
-var extentFile = regexp.MustCompile(`/csi-[0-9a-f]{40}$`)
+// madeVolumes holds the ids of the volumes made in the tier's cluster (watchVolumes): the example
+// driver's extent-map file of a volume is named after its id (csi-<40 hex>), and a loop device on such a
+// file is the tier's only when the id is one of these. Another process on the machine may attach files of
+// the same shape (the e2e tier runs the same driver).
+var madeVolumes = struct {
+	sync.Mutex
+	ids map[string]bool
+}{ids: map[string]bool{}}
+
+// watchVolumes records the id of every persistent volume of the cluster until ctx ends.
+func (c *cluster) watchVolumes(ctx context.Context) {
+	for ctx.Err() == nil {
+		w, err := c.cs.CoreV1().PersistentVolumes().Watch(ctx, metav1.ListOptions{})
+		if err != nil {
+			return // the leftover check then looks at $RUN's files only
+		}
+		for ev := range w.ResultChan() {
+			if pv, ok := ev.Object.(*corev1.PersistentVolume); ok && pv.Spec.CSI != nil {
+				madeVolumes.Lock()
+				madeVolumes.ids[pv.Spec.CSI.VolumeHandle] = true
+				madeVolumes.Unlock()
+			}
+		}
+	}
+}
+
+// madeBacking reports whether a loop device's backing file is the tier's: under run, or the extent-map
+// file of a volume its tests made.
+func madeBacking(run, file string) bool {
+	madeVolumes.Lock()
+	defer madeVolumes.Unlock()
+	return strings.HasPrefix(file, run) || madeVolumes.ids[filepath.Base(file)]
+}
 
 var watchedSysctls = []string{"kernel.panic", "kernel.panic_on_oops", "vm.overcommit_memory", "vm.panic_on_oom",
 	"net.ipv4.ip_forward", "net.ipv4.conf.all.route_localnet"}
@@ -38,7 +74,7 @@ func readHostState() hostState {
 }
 
 // leftovers lists what the cluster left on the host after make cluster-down, against the state before
-// make cluster-up: processes, mounts and loop devices of $RUN, the bridge, kubelet's cgroups and iptables
+// make cluster-up: processes, mounts and loop devices of $RUN and of the volumes the tests made, the bridge, kubelet's cgroups and iptables
 // chains, changed sysctls, and host directories it created.
 func leftovers(root, run string, before hostState) []string {
 	var found []string
@@ -58,7 +94,7 @@ func leftovers(root, run string, before hostState) []string {
 	out, _ = exec.Command("losetup", "-n", "-l", "-O", "NAME,BACK-FILE").Output()
 	for _, l := range strings.Split(string(out), "\n") {
 		// The example driver's extent-map files, once its FUSE mount is gone, show as csi-<40 hex>.
-		if f := strings.Fields(l); len(f) == 2 && (strings.HasPrefix(f[1], run) || extentFile.MatchString(f[1])) {
+		if f := strings.Fields(l); len(f) == 2 && madeBacking(run, f[1]) {
 			found = append(found, "loop device: "+l)
 		}
 	}

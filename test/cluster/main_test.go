@@ -87,6 +87,9 @@ func runMain(m *testing.M) (code int) {
 	}
 	if setupErr = c.connect(); setupErr == nil {
 		cl = c
+		watchCtx, endWatch := context.WithCancel(context.Background())
+		defer endWatch()
+		go c.watchVolumes(watchCtx)
 	}
 	dir, err := os.MkdirTemp("", "crust-cluster-bin")
 	if err != nil {

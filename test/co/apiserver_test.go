@@ -15,6 +15,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"crust.dev/crust/test/harness"
 )
 
 // TestAPIServerInformers runs client-go's informers (as crust-csi-proxy builds them: pods of one node by
@@ -57,11 +59,7 @@ func TestAPIServerInformers(t *testing.T) {
 	}
 	eventually := func(what string, ok func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-		}
+		harness.Eventually(t, 10*time.Second, what, ok)
 	}
 	if p, err := pods.Lister().Pods("ns").Get("before"); err != nil || string(p.UID) != "u1" {
 		t.Errorf("pod before start: %v %v", p, err)

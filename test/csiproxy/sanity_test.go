@@ -27,17 +27,18 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
@@ -82,9 +83,7 @@ func runMain(m *testing.M) int {
 		panic(err)
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	build := exec.Command("go", "build", "-o", dir+"/", "crust.dev/crust/cmd/crustd", "crust.dev/crust/cmd/crust-csi-proxy")
-	build.Dir, build.Stdout, build.Stderr = moduleRoot, os.Stdout, os.Stderr
-	if err := build.Run(); err != nil {
+	if err := harness.Build(dir, "crust.dev/crust/cmd/crustd", "crust.dev/crust/cmd/crust-csi-proxy"); err != nil {
 		fmt.Println("build:", err)
 		return 1
 	}
@@ -97,81 +96,10 @@ func runMain(m *testing.M) int {
 	return m.Run()
 }
 
-// proc is a started binary.
-type proc struct {
-	cmd *exec.Cmd
-	log *bytes.Buffer
-}
-
-func start(t *testing.T, bin string, args ...string) *proc {
+// start starts a binary of binDir and waits until it is ready.
+func start(t *testing.T, bin string, ready func(context.Context, <-chan struct{}) error, args ...string) *harness.Proc {
 	t.Helper()
-	p := &proc{log: &bytes.Buffer{}}
-	p.cmd = exec.Command(filepath.Join(binDir, bin), args...)
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = p.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-done
-			t.Errorf("%s did not stop on SIGTERM", bin)
-		}
-		if t.Failed() {
-			t.Logf("%s log (tail):\n%s", bin, sanityrun.Tail(p.log.Bytes(), 60))
-		}
-	})
-	return p
-}
-
-// waitCSI waits until a CSI endpoint answers GetPluginInfo.
-func waitCSI(t *testing.T, sock string) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		cc, err := client.Dial(sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err = csi.NewIdentityClient(cc).GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
-		cancel()
-		_ = cc.Close()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not answer: %v", sock, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func waitHealthy(t *testing.T, sock string) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		cc, err := client.Dial(sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		r, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
-		cancel()
-		_ = cc.Close()
-		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("crustd does not serve: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return harness.StartProc(t, harness.ProcConfig{Bin: filepath.Join(binDir, bin), Args: args, Ready: ready})
 }
 
 // outcome is one csi-sanity run: test name to "passed", "failed" or "skipped: <reason>".
@@ -253,16 +181,14 @@ func runSanity(t *testing.T, mode string) outcome {
 	endpoint, controller := driverSock, driverSock
 	var params string
 	var crust crustv1.VolumeServiceClient
-	var proxy, crustdProc *proc
+	var proxy, crustdProc *harness.Proc
 	deferred := mode == "deferred" || mode == "unclaimed"
 	if mode != "driver" {
 		crustSock, proxySock := filepath.Join(dir, "crust.sock"), filepath.Join(dir, "csi.sock")
-		crustdProc = start(t, "crustd", "--socket", crustSock, "--state-dir", filepath.Join(dir, "crustd"), "--kata-dir", "",
-			"--kubelet-dir", kubelet, "--http-addr", "")
-		waitHealthy(t, crustSock)
-		proxy = start(t, "crust-csi-proxy", "--csi-address", proxySock, "--driver-address", driverSock, "--crust-socket", crustSock,
-			"--state-dir", filepath.Join(dir, "proxy"), "--log-level", "debug")
-		waitCSI(t, proxySock)
+		crustdProc = start(t, "crustd", harness.Serving(crustSock), "--socket", crustSock, "--state-dir", filepath.Join(dir, "crustd"),
+			"--kata-dir", "", "--kubelet-dir", kubelet, "--http-addr", "")
+		proxy = start(t, "crust-csi-proxy", harness.AnswersCSI(proxySock), "--csi-address", proxySock, "--driver-address", driverSock,
+			"--crust-socket", crustSock, "--state-dir", filepath.Join(dir, "proxy"), "--log-level", "debug")
 		cc, err := client.Dial(crustSock)
 		if err != nil {
 			t.Fatal(err)
@@ -282,8 +208,8 @@ func runSanity(t *testing.T, mode string) outcome {
 			// class's crust.dev/defer from the driver, asks for block, and puts the flag in the volume
 			// context the node proxy reads.
 			ctrlSock := filepath.Join(dir, "controller.sock")
-			start(t, "crust-csi-proxy", "--controller", "--csi-address", ctrlSock, "--driver-address", driverSock, "--log-level", "debug")
-			waitCSI(t, ctrlSock)
+			start(t, "crust-csi-proxy", harness.AnswersCSI(ctrlSock), "--controller", "--csi-address", ctrlSock, "--driver-address",
+				driverSock, "--log-level", "debug")
 			controller = ctrlSock
 		}
 	}
@@ -335,14 +261,14 @@ func runSanity(t *testing.T, mode string) outcome {
 	}
 	if mode == "unclaimed" {
 		// The node expansion test expanded a deferred volume that no sandbox had claimed.
-		if n := strings.Count(crustdProc.log.String(), "expansion before any claim recorded"); n == 0 {
+		if n := strings.Count(crustdProc.Log(), "expansion before any claim recorded"); n == 0 {
 			t.Errorf("crustd recorded no expansion before a claim in the unclaimed run")
 		} else {
 			t.Logf("crustd recorded %d expansions before a claim", n)
 		}
 	}
 	if deferred {
-		if n := strings.Count(proxy.log.String(), "decision=defer"); n == 0 {
+		if n := strings.Count(proxy.Log(), "decision=defer"); n == 0 {
 			t.Errorf("the proxy deferred no publish in the deferred run")
 		} else {
 			t.Logf("the proxy deferred %d publishes", n)
@@ -381,7 +307,7 @@ func deferredVolumesSeen(t *testing.T, dir string) {
 type standIn struct {
 	csi.UnimplementedIdentityServer
 	csi.UnimplementedNodeServer
-	ident  csi.IdentityClient
+	cc     *grpc.ClientConn
 	node   csi.NodeClient
 	crust  crustv1.VolumeServiceClient
 	sb     *sandbox.Sandbox
@@ -398,13 +324,13 @@ func serveRuntimeStandIn(t *testing.T, sock, proxySock, crustSock string, crust 
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &standIn{ident: csi.NewIdentityClient(cc), node: csi.NewNodeClient(cc), crust: crust,
+	s := &standIn{cc: cc, node: csi.NewNodeClient(cc), crust: crust,
 		sb: sandbox.New(t, crustSock, "sanity-sandbox"), claims: claims}
 	l, err := listenUnix(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(grpc.UnaryInterceptor(s.passThrough))
 	csi.RegisterIdentityServer(srv, s)
 	csi.RegisterNodeServer(srv, s)
 	go func() { _ = srv.Serve(l) }()
@@ -412,24 +338,22 @@ func serveRuntimeStandIn(t *testing.T, sock, proxySock, crustSock string, crust 
 	return sock
 }
 
-func (s *standIn) GetPluginInfo(ctx context.Context, r *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
-	return s.ident.GetPluginInfo(ctx, r)
-}
-
-func (s *standIn) GetPluginCapabilities(ctx context.Context, r *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
-	return s.ident.GetPluginCapabilities(ctx, r)
-}
-
-func (s *standIn) Probe(ctx context.Context, r *csi.ProbeRequest) (*csi.ProbeResponse, error) {
-	return s.ident.Probe(ctx, r)
-}
-
-func (s *standIn) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	return s.node.NodeStageVolume(ctx, r)
-}
-
-func (s *standIn) NodeUnstageVolume(ctx context.Context, r *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	return s.node.NodeUnstageVolume(ctx, r)
+// passThrough forwards every call but a publish and an unpublish to the proxy as it came.
+func (s *standIn) passThrough(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if info.FullMethod == csi.Node_NodePublishVolume_FullMethodName || info.FullMethod == csi.Node_NodeUnpublishVolume_FullMethodName {
+		return handler(ctx, req)
+	}
+	service, method := path.Split(strings.TrimPrefix(info.FullMethod, "/"))
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(strings.TrimSuffix(service, "/")))
+	if err != nil {
+		return nil, err
+	}
+	out, err := protoregistry.GlobalTypes.FindMessageByName(d.(protoreflect.ServiceDescriptor).Methods().ByName(protoreflect.Name(method)).Output().FullName())
+	if err != nil {
+		return nil, err
+	}
+	resp := out.New().Interface()
+	return resp, s.cc.Invoke(ctx, info.FullMethod, req, resp)
 }
 
 func (s *standIn) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
@@ -447,20 +371,4 @@ func (s *standIn) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolum
 func (s *standIn) NodeUnpublishVolume(ctx context.Context, r *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	s.sb.Stop(r.GetTargetPath())
 	return s.node.NodeUnpublishVolume(ctx, r)
-}
-
-func (s *standIn) NodeGetVolumeStats(ctx context.Context, r *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	return s.node.NodeGetVolumeStats(ctx, r)
-}
-
-func (s *standIn) NodeExpandVolume(ctx context.Context, r *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	return s.node.NodeExpandVolume(ctx, r)
-}
-
-func (s *standIn) NodeGetCapabilities(ctx context.Context, r *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
-	return s.node.NodeGetCapabilities(ctx, r)
-}
-
-func (s *standIn) NodeGetInfo(ctx context.Context, r *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
-	return s.node.NodeGetInfo(ctx, r)
 }

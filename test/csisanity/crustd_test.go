@@ -10,11 +10,10 @@ import (
 	"testing"
 	"time"
 
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-
 	"crust.dev/crust/internal/daemon"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/test/harness"
 )
 
 // crustd is a real crustd in this process for the deferred run, with a watch that counts what it did.
@@ -40,20 +39,16 @@ func startCrustd(t *testing.T, dir, kubelet string) *crustd {
 	exited := make(chan struct{})
 	go func() { defer close(exited); _ = daemon.Run(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
 	t.Cleanup(func() { cancel(); <-exited })
+	wctx, wcancel := harness.Context(t, time.Minute)
+	defer wcancel()
+	if err := harness.WaitServing(wctx, c.socket, exited); err != nil {
+		t.Fatalf("crustd not serving: %v", err)
+	}
 	conn, err := client.Dial(c.socket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("crustd not serving: %v", err)
-		}
-	}
 	c.volume = crustv1.NewVolumeServiceClient(conn)
 	w, err := crustv1.NewRuntimeServiceClient(conn).WatchVolumes(ctx, &crustv1.WatchVolumesRequest{})
 	if err != nil {
@@ -77,7 +72,16 @@ func startCrustd(t *testing.T, dir, kubelet string) *crustd {
 // (a recorded requested size), and left no descriptor behind.
 func (c *crustd) check(t *testing.T) {
 	t.Helper()
-	time.Sleep(100 * time.Millisecond) // let the watch catch up with the last unstage
+	// Let the watch catch up with the last unstage: every deposit is unstaged by the end of the run (the
+	// list below checks that crustd holds none), so the stream has caught up once it has shown as many
+	// unstages as deposits.
+	ctx, cancel := harness.Context(t, 10*time.Second)
+	defer cancel()
+	_ = harness.Poll(ctx, func() (bool, error) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.events[crustv1.EventType_EVENT_TYPE_UNSTAGED] >= c.events[crustv1.EventType_EVENT_TYPE_STAGED], nil
+	})
 	c.mu.Lock()
 	staged, expanded, claimed := c.events[crustv1.EventType_EVENT_TYPE_STAGED], c.events[crustv1.EventType_EVENT_TYPE_EXPANDED],
 		c.events[crustv1.EventType_EVENT_TYPE_CLAIMED]

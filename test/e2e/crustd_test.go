@@ -5,10 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +26,7 @@ import (
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/kata"
+	"crust.dev/crust/test/harness"
 )
 
 // TestLoopDeviceThroughCrustctl stages a real loop device with crustctl over the real socket, sees it in
@@ -149,8 +148,8 @@ func TestPeerCredentials(t *testing.T) {
 		t.Fatalf("root: exit %d: %s", code, errOut)
 	}
 
-	d.stop()
-	d.args = append(d.args, "--allow-uid", "0", "--allow-uid", "1000")
+	d.Stop()
+	d.Args = append(d.Args, "--allow-uid", "0", "--allow-uid", "1000")
 	d.start()
 	widen()
 	if _, errOut, code = runAs(t, other, ctl, "--socket", d.socket, "ls"); code != 0 {
@@ -178,7 +177,7 @@ func TestKillAtAnyInstant(t *testing.T) {
 		c := crustv1.NewVolumeServiceClient(d.conn())
 		killAt := time.Duration(rng.IntN(40_000)) * time.Microsecond
 		killed := make(chan struct{})
-		go func() { time.Sleep(killAt); d.kill(); close(killed) }()
+		go func() { time.Sleep(killAt); d.Kill(); close(killed) }() // the kill's instant is what is under test
 		inflight := -1
 		for op := 0; ; op++ {
 			i := rng.IntN(targets)
@@ -214,7 +213,7 @@ func TestKillAtAnyInstant(t *testing.T) {
 		}
 		for i := range targets {
 			if got[i] != staged[i] && i != inflight {
-				t.Fatalf("round %d: target %d staged=%t, acknowledged %t\n%s", rounds, i, got[i], staged[i], d.log)
+				t.Fatalf("round %d: target %d staged=%t, acknowledged %t\n%s", rounds, i, got[i], staged[i], d.Log())
 			}
 			staged[i] = got[i] // the in-flight op settles either way
 		}
@@ -267,11 +266,11 @@ func TestMetricsAndHealth(t *testing.T) {
 		t.Fatal("get of an unknown volume succeeded")
 	}
 	for _, p := range []string{"/healthz", "/readyz"} {
-		if code, body := httpGet(t, addr, p); code != 200 {
+		if code, body := harness.HTTPGet(t, addr, p); code != 200 {
 			t.Fatalf("%s: %d %s", p, code, body)
 		}
 	}
-	_, body := httpGet(t, addr, "/metrics")
+	_, body := harness.HTTPGet(t, addr, "/metrics")
 	for _, want := range []string{
 		`crust_rpc_requests_total{code="NotFound",method="/crust.v1.VolumeService/GetVolume"} 1`,
 		`crust_volumes{state="staged"} 0`,
@@ -291,18 +290,6 @@ func freeAddr(t *testing.T) string {
 	}
 	defer func() { _ = l.Close() }()
 	return l.Addr().String()
-}
-
-// httpGet returns the status code and body of GET http://addr/path.
-func httpGet(t *testing.T, addr, path string) (int, string) {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }
 
 // TestWatchOverTheSocket follows one volume through stage, claim, release and unstage with crustctl as
@@ -367,13 +354,13 @@ func TestSecondDaemonOnOneStateDir(t *testing.T) {
 	if err == nil {
 		t.Fatalf("a second crustd ran on %s:\n%s", d.state, out)
 	}
-	if want := fmt.Sprintf("held by pid %d (crustd)", d.cmd.Process.Pid); !strings.Contains(string(out), want) {
+	if want := fmt.Sprintf("held by pid %d (crustd)", d.Pid()); !strings.Contains(string(out), want) {
 		t.Errorf("the second crustd did not name the holder (%q):\n%s", want, out)
 	}
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("the second crustd took %s to give up", took)
 	}
-	if err := waitServing(d.socket, 5*time.Second); err != nil {
+	if err := d.serving(5 * time.Second); err != nil {
 		t.Fatalf("the first crustd stopped serving: %v", err)
 	}
 }
@@ -431,7 +418,7 @@ func TestFullDisk(t *testing.T) {
 			if _, err := c.UnstageVolume(context.Background(), &crustv1.UnstageVolumeRequest{VolumeTargetPath: req.GetSpec().GetVolumeTargetPath()}); err != nil {
 				t.Fatal(err)
 			}
-			d.stop()
+			d.Stop()
 		})
 	}
 }

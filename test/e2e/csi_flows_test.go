@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -79,12 +78,7 @@ func TestCSIFlows(t *testing.T) {
 	sockB := filepath.Join(d.kubelet, "plugins", plainDriver, "driver.sock")
 	startLVMDriver(t, sockB, csidriver.Config{Name: plainDriver, VG: vgB.Name, Devices: []string{vgB.Device},
 		StateDir: stateB}, filepath.Join(logDir, "driver-b.log"))
-	api := co.NewAPIServer()
-	t.Cleanup(api.Close)
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := api.WriteKubeconfig(kubeconfig); err != nil {
-		t.Fatal(err)
-	}
+	api, kubeconfig := startAPIServer(t)
 	proxySock := filepath.Join(d.kubelet, "plugins", plainDriver, "csi.sock")
 	proxyState := filepath.Join(d.kubelet, "plugins", "crust.dev", "csi-proxy")
 	proxy := startProxy(t, filepath.Join(logDir, "proxy.log"), "--csi-address", proxySock, "--driver-address", sockB,
@@ -411,44 +405,33 @@ func startLVMDriver(t *testing.T, socket string, cfg csidriver.Config, logFile s
 }
 
 // proxyProc is a crust-csi-proxy process.
-type proxyProc struct {
-	logFile string
+// startAPIServer starts the stand-in API server until the test ends; it returns it and a kubeconfig
+// file that reaches it.
+func startAPIServer(t *testing.T) (*co.APIServer, string) {
+	t.Helper()
+	api := co.NewAPIServer()
+	t.Cleanup(api.Close)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := api.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	return api, kubeconfig
 }
 
-// startProxy runs crust-csi-proxy with args until the test ends (SIGTERM, then it must exit 0).
+type proxyProc struct{ *harness.Proc }
+
+// startProxy runs crust-csi-proxy with args until the test ends (SIGTERM, then it must exit 0), once it
+// answers on its --csi-address.
 func startProxy(t *testing.T, logFile string, args ...string) *proxyProc {
 	t.Helper()
-	f, err := os.Create(logFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(binDir, "crust-csi-proxy"), append(args, "--log-level", "debug")...)
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			if err != nil {
-				t.Errorf("crust-csi-proxy exited with %v after SIGTERM", err)
-			}
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			t.Errorf("crust-csi-proxy did not stop on SIGTERM (killed: %v)", <-exited)
-		}
-		_ = f.Close()
-	})
-	return &proxyProc{logFile: logFile}
+	sock := args[slices.Index(args, "--csi-address")+1]
+	return &proxyProc{harness.StartProc(t, harness.ProcConfig{
+		Bin: filepath.Join(binDir, "crust-csi-proxy"), Args: append(args, "--log-level", "debug"), LogFile: logFile,
+		StopMustSucceed: true, Ready: harness.AnswersCSI(sock),
+	})}
 }
 
-func (p *proxyProc) log() string {
-	b, _ := os.ReadFile(p.logFile)
-	return string(b)
-}
+func (p *proxyProc) log() string { return p.Log() }
 
 // logValue returns key's value on the last log line with message msg that mentions target.
 func (p *proxyProc) logValue(msg, key, target string) string {

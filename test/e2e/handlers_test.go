@@ -62,7 +62,7 @@ func TestDeadHandlerReleased(t *testing.T) {
 					return ev
 				}
 			case <-deadline:
-				t.Fatalf("no %s event for %s within %s\ncrustd log:\n%s", typ, target, within, d.log)
+				t.Fatalf("no %s event for %s within %s\ncrustd log:\n%s", typ, target, within, d.Log())
 			}
 		}
 	}
@@ -84,10 +84,11 @@ func TestDeadHandlerReleased(t *testing.T) {
 		t.Errorf("the claim does not name the claiming process: %v", c)
 	}
 
-	// 1. The claiming process (crustctl) exited, but the endpoint answers: kept over two grace periods.
+	// 1. The claiming process (crustctl) exited, but the endpoint answers: kept over two grace periods
+	// (the time is what is under test: nothing may happen in it).
 	time.Sleep(2 * grace)
 	if c := getVolume(t, d, exited).GetClaim(); c == nil {
-		t.Fatalf("a claim whose endpoint answers was released:\n%s", d.log)
+		t.Fatalf("a claim whose endpoint answers was released:\n%s", d.Log())
 	}
 	// Now the endpoint refuses too: released without waiting for the grace.
 	stopExited()
@@ -137,15 +138,15 @@ func TestDeadHandlerReleased(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the live handler did not claim again")
 	}
-	time.Sleep(2 * grace)
+	time.Sleep(2 * grace) // kept over two grace periods: nothing may happen in that time
 	if c := getVolume(t, d, alive).GetClaim(); c.GetSandboxId() != "sb-alive" {
 		t.Errorf("after claiming again with its endpoint answering, the claim is %v", c)
 	}
 
 	// Log and metric.
 	for _, why := range []string{"process_exited", "endpoint_refused"} {
-		if !strings.Contains(d.log.String(), "released the claim of a runtime handler that is gone") || !strings.Contains(d.log.String(), "why="+why) {
-			t.Errorf("no log line for why=%s:\n%s", why, d.log)
+		if !strings.Contains(d.Log(), "released the claim of a runtime handler that is gone") || !strings.Contains(d.Log(), "why="+why) {
+			t.Errorf("no log line for why=%s:\n%s", why, d.Log())
 		}
 	}
 	resp, err := http.Get("http://" + httpAddr + "/metrics")

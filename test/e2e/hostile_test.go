@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net"
 	"os"
-	"os/exec"
+
 	"path/filepath"
 	"slices"
 	"sort"
@@ -29,6 +30,7 @@ import (
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/kata"
+	"crust.dev/crust/test/harness"
 )
 
 // hostileCase is one hostile input: something planted on disk (optional) and a call over crustd's real
@@ -101,8 +103,7 @@ type hostileEnv struct {
 	devADev          uint64
 	bait             string // <tmp>/bait: secret (0600), dir/
 	seq              int
-	exited           chan error // crustd's exit, once this suite (re)started it
-	endpointA        string     // sb-a's handler
+	endpointA        string // sb-a's handler
 }
 
 const (
@@ -252,8 +253,8 @@ func (h *hostileEnv) run(t *testing.T, c hostileCase, tally *hostileTally) {
 	err := c.act(t)
 	s2 := h.snapshot(t)
 	undo()
-	if waitServing(h.d.socket, time.Second) != nil { // a case that stopped crustd: bring it back for the next
-		t.Logf("crustd is not serving after this case; its log:\n%s", h.d.log)
+	if h.d.serving(time.Second) != nil { // a case that stopped crustd: bring it back for the next
+		t.Logf("crustd is not serving after this case; its log:\n%s", h.d.Log())
 		h.stopD()
 		if err := h.startD(); err != nil {
 			t.Fatalf("crustd does not start again once the plant is gone: %v", err)
@@ -274,7 +275,7 @@ func (h *hostileEnv) run(t *testing.T, c hostileCase, tally *hostileTally) {
 		tally.wrong++
 		problems = append(problems, fmt.Sprintf("answered %s (%v), want %s", got, err, c.want))
 	}
-	if strings.Contains(h.d.log.String(), hostileSecret) {
+	if strings.Contains(h.d.Log(), hostileSecret) {
 		problems = append(problems, "crustd's log holds the secret metadata value")
 	}
 	var diff []string
@@ -577,58 +578,23 @@ func ctlError(stderr string) error {
 	return status.Error(codes.Unknown, stderr)
 }
 
-// startD starts crustd and waits until it serves; an error when it exits or does not serve in 20 s.
+// startD starts crustd and waits until it serves, with a new connection (the old one may be backing off
+// after the outage); an error when it exits (Unavailable) or does not serve in 20 s (DeadlineExceeded).
 func (h *hostileEnv) startD() error {
-	h.d.log = &bytes.Buffer{}
-	cmd := exec.Command(filepath.Join(binDir, "crustd"), h.d.args...)
-	cmd.Stdout, cmd.Stderr = h.d.log, h.d.log
-	if err := cmd.Start(); err != nil {
-		return err
+	h.d.ReadyTimeout = 20 * time.Second
+	if err := h.d.Start(); err != nil {
+		if errors.Is(err, harness.ErrExited) {
+			return status.Error(codes.Unavailable, err.Error())
+		}
+		return status.Error(codes.DeadlineExceeded, err.Error())
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	h.d.cmd, h.exited = cmd, exited
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		select {
-		case err := <-exited:
-			h.d.cmd, h.exited = nil, nil
-			return status.Errorf(codes.Unavailable, "crustd exited at start: %v\n%s", err, h.d.log)
-		default:
-		}
-		if waitServing(h.d.socket, 200*time.Millisecond) == nil {
-			// a new connection: the old one may be backing off after the outage
-			conn := h.d.conn()
-			h.vc, h.rc = crustv1.NewVolumeServiceClient(conn), crustv1.NewRuntimeServiceClient(conn)
-			return nil
-		}
-		if time.Now().After(deadline) {
-			h.stopD()
-			return status.Errorf(codes.DeadlineExceeded, "crustd did not serve within 20s\n%s", h.d.log)
-		}
-	}
+	conn := h.d.conn()
+	h.vc, h.rc = crustv1.NewVolumeServiceClient(conn), crustv1.NewRuntimeServiceClient(conn)
+	return nil
 }
 
-// stopD stops crustd with SIGTERM (SIGKILL after 15 s).
-func (h *hostileEnv) stopD() {
-	if h.d.cmd == nil {
-		return
-	}
-	if h.exited == nil { // started by newDaemon
-		h.d.stop()
-		return
-	}
-	_ = h.d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-h.exited:
-		_ = err // the exit status of a stopped crustd says nothing
-	case <-time.After(15 * time.Second):
-		_ = h.d.cmd.Process.Kill()
-		err := <-h.exited
-		_ = err
-	}
-	h.d.cmd, h.exited = nil, nil
-}
+// stopD stops crustd with SIGTERM (SIGKILL after 20 s).
+func (h *hostileEnv) stopD() { h.d.Stop() }
 
 // restart stops crustd and starts it again; an error when it does not come up serving.
 func (h *hostileEnv) restart(*testing.T) error {

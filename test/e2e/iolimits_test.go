@@ -161,12 +161,7 @@ func TestIOLimitsThroughTheProxies(t *testing.T) {
 	driverSock := filepath.Join(d.kubelet, "plugins", plainDriver, "driver.sock")
 	startLVMDriver(t, driverSock, csidriver.Config{Name: plainDriver, VG: vg.Name, Devices: []string{vg.Device},
 		StateDir: t.TempDir(), NoVolumeContext: true, StrictAccessType: true}, filepath.Join(logDir, "driver.log"))
-	api := co.NewAPIServer()
-	t.Cleanup(api.Close)
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := api.WriteKubeconfig(kubeconfig); err != nil {
-		t.Fatal(err)
-	}
+	api, kubeconfig := startAPIServer(t)
 	nodeSock := filepath.Join(d.kubelet, "plugins", plainDriver, "csi.sock")
 	ctrlSock := filepath.Join(d.kubelet, "plugins", plainDriver, "controller.sock")
 	startProxy(t, filepath.Join(logDir, "proxy.log"), "--csi-address", nodeSock, "--driver-address", driverSock,

@@ -99,13 +99,7 @@ func TestRuntimeRsSandboxFoundThroughCRI(t *testing.T) {
 	// within a few handler checks (one a second).
 	shim.Close()
 	cri.Set(critest.Sandbox(sandbox, pod, false))
-	deadline := time.Now().Add(15 * time.Second)
-	for get().GetClaim() != nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("the claim of a stopped sandbox is still held after 15 s\n%s", d.log)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	harness.Eventually(t, 15*time.Second, "the end of a stopped sandbox's claim", func() bool { return get().GetClaim() == nil })
 
 	// The runtime gone: another volume, whose pod's shim is there, is answered from the host, within
 	// about the CRI timeout; nothing is claimed.

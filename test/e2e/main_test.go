@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/pkg/client"
@@ -37,10 +36,8 @@ func run(m *testing.M) int {
 		panic(err)
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	build := exec.Command("go", "build", "-o", dir+"/", "crust.dev/crust/cmd/...", "crust.dev/crust/examples/microvm/cmd/...",
-		"crust.dev/crust/examples/lvm-csi/cmd/crust-lvm-csi")
-	build.Stdout, build.Stderr = os.Stdout, os.Stderr
-	if err := build.Run(); err != nil {
+	if err := harness.Build(dir, "crust.dev/crust/cmd/...", "crust.dev/crust/examples/microvm/cmd/...",
+		"crust.dev/crust/examples/lvm-csi/cmd/crust-lvm-csi"); err != nil {
 		fmt.Println("e2e: build:", err)
 		return 1
 	}
@@ -50,80 +47,32 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-// daemon is a crustd process on temp dirs.
+// daemon is a crustd process on temp dirs (harness.Crustd), with the names the e2e tests use.
 type daemon struct {
-	t       *testing.T
-	root    string
-	socket  string
-	state   string
-	kata    string
-	kubelet string
-	args    []string
-	cmd     *exec.Cmd
-	log     *bytes.Buffer
+	*harness.Crustd
+	t                                  *testing.T
+	root, socket, state, kata, kubelet string
 }
 
 func newDaemon(t *testing.T, extra ...string) *daemon {
 	t.Helper()
-	root := t.TempDir()
-	d := &daemon{
-		t: t, root: root,
-		socket:  filepath.Join(root, "run", "crust.sock"),
-		state:   filepath.Join(root, "state"),
-		kata:    filepath.Join(root, "kata"),
-		kubelet: filepath.Join(root, "kubelet"),
-	}
-	if err := os.MkdirAll(filepath.Join(d.kubelet, "pods"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	d.args = append([]string{
-		"--socket", d.socket, "--state-dir", d.state, "--kata-dir", d.kata, "--kubelet-dir", d.kubelet,
-		"--http-addr", "", "--device-allow", "/dev/loop*",
-	}, extra...)
-	d.start()
-	t.Cleanup(d.stop)
-	return d
+	c := harness.StartCrustd(t, filepath.Join(binDir, "crustd"), extra...)
+	return &daemon{Crustd: c, t: t, root: c.Root, socket: c.Socket, state: c.StateDir, kata: c.KataDir, kubelet: c.KubeletDir}
 }
 
+// start starts crustd again (after Stop or Kill) and fails the test when it does not come up serving.
 func (d *daemon) start() {
 	d.t.Helper()
-	d.log = &bytes.Buffer{}
-	d.cmd = exec.Command(filepath.Join(binDir, "crustd"), d.args...)
-	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
-	if err := d.cmd.Start(); err != nil {
+	if err := d.Start(); err != nil {
 		d.t.Fatal(err)
 	}
-	if err := waitServing(d.socket, 20*time.Second); err != nil {
-		d.stop()
-		d.t.Fatalf("crustd did not come up: %v\n%s", err, d.log)
-	}
 }
 
-// kill ends crustd with SIGKILL, as a crash would.
-func (d *daemon) kill() {
-	if d.cmd == nil {
-		return
-	}
-	_ = d.cmd.Process.Signal(syscall.SIGKILL)
-	_ = d.cmd.Wait()
-	d.cmd = nil
-}
-
-func (d *daemon) stop() {
-	if d.cmd == nil {
-		return
-	}
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = d.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-done
-		d.t.Errorf("crustd did not stop on SIGTERM\n%s", d.log)
-	}
-	d.cmd = nil
+// serving waits at most timeout until crustd serves; an error when it does not or it exits.
+func (d *daemon) serving(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return harness.WaitServing(ctx, d.socket, d.Exited())
 }
 
 func (d *daemon) conn() *grpc.ClientConn {
@@ -134,27 +83,6 @@ func (d *daemon) conn() *grpc.ClientConn {
 	}
 	d.t.Cleanup(func() { _ = c.Close() })
 	return c
-}
-
-func waitServing(socket string, timeout time.Duration) error {
-	c, err := client.Dial(socket)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = c.Close() }()
-	deadline := time.Now().Add(timeout)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		r, err := healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{})
-		cancel()
-		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not serving after %s: %v", timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // crustctl runs the CLI against d and returns stdout, stderr and the exit status.
@@ -191,9 +119,5 @@ func loopDevice(t *testing.T, size int64) string {
 // podTarget returns a kubelet-shaped publish target path under d's kubelet dir, with the pod dir made.
 func (d *daemon) podTarget(pod, pv string) string {
 	d.t.Helper()
-	dir := filepath.Join(d.kubelet, "pods", pod, "volumes", "kubernetes.io~csi", pv)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		d.t.Fatal(err)
-	}
-	return filepath.Join(dir, "mount")
+	return d.PodTarget(d.t, pod, pv)
 }

@@ -218,7 +218,7 @@ func TestMicroVMKillUnderLoad(t *testing.T) {
 					if _, err := vols.GetVolumeStats(loadCtx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: data}); err == nil {
 						ackedStats.Add(1)
 					}
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(50 * time.Millisecond) // the load's pace
 				}
 			})
 			killAfter = time.Duration(rng.Int64N(int64(2 * time.Second)))
@@ -262,26 +262,16 @@ func TestMicroVMKillUnderLoad(t *testing.T) {
 		loadWG.Wait()
 
 		// QEMU dies with its parent.
-		for deadline := time.Now().Add(10 * time.Second); ; {
-			qemus := sandboxProcesses(filepath.Join(stateDir, name))
-			if len(qemus) == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("round %d: processes left 10 s after the kill: %v", killed, qemus)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		harness.Eventually(t, 10*time.Second, fmt.Sprintf("round %d: the sandbox's processes to end after the kill", killed), func() bool {
+			return len(sandboxProcesses(filepath.Join(stateDir, name))) == 0
+		})
 		// crustd releases the dead handler's claims, within the grace at most.
-		for deadline := time.Now().Add(grace + 3*time.Second); ; {
-			if claimOf(data) == nil && claimOf(extra) == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("round %d: claims held for the dead handler %s after the kill (grace %s): %v, %v\ncrustd log:\n%s",
-					killed, time.Since(killedAt).Round(time.Millisecond), grace, claimOf(data), claimOf(extra), d.log)
-			}
-			time.Sleep(10 * time.Millisecond)
+		gctx, gcancel := harness.Context(t, grace+3*time.Second)
+		err := harness.Poll(gctx, func() (bool, error) { return claimOf(data) == nil && claimOf(extra) == nil, nil })
+		gcancel()
+		if err != nil {
+			t.Fatalf("round %d: claims held for the dead handler %s after the kill (grace %s): %v, %v\ncrustd log:\n%s",
+				killed, time.Since(killedAt).Round(time.Millisecond), grace, claimOf(data), claimOf(extra), d.Log())
 		}
 		if heldAtKill {
 			claimsSeen.Add(1)

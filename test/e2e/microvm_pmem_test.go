@@ -166,7 +166,7 @@ func TestMicroVMPmem(t *testing.T) {
 	}
 	// The same claim, held: not released and made again.
 	c1 := getVolume(t, d, tBlank).GetClaim()
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // held over time: nothing may happen in it
 	c2 := getVolume(t, d, tBlank).GetClaim()
 	if c1.GetSandboxId() != name || !proto.Equal(c1, c2) {
 		t.Errorf("the blank pmem volume, in the VM though unmounted, is not held by one claim of %s: %v, then %v", name, c1, c2)

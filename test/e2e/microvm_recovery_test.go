@@ -37,7 +37,7 @@ func TestMicroVMQemuKilled(t *testing.T) {
 	if _, errOut, code := d.crustctl("release", target, "--force"); code != 0 {
 		t.Fatalf("release --force: exit %d: %s", code, errOut)
 	}
-	waitFor(t, 10*time.Second, "crust-microvm to claim its mounted volume again", func() bool {
+	harness.Eventually(t, 10*time.Second, "crust-microvm to claim its mounted volume again", func() bool {
 		return getVolume(t, d, target).GetClaim().GetSandboxId() == name
 	})
 	if got := m.WaitLogValue("crustd ended the claim of a volume mounted in the guest; claimed it again", "reason"); got != "RELEASE_REASON_FORCED" {

@@ -158,9 +158,9 @@ func TestMicroVMHandler(t *testing.T) {
 	qemuPid := m.QemuPid()
 	m.Kill()
 	killed := time.Now()
-	waitFor(t, 10*time.Second, "QEMU to die with crust-microvm", func() bool { return !harness.ProcessAlive(qemuPid) })
+	harness.Eventually(t, 10*time.Second, "QEMU to die with crust-microvm", func() bool { return !harness.ProcessAlive(qemuPid) })
 	// crustd notices the dead handler (its process gone, its endpoint refusing) and releases its claims.
-	waitFor(t, 10*time.Second, "crustd to release the dead handler's claims", func() bool {
+	harness.Eventually(t, 10*time.Second, "crustd to release the dead handler's claims", func() bool {
 		for _, v := range []vol{ext, xfs, ro} {
 			if getVolume(t, d, v.target).GetClaim() != nil {
 				return false
@@ -252,7 +252,7 @@ func TestMicroVMSignalWhileBooting(t *testing.T) {
 		t.Fatal(err)
 	}
 	// QEMU creates its QMP socket at once; the guest answers seconds later.
-	waitFor(t, 30*time.Second, "QEMU to start", func() bool {
+	harness.Eventually(t, 30*time.Second, "QEMU to start", func() bool {
 		_, err := os.Stat(filepath.Join(dir, "qmp.sock"))
 		return err == nil
 	})
@@ -282,17 +282,6 @@ func startMicroVM(t *testing.T, d *daemon, assets, stateDir, name string, volume
 		Name: name, CrustSocket: d.socket, Assets: assets, Volumes: volumes})
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // usage is a volume's usage in bytes and inodes.
 type usage struct {
 	total, used, available int64
@@ -303,34 +292,34 @@ type usage struct {
 // (crustd's connection to a restarted handler may still be backing off).
 func statsOf(t *testing.T, d *daemon, target string) usage {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		out, errOut, code := d.crustctl("stats", target, "-o", "json")
-		if code != 0 {
-			if strings.Contains(errOut, "Unavailable") && time.Now().Before(deadline) {
-				time.Sleep(100 * time.Millisecond)
-				continue
-			}
-			t.Fatalf("stats %s: exit %d: %s", target, code, errOut)
-		}
-		var r crustv1.GetVolumeStatsResponse
-		if err := protojson.Unmarshal([]byte(out), &r); err != nil {
-			t.Fatalf("stats output: %v\n%s", err, out)
-		}
-		if r.GetVolumeCondition().GetAbnormal() {
-			t.Errorf("%s is abnormal: %s", target, r.GetVolumeCondition().GetMessage())
-		}
-		var u usage
-		for _, x := range r.GetUsage() {
-			switch x.GetUnit() {
-			case crustv1.VolumeUsage_UNIT_BYTES:
-				u.total, u.used, u.available = x.GetTotal(), x.GetUsed(), x.GetAvailable()
-			case crustv1.VolumeUsage_UNIT_INODES:
-				u.inodes, u.inodesUsed = x.GetTotal(), x.GetUsed()
-			}
-		}
-		return u
+	ctx, cancel := harness.Context(t, 30*time.Second)
+	defer cancel()
+	var out, errOut string
+	var code int
+	_ = harness.Poll(ctx, func() (bool, error) {
+		out, errOut, code = d.crustctl("stats", target, "-o", "json")
+		return code == 0 || !strings.Contains(errOut, "Unavailable"), nil
+	})
+	if code != 0 {
+		t.Fatalf("stats %s: exit %d: %s", target, code, errOut)
 	}
+	var r crustv1.GetVolumeStatsResponse
+	if err := protojson.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("stats output: %v\n%s", err, out)
+	}
+	if r.GetVolumeCondition().GetAbnormal() {
+		t.Errorf("%s is abnormal: %s", target, r.GetVolumeCondition().GetMessage())
+	}
+	var u usage
+	for _, x := range r.GetUsage() {
+		switch x.GetUnit() {
+		case crustv1.VolumeUsage_UNIT_BYTES:
+			u.total, u.used, u.available = x.GetTotal(), x.GetUsed(), x.GetAvailable()
+		case crustv1.VolumeUsage_UNIT_INODES:
+			u.inodes, u.inodesUsed = x.GetTotal(), x.GetUsed()
+		}
+	}
+	return u
 }
 
 func getVolume(t *testing.T, d *daemon, target string) *crustv1.Volume {

@@ -11,6 +11,7 @@ import (
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/kata"
+	"crust.dev/crust/test/harness"
 )
 
 // TestOneBadEntryDoesNotTakeTheNodeDown: a regular file where one volume's Kata directory belongs, a
@@ -34,7 +35,7 @@ func TestOneBadEntryDoesNotTakeTheNodeDown(t *testing.T) {
 			t.Fatalf("stage %s: exit %d: %s", target, code, errOut)
 		}
 	}
-	d.stop()
+	d.Stop()
 	if err := os.MkdirAll(d.kata, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +45,7 @@ func TestOneBadEntryDoesNotTakeTheNodeDown(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(d.state, "volumes", strings.Repeat("0", 64)+".json"), []byte("{torn"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d.args = append(d.args, "--kata-dir", d.kata)
+	d.Args = append(d.Args, "--kata-dir", d.kata)
 	d.start()
 
 	if err := os.WriteFile(filepath.Join(d.kata, kata.VolumeDirName(odd), "a\xff"), nil, 0o600); err != nil {
@@ -99,7 +100,7 @@ func TestOneBadEntryDoesNotTakeTheNodeDown(t *testing.T) {
 	if out, _, code := d.crustctl("doctor", "-o", "yaml"); code != 3 || !strings.Contains(out, "kind: PROBLEM_KIND_KATA_FOREIGN_ENTRY") {
 		t.Fatalf("doctor -o yaml: exit %d:\n%s", code, out)
 	}
-	_, body := httpGet(t, addr, "/metrics")
+	_, body := harness.HTTPGet(t, addr, "/metrics")
 	for _, reason := range []string{"kata_foreign_entry", "kata_path_too_long", "kata_bad_sandbox_file", "corrupt_record"} {
 		if want := fmt.Sprintf("crust_quarantined_entries{reason=%q} 1", reason); !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
@@ -127,7 +128,7 @@ func TestOneBadEntryDoesNotTakeTheNodeDown(t *testing.T) {
 	if errOut, code := stage(file); code != 0 {
 		t.Fatalf("stage once the file is gone: exit %d: %s", code, errOut)
 	}
-	if _, body := httpGet(t, addr, "/metrics"); !strings.Contains(body, `crust_quarantined_entries{reason="kata_foreign_entry"} 0`) {
+	if _, body := harness.HTTPGet(t, addr, "/metrics"); !strings.Contains(body, `crust_quarantined_entries{reason="kata_foreign_entry"} 0`) {
 		t.Errorf("/metrics still counts a quarantined entry")
 	}
 }

@@ -186,9 +186,9 @@ func TestEncryptionKeyIsSecret(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	d.stop()
-	if !strings.Contains(d.log.String(), "rpc request") {
-		t.Fatalf("crustd logged no requests at debug level:\n%s", d.log)
+	d.Stop()
+	if !strings.Contains(d.Log(), "rpc request") {
+		t.Fatalf("crustd logged no requests at debug level:\n%s", d.Log())
 	}
-	noSecret("crustd's log", d.log.String())
+	noSecret("crustd's log", d.Log())
 }

@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"crust.dev/crust/test/harness"
 )
 
 type identity struct {
@@ -43,7 +45,7 @@ func TestRegistration(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
 
-	// The driver comes up after the registrar.
+	// The driver comes up after the registrar: its lateness is what is under test.
 	time.Sleep(50 * time.Millisecond)
 	dl, err := net.Listen("unix", driverSock)
 	if err != nil {
@@ -55,13 +57,10 @@ func TestRegistration(t *testing.T) {
 	defer ds.Stop()
 
 	regSock := filepath.Join(regDir, "test.crust.dev-reg.sock")
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(regSock); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("no registration socket: %v", err)
-		}
-	}
+	harness.Eventually(t, 10*time.Second, "the registration socket", func() bool {
+		_, err := os.Stat(regSock)
+		return err == nil
+	})
 	conn, err := grpc.NewClient("unix://"+regSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
