@@ -19,9 +19,9 @@ import (
 
 	"crust.dev/crust/internal/daemon"
 	"crust.dev/crust/internal/testutil"
+	"crust.dev/crust/internal/testutil/harness"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/test/harness"
 )
 
 // env is a node for integration tests: a throw-away volume group, the reference LVM driver (deferral

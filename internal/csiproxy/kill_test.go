@@ -21,9 +21,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"crust.dev/crust/internal/recordfile"
+	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/internal/testutil/sandbox"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/test/harness"
 )
 
 // The calls a kill may interrupt, and the sandbox's steps between them.

@@ -11,8 +11,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/test/harness"
 )
 
 // --http-addr serves /healthz, /readyz and /metrics, where every call through the proxy is counted by

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"crust.dev/crust/internal/errdefs"
-	"crust.dev/crust/test/harness"
+	"crust.dev/crust/internal/testutil/harness"
 )
 
 func TestSerialisesOneKey(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/test/harness"
+	"crust.dev/crust/internal/testutil/harness"
 )
 
 // TestStartTime tells a running process from one that exited, a zombie, and a pid with another start

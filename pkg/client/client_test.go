@@ -23,8 +23,8 @@ import (
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/pkg/version"
 	"crust.dev/crust/pkg/handler"
+	"crust.dev/crust/pkg/version"
 )
 
 func mountCap(fs string, flags []string, group string) *csi.VolumeCapability {

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"crust.dev/crust/internal/daemon"
-	"crust.dev/crust/test/harness"
+	"crust.dev/crust/internal/testutil/harness"
 )
 
 // The tests and the example run against a real crustd, in this process (a test may import the daemon; the

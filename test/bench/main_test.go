@@ -42,10 +42,8 @@ import (
 
 	"crust.dev/crust/examples/microvm/initramfs"
 	"crust.dev/crust/examples/microvm/vm"
+	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/examples/microvm/initramfs"
-	"crust.dev/crust/examples/microvm/vm"
-	"crust.dev/crust/test/harness"
 )
 
 func TestMain(m *testing.M) {

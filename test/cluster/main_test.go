@@ -24,7 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"crust.dev/crust/test/harness"
+	"crust.dev/crust/internal/testutil/harness"
 )
 
 // cluster is what the tests reach the running cluster through.

@@ -42,11 +42,11 @@ import (
 
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
+	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/internal/testutil/sandbox"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/test/csisanity/sanityrun"
-	"crust.dev/crust/test/harness"
 )
 
 // deferralExceptions lists csi-sanity tests that pass against the driver but are expected not to pass in

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"crust.dev/crust/internal/daemon"
+	"crust.dev/crust/internal/testutil/harness"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/test/harness"
 )
 
 // crustd is a real crustd in this process for the deferred run, with a watch that counts what it did.

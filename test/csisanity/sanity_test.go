@@ -18,9 +18,9 @@ import (
 
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
+	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/test/csisanity/sanityrun"
-	"crust.dev/crust/test/harness"
 )
 
 // Sizes: whole 4 MiB extents, so that the capacities the driver returns are the ones csi-sanity asks for.

@@ -24,9 +24,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"crust.dev/crust/internal/testutil/harness"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/kata"
-	"crust.dev/crust/test/harness"
 )
 
 // TestLoopDeviceThroughCrustctl stages a real loop device with crustctl over the real socket, sees it in
@@ -482,21 +482,9 @@ func TestVersionAgrees(t *testing.T) {
 		t.Errorf("crustctl version: %q does not say where crustd's version is", out)
 	}
 
-	root := t.TempDir()
 	addr := freeAddr(t)
-	sock := filepath.Join(root, "crust.sock")
-	crustd := exec.Command(filepath.Join(dir, "crustd"), "--crust-socket", sock, "--state-dir", filepath.Join(root, "state"),
-		"--kata-dir", "", "--kubelet-dir", root, "--http-addr", addr)
-	var log strings.Builder
-	crustd.Stderr = &log
-	if err := crustd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = crustd.Process.Signal(syscall.SIGTERM); _ = crustd.Wait() }()
-	if err := waitServing(sock, 20*time.Second); err != nil {
-		t.Fatalf("crustd: %v\n%s", err, log.String())
-	}
-	_, body := httpGet(t, addr, "/metrics")
+	harness.StartCrustd(t, filepath.Join(dir, "crustd"), "--kata-dir", "", "--http-addr", addr)
+	_, body := harness.HTTPGet(t, addr, "/metrics")
 	want := fmt.Sprintf(`crust_build_info{goversion=%q,revision=%q,version=%q} 1`, goVersion, revision, stamped)
 	if !strings.Contains(body, want) {
 		t.Errorf("/metrics lacks %s", want)
@@ -506,7 +494,12 @@ func TestVersionAgrees(t *testing.T) {
 // TestSocketSpellings: --crust-socket, its old name --socket and CRUST_SOCKET all name crustd's socket,
 // for crustd and for crustctl.
 func TestSocketSpellings(t *testing.T) {
-	d := newDaemon(t) // started with --socket, the old name
+	d := newDaemon(t)
+	// crustd itself still takes the old name (and says it is old): start it again with it.
+	d.Stop()
+	d.Args = slices.Clone(d.Args)
+	d.Args[slices.Index(d.Args, "--crust-socket")] = "--socket"
+	d.start()
 	ctl := filepath.Join(binDir, "crustctl")
 	for _, c := range []struct {
 		name string
@@ -524,8 +517,8 @@ func TestSocketSpellings(t *testing.T) {
 			t.Errorf("%s: %v: %s", c.name, err, out)
 		}
 	}
-	if !strings.Contains(d.log.String(), "--socket is an old name of --crust-socket") {
-		t.Errorf("crustd did not warn of --socket:\n%s", d.log)
+	if !strings.Contains(d.Log(), "--socket is an old name of --crust-socket") {
+		t.Errorf("crustd did not warn of --socket:\n%s", d.Log())
 	}
 }
 

@@ -28,9 +28,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/protowire"
 
+	"crust.dev/crust/internal/testutil/harness"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/kata"
-	"crust.dev/crust/test/harness"
 )
 
 // hostileCase is one hostile input: something planted on disk (optional) and a call over crustd's real

@@ -16,10 +16,10 @@ import (
 
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
+	"crust.dev/crust/internal/testutil/harness"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/test/co"
-	"crust.dev/crust/test/harness"
 )
 
 // TestMicroVMIOLimits: a volume context with crust's I/O limit keys (1 MiB/s of writes, 50 operations a

@@ -12,6 +12,7 @@ import (
 
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/critest"
+	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/internal/testutil/katatest"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )

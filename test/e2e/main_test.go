@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"crust.dev/crust/internal/testutil"
+	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/pkg/client"
 )
 
@@ -88,7 +89,7 @@ func (d *daemon) conn() *grpc.ClientConn {
 // crustctl runs the CLI against d and returns stdout, stderr and the exit status.
 func (d *daemon) crustctl(args ...string) (string, string, int) {
 	d.t.Helper()
-	return runAs(d.t, nil, filepath.Join(binDir, "crustctl"), append([]string{"--socket", d.socket}, args...)...)
+	return runAs(d.t, nil, filepath.Join(binDir, "crustctl"), append([]string{"--crust-socket", d.socket}, args...)...)
 }
 
 func runAs(t *testing.T, cred *syscall.Credential, bin string, args ...string) (string, string, int) {

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/test/harness"
+	"crust.dev/crust/internal/testutil/harness"
 )
 
 // statxAttrDAX is STATX_ATTR_DAX: the file's data is accessed directly in (persistent) memory, with no

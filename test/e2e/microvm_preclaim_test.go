@@ -9,8 +9,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"crust.dev/crust/internal/testutil/harness"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/test/harness"
 )
 
 // TestMicroVMGrowsAtMount expands volumes before any sandbox claims them, as kubelet does for a pod that

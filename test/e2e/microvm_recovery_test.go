@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"crust.dev/crust/examples/microvm/handler"
-	"crust.dev/crust/test/harness"
+	"crust.dev/crust/internal/testutil/harness"
 )
 
 // TestMicroVMQemuKilled first forces the release of a volume mounted in a running crust-microvm's guest:

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
-	"crust.dev/crust/test/harness"
+	"crust.dev/crust/internal/testutil/harness"
 )
 
 type identity struct {

@@ -2,8 +2,7 @@
 // crust-microvm sandboxes) on temp directories and waits on their readiness (the gRPC health service, a
 // CSI answer, exec reaching the guest agent) raced against the process's exit, so that a binary that
 // crashes at start fails the test at once with its log; it waits on conditions with a bound (Poll,
-// Eventually), never on a fixed time; and it makes loop devices, short socket directories, kubelet-shaped
-// target paths and the guest assets. The e2e tier runs the binaries on the host; the cluster tier runs
+// Eventually), never on a fixed time; and it makes kubelet-shaped target paths and the guest assets. The e2e tier runs the binaries on the host; the cluster tier runs
 // crust-microvm inside the test node's mount namespace, through a command prefix (nsenter).
 package harness
 
@@ -23,7 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/examples/microvm/initramfs"
+	"crust.dev/crust/internal/testutil"
 )
 
 // ProcConfig says how to run one of crust's binaries.
@@ -223,7 +222,7 @@ type Crustd struct {
 	*Proc
 	// Root is the directory the others are made in (a test may put more there).
 	Root string
-	// Socket, StateDir, KataDir and KubeletDir are its --socket, --state-dir, --kata-dir and
+	// Socket, StateDir, KataDir and KubeletDir are its --crust-socket, --state-dir, --kata-dir and
 	// --kubelet-dir; KubeletDir/pods exists.
 	Socket, StateDir, KataDir, KubeletDir string
 }
@@ -233,7 +232,7 @@ type Crustd struct {
 func StartCrustd(t testing.TB, bin string, extra ...string) *Crustd {
 	t.Helper()
 	// a directory of its own under a short one, so that a test may open it (and its parent) to other uids
-	root := filepath.Join(SocketDir(t), "crustd")
+	root := filepath.Join(testutil.SocketDir(t), "crustd")
 	d := &Crustd{
 		Root:       root,
 		Socket:     filepath.Join(root, "run", "crust.sock"),
@@ -245,7 +244,7 @@ func StartCrustd(t testing.TB, bin string, extra ...string) *Crustd {
 		t.Fatal(err)
 	}
 	args := append([]string{
-		"--socket", d.Socket, "--state-dir", d.StateDir, "--kata-dir", d.KataDir, "--kubelet-dir", d.KubeletDir,
+		"--crust-socket", d.Socket, "--state-dir", d.StateDir, "--kata-dir", d.KataDir, "--kubelet-dir", d.KubeletDir,
 		"--http-addr", "", "--device-allow", "/dev/loop*",
 	}, extra...)
 	d.Proc = StartProc(t, ProcConfig{Bin: bin, Args: args, Ready: Serving(d.Socket)})
@@ -585,7 +584,8 @@ func buildGuestAssets(t *testing.T, dir string) (string, string, error) {
 		src = filepath.Join(root, "_output", "guest")
 	}
 	t0 := time.Now()
-	if _, err := initramfs.LoadAssets(src, "cloud"); err != nil {
+	// The kernel is what fetch-kernel.sh brings; mkinitramfs checks the rest of what it brings.
+	if _, err := os.Stat(filepath.Join(src, "cloud", "vmlinuz")); err != nil {
 		cmd := exec.Command(filepath.Join(root, "hack", "guest", "fetch-kernel.sh"), src)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
