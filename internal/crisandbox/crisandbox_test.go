@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/kata/katatest"
 	"crust.dev/crust/test/critest"
 	"crust.dev/crust/test/harness"

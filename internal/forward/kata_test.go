@@ -13,9 +13,9 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/internal/errdefs"
 	kataproj "crust.dev/crust/internal/kata"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/kata"
 	"crust.dev/crust/pkg/kata/katatest"
 )

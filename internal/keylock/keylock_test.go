@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 func TestSerialisesOneKey(t *testing.T) {

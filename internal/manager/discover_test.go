@@ -14,9 +14,9 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"crust.dev/crust/internal/crisandbox"
-	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/forward"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 	katafmt "crust.dev/crust/pkg/kata"
 	"crust.dev/crust/pkg/kata/katatest"
 	"crust.dev/crust/test/critest"

@@ -33,13 +33,13 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/hostdev"
 	"crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/keylock"
 	"crust.dev/crust/internal/store"
 	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // Forwarder reaches the runtime handler that claimed a volume, for stats and expansion.

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 	katafmt "crust.dev/crust/pkg/kata"
 )
 

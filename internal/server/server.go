@@ -30,6 +30,7 @@ import (
 	"crust.dev/crust/internal/peercred"
 	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // MaxMessageBytes bounds a request; a descriptor is a few hundred bytes, so this is generous.
@@ -102,7 +103,7 @@ func (ic *interceptors) unary(ctx context.Context, req any, info *grpc.UnaryServ
 		return nil, err
 	}
 	if bad != nil {
-		return nil, toStatus(bad)
+		return nil, errdefs.ToGRPC(bad)
 	}
 	return handler(ctx, req)
 }

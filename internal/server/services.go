@@ -7,11 +7,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/peercred"
 	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // Secret metadata (validate.IsSecretKey, such as encryptionKey) leaves crustd in one answer only: the
@@ -39,14 +39,14 @@ type volumes struct {
 func (s *volumes) StageVolume(ctx context.Context, r *crustv1.StageVolumeRequest) (*crustv1.StageVolumeResponse, error) {
 	v, err := s.m.Stage(ctx, r.GetSpec())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &crustv1.StageVolumeResponse{Volume: validate.RedactVolume(v)}, nil
 }
 
 func (s *volumes) UnstageVolume(ctx context.Context, r *crustv1.UnstageVolumeRequest) (*crustv1.UnstageVolumeResponse, error) {
 	if err := s.m.Unstage(ctx, r.GetVolumeTargetPath()); err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &crustv1.UnstageVolumeResponse{}, nil
 }
@@ -54,7 +54,7 @@ func (s *volumes) UnstageVolume(ctx context.Context, r *crustv1.UnstageVolumeReq
 func (s *volumes) GetVolume(ctx context.Context, r *crustv1.GetVolumeRequest) (*crustv1.GetVolumeResponse, error) {
 	v, err := s.m.Get(ctx, r.GetVolumeTargetPath())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &crustv1.GetVolumeResponse{Volume: validate.RedactVolume(v)}, nil
 }
@@ -68,13 +68,13 @@ const (
 
 func (s *volumes) ListVolumes(ctx context.Context, r *crustv1.ListVolumesRequest) (*crustv1.ListVolumesResponse, error) {
 	if r.GetMaxEntries() < 0 {
-		return nil, toStatus(errdefs.Field("max_entries", "is %d; it must not be negative", r.GetMaxEntries()))
+		return nil, errdefs.ToGRPC(errdefs.Field("max_entries", "is %d; it must not be negative", r.GetMaxEntries()))
 	}
 	after := ""
 	if t := r.GetStartingToken(); t != "" {
 		b, err := base64.RawURLEncoding.DecodeString(t)
 		if err != nil || len(b) == 0 || b[0] != '/' {
-			return nil, toStatus(errdefs.Field("starting_token", "%q is not a token crustd issued", t))
+			return nil, errdefs.ToGRPC(errdefs.Field("starting_token", "%q is not a token crustd issued", t))
 		}
 		after = string(b)
 	}
@@ -97,7 +97,7 @@ func (s *volumes) ListVolumes(ctx context.Context, r *crustv1.ListVolumesRequest
 func (s *volumes) GetVolumeStats(ctx context.Context, r *crustv1.GetVolumeStatsRequest) (*crustv1.GetVolumeStatsResponse, error) {
 	resp, err := s.m.Stats(ctx, r.GetVolumeTargetPath())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return resp, nil
 }
@@ -105,7 +105,7 @@ func (s *volumes) GetVolumeStats(ctx context.Context, r *crustv1.GetVolumeStatsR
 func (s *volumes) ExpandVolume(ctx context.Context, r *crustv1.ExpandVolumeRequest) (*crustv1.ExpandVolumeResponse, error) {
 	capacity, err := s.m.Expand(ctx, r.GetVolumeTargetPath(), r.GetRequiredBytes(), r.GetLimitBytes())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &crustv1.ExpandVolumeResponse{CapacityBytes: capacity}, nil
 }
@@ -144,14 +144,14 @@ func (s *runtime) ClaimVolume(ctx context.Context, r *crustv1.ClaimVolumeRequest
 	}
 	v, err := s.m.Claim(ctx, r.GetVolumeTargetPath(), r.GetSandboxId(), r.GetHandlerEndpoint())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &crustv1.ClaimVolumeResponse{Volume: v}, nil
 }
 
 func (s *runtime) ReleaseVolume(ctx context.Context, r *crustv1.ReleaseVolumeRequest) (*crustv1.ReleaseVolumeResponse, error) {
 	if err := s.m.Release(ctx, r.GetVolumeTargetPath(), r.GetSandboxId(), r.GetForce()); err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &crustv1.ReleaseVolumeResponse{}, nil
 }
@@ -165,7 +165,7 @@ func (s *runtime) WatchVolumes(r *crustv1.WatchVolumesRequest, stream grpc.Serve
 			return nil
 		case ev, ok := <-w.Events():
 			if !ok {
-				return toStatus(w.Err())
+				return errdefs.ToGRPC(w.Err())
 			}
 			if err := stream.Send(redactEvent(ev)); err != nil {
 				return err

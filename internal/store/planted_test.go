@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/safedir/safedirtest"
 )
 

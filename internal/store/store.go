@@ -83,9 +83,9 @@ import (
 	"strings"
 	"time"
 
-	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/recordfile"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/safedir"
 )
 

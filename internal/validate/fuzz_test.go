@@ -10,8 +10,8 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // FuzzSpec throws arbitrary target paths, mount flags (split on ';'), a metadata pair and a supplemental

@@ -1,8 +1,8 @@
 package validate
 
 import (
-	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // MaxIOLimit is the largest I/O limit accepted, in operations or bytes per second: QEMU's largest throttle

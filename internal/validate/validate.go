@@ -23,9 +23,9 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/hostdev"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // DefaultDeviceAllow is the device allow-list used when Config.DeviceAllow is empty.
