@@ -75,3 +75,16 @@ func (e *FieldError) Is(target error) bool { return target == ErrInvalidArgument
 func Field(field, format string, args ...any) error {
 	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
+
+// New returns a sentinel error with its own text that is of kind: errors.Is holds for it and for kind,
+// and ToGRPC gives it kind's code. A package that names its own failures defines them with New, so that
+// callers and servers know their kind without a table of their own.
+func New(kind error, text string) error { return &kindError{text: text, kind: kind} }
+
+type kindError struct {
+	text string
+	kind error
+}
+
+func (e *kindError) Error() string { return e.text }
+func (e *kindError) Unwrap() error { return e.kind }
