@@ -8,13 +8,14 @@ import (
 	"strings"
 	"testing"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
 )
 
 // With --controller, a class's I/O limits never reach the driver's parameters and come back in the
@@ -30,7 +31,7 @@ func TestControllerIOLimits(t *testing.T) {
 		return ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc", Parameters: params, VolumeCapabilities: []*csi.VolumeCapability{c}})
 	}
 	seen := func() int { d.mu.Lock(); defer d.mu.Unlock(); return len(d.seen) }
-	limits := map[string]string{client.TotalIOPSKey: "50", client.WriteBytesPerSecondKey: "1Mi"}
+	limits := map[string]string{volume.TotalIOPSKey: "50", volume.WriteBytesPerSecondKey: "1Mi"}
 	for _, tc := range []struct {
 		name      string
 		params    map[string]string
@@ -68,14 +69,14 @@ func TestControllerIOLimits(t *testing.T) {
 		})
 	}
 	for _, tc := range []struct{ name, key, value, reason string }{
-		{"not a quantity", client.ReadBytesPerSecondKey, "lots", "is not a quantity"},
-		{"negative", client.WriteIOPSKey, "-3", "is negative"},
-		{"too large", client.TotalBytesPerSecondKey, "2P", "is larger than"},
-		{"total and read", client.ReadIOPSKey, "10", "cannot be set together with " + client.TotalIOPSKey},
+		{"not a quantity", volume.ReadBytesPerSecondKey, "lots", "is not a quantity"},
+		{"negative", volume.WriteIOPSKey, "-3", "is negative"},
+		{"too large", volume.TotalBytesPerSecondKey, "2P", "is larger than"},
+		{"total and read", volume.ReadIOPSKey, "10", "cannot be set together with " + volume.TotalIOPSKey},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := seen()
-			params := map[string]string{DeferKey: "true", client.TotalIOPSKey: "50", tc.key: tc.value}
+			params := map[string]string{DeferKey: "true", volume.TotalIOPSKey: "50", tc.key: tc.value}
 			_, err := create(params, mountCapMode("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER))
 			if s := status.Convert(err); s.Code() != codes.InvalidArgument || !strings.HasPrefix(s.Message(), tc.key+": ") ||
 				!strings.Contains(s.Message(), tc.reason) {
@@ -98,7 +99,7 @@ func TestNodeIOLimits(t *testing.T) {
 	ctx := context.Background()
 	r, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-limits", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
 		VolumeCapabilities: []*csi.VolumeCapability{mountCap()},
-		Parameters:         map[string]string{DeferKey: "true", client.ReadIOPSKey: "100", client.TotalBytesPerSecondKey: "10Mi"}})
+		Parameters:         map[string]string{DeferKey: "true", volume.ReadIOPSKey: "100", volume.TotalBytesPerSecondKey: "10Mi"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,17 +111,17 @@ func TestNodeIOLimits(t *testing.T) {
 	staging, target := e.staging("pv-limits"), e.target(uid, "pv-limits")
 
 	bad := podContext(vol, "ns", "vm", uid)
-	bad[client.WriteIOPSKey] = "1.5"
+	bad[volume.WriteIOPSKey] = "1.5"
 	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
 		VolumeCapability: xfsCap(""), VolumeContext: bad}); status.Code(err) != codes.InvalidArgument ||
-		!strings.Contains(status.Convert(err).Message(), client.WriteIOPSKey) {
-		t.Fatalf("stage with a bad limit: %v, want INVALID_ARGUMENT naming %s", err, client.WriteIOPSKey)
+		!strings.Contains(status.Convert(err).Message(), volume.WriteIOPSKey) {
+		t.Fatalf("stage with a bad limit: %v, want INVALID_ARGUMENT naming %s", err, volume.WriteIOPSKey)
 	}
-	bad[client.WriteIOPSKey], bad[client.WriteBytesPerSecondKey] = "0", "1Mi" // beside the total: crustd's rule
+	bad[volume.WriteIOPSKey], bad[volume.WriteBytesPerSecondKey] = "0", "1Mi" // beside the total: crustd's rule
 	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
 		TargetPath: target, VolumeCapability: xfsCap(""), VolumeContext: bad}); status.Code(err) != codes.InvalidArgument ||
-		!strings.Contains(status.Convert(err).Message(), client.WriteBytesPerSecondKey+": cannot be set together with "+client.TotalBytesPerSecondKey) {
-		t.Fatalf("publish with exclusive limits: %v, want INVALID_ARGUMENT naming %s", err, client.WriteBytesPerSecondKey)
+		!strings.Contains(status.Convert(err).Message(), volume.WriteBytesPerSecondKey+": cannot be set together with "+volume.TotalBytesPerSecondKey) {
+		t.Fatalf("publish with exclusive limits: %v, want INVALID_ARGUMENT naming %s", err, volume.WriteBytesPerSecondKey)
 	}
 	if _, err := os.Stat(target); !os.IsNotExist(err) {
 		t.Errorf("a refused publish made the target: %v", err)

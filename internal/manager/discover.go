@@ -2,8 +2,9 @@ package manager
 
 import (
 	"context"
-	"path/filepath"
 	"strings"
+
+	"crust.dev/crust/pkg/volume"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -140,20 +141,10 @@ func (m *Manager) podUID(v *crustv1.Volume) string {
 	if !kata.Projects(v.GetSpec()) {
 		return ""
 	}
-	if uid := podDirOf(m.cfg.KubeletDir, v.GetSpec().GetVolumeTargetPath()); uid != "" {
+	if uid := volume.PodDirUID(m.cfg.KubeletDir, v.GetSpec().GetVolumeTargetPath()); uid != "" {
 		return uid
 	}
 	return v.GetSpec().GetPodUid()
-}
-
-// podDirOf is the name of the pod directory under <kubeletDir>/pods that holds target, or "".
-func podDirOf(kubeletDir, target string) string {
-	rel, err := filepath.Rel(filepath.Join(kubeletDir, "pods"), target)
-	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
-		return ""
-	}
-	uid, _, _ := strings.Cut(rel, string(filepath.Separator))
-	return uid
 }
 
 // forgetNotes forgets what was logged of target (it is unstaged).

@@ -29,6 +29,8 @@ import (
 	"sync"
 	"time"
 
+	"crust.dev/crust/pkg/volume"
+
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -611,7 +613,7 @@ func (m *Manager) CollectGarbage(ctx context.Context) []string {
 	var gone []string
 	for _, v := range m.List(ctx) {
 		target := v.GetSpec().GetVolumeTargetPath()
-		uid := podDirOf(m.cfg.KubeletDir, target)
+		uid := volume.PodDirUID(m.cfg.KubeletDir, target)
 		if uid == "" {
 			continue
 		}

@@ -4,24 +4,25 @@ import (
 	"context"
 	"encoding/base64"
 
+	"crust.dev/crust/pkg/volume"
+
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/peercred"
-	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/errdefs"
 )
 
-// Secret metadata (validate.IsSecretKey, such as encryptionKey) leaves crustd in one answer only: the
+// Secret metadata (volume.IsSecretKey, such as encryptionKey) leaves crustd in one answer only: the
 // ClaimVolume answer, to the handler that attaches the volume and needs the key. StageVolume, GetVolume,
-// ListVolumes and WatchVolumes answer it as validate.Redacted: the key is there, its value is not.
+// ListVolumes and WatchVolumes answer it as volume.Redacted: the key is there, its value is not.
 
 // redactEvent returns ev, or a copy of it whose volume's secret metadata values are redacted. Events are
 // shared by every watcher, so ev itself is never changed.
 func redactEvent(ev *crustv1.WatchVolumesResponse) *crustv1.WatchVolumesResponse {
-	v := validate.RedactVolume(ev.GetVolume())
+	v := volume.RedactVolume(ev.GetVolume())
 	if v == ev.GetVolume() {
 		return ev
 	}
@@ -41,7 +42,7 @@ func (s *volumes) StageVolume(ctx context.Context, r *crustv1.StageVolumeRequest
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
-	return &crustv1.StageVolumeResponse{Volume: validate.RedactVolume(v)}, nil
+	return &crustv1.StageVolumeResponse{Volume: volume.RedactVolume(v)}, nil
 }
 
 func (s *volumes) UnstageVolume(ctx context.Context, r *crustv1.UnstageVolumeRequest) (*crustv1.UnstageVolumeResponse, error) {
@@ -56,7 +57,7 @@ func (s *volumes) GetVolume(ctx context.Context, r *crustv1.GetVolumeRequest) (*
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
-	return &crustv1.GetVolumeResponse{Volume: validate.RedactVolume(v)}, nil
+	return &crustv1.GetVolumeResponse{Volume: volume.RedactVolume(v)}, nil
 }
 
 // Paging of ListVolumes: a page holds at most listPageEntries descriptors (or max_entries, when smaller)
@@ -84,7 +85,7 @@ func (s *volumes) ListVolumes(ctx context.Context, r *crustv1.ListVolumesRequest
 	}
 	vols, more := s.m.ListPage(ctx, after, n, listPageBytes)
 	for i, v := range vols {
-		vols[i] = validate.RedactVolume(v)
+		vols[i] = volume.RedactVolume(v)
 	}
 	resp := &crustv1.ListVolumesResponse{Volumes: vols}
 	if more && len(vols) > 0 {
