@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/pkg/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -141,6 +142,21 @@ func TestNodeIOLimits(t *testing.T) {
 	got, err := e.crust.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: target})
 	if want := (&crustv1.IOLimits{ReadIops: 100, TotalBytesPerSecond: 10 << 20}); err != nil || !proto.Equal(got.GetVolume().GetSpec().GetIoLimits(), want) {
 		t.Fatalf("descriptor %v, %v; want io_limits %v", got, err, want)
+	}
+	// One builder: the driver's own call to pkg/client with the same request deposits the same descriptor,
+	// so crustd takes it as a repeat (another descriptor would be ALREADY_EXISTS) and keeps what it holds.
+	direct, err := client.New(e.crustSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = direct.Close() }()
+	if _, err := direct.Publish(ctx, pub, got.GetVolume().GetSpec().GetVolumeBackingPath(), client.CreateFilesystem(),
+		client.DriverName(e.driverName)); err != nil {
+		t.Fatalf("the same publish through pkg/client: %v", err)
+	}
+	again, err := e.crust.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: target})
+	if err != nil || !proto.Equal(again.GetVolume().GetSpec(), got.GetVolume().GetSpec()) {
+		t.Fatalf("after the direct publish: %v, %v; want %v", again, err, got)
 	}
 	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: target}); err != nil {
 		t.Fatal(err)

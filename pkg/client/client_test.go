@@ -442,3 +442,30 @@ func TestUnavailable(t *testing.T) {
 		t.Fatalf("got %v, want Unavailable", err)
 	}
 }
+
+// What the CSI proxy used to add to a descriptor after the fact is StageRequest's own: a reader-only
+// access mode makes it read-only, and a target path of kubelet's shape gives the pod UID when the volume
+// context does not (and does not override one it gives).
+func TestStageRequestReadOnlyAndPodUID(t *testing.T) {
+	const target = "/var/lib/kubelet/pods/0e0e0e0e-0000-4000-8000-00000000000b/volumes/kubernetes.io~csi/pv-1/mount"
+	for _, mode := range []csi.VolumeCapability_AccessMode_Mode{
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY, csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY,
+	} {
+		vc := mountCap("xfs", nil, "")
+		vc.AccessMode.Mode = mode
+		req, err := client.StageRequest(publishReq(target, vc, nil), "/dev/x")
+		if err != nil || !req.GetSpec().GetReadOnly() || !client.ReadOnly(publishReq(target, vc, nil)) {
+			t.Errorf("%v: %v, read_only %v; want read-only", mode, err, req.GetSpec().GetReadOnly())
+		}
+		if got := req.GetSpec().GetPodUid(); got != "0e0e0e0e-0000-4000-8000-00000000000b" {
+			t.Errorf("pod_uid %q, want the target path's", got)
+		}
+	}
+	req, err := client.StageRequest(publishReq(target, mountCap("", nil, ""), map[string]string{volume.PodUIDKey: "u-1"}), "/dev/x")
+	if err != nil || req.GetSpec().GetPodUid() != "u-1" || req.GetSpec().GetReadOnly() {
+		t.Errorf("%v, pod_uid %q, read_only %v; want the context's pod UID, read-write", err, req.GetSpec().GetPodUid(), req.GetSpec().GetReadOnly())
+	}
+	if req, err := client.StageRequest(publishReq("/mnt/x", mountCap("", nil, ""), nil), "/dev/x"); err != nil || req.GetSpec().GetPodUid() != "" {
+		t.Errorf("%v, pod_uid %q for a path of no kubelet shape", err, req.GetSpec().GetPodUid())
+	}
+}
