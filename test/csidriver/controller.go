@@ -358,7 +358,7 @@ func checkCapability(field string, c *csi.VolumeCapability) error {
 	return nil
 }
 
-// checkParameters accepts crust.dev/defer (a boolean), crust's I/O limit keys (quantities, client.IOLimits)
+// checkParameters accepts crust.dev/defer (a boolean), crust's I/O limit keys (quantities, volume.ParseIOLimits)
 // and the csi.storage.k8s.io/ keys provisioners add, and returns the volume context to hand to the node:
 // the defer and I/O limit keys that are given.
 func checkParameters(params map[string]string) (map[string]string, error) {
