@@ -336,14 +336,14 @@ func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...Publ
 	}
 	vc := req.GetVolumeCapability()
 	if vc == nil {
-		return nil, status.Error(codes.InvalidArgument, "volume_capability: is required")
+		return nil, errdefs.ToGRPC(errdefs.Field("volume_capability", "is required"))
 	}
 	mnt := vc.GetMount()
 	if mnt == nil && vc.GetBlock() == nil {
-		return nil, status.Error(codes.InvalidArgument, "volume_capability: has neither a mount nor a block access type")
+		return nil, errdefs.ToGRPC(errdefs.Field("volume_capability", "has neither a mount nor a block access type"))
 	}
 	if device == "" {
-		return nil, status.Error(codes.InvalidArgument, "device: is required (the block device to defer)")
+		return nil, errdefs.ToGRPC(errdefs.Field("device", "is required (the block device to defer)"))
 	}
 	spec := &crustv1.VolumeSpec{
 		VolumeTargetPath:  req.GetTargetPath(),
@@ -380,8 +380,8 @@ func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...Publ
 			spec.FsType = volume.DefaultFSType
 		}
 	case spec.VolumeMode != crustv1.VolumeMode_VOLUME_MODE_BLOCK:
-		return nil, status.Error(codes.InvalidArgument, "volume_capability: a block volume is deferred only with the "+
-			"RawBlock option; without it, publish it on the host: the runtime hands the device to the sandbox itself")
+		return nil, errdefs.ToGRPC(errdefs.Field("volume_capability", "a block volume is deferred only with the "+
+			"RawBlock option; without it, publish it on the host: the runtime hands the device to the sandbox itself"))
 	default:
 		spec.FsType, spec.CreateFilesystem = "", false // filesystem options mean nothing for a raw device
 	}
@@ -426,8 +426,7 @@ func mountFields(spec *crustv1.VolumeSpec, mnt *csi.VolumeCapability_MountVolume
 	if g := mnt.GetVolumeMountGroup(); g != "" {
 		gid, err := strconv.ParseInt(g, 10, 64)
 		if err != nil {
-			return status.Errorf(codes.InvalidArgument,
-				"volume_capability.mount.volume_mount_group: %q is not a group id", g)
+			return errdefs.ToGRPC(errdefs.Field("volume_capability.mount.volume_mount_group", "%q is not a group id", g))
 		}
 		spec.VolumeSupplementalGroup = &gid
 	}
@@ -438,7 +437,7 @@ func mountFields(spec *crustv1.VolumeSpec, mnt *csi.VolumeCapability_MountVolume
 func required(pairs ...string) error {
 	for i := 0; i+1 < len(pairs); i += 2 {
 		if pairs[i+1] == "" {
-			return status.Errorf(codes.InvalidArgument, "%s: is required", pairs[i])
+			return errdefs.ToGRPC(errdefs.Field(pairs[i], "is required"))
 		}
 	}
 	return nil
