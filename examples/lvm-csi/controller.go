@@ -11,13 +11,14 @@ import (
 	"strconv"
 	"strings"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"crust.dev/crust/examples/lvm-csi/internal/lvm"
-	"crust.dev/crust/pkg/client"
 )
 
 // volumeTag marks the logical volumes the driver made; it never touches others.
@@ -25,9 +26,6 @@ const volumeTag = "crust-csi"
 
 // filesystemTag marks a volume created with mount capabilities only (see Config.StrictAccessType).
 const filesystemTag = "crust-csi-fs"
-
-// fsTypes are the filesystems a mount volume may have.
-var fsTypes = map[string]bool{"ext4": true, "ext3": true, "xfs": true}
 
 // VolumeID returns the volume id, which is the logical volume's name, of the volume CreateVolume makes
 // for a CSI name: "csi-" and 40 hex digits of the name's SHA-256, so that any CSI name (up to 128 bytes
@@ -350,8 +348,9 @@ func checkCapability(field string, c *csi.VolumeCapability) error {
 	switch {
 	case c.GetBlock() != nil:
 	case c.GetMount() != nil:
-		if t := c.GetMount().GetFsType(); t != "" && !fsTypes[t] {
-			return status.Errorf(codes.InvalidArgument, "%s.mount.fs_type: %q is not one of ext4, ext3, xfs", field, t)
+		if t := c.GetMount().GetFsType(); t != "" && !volume.IsFormattedFSType(t) {
+			return status.Errorf(codes.InvalidArgument, "%s.mount.fs_type: %q is not one of %s", field, t,
+				strings.Join(volume.FormattedFSTypes(), ", "))
 		}
 	default:
 		return status.Errorf(codes.InvalidArgument, "%s.access_type: is required (mount or block)", field)
@@ -359,27 +358,27 @@ func checkCapability(field string, c *csi.VolumeCapability) error {
 	return nil
 }
 
-// checkParameters accepts crust.dev/defer (a boolean), crust's I/O limit keys (quantities, client.IOLimits)
+// checkParameters accepts crust.dev/defer (a boolean), crust's I/O limit keys (quantities, volume.ParseIOLimits)
 // and the csi.storage.k8s.io/ keys provisioners add, and returns the volume context to hand to the node:
 // the defer and I/O limit keys that are given.
 func checkParameters(params map[string]string) (map[string]string, error) {
 	volCtx := map[string]string{}
 	for k, v := range params {
 		switch {
-		case k == client.DeferKey:
+		case k == volume.DeferKey:
 			if _, err := strconv.ParseBool(strings.TrimSpace(v)); err != nil {
 				return nil, status.Errorf(codes.InvalidArgument, "parameters[%q]: %q is not true or false", k, v)
 			}
 			volCtx[k] = v
-		case client.IsIOLimitKey(k):
-			if _, err := client.IOLimits(map[string]string{k: v}); err != nil {
+		case volume.IsIOLimitKey(k):
+			if _, err := volume.ParseIOLimits(map[string]string{k: v}); err != nil {
 				return nil, status.Errorf(codes.InvalidArgument, "parameters[%q]: %s", k, strings.TrimPrefix(status.Convert(err).Message(), k+": "))
 			}
 			volCtx[k] = v
 		case strings.HasPrefix(k, "csi.storage.k8s.io/"):
 		default:
-			return nil, status.Errorf(codes.InvalidArgument, "parameters[%q]: unknown parameter (known: %s, %s)", k, client.DeferKey,
-				strings.Join(client.IOLimitKeys(), ", "))
+			return nil, status.Errorf(codes.InvalidArgument, "parameters[%q]: unknown parameter (known: %s, %s)", k, volume.DeferKey,
+				strings.Join(volume.IOLimitKeys(), ", "))
 		}
 	}
 	if len(volCtx) == 0 {

@@ -8,8 +8,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
+
+	"crust.dev/crust/pkg/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -17,7 +20,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	mount "k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
@@ -104,10 +106,11 @@ func New(cfg Config) (*Driver, error) {
 		cfg.NodeID = h
 	}
 	if cfg.DefaultFSType == "" {
-		cfg.DefaultFSType = "ext4"
+		cfg.DefaultFSType = volume.DefaultFSType
 	}
-	if !fsTypes[cfg.DefaultFSType] {
-		return nil, fmt.Errorf("csidriver: default fs type %q is not one of ext4, ext3, xfs", cfg.DefaultFSType)
+	if !volume.IsFormattedFSType(cfg.DefaultFSType) {
+		return nil, fmt.Errorf("csidriver: default fs type %q is not one of %s", cfg.DefaultFSType,
+			strings.Join(volume.FormattedFSTypes(), ", "))
 	}
 	if cfg.DefaultCapacity <= 0 {
 		cfg.DefaultCapacity = 128 << 20
@@ -248,7 +251,7 @@ func (d *Driver) logCall(ctx context.Context, req any, info *grpc.UnaryServerInf
 	resp, err := handler(ctx, req)
 	attrs := []any{"method", info.FullMethod, "code", status.Code(err).String(), "duration", time.Since(start)}
 	if m, ok := req.(proto.Message); ok && d.log.Enabled(ctx, slog.LevelDebug) {
-		attrs = append(attrs, "request", prototext.MarshalOptions{}.Format(StripSecrets(m)))
+		attrs = append(attrs, "request", prototext.MarshalOptions{}.Format(volume.StripSecrets(m)))
 	}
 	if err != nil {
 		d.log.Warn("csi call failed", append(attrs, "error", status.Convert(err).Message())...)
@@ -256,53 +259,6 @@ func (d *Driver) logCall(ctx context.Context, req any, info *grpc.UnaryServerInf
 		d.log.Info("csi call", attrs...)
 	}
 	return resp, err
-}
-
-// Stripped is what StripSecrets puts in place of each secret value.
-const Stripped = "***stripped***"
-
-// StripSecrets returns a copy of m, for logging, in which every field the CSI spec marks csi_secret (at
-// any depth) has each value replaced by Stripped. m itself is not changed.
-func StripSecrets(m proto.Message) proto.Message {
-	c := proto.Clone(m)
-	strip(c.ProtoReflect())
-	return c
-}
-
-func strip(m protoreflect.Message) {
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		if secret, _ := proto.GetExtension(fd.Options(), csi.E_CsiSecret).(bool); secret {
-			switch {
-			case fd.IsMap():
-				mp := m.Mutable(fd).Map()
-				var keys []protoreflect.MapKey
-				mp.Range(func(k protoreflect.MapKey, _ protoreflect.Value) bool { keys = append(keys, k); return true })
-				for _, k := range keys {
-					if fd.MapValue().Kind() == protoreflect.StringKind {
-						mp.Set(k, protoreflect.ValueOfString(Stripped))
-					} else {
-						mp.Clear(k)
-					}
-				}
-			case fd.Kind() == protoreflect.StringKind && !fd.IsList():
-				m.Set(fd, protoreflect.ValueOfString(Stripped))
-			default:
-				m.Clear(fd)
-			}
-			return true
-		}
-		switch {
-		case fd.IsMap() && fd.MapValue().Kind() == protoreflect.MessageKind:
-			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool { strip(mv.Message()); return true })
-		case fd.IsList() && fd.Kind() == protoreflect.MessageKind:
-			for i := 0; i < v.List().Len(); i++ {
-				strip(v.List().Get(i).Message())
-			}
-		case !fd.IsMap() && !fd.IsList() && fd.Kind() == protoreflect.MessageKind:
-			strip(v.Message())
-		}
-		return true
-	})
 }
 
 // keyLocks is a set of keys with a call in flight.

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -156,15 +158,15 @@ func TestDeferral(t *testing.T) {
 	cv, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{
 		Name: "pvc-deferred", CapacityRange: &csi.CapacityRange{RequiredBytes: 320 << 20},
 		VolumeCapabilities: []*csi.VolumeCapability{mountCap("", "")},
-		Parameters: map[string]string{client.DeferKey: "true", "csi.storage.k8s.io/pvc/name": "data",
-			client.TotalIOPSKey: "50", client.WriteBytesPerSecondKey: "1Mi"},
+		Parameters: map[string]string{volume.DeferKey: "true", "csi.storage.k8s.io/pvc/name": "data",
+			volume.TotalIOPSKey: "50", volume.WriteBytesPerSecondKey: "1Mi"},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	vol := cv.GetVolume()
-	if vc := vol.GetVolumeContext(); vc[client.DeferKey] != "true" || vc[client.TotalIOPSKey] != "50" ||
-		vc[client.WriteBytesPerSecondKey] != "1Mi" || vol.GetCapacityBytes() != 320<<20 {
+	if vc := vol.GetVolumeContext(); vc[volume.DeferKey] != "true" || vc[volume.TotalIOPSKey] != "50" ||
+		vc[volume.WriteBytesPerSecondKey] != "1Mi" || vol.GetCapacityBytes() != 320<<20 {
 		t.Fatalf("created %v", vol)
 	}
 	const uid = "cccccccc-0000-4000-8000-000000000001"
@@ -173,7 +175,7 @@ func TestDeferral(t *testing.T) {
 		t.Fatal(err)
 	}
 	target, staging := filepath.Join(podDir, "mount"), filepath.Join(t.TempDir(), "staging")
-	volCtx := map[string]string{client.PodUIDKey: uid, client.PodNameKey: "db-0", client.PodNamespaceKey: "shop"}
+	volCtx := map[string]string{volume.PodUIDKey: uid, volume.PodNameKey: "db-0", volume.PodNamespaceKey: "shop"}
 	maps.Copy(volCtx, vol.GetVolumeContext()) // as kubelet passes the PersistentVolume's attributes
 	c := mountCap("", "2000")
 
@@ -206,7 +208,7 @@ func TestDeferral(t *testing.T) {
 	s := gv.GetVolume().GetSpec()
 	if s.GetVolumeBackingPath() != "/dev/"+vg.Name+"/"+vol.GetVolumeId() || !s.GetCreateFilesystem() || s.GetFsType() != "xfs" ||
 		s.GetVolumeSupplementalGroup() != 2000 || s.GetCsiDriver() != csidriver.DefaultName || s.GetPodUid() != uid ||
-		s.GetMetadata()[client.PodNameKey] != "db-0" ||
+		s.GetMetadata()[volume.PodNameKey] != "db-0" ||
 		!proto.Equal(s.GetIoLimits(), &crustv1.IOLimits{TotalIops: 50, WriteBytesPerSecond: 1 << 20}) {
 		t.Errorf("deposited %v", s)
 	}
@@ -294,7 +296,7 @@ func TestDeferral(t *testing.T) {
 
 	// A block volume is never deferred, and neither is anything when the driver has no crust socket.
 	cb, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-block",
-		VolumeCapabilities: []*csi.VolumeCapability{blockCap()}, Parameters: map[string]string{client.DeferKey: "true"}})
+		VolumeCapabilities: []*csi.VolumeCapability{blockCap()}, Parameters: map[string]string{volume.DeferKey: "true"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,7 +324,7 @@ func TestHostMount(t *testing.T) {
 	d := startDriver(t, vg, csidriver.Config{})
 	ctx := ctxT(t)
 	cv, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-host", CapacityRange: &csi.CapacityRange{RequiredBytes: 320 << 20},
-		VolumeCapabilities: []*csi.VolumeCapability{mountCap("xfs", "")}, Parameters: map[string]string{client.DeferKey: "true"}})
+		VolumeCapabilities: []*csi.VolumeCapability{mountCap("xfs", "")}, Parameters: map[string]string{volume.DeferKey: "true"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -429,8 +431,8 @@ func TestControllerRules(t *testing.T) {
 	}
 	_, err = d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "d", VolumeCapabilities: caps, Parameters: map[string]string{"speed": "fast"}})
 	wantCode(t, "unknown parameter", err, codes.InvalidArgument)
-	_, err = d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "d", VolumeCapabilities: caps, Parameters: map[string]string{client.ReadIOPSKey: "-5"}})
-	if wantCode(t, "negative I/O limit", err, codes.InvalidArgument); !strings.Contains(status.Convert(err).Message(), client.ReadIOPSKey) {
+	_, err = d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "d", VolumeCapabilities: caps, Parameters: map[string]string{volume.ReadIOPSKey: "-5"}})
+	if wantCode(t, "negative I/O limit", err, codes.InvalidArgument); !strings.Contains(status.Convert(err).Message(), volume.ReadIOPSKey) {
 		t.Errorf("the refusal does not name the parameter: %v", err)
 	}
 	_, err = d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "d", VolumeCapabilities: []*csi.VolumeCapability{{

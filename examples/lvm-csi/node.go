@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -48,7 +50,7 @@ func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.Nod
 
 // deferred reports whether a mount volume with this context is deferred to crust.
 func (d *Driver) deferred(volCtx map[string]string, c *csi.VolumeCapability) bool {
-	return d.crust != nil && c.GetMount() != nil && client.Deferred(volCtx)
+	return d.crust != nil && c.GetMount() != nil && volume.Deferred(volCtx)
 }
 
 // held reports whether crustd holds a descriptor at path (false when deferral is off).

@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/critest"
 	"crust.dev/crust/internal/testutil/katatest"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 func newFinder(t *testing.T, endpoint string, dirs ...string) *Finder {

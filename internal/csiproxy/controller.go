@@ -4,11 +4,11 @@ import (
 	"context"
 	"maps"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
-
-	"crust.dev/crust/pkg/client"
 )
 
 // controllerServer is the Controller service of a proxy run with --controller, in front of the driver's
@@ -25,7 +25,7 @@ import (
 //     block volumes are never deferred.
 //   - crust.dev/defer is crust's, not the driver's: it is removed from the parameters the driver sees, so
 //     a driver that refuses parameters it does not know still serves a deferring class.
-//   - crust's I/O limit keys (client.IOLimitKeys) are checked as crustd will check them, and a bad value
+//   - crust's I/O limit keys (volume.IOLimitKeys) are checked as crustd will check them, and a bad value
 //     is refused with InvalidArgument naming the parameter before the driver is asked anything; they too
 //     are removed from the driver's parameters, and copied as given into the response's volume context,
 //     whence the node proxy carries them into the descriptor.
@@ -41,7 +41,7 @@ type controllerServer struct {
 func (s *controllerServer) CreateVolume(ctx context.Context, r *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	ours := map[string]string{} // crust's parameters, for the volume context
 	for k, v := range r.GetParameters() {
-		if k == client.DeferKey || client.IsIOLimitKey(k) {
+		if volume.IsParameterKey(k) {
 			ours[k] = v
 		}
 	}
@@ -52,10 +52,10 @@ func (s *controllerServer) CreateVolume(ctx context.Context, r *csi.CreateVolume
 		return nil, err
 	}
 	deferred := DeferRequested(r.GetParameters())
-	delete(ours, client.DeferKey)
+	delete(ours, volume.DeferKey)
 	br := proto.Clone(r).(*csi.CreateVolumeRequest)
 	br.Parameters = maps.Clone(r.GetParameters())
-	maps.DeleteFunc(br.Parameters, func(k, _ string) bool { return k == client.DeferKey || client.IsIOLimitKey(k) })
+	maps.DeleteFunc(br.Parameters, func(k, _ string) bool { return volume.IsParameterKey(k) })
 	if deferred = deferred && allMount(r.GetVolumeCapabilities()); deferred {
 		br.VolumeCapabilities = nil
 		seen := map[csi.VolumeCapability_AccessMode_Mode]bool{}
@@ -75,7 +75,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, r *csi.CreateVolume
 	}
 	maps.Copy(resp.Volume.VolumeContext, ours)
 	if deferred {
-		resp.Volume.VolumeContext[client.DeferKey] = "true"
+		resp.Volume.VolumeContext[volume.DeferKey] = "true"
 	}
 	return resp, nil
 }

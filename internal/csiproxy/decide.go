@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"crust.dev/crust/pkg/client"
@@ -14,11 +16,11 @@ import (
 const (
 	// DeferKey in a volume context (from the StorageClass, through the driver's CreateVolume) asks for
 	// deferral; a true value (strconv.ParseBool: "true", "True", "1", ...) turns it on.
-	DeferKey = client.DeferKey
+	DeferKey = volume.DeferKey
 
-	podNameKey      = client.PodNameKey
-	podNamespaceKey = client.PodNamespaceKey
-	podUIDKey       = client.PodUIDKey
+	podNameKey      = volume.PodNameKey
+	podNamespaceKey = volume.PodNamespaceKey
+	podUIDKey       = volume.PodUIDKey
 )
 
 // Decision is what the proxy does with a NodePublishVolume.
@@ -61,8 +63,8 @@ type PodSource interface {
 // errPodNotSeen is returned when the pod named in the volume context is not (yet) in the cache.
 var errPodNotSeen = errors.New("pod not yet in the proxy's cache")
 
-// DeferRequested reports whether a volume context asks for deferral (client.Deferred).
-func DeferRequested(volumeContext map[string]string) bool { return client.Deferred(volumeContext) }
+// DeferRequested reports whether a volume context asks for deferral (volume.Deferred).
+func DeferRequested(volumeContext map[string]string) bool { return volume.Deferred(volumeContext) }
 
 // isMount reports whether a capability is a mount (filesystem) capability.
 func isMount(c *csi.VolumeCapability) bool { return c.GetMount() != nil }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
@@ -15,8 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
-
-	"crust.dev/crust/pkg/client"
 )
 
 // fakePods is a PodSource from maps.
@@ -162,7 +162,7 @@ func TestClassDefers(t *testing.T) {
 		pv("no-class", "d.example", "h3", ""),
 		pv("gone-class", "d.example", "h4", "deleted"),
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "deferring"}, Provisioner: "d.example",
-			Parameters: map[string]string{DeferKey: "true", client.TotalIOPSKey: "50", client.ReadBytesPerSecondKey: "1Mi", "type": "ssd"}},
+			Parameters: map[string]string{DeferKey: "true", volume.TotalIOPSKey: "50", volume.ReadBytesPerSecondKey: "1Mi", "type": "ssd"}},
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "plain"}, Provisioner: "d.example"},
 	)
 	ip := syncedInformers(ctx, t, cs)
@@ -207,8 +207,8 @@ func TestClassDefers(t *testing.T) {
 	for _, tc := range []struct {
 		ctx, want map[string]string
 	}{
-		{map[string]string{"x": "y", client.ReadBytesPerSecondKey: "2Mi"},
-			map[string]string{"x": "y", DeferKey: "true", client.TotalIOPSKey: "50", client.ReadBytesPerSecondKey: "2Mi"}},
+		{map[string]string{"x": "y", volume.ReadBytesPerSecondKey: "2Mi"},
+			map[string]string{"x": "y", DeferKey: "true", volume.TotalIOPSKey: "50", volume.ReadBytesPerSecondKey: "2Mi"}},
 		{map[string]string{DeferKey: "true"}, map[string]string{DeferKey: "true"}},
 	} {
 		before := maps.Clone(tc.ctx)

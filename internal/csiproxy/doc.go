@@ -16,7 +16,7 @@
 // same socket, and methods newer than this build) are forwarded as raw frames. Requests are logged through
 // one interceptor; fields CSI marks csi_secret, and values of secret-looking keys in volume_context,
 // publish_context and parameters (service account tokens, an encryptionKey), are replaced by
-// "***stripped***" before anything is logged, and the bodies of raw-forwarded calls are never logged.
+// "<redacted>" (volume.StripSecrets) before anything is logged, and the bodies of raw-forwarded calls are never logged.
 //
 // # Controller
 //

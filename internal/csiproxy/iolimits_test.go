@@ -8,13 +8,15 @@ import (
 	"strings"
 	"testing"
 
+	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
 )
 
 // With --controller, a class's I/O limits never reach the driver's parameters and come back in the
@@ -30,7 +32,7 @@ func TestControllerIOLimits(t *testing.T) {
 		return ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc", Parameters: params, VolumeCapabilities: []*csi.VolumeCapability{c}})
 	}
 	seen := func() int { d.mu.Lock(); defer d.mu.Unlock(); return len(d.seen) }
-	limits := map[string]string{client.TotalIOPSKey: "50", client.WriteBytesPerSecondKey: "1Mi"}
+	limits := map[string]string{volume.TotalIOPSKey: "50", volume.WriteBytesPerSecondKey: "1Mi"}
 	for _, tc := range []struct {
 		name      string
 		params    map[string]string
@@ -68,14 +70,14 @@ func TestControllerIOLimits(t *testing.T) {
 		})
 	}
 	for _, tc := range []struct{ name, key, value, reason string }{
-		{"not a quantity", client.ReadBytesPerSecondKey, "lots", "is not a quantity"},
-		{"negative", client.WriteIOPSKey, "-3", "is negative"},
-		{"too large", client.TotalBytesPerSecondKey, "2P", "is larger than"},
-		{"total and read", client.ReadIOPSKey, "10", "cannot be set together with " + client.TotalIOPSKey},
+		{"not a quantity", volume.ReadBytesPerSecondKey, "lots", "is not a quantity"},
+		{"negative", volume.WriteIOPSKey, "-3", "is negative"},
+		{"too large", volume.TotalBytesPerSecondKey, "2P", "is larger than"},
+		{"total and read", volume.ReadIOPSKey, "10", "cannot be set together with " + volume.TotalIOPSKey},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := seen()
-			params := map[string]string{DeferKey: "true", client.TotalIOPSKey: "50", tc.key: tc.value}
+			params := map[string]string{DeferKey: "true", volume.TotalIOPSKey: "50", tc.key: tc.value}
 			_, err := create(params, mountCapMode("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER))
 			if s := status.Convert(err); s.Code() != codes.InvalidArgument || !strings.HasPrefix(s.Message(), tc.key+": ") ||
 				!strings.Contains(s.Message(), tc.reason) {
@@ -98,7 +100,7 @@ func TestNodeIOLimits(t *testing.T) {
 	ctx := context.Background()
 	r, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-limits", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
 		VolumeCapabilities: []*csi.VolumeCapability{mountCap()},
-		Parameters:         map[string]string{DeferKey: "true", client.ReadIOPSKey: "100", client.TotalBytesPerSecondKey: "10Mi"}})
+		Parameters:         map[string]string{DeferKey: "true", volume.ReadIOPSKey: "100", volume.TotalBytesPerSecondKey: "10Mi"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,17 +112,17 @@ func TestNodeIOLimits(t *testing.T) {
 	staging, target := e.staging("pv-limits"), e.target(uid, "pv-limits")
 
 	bad := podContext(vol, "ns", "vm", uid)
-	bad[client.WriteIOPSKey] = "1.5"
+	bad[volume.WriteIOPSKey] = "1.5"
 	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
 		VolumeCapability: xfsCap(""), VolumeContext: bad}); status.Code(err) != codes.InvalidArgument ||
-		!strings.Contains(status.Convert(err).Message(), client.WriteIOPSKey) {
-		t.Fatalf("stage with a bad limit: %v, want INVALID_ARGUMENT naming %s", err, client.WriteIOPSKey)
+		!strings.Contains(status.Convert(err).Message(), volume.WriteIOPSKey) {
+		t.Fatalf("stage with a bad limit: %v, want INVALID_ARGUMENT naming %s", err, volume.WriteIOPSKey)
 	}
-	bad[client.WriteIOPSKey], bad[client.WriteBytesPerSecondKey] = "0", "1Mi" // beside the total: crustd's rule
+	bad[volume.WriteIOPSKey], bad[volume.WriteBytesPerSecondKey] = "0", "1Mi" // beside the total: crustd's rule
 	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
 		TargetPath: target, VolumeCapability: xfsCap(""), VolumeContext: bad}); status.Code(err) != codes.InvalidArgument ||
-		!strings.Contains(status.Convert(err).Message(), client.WriteBytesPerSecondKey+": cannot be set together with "+client.TotalBytesPerSecondKey) {
-		t.Fatalf("publish with exclusive limits: %v, want INVALID_ARGUMENT naming %s", err, client.WriteBytesPerSecondKey)
+		!strings.Contains(status.Convert(err).Message(), volume.WriteBytesPerSecondKey+": cannot be set together with "+volume.TotalBytesPerSecondKey) {
+		t.Fatalf("publish with exclusive limits: %v, want INVALID_ARGUMENT naming %s", err, volume.WriteBytesPerSecondKey)
 	}
 	if _, err := os.Stat(target); !os.IsNotExist(err) {
 		t.Errorf("a refused publish made the target: %v", err)
@@ -140,6 +142,21 @@ func TestNodeIOLimits(t *testing.T) {
 	got, err := e.crust.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: target})
 	if want := (&crustv1.IOLimits{ReadIops: 100, TotalBytesPerSecond: 10 << 20}); err != nil || !proto.Equal(got.GetVolume().GetSpec().GetIoLimits(), want) {
 		t.Fatalf("descriptor %v, %v; want io_limits %v", got, err, want)
+	}
+	// One builder: the driver's own call to pkg/client with the same request deposits the same descriptor,
+	// so crustd takes it as a repeat (another descriptor would be ALREADY_EXISTS) and keeps what it holds.
+	direct, err := client.New(e.crustSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = direct.Close() }()
+	if _, err := direct.Publish(ctx, pub, got.GetVolume().GetSpec().GetVolumeBackingPath(), client.CreateFilesystem(),
+		client.DriverName(e.driverName)); err != nil {
+		t.Fatalf("the same publish through pkg/client: %v", err)
+	}
+	again, err := e.crust.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: target})
+	if err != nil || !proto.Equal(again.GetVolume().GetSpec(), got.GetVolume().GetSpec()) {
+		t.Fatalf("after the direct publish: %v, %v; want %v", again, err, got)
 	}
 	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: target}); err != nil {
 		t.Fatal(err)

@@ -5,94 +5,16 @@ import (
 	"log/slog"
 	"time"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"crust.dev/crust/internal/metrics"
-	"crust.dev/crust/internal/validate"
 )
-
-// Stripped replaces the value of every field CSI marks csi_secret in what is logged.
-const Stripped = "***stripped***"
-
-// StripSecrets returns a copy of m in which every field marked csi_secret (at any depth; for a map,
-// every value) is replaced by Stripped (strings) or cleared (other kinds), and so is every value of a
-// string map (volume_context, publish_context, parameters) whose key looks secret
-// (validate.IsSecretKey: kubelet's csi.storage.k8s.io/serviceAccount.tokens, an encryptionKey given as
-// a StorageClass parameter). m is not modified.
-func StripSecrets(m proto.Message) proto.Message {
-	if m == nil {
-		return nil
-	}
-	c := proto.Clone(m)
-	strip(c.ProtoReflect())
-	return c
-}
-
-func isSecret(fd protoreflect.FieldDescriptor) bool {
-	opts := fd.Options()
-	if opts == nil {
-		return false
-	}
-	b, _ := proto.GetExtension(opts, csi.E_CsiSecret).(bool)
-	return b
-}
-
-func strip(m protoreflect.Message) {
-	var secrets, maps []protoreflect.FieldDescriptor
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		switch {
-		case isSecret(fd):
-			secrets = append(secrets, fd)
-		case fd.IsMap() && fd.MapKey().Kind() == protoreflect.StringKind && fd.MapValue().Kind() == protoreflect.StringKind:
-			maps = append(maps, fd)
-		case fd.IsMap() && fd.MapValue().Message() != nil:
-			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
-				strip(mv.Message())
-				return true
-			})
-		case fd.IsList() && fd.Message() != nil:
-			for i := 0; i < v.List().Len(); i++ {
-				strip(v.List().Get(i).Message())
-			}
-		case fd.Message() != nil && !fd.IsList() && !fd.IsMap():
-			strip(v.Message())
-		}
-		return true
-	})
-	for _, fd := range maps {
-		mp := m.Mutable(fd).Map()
-		var keys []protoreflect.MapKey
-		mp.Range(func(k protoreflect.MapKey, _ protoreflect.Value) bool {
-			if validate.IsSecretKey(k.String()) {
-				keys = append(keys, k)
-			}
-			return true
-		})
-		for _, k := range keys {
-			mp.Set(k, protoreflect.ValueOfString(Stripped))
-		}
-	}
-	for _, fd := range secrets {
-		switch {
-		case fd.IsMap() && fd.MapValue().Kind() == protoreflect.StringKind:
-			mp := m.Mutable(fd).Map()
-			var keys []protoreflect.MapKey
-			mp.Range(func(k protoreflect.MapKey, _ protoreflect.Value) bool { keys = append(keys, k); return true })
-			for _, k := range keys {
-				mp.Set(k, protoreflect.ValueOfString(Stripped))
-			}
-		case !fd.IsList() && !fd.IsMap() && fd.Kind() == protoreflect.StringKind:
-			m.Set(fd, protoreflect.ValueOfString(Stripped))
-		default:
-			m.Clear(fd)
-		}
-	}
-}
 
 // logMessage renders a message for the log with its secrets stripped.
 func logMessage(m any) string {
@@ -100,7 +22,7 @@ func logMessage(m any) string {
 	if !ok || pm == nil {
 		return ""
 	}
-	b, err := protojson.MarshalOptions{}.Marshal(StripSecrets(pm))
+	b, err := protojson.MarshalOptions{}.Marshal(volume.StripSecrets(pm))
 	if err != nil {
 		return "<unprintable>"
 	}

@@ -7,8 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
+
+	"crust.dev/crust/pkg/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -16,7 +17,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/pkg/fsgroup"
 )
@@ -123,8 +123,7 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 		((!isMount(r.GetVolumeCapability()) || !asked) && p.state.get(KindPublish, target) == nil) {
 		return p.forwardPublish(ctx, r)
 	}
-	limits, err := checkIOLimits(volCtx)
-	if err != nil {
+	if _, err := checkIOLimits(volCtx); err != nil {
 		return nil, err
 	}
 	unlock, err := p.lock(ctx, target)
@@ -158,11 +157,11 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 	} else if rec.VolumeID != r.GetVolumeId() {
 		return nil, status.Errorf(codes.AlreadyExists, "%s is published for volume %s, not %s", target, rec.VolumeID, r.GetVolumeId())
 	} else if rec.Phase == PhasePublished && !rec.Stale &&
-		(rec.ReadOnly != readOnly(r) || rec.FsType != fsType(r.GetVolumeCapability())) {
+		(rec.ReadOnly != client.ReadOnly(r) || rec.FsType != fsType(r.GetVolumeCapability())) {
 		return nil, status.Errorf(codes.AlreadyExists, "%s is published %s, read-only %v; asked %s, read-only %v",
-			target, rec.FsType, rec.ReadOnly, fsType(r.GetVolumeCapability()), readOnly(r))
+			target, rec.FsType, rec.ReadOnly, fsType(r.GetVolumeCapability()), client.ReadOnly(r))
 	}
-	resp, err := p.publish(ctx, r, rec, limits)
+	resp, err := p.publish(ctx, r, rec, volCtx)
 	switch {
 	case err != nil:
 		verb := "deferring it to the pod's sandbox"
@@ -210,7 +209,7 @@ func (p *Proxy) forwardPublish(ctx context.Context, r *csi.NodePublishVolumeRequ
 	fr := proto.Clone(r).(*csi.NodePublishVolumeRequest)
 	fr.VolumeCapability = c
 	resp, err := p.node.NodePublishVolume(outgoing(ctx), fr)
-	if err != nil || readOnly(r) {
+	if err != nil || client.ReadOnly(r) {
 		return resp, err
 	}
 	if err := fsgroup.Apply(r.GetTargetPath(), *gid, fsgroup.Always); err != nil {
@@ -243,33 +242,25 @@ func (p *Proxy) volumeContext(ctx context.Context, volCtx map[string]string, vol
 		out = map[string]string{}
 	}
 	for k, v := range params {
-		if _, given := out[k]; !given && (k == DeferKey || client.IsIOLimitKey(k)) {
+		if _, given := out[k]; !given && volume.IsParameterKey(k) {
 			out[k] = v
 		}
 	}
 	return out
 }
 
-// readOnly reports whether a publish is read-only: the request says so, or the access mode is a reader one.
-func readOnly(r *csi.NodePublishVolumeRequest) bool {
-	switch r.GetVolumeCapability().GetAccessMode().GetMode() {
-	case csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY, csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
-		return true
-	}
-	return r.GetReadonly()
-}
-
-// fsType is the capability's filesystem type, ext4 when empty.
+// fsType is the capability's filesystem type, volume.DefaultFSType when empty.
 func fsType(c *csi.VolumeCapability) string {
 	if t := c.GetMount().GetFsType(); t != "" {
 		return t
 	}
-	return "ext4"
+	return volume.DefaultFSType
 }
 
 // publish runs every step of a deferred or host-mounted publish; each is idempotent, so a retry after a
-// crash runs them all again. A deferred volume's descriptor carries limits (nil: none).
-func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, rec *Record, limits *crustv1.IOLimits) (*csi.NodePublishVolumeResponse, error) {
+// crash runs them all again. A deferred volume's descriptor is built by pkg/client from r with volCtx, the
+// volume context with the StorageClass's crust keys (see volumeContext), as its volume context.
+func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, rec *Record, volCtx map[string]string) (*csi.NodePublishVolumeResponse, error) {
 	target := r.GetTargetPath()
 	var gid *int64
 	if g := r.GetVolumeCapability().GetMount().GetVolumeMountGroup(); g != "" {
@@ -285,7 +276,7 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 	rec.StagingPath = r.GetStagingTargetPath()
 	rec.PrivatePath = p.privatePath(target)
 	rec.FsType = fsType(r.GetVolumeCapability())
-	rec.ReadOnly = readOnly(r)
+	rec.ReadOnly = client.ReadOnly(r)
 	if err := p.put(rec, PhasePublishing); err != nil {
 		return nil, err
 	}
@@ -331,15 +322,7 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 	}
 	switch rec.Mode {
 	case ModeDeferred:
-		ro := rec.ReadOnly
-		if _, err := p.crust.Publish(ctx, r, dev, client.CreateFilesystem(), client.DriverName(p.driverNameFor(ctx)),
-			func(s *crustv1.VolumeSpec) {
-				s.ReadOnly = s.ReadOnly || ro
-				s.IoLimits = limits // the context's, or the StorageClass's when the context lacks crust's keys
-				if s.PodUid == "" {
-					s.PodUid = podUIDFromPath(target)
-				}
-			}); err != nil {
+		if _, err := p.crust.Publish(ctx, withVolumeContext(r, volCtx), dev, p.publishOptions(ctx)...); err != nil {
 			st := status.Convert(err)
 			return fail(status.Errorf(st.Code(), "crustd: %s", st.Message()))
 		}
@@ -370,22 +353,26 @@ const privateBlockDir = "crust.dev~block"
 // too; it is removed at unpublish, before kubelet removes the volume's directory. For any other target
 // (csi-sanity's, say) it lies under the state directory.
 func (p *Proxy) privatePath(target string) string {
-	if filepath.Base(target) == "mount" && podUIDFromPath(target) != "" &&
-		filepath.Base(filepath.Dir(filepath.Dir(target))) == "kubernetes.io~csi" {
+	if _, ok := volume.ParseTargetPath(target); ok {
 		return filepath.Join(filepath.Dir(target), privateBlockDir, "dev")
 	}
 	return filepath.Join(p.state.privateDir(target), "dev")
 }
 
-// podUIDFromPath is the pod UID in a kubelet-shaped target path (.../pods/<uid>/volumes/...), or "".
-func podUIDFromPath(target string) string {
-	parts := strings.Split(target, "/")
-	for i := 0; i+2 < len(parts); i++ {
-		if parts[i] == "pods" && parts[i+2] == "volumes" {
-			return parts[i+1]
-		}
+// publishOptions are what the proxy asks of every descriptor it deposits, beyond what the request says:
+// a blank device is formatted in the guest, and the descriptor names the driver.
+func (p *Proxy) publishOptions(ctx context.Context) []client.PublishOption {
+	return []client.PublishOption{client.CreateFilesystem(), client.DriverName(p.driverNameFor(ctx))}
+}
+
+// withVolumeContext returns r with volCtx as its volume context (r itself when that is already so).
+func withVolumeContext(r *csi.NodePublishVolumeRequest, volCtx map[string]string) *csi.NodePublishVolumeRequest {
+	if maps.Equal(r.GetVolumeContext(), volCtx) {
+		return r
 	}
-	return ""
+	c := proto.CloneOf(r)
+	c.VolumeContext = volCtx
+	return c
 }
 
 // undoPublish undoes every step a publish record may stand for, in reverse, and forgets the record.

@@ -17,12 +17,13 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
 	"crust.dev/crust/internal/cli/directvolume"
-	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/pkg/command"
@@ -281,7 +282,7 @@ func (g *globals) claimCmd() *cobra.Command {
 					return err
 				}
 				// The claim's answer carries secret metadata whole, for a handler; printed, it is redacted.
-				v := validate.RedactVolume(r.GetVolume())
+				v := volume.RedactVolume(r.GetVolume())
 				return g.print(cmd.OutOrStdout(), "json", v, func(t *table) { volumeRows(t, v) })
 			})
 		},

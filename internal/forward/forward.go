@@ -25,16 +25,15 @@ package forward
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 
-	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/version"
 )
 
@@ -127,8 +126,8 @@ func (f *Forwarder) client(v *crustv1.Volume) (crustv1.RuntimeHandlerServiceClie
 // connection dropped, so that the next call dials afresh instead of waiting out a reconnect backoff (a
 // restarted handler answers at once).
 func (f *Forwarder) handlerError(v *crustv1.Volume, err error) error {
-	s := status.Convert(err)
-	if s.Code() == codes.Unavailable {
+	err = errdefs.FromGRPC(err)
+	if errors.Is(err, errdefs.ErrUnavailable) {
 		ep := v.GetClaim().GetHandlerEndpoint()
 		f.mu.Lock()
 		if c, ok := f.conns[ep]; ok {
@@ -136,7 +135,7 @@ func (f *Forwarder) handlerError(v *crustv1.Volume, err error) error {
 			delete(f.conns, ep)
 		}
 		f.mu.Unlock()
-		return fmt.Errorf("handler of sandbox %q at %s: %s: %w", v.GetClaim().GetSandboxId(), ep, s.Message(), errdefs.ErrUnavailable)
+		return fmt.Errorf("handler of sandbox %q at %s: %w", v.GetClaim().GetSandboxId(), ep, err)
 	}
-	return status.Errorf(s.Code(), "handler of sandbox %q: %s", v.GetClaim().GetSandboxId(), s.Message())
+	return fmt.Errorf("handler of sandbox %q: %w", v.GetClaim().GetSandboxId(), err)
 }

@@ -13,10 +13,10 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/internal/errdefs"
 	kataproj "crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/testutil/katatest"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/kata"
 )
 

@@ -16,8 +16,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // Size returns the size in bytes of the device at resolvedPath as the host sees it now (of the file, for

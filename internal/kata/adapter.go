@@ -9,7 +9,7 @@ import (
 	"slices"
 	"sync"
 
-	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/internal/problems"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )

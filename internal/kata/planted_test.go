@@ -6,8 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 	katafmt "crust.dev/crust/pkg/kata"
 )
 

@@ -45,8 +45,8 @@ import (
 	"strconv"
 	"unicode/utf8"
 
-	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 	katafmt "crust.dev/crust/pkg/kata"
 	"crust.dev/crust/pkg/safedir"
 )

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/internal/problems"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	katafmt "crust.dev/crust/pkg/kata"

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // Locker hands out per-key locks. The zero value is not usable; call New.

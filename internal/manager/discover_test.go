@@ -14,12 +14,12 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"crust.dev/crust/internal/crisandbox"
-	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/forward"
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/critest"
 	"crust.dev/crust/internal/testutil/katatest"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 	katafmt "crust.dev/crust/pkg/kata"
 )
 

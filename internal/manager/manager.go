@@ -33,15 +33,17 @@ import (
 	"sync"
 	"time"
 
+	"crust.dev/crust/pkg/volume"
+
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/hostdev"
 	"crust.dev/crust/internal/keylock"
 	"crust.dev/crust/internal/problems"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // Config is what the manager needs.
@@ -574,7 +576,7 @@ func (m *Manager) CollectGarbage(ctx context.Context) []string {
 	var gone []string
 	for _, v := range m.List(ctx) {
 		target := v.GetSpec().GetVolumeTargetPath()
-		uid := podDirOf(m.cfg.KubeletDir, target)
+		uid := volume.PodDirUID(m.cfg.KubeletDir, target)
 		if uid == "" {
 			continue
 		}
@@ -640,20 +642,10 @@ func (m *Manager) Locked(ctx context.Context, target string, fn func(held *crust
 // PodUID is the UID of v's pod: the one whose kubelet directory holds v's target
 // (<kubelet>/pods/<uid>/...), else the spec's pod_uid (validation made sure the two agree), else "".
 func (m *Manager) PodUID(v *crustv1.Volume) string {
-	if uid := podDirOf(m.cfg.KubeletDir, v.GetSpec().GetVolumeTargetPath()); uid != "" {
+	if uid := volume.PodDirUID(m.cfg.KubeletDir, v.GetSpec().GetVolumeTargetPath()); uid != "" {
 		return uid
 	}
 	return v.GetSpec().GetPodUid()
-}
-
-// podDirOf is the name of the pod directory under <kubeletDir>/pods that holds target, or "".
-func podDirOf(kubeletDir, target string) string {
-	rel, err := filepath.Rel(filepath.Join(kubeletDir, "pods"), target)
-	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
-		return ""
-	}
-	uid, _, _ := strings.Cut(rel, string(filepath.Separator))
-	return uid
 }
 
 // withFoundClaim returns v, or a copy carrying the claim the claim source reports when v has no claim of

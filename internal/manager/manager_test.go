@@ -15,13 +15,13 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/hostdev/sysfstree"
 	"crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/store"
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 	katafmt "crust.dev/crust/pkg/kata"
 )
 

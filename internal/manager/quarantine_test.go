@@ -9,9 +9,9 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/problems"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 	katafmt "crust.dev/crust/pkg/kata"
 )
 

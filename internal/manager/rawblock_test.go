@@ -10,9 +10,9 @@ import (
 	"slices"
 	"testing"
 
-	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/kata"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 	katafmt "crust.dev/crust/pkg/kata"
 )
 

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"crust.dev/crust/internal/dirlock"
-	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/safedir"
 )
 

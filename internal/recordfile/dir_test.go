@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"crust.dev/crust/internal/dirlock"
-	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // Open hands every valid record to the check and acts on its verdicts: kept, dropped (deleted) or moved

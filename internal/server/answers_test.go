@@ -8,8 +8,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/internal/manager"
-	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/volume"
 )
 
 // anySpec is a manager.Validator that takes every spec as it is, so that the server's answers can be
@@ -54,7 +54,7 @@ func TestAnswersAreAnnotatedAndRedacted(t *testing.T) {
 	spec := &crustv1.VolumeSpec{VolumeTargetPath: target, Metadata: map[string]string{"encryptionKey": "k"}}
 	want := func(how string, v *crustv1.Volume) {
 		t.Helper()
-		if !slices.Equal(v.GetKataCaveats(), []string{"tagged"}) || v.GetSpec().GetMetadata()["encryptionKey"] != validate.Redacted {
+		if !slices.Equal(v.GetKataCaveats(), []string{"tagged"}) || v.GetSpec().GetMetadata()["encryptionKey"] != volume.Redacted {
 			t.Errorf("%s: caveats %q, metadata %v; want annotated and redacted", how, v.GetKataCaveats(), v.GetSpec().GetMetadata())
 		}
 	}

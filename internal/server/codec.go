@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	"crust.dev/crust/internal/errdefs"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // requestCodec is the proto codec, except that a request that does not decode (a string that is not
@@ -114,7 +114,7 @@ func (s checkedStream) RecvMsg(m any) error {
 		return err
 	}
 	if bad := s.codec.take(m); bad != nil {
-		return toStatus(bad)
+		return errdefs.ToGRPC(bad)
 	}
 	return nil
 }

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"time"
 
+	"crust.dev/crust/pkg/volume"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -28,8 +30,8 @@ import (
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/metrics"
 	"crust.dev/crust/internal/peercred"
-	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // MaxMessageBytes bounds a request; a descriptor is a few hundred bytes, so this is generous.
@@ -112,7 +114,7 @@ func (ic *interceptors) unary(ctx context.Context, req any, info *grpc.UnaryServ
 		return nil, err
 	}
 	if bad != nil {
-		return nil, toStatus(bad)
+		return nil, errdefs.ToGRPC(bad)
 	}
 	return handler(ctx, req)
 }
@@ -174,7 +176,7 @@ func (ic *interceptors) done(ctx context.Context, method string, req any, err er
 	}
 	if ic.log.Enabled(ctx, slog.LevelDebug) {
 		if m, ok := req.(proto.Message); ok {
-			ic.log.Debug("rpc request", "method", method, "request", prototext.MarshalOptions{}.Format(Redact(m)))
+			ic.log.Debug("rpc request", "method", method, "request", prototext.MarshalOptions{}.Format(volume.StripSecrets(m)))
 		}
 	}
 }
@@ -187,18 +189,4 @@ func targetOf(req any) string {
 		return r.GetSpec().GetVolumeTargetPath()
 	}
 	return ""
-}
-
-// Redact returns m, or a copy of m safe to log: values of secret metadata keys (validate.IsSecretKey) in
-// a StageVolumeRequest are replaced by validate.Redacted. Other requests carry no metadata.
-func Redact(m proto.Message) proto.Message {
-	r, ok := m.(*crustv1.StageVolumeRequest)
-	if !ok {
-		return m
-	}
-	v := validate.RedactVolume(&crustv1.Volume{Spec: r.GetSpec()})
-	if v.GetSpec() == r.GetSpec() {
-		return m
-	}
-	return &crustv1.StageVolumeRequest{Spec: v.GetSpec()}
 }

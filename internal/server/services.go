@@ -4,19 +4,20 @@ import (
 	"context"
 	"encoding/base64"
 
+	"crust.dev/crust/pkg/volume"
+
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/peercred"
-	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
-// Secret metadata (validate.IsSecretKey, such as encryptionKey) leaves crustd in one answer only: the
+// Secret metadata (volume.IsSecretKey, such as encryptionKey) leaves crustd in one answer only: the
 // ClaimVolume answer, to the handler that attaches the volume and needs the key. StageVolume, GetVolume,
-// ListVolumes and WatchVolumes answer it as validate.Redacted: the key is there, its value is not; and
+// ListVolumes and WatchVolumes answer it as volume.Redacted: the key is there, its value is not; and
 // they carry what the annotators add (see Config.Annotators).
 
 // answers returns how a volume leaves crustd in an answer other than ClaimVolume's: annotated by each of
@@ -26,7 +27,7 @@ func answers(annotators []Annotator) func(*crustv1.Volume) *crustv1.Volume {
 		for _, a := range annotators {
 			v = a.Annotate(v)
 		}
-		return validate.RedactVolume(v)
+		return volume.RedactVolume(v)
 	}
 }
 
@@ -52,14 +53,14 @@ type volumes struct {
 func (s *volumes) StageVolume(ctx context.Context, r *crustv1.StageVolumeRequest) (*crustv1.StageVolumeResponse, error) {
 	v, err := s.m.Stage(ctx, r.GetSpec())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &crustv1.StageVolumeResponse{Volume: s.out(v)}, nil
 }
 
 func (s *volumes) UnstageVolume(ctx context.Context, r *crustv1.UnstageVolumeRequest) (*crustv1.UnstageVolumeResponse, error) {
 	if err := s.m.Unstage(ctx, r.GetVolumeTargetPath()); err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &crustv1.UnstageVolumeResponse{}, nil
 }
@@ -67,7 +68,7 @@ func (s *volumes) UnstageVolume(ctx context.Context, r *crustv1.UnstageVolumeReq
 func (s *volumes) GetVolume(ctx context.Context, r *crustv1.GetVolumeRequest) (*crustv1.GetVolumeResponse, error) {
 	v, err := s.m.Get(ctx, r.GetVolumeTargetPath())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &crustv1.GetVolumeResponse{Volume: s.out(v)}, nil
 }
@@ -81,13 +82,13 @@ const (
 
 func (s *volumes) ListVolumes(ctx context.Context, r *crustv1.ListVolumesRequest) (*crustv1.ListVolumesResponse, error) {
 	if r.GetMaxEntries() < 0 {
-		return nil, toStatus(errdefs.Field("max_entries", "is %d; it must not be negative", r.GetMaxEntries()))
+		return nil, errdefs.ToGRPC(errdefs.Field("max_entries", "is %d; it must not be negative", r.GetMaxEntries()))
 	}
 	after := ""
 	if t := r.GetStartingToken(); t != "" {
 		b, err := base64.RawURLEncoding.DecodeString(t)
 		if err != nil || len(b) == 0 || b[0] != '/' {
-			return nil, toStatus(errdefs.Field("starting_token", "%q is not a token crustd issued", t))
+			return nil, errdefs.ToGRPC(errdefs.Field("starting_token", "%q is not a token crustd issued", t))
 		}
 		after = string(b)
 	}
@@ -110,7 +111,7 @@ func (s *volumes) ListVolumes(ctx context.Context, r *crustv1.ListVolumesRequest
 func (s *volumes) GetVolumeStats(ctx context.Context, r *crustv1.GetVolumeStatsRequest) (*crustv1.GetVolumeStatsResponse, error) {
 	resp, err := s.m.Stats(ctx, r.GetVolumeTargetPath())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return resp, nil
 }
@@ -118,7 +119,7 @@ func (s *volumes) GetVolumeStats(ctx context.Context, r *crustv1.GetVolumeStatsR
 func (s *volumes) ExpandVolume(ctx context.Context, r *crustv1.ExpandVolumeRequest) (*crustv1.ExpandVolumeResponse, error) {
 	capacity, err := s.m.Expand(ctx, r.GetVolumeTargetPath(), r.GetRequiredBytes(), r.GetLimitBytes())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &crustv1.ExpandVolumeResponse{CapacityBytes: capacity}, nil
 }
@@ -158,14 +159,14 @@ func (s *runtime) ClaimVolume(ctx context.Context, r *crustv1.ClaimVolumeRequest
 	}
 	v, err := s.m.Claim(ctx, r.GetVolumeTargetPath(), r.GetSandboxId(), r.GetHandlerEndpoint())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &crustv1.ClaimVolumeResponse{Volume: v}, nil
 }
 
 func (s *runtime) ReleaseVolume(ctx context.Context, r *crustv1.ReleaseVolumeRequest) (*crustv1.ReleaseVolumeResponse, error) {
 	if err := s.m.Release(ctx, r.GetVolumeTargetPath(), r.GetSandboxId(), r.GetForce()); err != nil {
-		return nil, toStatus(err)
+		return nil, errdefs.ToGRPC(err)
 	}
 	return &crustv1.ReleaseVolumeResponse{}, nil
 }
@@ -179,7 +180,7 @@ func (s *runtime) WatchVolumes(r *crustv1.WatchVolumesRequest, stream grpc.Serve
 			return nil
 		case ev, ok := <-w.Events():
 			if !ok {
-				return toStatus(w.Err())
+				return errdefs.ToGRPC(w.Err())
 			}
 			if err := stream.Send(event(ev, s.out)); err != nil {
 				return err

@@ -84,9 +84,9 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/recordfile"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // Store persists descriptors under one directory. Create it with Open.

@@ -10,10 +10,9 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"google.golang.org/protobuf/proto"
+	"crust.dev/crust/pkg/volume"
 
-	"crust.dev/crust/internal/errdefs"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // Limits on a spec's fields.
@@ -30,9 +29,6 @@ const (
 	maxSocketPathLen    = 107 // sizeof(sun_path) less the terminating NUL
 )
 
-// fsTypes are the file systems a runtime handler is expected to mount, in the order messages list them.
-var fsTypes = []string{"ext4", "ext3", "xfs", "btrfs"}
-
 // bindLike are mount options that would make a mount a bind mount, move it, remount it, or change its
 // propagation; "make-*" is refused as well.
 var bindLike = map[string]bool{
@@ -41,41 +37,14 @@ var bindLike = map[string]bool{
 	"private": true, "rprivate": true, "unbindable": true, "runbindable": true,
 }
 
-const metaPodUID = "csi.storage.k8s.io/pod.uid"
-
-// builtinMetadataKeys are always allowed.
-var builtinMetadataKeys = []string{
-	"encryptionKey",
-	"csi.storage.k8s.io/pod.name",
-	"csi.storage.k8s.io/pod.namespace",
-	metaPodUID,
-	"csi.storage.k8s.io/serviceAccount.name",
-	"csi.storage.k8s.io/ephemeral",
-}
-
-// metaCreateFilesystem is Kata's metadata key asking for the device to be formatted in the guest when
-// blank. It is accepted, spelt exactly so, with "true" or "false", and folded into the typed field
-// create_filesystem (see Validator.Spec); any other spelling is refused like the other typed keys.
-const metaCreateFilesystem = "createFilesystem"
-
-// typedMetadataKeys maps Kata metadata keys (lower-cased) that have a typed field to that field; they
-// are refused as metadata whatever their case (but see metaCreateFilesystem).
-var typedMetadataKeys = map[string]string{
-	"fsgroup":             "volume_supplemental_group",
-	"fsgroupchangepolicy": "supplemental_group_change_policy",
-	"createfilesystem":    "create_filesystem",
-}
-
 func fsType(field, t string) error {
-	for _, ok := range fsTypes {
-		if t == ok {
-			return nil
-		}
+	if volume.IsFSType(t) {
+		return nil
 	}
 	if t == "" {
-		return errdefs.Field(field, "is required; one of %s", strings.Join(fsTypes, ", "))
+		return errdefs.Field(field, "is required; one of %s", strings.Join(volume.FSTypes(), ", "))
 	}
-	return errdefs.Field(field, "%q is not one of %s", t, strings.Join(fsTypes, ", "))
+	return errdefs.Field(field, "%q is not one of %s", t, strings.Join(volume.FSTypes(), ", "))
 }
 
 // mountFlags checks the mount options: at most maxMountFlags, each one option of printable ASCII without
@@ -201,13 +170,13 @@ func (v *Validator) metadata(field string, md map[string]string) error {
 				len(k), truncate(k, 32), maxMetadataKeyLen)
 		}
 		kf := fmt.Sprintf("%s[%q]", field, k)
-		if k == metaCreateFilesystem {
+		if k == volume.CreateFilesystemKey {
 			if val := md[k]; val != "true" && val != "false" {
 				return errdefs.Field(kf, "is %q; want \"true\" or \"false\" (or set spec.create_filesystem)", truncate(val, 32))
 			}
 			continue
 		}
-		if typed := typedMetadataKeys[strings.ToLower(k)]; typed != "" {
+		if typed := volume.TypedField(k); typed != "" {
 			return errdefs.Field(kf, "is not allowed as metadata: set the typed field spec.%s instead", typed)
 		}
 		if !v.metaKeys[k] {
@@ -311,62 +280,4 @@ func HandlerEndpoint(field, ep string) error {
 		return errdefs.Field(field, "%q does not parse as a unix socket address; %s", ep, want)
 	}
 	return nil
-}
-
-// secretWords make a metadata key secret when its lower-cased form contains one of them. This is the one
-// list of secret keys: logs, answers and printed output all redact through IsSecretKey.
-var secretWords = []string{"secret", "pass", "token", "key", "credential", "auth", "private", "cert"}
-
-// IsSecretKey reports whether a metadata key's value is secret: never logged, never in an answer but the
-// claiming handler's (ClaimVolume), never printed. It errs on the side of secrecy: encryptionKey and any
-// key containing (in any case) secret, pass (password, passphrase, passwd), token
-// (csi.storage.k8s.io/serviceAccount.tokens), key, credential, auth, private or cert are secret.
-func IsSecretKey(key string) bool {
-	k := strings.ToLower(key)
-	for _, w := range secretWords {
-		if strings.Contains(k, w) {
-			return true
-		}
-	}
-	return false
-}
-
-// Redacted is what Redact puts in place of a secret value: the key stays, so that a reader sees that the
-// volume has one (an encrypted volume, say), but never the value.
-const Redacted = "<redacted>"
-
-// Redact returns md when it holds no secret key, else a copy in which the value of every key IsSecretKey
-// reports is Redacted. md is never changed. A nil map gives nil.
-func Redact(md map[string]string) map[string]string {
-	if !hasSecret(md) {
-		return md
-	}
-	out := make(map[string]string, len(md))
-	for k, val := range md {
-		if IsSecretKey(k) {
-			val = Redacted
-		}
-		out[k] = val
-	}
-	return out
-}
-
-// RedactVolume returns v when its metadata holds no secret key, else a copy whose secret metadata values
-// are Redacted (see Redact). v is never changed. Every answer but ClaimVolume's goes through it.
-func RedactVolume(v *crustv1.Volume) *crustv1.Volume {
-	if !hasSecret(v.GetSpec().GetMetadata()) {
-		return v
-	}
-	c := proto.CloneOf(v)
-	c.Spec.Metadata = Redact(c.Spec.Metadata)
-	return c
-}
-
-func hasSecret(md map[string]string) bool {
-	for k := range md {
-		if IsSecretKey(k) {
-			return true
-		}
-	}
-	return false
 }

@@ -10,8 +10,9 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
+	"crust.dev/crust/pkg/volume"
 )
 
 // FuzzSpec throws arbitrary target paths, mount flags (split on ';'), a metadata pair and a supplemental
@@ -109,7 +110,7 @@ func checkInvariants(t *testing.T, e *env, c *Checked) {
 		t.Fatalf("accepted %d metadata pairs", n)
 	}
 	for k, val := range s.GetMetadata() {
-		if !e.vFile.metaKeys[k] || typedMetadataKeys[strings.ToLower(k)] != "" || len(val) > maxMetadataValueLen {
+		if !e.vFile.metaKeys[k] || volume.TypedField(k) != "" || len(val) > maxMetadataValueLen {
 			t.Fatalf("accepted metadata %q=%q", k, val)
 		}
 	}

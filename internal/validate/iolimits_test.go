@@ -7,8 +7,9 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
+	"crust.dev/crust/pkg/volume"
 )
 
 // TestIOLimits holds the I/O limit cases: through Spec (field named spec.io_limits.*, nothing changed in
@@ -25,11 +26,11 @@ func TestIOLimits(t *testing.T) {
 		{name: "total of each kind", limits: &crustv1.IOLimits{TotalIops: 50, TotalBytesPerSecond: 1 << 20}},
 		{name: "read and write of each kind", limits: &crustv1.IOLimits{ReadIops: 1, WriteIops: 2, ReadBytesPerSecond: 3, WriteBytesPerSecond: 4}},
 		{name: "total iops with read and write bytes", limits: &crustv1.IOLimits{TotalIops: 100, ReadBytesPerSecond: 1, WriteBytesPerSecond: 1}},
-		{name: "at the maximum", limits: &crustv1.IOLimits{TotalIops: MaxIOLimit, TotalBytesPerSecond: MaxIOLimit}},
+		{name: "at the maximum", limits: &crustv1.IOLimits{TotalIops: volume.MaxIOLimit, TotalBytesPerSecond: volume.MaxIOLimit}},
 
 		{name: "negative total iops", limits: &crustv1.IOLimits{TotalIops: -1}, field: "spec.io_limits.total_iops", reason: "-1 is negative"},
 		{name: "negative write bytes", limits: &crustv1.IOLimits{WriteBytesPerSecond: -1 << 20}, field: "spec.io_limits.write_bytes_per_second", reason: "is negative"},
-		{name: "over the maximum", limits: &crustv1.IOLimits{ReadIops: MaxIOLimit + 1}, field: "spec.io_limits.read_iops", reason: "larger than 1000000000000000"},
+		{name: "over the maximum", limits: &crustv1.IOLimits{ReadIops: volume.MaxIOLimit + 1}, field: "spec.io_limits.read_iops", reason: "larger than 1000000000000000"},
 		{name: "total and read iops", limits: &crustv1.IOLimits{TotalIops: 10, ReadIops: 5}, field: "spec.io_limits.read_iops",
 			reason: "cannot be set together with spec.io_limits.total_iops"},
 		{name: "total and write iops", limits: &crustv1.IOLimits{TotalIops: 10, WriteIops: 5}, field: "spec.io_limits.write_iops",
@@ -65,7 +66,7 @@ func TestIOLimits(t *testing.T) {
 				t.Errorf("got %s: %s\nwant %s: ...%s...", fe.Field, fe.Reason, tc.field, tc.reason)
 			}
 			// Another caller's naming: the name function decides the field, the reason stays.
-			err = IOLimits(tc.limits, func(f string) string { return "param/" + f })
+			err = volume.CheckIOLimits(tc.limits, func(f string) string { return "param/" + f })
 			if !errors.As(err, &fe) || fe.Field != "param/"+strings.TrimPrefix(tc.field, "spec.io_limits.") ||
 				strings.Contains(fe.Reason, "spec.io_limits") {
 				t.Errorf("with another naming: %v", err)

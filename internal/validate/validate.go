@@ -21,11 +21,13 @@ import (
 	"slices"
 	"strings"
 
+	"crust.dev/crust/pkg/volume"
+
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/internal/errdefs"
 	"crust.dev/crust/internal/hostdev"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // DefaultDeviceAllow is the device allow-list used when Config.DeviceAllow is empty.
@@ -151,7 +153,7 @@ func New(cfg Config) (*Validator, error) {
 	}
 
 	keys := map[string]bool{}
-	for _, k := range builtinMetadataKeys {
+	for _, k := range volume.DefaultMetadataKeys() {
 		keys[k] = true
 	}
 	for _, k := range cfg.MetadataKeys {
@@ -160,9 +162,9 @@ func New(cfg Config) (*Validator, error) {
 			return nil, errors.New("validate: empty metadata key in the allow-list")
 		case len(k) > maxMetadataKeyLen:
 			return nil, fmt.Errorf("validate: metadata key %q is longer than %d bytes", k, maxMetadataKeyLen)
-		case typedMetadataKeys[strings.ToLower(k)] != "":
+		case volume.TypedField(k) != "":
 			return nil, fmt.Errorf("validate: metadata key %q cannot be allowed: it has the typed field %s",
-				k, typedMetadataKeys[strings.ToLower(k)])
+				k, volume.TypedField(k))
 		}
 		keys[k] = true
 	}
@@ -190,7 +192,7 @@ func (v *Validator) KubeletDir() string { return v.root }
 // Device for the spec's volume type; volume_mode is known; in the filesystem mode fs_type, mount_flags,
 // the supplemental group and its policy are within their allow-lists and limits, and in the raw block
 // mode they and create_filesystem are unset; volume_id, csi_driver, pod_uid and metadata are within
-// their allow-lists and limits; io_limits pass IOLimits. Otherwise the error is a *errdefs.FieldError
+// their allow-lists and limits; io_limits pass volume.CheckIOLimits. Otherwise the error is a *errdefs.FieldError
 // for the first field that failed. Checks that need no file system run
 // first.
 func (v *Validator) Spec(spec *crustv1.VolumeSpec) (*Checked, error) {
@@ -237,11 +239,11 @@ func (v *Validator) Spec(spec *crustv1.VolumeSpec) (*Checked, error) {
 	if err := v.consistentPodUID(spec); err != nil {
 		return nil, err
 	}
-	if spec.GetCreateFilesystem() && spec.GetMetadata()[metaCreateFilesystem] == "false" {
-		return nil, errdefs.Field(fmt.Sprintf("spec.metadata[%q]", metaCreateFilesystem),
+	if spec.GetCreateFilesystem() && spec.GetMetadata()[volume.CreateFilesystemKey] == "false" {
+		return nil, errdefs.Field(fmt.Sprintf("spec.metadata[%q]", volume.CreateFilesystemKey),
 			"is \"false\" but spec.create_filesystem is true; set one of them")
 	}
-	if err := IOLimits(spec.GetIoLimits(), func(f string) string { return "spec.io_limits." + f }); err != nil {
+	if err := volume.CheckIOLimits(spec.GetIoLimits(), func(f string) string { return "spec.io_limits." + f }); err != nil {
 		return nil, err
 	}
 	if vt == crustv1.VolumeType_VOLUME_TYPE_PMEM && proto.Size(spec.GetIoLimits()) > 0 {
@@ -264,9 +266,9 @@ func (v *Validator) Spec(spec *crustv1.VolumeSpec) (*Checked, error) {
 	}
 	// Kata's createFilesystem key is folded into the typed field, so that handlers read one place and the
 	// projection writes it back from there.
-	if val, ok := out.GetMetadata()[metaCreateFilesystem]; ok {
+	if val, ok := out.GetMetadata()[volume.CreateFilesystemKey]; ok {
 		out.CreateFilesystem = out.CreateFilesystem || val == "true"
-		delete(out.Metadata, metaCreateFilesystem)
+		delete(out.Metadata, volume.CreateFilesystemKey)
 		if len(out.Metadata) == 0 {
 			out.Metadata = nil
 		}
@@ -374,8 +376,8 @@ func supplementalGroup(spec *crustv1.VolumeSpec) error {
 // directory the target path lies in, so that garbage collection by pod cannot be misled.
 func (v *Validator) consistentPodUID(spec *crustv1.VolumeSpec) error {
 	field, uid := "spec.pod_uid", spec.GetPodUid()
-	if mdUID, ok := spec.GetMetadata()[metaPodUID]; ok {
-		mdField := fmt.Sprintf("spec.metadata[%q]", metaPodUID)
+	if mdUID, ok := spec.GetMetadata()[volume.PodUIDKey]; ok {
+		mdField := fmt.Sprintf("spec.metadata[%q]", volume.PodUIDKey)
 		if uid != "" && mdUID != uid {
 			return errdefs.Field(mdField, "%q does not match pod_uid %q", mdUID, uid)
 		}
@@ -386,14 +388,8 @@ func (v *Validator) consistentPodUID(spec *crustv1.VolumeSpec) error {
 	if uid == "" {
 		return nil
 	}
-	rel, ok := v.under(spec.GetVolumeTargetPath())
-	if !ok {
-		return nil // TargetPath reports it
-	}
-	parts := strings.SplitN(rel, "/", 3)
-	if len(parts) >= 2 && parts[0] == "pods" && parts[1] != uid {
-		return errdefs.Field(field, "%q does not match the pod directory %q of volume_target_path",
-			uid, parts[1])
+	if dir := volume.PodDirUID(v.root, spec.GetVolumeTargetPath()); dir != "" && dir != uid {
+		return errdefs.Field(field, "%q does not match the pod directory %q of volume_target_path", uid, dir)
 	}
 	return nil
 }

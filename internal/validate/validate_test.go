@@ -12,8 +12,9 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/internal/errdefs"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
+	"crust.dev/crust/pkg/volume"
 )
 
 const (
@@ -398,7 +399,7 @@ func TestValidate(t *testing.T) {
 		// ---- refused: metadata
 		{name: "metadata too many pairs", run: specFile(metadata(func() map[string]string {
 			m := map[string]string{}
-			for _, k := range append(append([]string(nil), builtinMetadataKeys...), e.extraKeys...)[:17] {
+			for _, k := range append(volume.DefaultMetadataKeys(), e.extraKeys...)[:17] {
 				m[k] = "x"
 			}
 			return m
@@ -449,8 +450,8 @@ func TestValidate(t *testing.T) {
 			field: md("encryptionKey"), reason: "value of 4097 bytes; at most 4096"},
 		{name: "metadata value invalid UTF-8", run: spec(metadata(map[string]string{"encryptionKey": "\xff"})),
 			field: md("encryptionKey"), reason: "not valid UTF-8"},
-		{name: "metadata pod uid differs from pod_uid", run: spec(metadata(map[string]string{metaPodUID: uid2})),
-			field: md(metaPodUID), reason: "does not match pod_uid"},
+		{name: "metadata pod uid differs from pod_uid", run: spec(metadata(map[string]string{volume.PodUIDKey: uid2})),
+			field: md(volume.PodUIDKey), reason: "does not match pod_uid"},
 		{name: "metadata first bad key in sorted order", run: spec(metadata(map[string]string{"zz": "x", "aa": "x", "mm": "x"})),
 			field: md("aa"), reason: "is not an allowed metadata key"},
 
@@ -567,15 +568,15 @@ func TestValidate(t *testing.T) {
 		})},
 		{name: "built-in metadata keys", run: spec(metadata(map[string]string{
 			"encryptionKey": strings.Repeat("s", 4096), "csi.storage.k8s.io/pod.name": "web-0",
-			"csi.storage.k8s.io/pod.namespace": "default", metaPodUID: uid1,
+			"csi.storage.k8s.io/pod.namespace": "default", volume.PodUIDKey: uid1,
 			"csi.storage.k8s.io/serviceAccount.name": "sa", "csi.storage.k8s.io/ephemeral": "false",
 		}))},
 		{name: "16 metadata pairs with configured keys", run: specFile(metadata(func() map[string]string {
 			m := map[string]string{}
-			for _, k := range append(append([]string(nil), builtinMetadataKeys...), e.extraKeys...)[:16] {
+			for _, k := range append(volume.DefaultMetadataKeys(), e.extraKeys...)[:16] {
 				m[k] = "x"
 			}
-			m[metaPodUID] = uid1
+			m[volume.PodUIDKey] = uid1
 			return m
 		}()))},
 		{name: "configured key of 253 bytes", run: specFile(metadata(map[string]string{strings.Repeat("k", 253): "x"}))},
@@ -751,42 +752,6 @@ func TestSameDevice(t *testing.T) {
 				t.Errorf("SameDevice = %v: want ErrFailedPrecondition only", err)
 			}
 		})
-	}
-}
-
-func TestIsSecretKey(t *testing.T) {
-	for key, want := range map[string]bool{
-		"encryptionKey": true,
-		"csi.storage.k8s.io/serviceAccount.tokens": true,
-		"example.com/db-password":                  true,
-		"example.com/Passphrase":                   true,
-		"example.com/SECRET":                       true,
-		"example.com/client-credentials":           true,
-		"example.com/tls.key":                      true,
-		"example.com/auth-header":                  true,
-		"csi.storage.k8s.io/pod.name":              false,
-		"csi.storage.k8s.io/pod.namespace":         false,
-		"csi.storage.k8s.io/pod.uid":               false,
-		"csi.storage.k8s.io/serviceAccount.name":   false,
-		"csi.storage.k8s.io/ephemeral":             false,
-	} {
-		if got := IsSecretKey(key); got != want {
-			t.Errorf("IsSecretKey(%q) = %v, want %v", key, got, want)
-		}
-	}
-}
-
-func TestRedact(t *testing.T) {
-	in := map[string]string{"encryptionKey": "hunter2", "csi.storage.k8s.io/pod.name": "web-0"}
-	got := Redact(in)
-	if got["encryptionKey"] != Redacted || got["csi.storage.k8s.io/pod.name"] != "web-0" || len(got) != 2 {
-		t.Errorf("Redact = %v", got)
-	}
-	if in["encryptionKey"] != "hunter2" {
-		t.Errorf("Redact modified its argument")
-	}
-	if Redact(nil) != nil {
-		t.Errorf("Redact(nil) is not nil")
 	}
 }
 

@@ -5,6 +5,9 @@ import (
 	"strconv"
 	"strings"
 
+	"crust.dev/crust/pkg/errdefs"
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -241,7 +244,7 @@ func CreateFilesystem() PublishOption {
 }
 
 // DefaultFSType is the filesystem type used when the mount capability names none (CSI leaves the
-// default to the plugin). Without it the default is DefaultFS. It has no effect on a raw block volume.
+// default to the plugin). Without it the default is volume.DefaultFSType. It has no effect on a raw block volume.
 func DefaultFSType(fsType string) PublishOption {
 	return func(s *crustv1.VolumeSpec) {
 		if s.FsType == "" {
@@ -249,10 +252,6 @@ func DefaultFSType(fsType string) PublishOption {
 		}
 	}
 }
-
-// DefaultFS is the filesystem type of a volume whose capability names none and that no DefaultFSType
-// option sets.
-const DefaultFS = "ext4"
 
 // VolumeType says what the device is (default VOLUME_TYPE_BLOCK; VOLUME_TYPE_FILE for a raw image file,
 // which crustd accepts only with --allow-file-backed).
@@ -305,15 +304,22 @@ func Metadata(md map[string]string) PublishOption {
 // StageRequest builds the StageVolumeRequest that defers req's volume, on device, to the runtime:
 //
 //   - volume_target_path is req's target_path, volume_backing_path is device, volume_id is req's;
-//   - fs_type is the mount capability's (else the DefaultFSType option's, else DefaultFS);
+//   - fs_type is the mount capability's (else the DefaultFSType option's, else volume.DefaultFSType);
 //   - mount_flags are the capability's, split at commas, trimmed, without empties and repeats; a "ro" flag
 //     becomes read_only (crust carries it in the typed field) and a "rw" flag is dropped unless req is
 //     read-only, which crustd then refuses as a contradiction;
-//   - read_only is req's readonly (or a "ro" flag);
+//   - read_only is true when req is read-only (ReadOnly: its readonly, or a reader-only access mode) or
+//     has a "ro" flag;
 //   - volume_supplemental_group is the capability's volume_mount_group (the pod's fsGroup, sent by kubelet
 //     when the driver has the VOLUME_MOUNT_GROUP node capability);
-//   - pod_uid and metadata come from the pod information in the volume context (PodInfo);
-//   - io_limits come from the I/O limit keys of the volume context (IOLimits), unset when there are none.
+//   - pod_uid and metadata come from the pod information in the volume context (PodInfo); without a pod
+//     UID there, pod_uid is the one in a target path of kubelet's shape (volume.ParseTargetPath);
+//   - io_limits come from the I/O limit keys of the volume context (volume.ParseIOLimits), unset when
+//     there are none.
+//
+// The CSI proxy builds its descriptors with this function too, from the same request (with the
+// StorageClass's crust keys added to the volume context when the driver did not echo them), so that a
+// volume is described the same whether its driver calls crustd itself or sits behind the proxy.
 //
 // Options apply in order after that. A block capability makes a raw block descriptor when the RawBlock
 // option is given: volume_mode VOLUME_MODE_BLOCK, read_only as above, pod information, I/O limits and the
@@ -323,37 +329,40 @@ func Metadata(md map[string]string) PublishOption {
 // volume_capability, when the capability is neither a mount nor a block one, when it is a block one and
 // RawBlock is not given (a raw block volume is used by the sandbox as a device and needs no deferral),
 // when the group is not a number, or when device is empty; and naming the key when an I/O limit is not a
-// whole, non-negative quantity.
+// whole, non-negative quantity or the limits cannot go together (volume.CheckIOLimits).
 func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...PublishOption) (*crustv1.StageVolumeRequest, error) {
 	if err := required("volume_id", req.GetVolumeId(), "target_path", req.GetTargetPath()); err != nil {
 		return nil, err
 	}
 	vc := req.GetVolumeCapability()
 	if vc == nil {
-		return nil, status.Error(codes.InvalidArgument, "volume_capability: is required")
+		return nil, errdefs.ToGRPC(errdefs.Field("volume_capability", "is required"))
 	}
 	mnt := vc.GetMount()
 	if mnt == nil && vc.GetBlock() == nil {
-		return nil, status.Error(codes.InvalidArgument, "volume_capability: has neither a mount nor a block access type")
+		return nil, errdefs.ToGRPC(errdefs.Field("volume_capability", "has neither a mount nor a block access type"))
 	}
 	if device == "" {
-		return nil, status.Error(codes.InvalidArgument, "device: is required (the block device to defer)")
+		return nil, errdefs.ToGRPC(errdefs.Field("device", "is required (the block device to defer)"))
 	}
 	spec := &crustv1.VolumeSpec{
 		VolumeTargetPath:  req.GetTargetPath(),
 		VolumeBackingPath: device,
 		VolumeType:        crustv1.VolumeType_VOLUME_TYPE_BLOCK,
-		ReadOnly:          req.GetReadonly(),
+		ReadOnly:          ReadOnly(req),
 		VolumeId:          req.GetVolumeId(),
 	}
 	pod := PodInfo(req.GetVolumeContext())
 	spec.PodUid = pod.UID
+	if t, ok := volume.ParseTargetPath(req.GetTargetPath()); ok && spec.PodUid == "" {
+		spec.PodUid = t.PodUID
+	}
 	if md := pod.Metadata(); len(md) > 0 {
 		spec.Metadata = md
 	}
-	limits, err := IOLimits(req.GetVolumeContext())
+	limits, err := volume.ParseIOLimits(req.GetVolumeContext())
 	if err != nil {
-		return nil, err
+		return nil, errdefs.ToGRPC(err)
 	}
 	spec.IoLimits = limits
 	if mnt != nil {
@@ -368,15 +377,24 @@ func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...Publ
 	case mnt != nil:
 		spec.VolumeMode = crustv1.VolumeMode_VOLUME_MODE_UNSPECIFIED // RawBlock is for block capabilities only
 		if spec.FsType == "" {
-			spec.FsType = DefaultFS
+			spec.FsType = volume.DefaultFSType
 		}
 	case spec.VolumeMode != crustv1.VolumeMode_VOLUME_MODE_BLOCK:
-		return nil, status.Error(codes.InvalidArgument, "volume_capability: a block volume is deferred only with the "+
-			"RawBlock option; without it, publish it on the host: the runtime hands the device to the sandbox itself")
+		return nil, errdefs.ToGRPC(errdefs.Field("volume_capability", "a block volume is deferred only with the "+
+			"RawBlock option; without it, publish it on the host: the runtime hands the device to the sandbox itself"))
 	default:
 		spec.FsType, spec.CreateFilesystem = "", false // filesystem options mean nothing for a raw device
 	}
 	return &crustv1.StageVolumeRequest{Spec: spec}, nil
+}
+
+// ReadOnly reports whether a publish is read-only: req says so, or its access mode is a reader-only one.
+func ReadOnly(req *csi.NodePublishVolumeRequest) bool {
+	switch req.GetVolumeCapability().GetAccessMode().GetMode() {
+	case csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY, csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
+		return true
+	}
+	return req.GetReadonly()
 }
 
 // mountFields sets what a mount capability says: fs type, mount flags (and read-only from a "ro" flag)
@@ -408,8 +426,7 @@ func mountFields(spec *crustv1.VolumeSpec, mnt *csi.VolumeCapability_MountVolume
 	if g := mnt.GetVolumeMountGroup(); g != "" {
 		gid, err := strconv.ParseInt(g, 10, 64)
 		if err != nil {
-			return status.Errorf(codes.InvalidArgument,
-				"volume_capability.mount.volume_mount_group: %q is not a group id", g)
+			return errdefs.ToGRPC(errdefs.Field("volume_capability.mount.volume_mount_group", "%q is not a group id", g))
 		}
 		spec.VolumeSupplementalGroup = &gid
 	}
@@ -420,7 +437,7 @@ func mountFields(spec *crustv1.VolumeSpec, mnt *csi.VolumeCapability_MountVolume
 func required(pairs ...string) error {
 	for i := 0; i+1 < len(pairs); i += 2 {
 		if pairs[i+1] == "" {
-			return status.Errorf(codes.InvalidArgument, "%s: is required", pairs[i])
+			return errdefs.ToGRPC(errdefs.Field(pairs[i], "is required"))
 		}
 	}
 	return nil

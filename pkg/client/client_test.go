@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -53,8 +55,8 @@ func TestStageRequest(t *testing.T) {
 			VolumeId: "vol-1", TargetPath: "/k/pods/u/volumes/kubernetes.io~csi/pv/mount", Readonly: true,
 			VolumeCapability: mountCap("xfs", []string{"noatime,nodiscard", " noatime ", "", "rw"}, "2000"),
 			VolumeContext: map[string]string{
-				client.DeferKey: "true", client.PodUIDKey: "u", client.PodNameKey: "p", client.PodNamespaceKey: "ns",
-				client.ServiceAccountKey: "sa", client.EphemeralKey: "true",
+				volume.DeferKey: "true", volume.PodUIDKey: "u", volume.PodNameKey: "p", volume.PodNamespaceKey: "ns",
+				volume.ServiceAccountKey: "sa", volume.EphemeralKey: "true",
 				"csi.storage.k8s.io/serviceAccount.tokens": "secret", "other": "x",
 			},
 		},
@@ -64,8 +66,8 @@ func TestStageRequest(t *testing.T) {
 			MountFlags: []string{"noatime", "nodiscard", "rw"}, ReadOnly: true, VolumeSupplementalGroup: &gid,
 			VolumeId: "vol-1", PodUid: "u",
 			Metadata: map[string]string{
-				client.PodUIDKey: "u", client.PodNameKey: "p", client.PodNamespaceKey: "ns",
-				client.ServiceAccountKey: "sa", client.EphemeralKey: "true",
+				volume.PodUIDKey: "u", volume.PodNameKey: "p", volume.PodNamespaceKey: "ns",
+				volume.ServiceAccountKey: "sa", volume.EphemeralKey: "true",
 			},
 		},
 	}, {
@@ -90,7 +92,7 @@ func TestStageRequest(t *testing.T) {
 		opts: []client.PublishOption{client.FSGroupChangePolicy(crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ALWAYS)},
 		want: &crustv1.VolumeSpec{
 			VolumeTargetPath: "/t", VolumeBackingPath: "/dev/vg/lv", VolumeType: crustv1.VolumeType_VOLUME_TYPE_BLOCK,
-			FsType: client.DefaultFS, VolumeId: "vol-1",
+			FsType: volume.DefaultFSType, VolumeId: "vol-1",
 		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -115,7 +117,7 @@ func blockCap() *csi.VolumeCapability {
 // TestStageRequestRawBlock: a block capability with RawBlock makes a raw block spec, filesystem options
 // notwithstanding; RawBlock does nothing to a mount capability.
 func TestStageRequestRawBlock(t *testing.T) {
-	req := publishReq("/t", blockCap(), map[string]string{client.PodUIDKey: "u", client.PodNameKey: "p"})
+	req := publishReq("/t", blockCap(), map[string]string{volume.PodUIDKey: "u", volume.PodNameKey: "p"})
 	req.Readonly = true
 	got, err := client.StageRequest(req, "/dev/vg/lv", client.CreateFilesystem(), client.DefaultFSType("xfs"),
 		client.RawBlock(), client.DriverName("d.example.com"))
@@ -125,13 +127,13 @@ func TestStageRequestRawBlock(t *testing.T) {
 	want := &crustv1.VolumeSpec{
 		VolumeTargetPath: "/t", VolumeBackingPath: "/dev/vg/lv", VolumeType: crustv1.VolumeType_VOLUME_TYPE_BLOCK,
 		VolumeMode: crustv1.VolumeMode_VOLUME_MODE_BLOCK, ReadOnly: true, VolumeId: "vol-1", PodUid: "u",
-		CsiDriver: "d.example.com", Metadata: map[string]string{client.PodUIDKey: "u", client.PodNameKey: "p"},
+		CsiDriver: "d.example.com", Metadata: map[string]string{volume.PodUIDKey: "u", volume.PodNameKey: "p"},
 	}
 	if !proto.Equal(got.GetSpec(), want) {
 		t.Errorf("got  %v\nwant %v", got.GetSpec(), want)
 	}
 	got, err = client.StageRequest(publishReq("/t", mountCap("", nil, ""), nil), "/dev/x", client.RawBlock())
-	if err != nil || got.GetSpec().GetVolumeMode() != crustv1.VolumeMode_VOLUME_MODE_UNSPECIFIED || got.GetSpec().GetFsType() != client.DefaultFS {
+	if err != nil || got.GetSpec().GetVolumeMode() != crustv1.VolumeMode_VOLUME_MODE_UNSPECIFIED || got.GetSpec().GetFsType() != volume.DefaultFSType {
 		t.Fatalf("RawBlock on a mount capability: %v, %v", got, err)
 	}
 }
@@ -165,18 +167,18 @@ func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
 func TestDeferredAndPodInfo(t *testing.T) {
 	for v, want := range map[string]bool{"true": true, "True": true, " 1 ": true, "false": false, "yes": false, "": false} {
-		if got := client.Deferred(map[string]string{client.DeferKey: v}); got != want {
+		if got := volume.Deferred(map[string]string{volume.DeferKey: v}); got != want {
 			t.Errorf("Deferred(%q) = %v, want %v", v, got, want)
 		}
 	}
-	if client.Deferred(nil) {
+	if volume.Deferred(nil) {
 		t.Error("Deferred(nil) is true")
 	}
-	p := client.PodInfo(map[string]string{client.PodNameKey: "p", client.EphemeralKey: "false"})
+	p := client.PodInfo(map[string]string{volume.PodNameKey: "p", volume.EphemeralKey: "false"})
 	if p != (client.Pod{Name: "p"}) {
 		t.Errorf("PodInfo = %+v", p)
 	}
-	if md := p.Metadata(); !reflect.DeepEqual(md, map[string]string{client.PodNameKey: "p"}) {
+	if md := p.Metadata(); !reflect.DeepEqual(md, map[string]string{volume.PodNameKey: "p"}) {
 		t.Errorf("Metadata = %v", md)
 	}
 	if md := (client.Pod{}).Metadata(); md != nil {
@@ -209,7 +211,7 @@ func TestPublishUnpublish(t *testing.T) {
 	const uid = "aaaaaaaa-0000-4000-8000-000000000001"
 	tp := target(t, uid, "pv-a")
 	dev := image(t, "a.img")
-	req := publishReq(tp, mountCap("ext4", []string{"noatime"}, "3000"), map[string]string{client.DeferKey: "true", client.PodUIDKey: uid})
+	req := publishReq(tp, mountCap("ext4", []string{"noatime"}, "3000"), map[string]string{volume.DeferKey: "true", volume.PodUIDKey: uid})
 
 	if held, err := c.Holds(ctx, tp); err != nil || held {
 		t.Fatalf("Holds before = %v, %v", held, err)
@@ -547,5 +549,32 @@ func TestUserAgent(t *testing.T) {
 	defer func() { _ = conn.Close() }()
 	if _, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{}); err == nil || strings.Contains(err.Error(), "crustd") {
 		t.Errorf("DialUnix to a missing socket: %v, want an error that does not speak of crustd", err)
+	}
+}
+
+// What the CSI proxy used to add to a descriptor after the fact is StageRequest's own: a reader-only
+// access mode makes it read-only, and a target path of kubelet's shape gives the pod UID when the volume
+// context does not (and does not override one it gives).
+func TestStageRequestReadOnlyAndPodUID(t *testing.T) {
+	const target = "/var/lib/kubelet/pods/0e0e0e0e-0000-4000-8000-00000000000b/volumes/kubernetes.io~csi/pv-1/mount"
+	for _, mode := range []csi.VolumeCapability_AccessMode_Mode{
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY, csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY,
+	} {
+		vc := mountCap("xfs", nil, "")
+		vc.AccessMode.Mode = mode
+		req, err := client.StageRequest(publishReq(target, vc, nil), "/dev/x")
+		if err != nil || !req.GetSpec().GetReadOnly() || !client.ReadOnly(publishReq(target, vc, nil)) {
+			t.Errorf("%v: %v, read_only %v; want read-only", mode, err, req.GetSpec().GetReadOnly())
+		}
+		if got := req.GetSpec().GetPodUid(); got != "0e0e0e0e-0000-4000-8000-00000000000b" {
+			t.Errorf("pod_uid %q, want the target path's", got)
+		}
+	}
+	req, err := client.StageRequest(publishReq(target, mountCap("", nil, ""), map[string]string{volume.PodUIDKey: "u-1"}), "/dev/x")
+	if err != nil || req.GetSpec().GetPodUid() != "u-1" || req.GetSpec().GetReadOnly() {
+		t.Errorf("%v, pod_uid %q, read_only %v; want the context's pod UID, read-write", err, req.GetSpec().GetPodUid(), req.GetSpec().GetReadOnly())
+	}
+	if req, err := client.StageRequest(publishReq("/mnt/x", mountCap("", nil, ""), nil), "/dev/x"); err != nil || req.GetSpec().GetPodUid() != "" {
+		t.Errorf("%v, pod_uid %q for a path of no kubelet shape", err, req.GetSpec().GetPodUid())
 	}
 }

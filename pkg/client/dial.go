@@ -7,7 +7,7 @@
 //	crust, err := client.New(client.SocketFromEnv(), client.WithDriverName("lvm.example.com"))
 //
 //	// NodePublishVolume: a mount volume whose StorageClass says crust.dev/defer: "true".
-//	if client.Deferred(req.GetVolumeContext()) && req.GetVolumeCapability().GetMount() != nil {
+//	if volume.Deferred(req.GetVolumeContext()) && req.GetVolumeCapability().GetMount() != nil {
 //		_ = os.MkdirAll(req.GetTargetPath(), 0o750) // kubelet expects the target directory
 //		return crust.Publish(ctx, req, "/dev/vg0/"+req.GetVolumeId(), client.CreateFilesystem())
 //	}

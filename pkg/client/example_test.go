@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/status"
 
@@ -45,12 +47,12 @@ func ExampleClient_Publish() {
 			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 		},
 		VolumeContext: map[string]string{
-			client.DeferKey: "true", client.PodUIDKey: podUID, client.PodNameKey: "web-0", client.PodNamespaceKey: "shop",
+			volume.DeferKey: "true", volume.PodUIDKey: podUID, volume.PodNameKey: "web-0", volume.PodNamespaceKey: "shop",
 		},
 	}
 
 	// NodePublishVolume.
-	if client.Deferred(req.GetVolumeContext()) && req.GetVolumeCapability().GetMount() != nil {
+	if volume.Deferred(req.GetVolumeContext()) && req.GetVolumeCapability().GetMount() != nil {
 		_ = os.MkdirAll(req.GetTargetPath(), 0o750)
 		if _, err := crust.Publish(ctx, req, device, client.CreateFilesystem(),
 			client.VolumeType(crustv1.VolumeType_VOLUME_TYPE_FILE)); err != nil {
@@ -61,7 +63,7 @@ func ExampleClient_Publish() {
 	v, _ := crust.Volumes().GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: req.GetTargetPath()})
 	s := v.GetVolume().GetSpec()
 	fmt.Println("deposited:", s.GetFsType(), s.GetMountFlags(), "fsGroup", s.GetVolumeSupplementalGroup(),
-		"pod", s.GetMetadata()[client.PodNamespaceKey]+"/"+s.GetMetadata()[client.PodNameKey])
+		"pod", s.GetMetadata()[volume.PodNamespaceKey]+"/"+s.GetMetadata()[volume.PodNameKey])
 
 	// NodeGetVolumeStats: the path is deferred, so crustd answers, from the sandbox that uses the volume.
 	// No sandbox does yet: the total is the device's size, and usage is not known.

@@ -4,6 +4,9 @@ import (
 	"strings"
 	"testing"
 
+	"crust.dev/crust/pkg/errdefs"
+	"crust.dev/crust/pkg/volume"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -20,17 +23,17 @@ func TestIOLimits(t *testing.T) {
 		ctx  map[string]string
 		want *crustv1.IOLimits
 	}{
-		{"none", map[string]string{client.DeferKey: "true"}, nil},
-		{"zeros are no limit", map[string]string{client.TotalIOPSKey: "0", client.WriteBytesPerSecondKey: "0Mi"}, nil},
-		{"every key", map[string]string{
-			client.TotalIOPSKey: "50", client.ReadIOPSKey: "1k", client.WriteIOPSKey: " 7 ",
-			client.TotalBytesPerSecondKey: "10Mi", client.ReadBytesPerSecondKey: "1.5Ki", client.WriteBytesPerSecondKey: "2G",
-		}, &crustv1.IOLimits{TotalIops: 50, ReadIops: 1000, WriteIops: 7, TotalBytesPerSecond: 10 << 20,
-			ReadBytesPerSecond: 1536, WriteBytesPerSecond: 2_000_000_000}},
-		{"one key", map[string]string{client.WriteBytesPerSecondKey: "1Mi"}, &crustv1.IOLimits{WriteBytesPerSecond: 1 << 20}},
+		{"none", map[string]string{volume.DeferKey: "true"}, nil},
+		{"zeros are no limit", map[string]string{volume.TotalIOPSKey: "0", volume.WriteBytesPerSecondKey: "0Mi"}, nil},
+		{"every read and write key", map[string]string{
+			volume.ReadIOPSKey: "1k", volume.WriteIOPSKey: " 7 ", volume.ReadBytesPerSecondKey: "1.5Ki", volume.WriteBytesPerSecondKey: "2G",
+		}, &crustv1.IOLimits{ReadIops: 1000, WriteIops: 7, ReadBytesPerSecond: 1536, WriteBytesPerSecond: 2_000_000_000}},
+		{"every total key", map[string]string{volume.TotalIOPSKey: "50", volume.TotalBytesPerSecondKey: "10Mi"},
+			&crustv1.IOLimits{TotalIops: 50, TotalBytesPerSecond: 10 << 20}},
+		{"one key", map[string]string{volume.WriteBytesPerSecondKey: "1Mi"}, &crustv1.IOLimits{WriteBytesPerSecond: 1 << 20}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := client.IOLimits(tc.ctx)
+			got, err := volume.ParseIOLimits(tc.ctx)
 			if err != nil || !proto.Equal(got, tc.want) || (tc.want == nil) != (got == nil) {
 				t.Fatalf("IOLimits = %v, %v; want %v", got, err, tc.want)
 			}
@@ -41,18 +44,20 @@ func TestIOLimits(t *testing.T) {
 		})
 	}
 	for _, tc := range []struct{ key, value, reason string }{
-		{client.TotalIOPSKey, "-1", "is negative"},
-		{client.ReadIOPSKey, "fast", "is not a quantity"},
-		{client.WriteIOPSKey, "", "is not a quantity"},
-		{client.TotalBytesPerSecondKey, "1.5", "is not a whole number"},
-		{client.ReadBytesPerSecondKey, "100m", "is not a whole number"},
-		{client.WriteBytesPerSecondKey, "10Ei", "is out of range"},
-		{client.WriteBytesPerSecondKey, "-1Mi", "is negative"},
+		{volume.TotalIOPSKey, "-1", "is negative"},
+		{volume.ReadIOPSKey, "fast", "is not a quantity"},
+		{volume.WriteIOPSKey, "", "is not a quantity"},
+		{volume.TotalBytesPerSecondKey, "1.5", "is not a whole number"},
+		{volume.ReadBytesPerSecondKey, "100m", "is not a whole number"},
+		{volume.WriteBytesPerSecondKey, "10Ei", "is out of range"},
+		{volume.WriteBytesPerSecondKey, "-1Mi", "is negative"},
+		{volume.WriteIOPSKey, "2", "cannot be set together with " + volume.TotalIOPSKey}, // beside the total below
 	} {
 		t.Run(tc.key+"="+tc.value, func(t *testing.T) {
-			ctx := map[string]string{tc.key: tc.value}
+			ctx := map[string]string{volume.TotalIOPSKey: "1"} // a valid total, which the write limit below contradicts
+			ctx[tc.key] = tc.value
 			for _, err := range []error{
-				func() error { _, err := client.IOLimits(ctx); return err }(),
+				func() error { _, err := volume.ParseIOLimits(ctx); return errdefs.ToGRPC(err) }(),
 				func() error {
 					_, err := client.StageRequest(publishReq("/t", mountCap("", nil, ""), ctx), "/dev/x")
 					return err
@@ -65,16 +70,16 @@ func TestIOLimits(t *testing.T) {
 			}
 		})
 	}
-	if keys := client.IOLimitKeys(); len(keys) != 6 || !client.IsIOLimitKey(keys[0]) || client.IsIOLimitKey(client.DeferKey) {
+	if keys := volume.IOLimitKeys(); len(keys) != 6 || !volume.IsIOLimitKey(keys[0]) || volume.IsIOLimitKey(volume.DeferKey) {
 		t.Errorf("IOLimitKeys = %v", keys)
 	}
-	if k := client.IOLimitKey("write_bytes_per_second"); k != client.WriteBytesPerSecondKey {
+	if k := volume.IOLimitKey("write_bytes_per_second"); k != volume.WriteBytesPerSecondKey {
 		t.Errorf("IOLimitKey(write_bytes_per_second) = %q", k)
 	}
 	// Every field of IOLimits has its key.
 	fields := (&crustv1.IOLimits{}).ProtoReflect().Descriptor().Fields()
 	for i := range fields.Len() {
-		if f := string(fields.Get(i).Name()); !client.IsIOLimitKey(client.IOLimitKey(f)) {
+		if f := string(fields.Get(i).Name()); !volume.IsIOLimitKey(volume.IOLimitKey(f)) {
 			t.Errorf("no key sets io_limits.%s", f)
 		}
 	}

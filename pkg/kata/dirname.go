@@ -2,8 +2,9 @@ package kata
 
 import (
 	"encoding/base64"
-	"errors"
 	"fmt"
+
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // maxNameLen is the longest file name Linux filesystems take (NAME_MAX).
@@ -15,9 +16,9 @@ const MaxVolumePathLen = maxNameLen / 4 * 3
 var (
 	// ErrInvalidVolumePath is returned for a volume path that has no volume directory: an empty one, or
 	// one longer than MaxVolumePathLen.
-	ErrInvalidVolumePath = errors.New("invalid volume path")
+	ErrInvalidVolumePath = errdefs.New(errdefs.ErrInvalidArgument, "invalid volume path")
 	// ErrInvalidDirName is returned for a name that VolumeDirName does not produce.
-	ErrInvalidDirName = errors.New("not a volume directory name")
+	ErrInvalidDirName = errdefs.New(errdefs.ErrInvalidArgument, "not a volume directory name")
 )
 
 // VolumeDirName returns the name of the directory that holds the files of volumePath: its base64 URL

@@ -2,8 +2,9 @@ package kata
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
+
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // DefaultDir is where Kata looks for direct-assigned volumes.
@@ -72,7 +73,7 @@ type MountInfo struct {
 }
 
 // ErrInvalidMountInfo is returned for mount info that Kata would not accept.
-var ErrInvalidMountInfo = errors.New("invalid mount info")
+var ErrInvalidMountInfo = errdefs.New(errdefs.ErrInvalidArgument, "invalid mount info")
 
 // ParseMountInfo decodes mount info JSON as Kata does: any JSON that encoding/json decodes into a MountInfo
 // is accepted, unknown keys are ignored, and null stands for an absent value. Anything else is an

@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // Where a Kata shim serves its management API: HTTP over the unix socket
@@ -111,7 +113,7 @@ type ResizeRequest struct {
 
 // ErrShimUnreachable is returned when none of a sandbox's management sockets accepts a connection, or
 // when the shim that accepted one closed it without answering.
-var ErrShimUnreachable = errors.New("kata shim unreachable")
+var ErrShimUnreachable = errdefs.New(errdefs.ErrUnavailable, "kata shim unreachable")
 
 // ShimError is a shim's answer other than 200 OK. Body is the shim's own text (Kata puts its error
 // message there), at most 1 MiB of it.

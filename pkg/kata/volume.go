@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/safedir"
 )
 
@@ -26,7 +27,7 @@ const (
 
 var (
 	// ErrNotFound is returned for a volume that has no mountInfo.json (or, for SandboxIDs, no directory).
-	ErrNotFound = errors.New("not found")
+	ErrNotFound = errdefs.ErrNotFound
 	// ErrInvalidSandboxID is returned by RecordSandbox for an id that cannot be a file name.
 	ErrInvalidSandboxID = errors.New("invalid sandbox id")
 	// ErrForeignEntry is wrapped, with the path, by the error for an entry that is not what the format
@@ -34,7 +35,7 @@ var (
 	// non-directory where a volume directory or the temporary directory belongs, anything but a regular
 	// file at mountInfo.json. Such an entry is never written, read, moved or removed through; someone
 	// other than the format's writers put it there.
-	ErrForeignEntry = errors.New("not what the direct-volume format puts there")
+	ErrForeignEntry = errdefs.New(errdefs.ErrFailedPrecondition, "not what the direct-volume format puts there")
 )
 
 // Volume is one direct-assigned volume as Kata sees it.

@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -697,8 +699,8 @@ func podInfo(pod *Pod) map[string]string {
 		sa = "default"
 	}
 	return map[string]string{
-		client.PodNameKey: pod.Name, client.PodNamespaceKey: pod.Namespace, client.PodUIDKey: pod.UID,
-		client.ServiceAccountKey: sa, client.EphemeralKey: "false",
+		volume.PodNameKey: pod.Name, volume.PodNamespaceKey: pod.Namespace, volume.PodUIDKey: pod.UID,
+		volume.ServiceAccountKey: sa, volume.EphemeralKey: "false",
 	}
 }
 

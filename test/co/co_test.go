@@ -13,13 +13,14 @@ import (
 	"sync"
 	"testing"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/test/co"
 )
 
@@ -99,7 +100,7 @@ func (f *fakeDriver) CreateVolume(_ context.Context, r *csi.CreateVolumeRequest)
 	f.rec(r)
 	f.capacity = r.GetCapacityRange().GetRequiredBytes()
 	return &csi.CreateVolumeResponse{Volume: &csi.Volume{VolumeId: "vol-" + r.GetName(), CapacityBytes: f.capacity,
-		VolumeContext: map[string]string{"from": "driver", client.DeferKey: "true"}}}, nil
+		VolumeContext: map[string]string{"from": "driver", volume.DeferKey: "true"}}}, nil
 }
 
 func (f *fakeDriver) DeleteVolume(_ context.Context, r *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
@@ -255,14 +256,14 @@ func TestKubeletOrder(t *testing.T) {
 	if d.Name != "fake.csi.example" || d.NodeID != "fake-node-id" {
 		t.Fatalf("registered %q on %q", d.Name, d.NodeID)
 	}
-	sc := co.StorageClass{Driver: d, Parameters: map[string]string{co.FSTypeKey: "xfs", client.DeferKey: "true",
+	sc := co.StorageClass{Driver: d, Parameters: map[string]string{co.FSTypeKey: "xfs", volume.DeferKey: "true",
 		"csi.storage.k8s.io/provisioner-secret-name": "s"}, MountOptions: []string{"noatime"}}
 	v, err := c.Provision(ctx, sc, co.Claim{Namespace: "ns", Name: "data", UID: "11111111-2222-4333-8444-555555555555", Size: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cv := f.requests[0].(*csi.CreateVolumeRequest)
-	wantParams := map[string]string{client.DeferKey: "true", co.PVCNameKey: "data", co.PVCNamespaceKey: "ns", co.PVNameKey: "pvc-11111111-2222-4333-8444-555555555555"}
+	wantParams := map[string]string{volume.DeferKey: "true", co.PVCNameKey: "data", co.PVCNamespaceKey: "ns", co.PVNameKey: "pvc-11111111-2222-4333-8444-555555555555"}
 	if cv.GetName() != "pvc-11111111-2222-4333-8444-555555555555" || !reflect.DeepEqual(cv.GetParameters(), wantParams) ||
 		cv.GetVolumeCapabilities()[0].GetMount().GetFsType() != "xfs" || cv.GetCapacityRange().GetRequiredBytes() != 1<<30 {
 		t.Errorf("CreateVolume: %v", cv)
@@ -303,7 +304,7 @@ func TestKubeletOrder(t *testing.T) {
 		}
 	}
 	if stage.GetStagingTargetPath() != staging || stage.GetPublishContext()["lun"] != "7" ||
-		stage.GetVolumeCapability().GetMount().GetVolumeMountGroup() != "2000" || stage.GetVolumeContext()[client.PodNameKey] != "" ||
+		stage.GetVolumeCapability().GetMount().GetVolumeMountGroup() != "2000" || stage.GetVolumeContext()[volume.PodNameKey] != "" ||
 		!reflect.DeepEqual(stage.GetVolumeContext(), v.Attributes) {
 		t.Errorf("NodeStageVolume: %v", stage)
 	}
@@ -311,9 +312,9 @@ func TestKubeletOrder(t *testing.T) {
 		t.Fatalf("%d NodePublishVolume calls, want 2", len(pubs))
 	}
 	pub := pubs[1]
-	wantCtx := map[string]string{"from": "driver", client.DeferKey: "true", co.ProvisionerIdentityKey: v.Attributes[co.ProvisionerIdentityKey],
-		client.PodNameKey: "web-0", client.PodNamespaceKey: "ns", client.PodUIDKey: pod.UID, client.ServiceAccountKey: "default",
-		client.EphemeralKey: "false"}
+	wantCtx := map[string]string{"from": "driver", volume.DeferKey: "true", co.ProvisionerIdentityKey: v.Attributes[co.ProvisionerIdentityKey],
+		volume.PodNameKey: "web-0", volume.PodNamespaceKey: "ns", volume.PodUIDKey: pod.UID, volume.ServiceAccountKey: "default",
+		volume.EphemeralKey: "false"}
 	if pub.GetTargetPath() != target || pub.GetStagingTargetPath() != staging || !reflect.DeepEqual(pub.GetVolumeContext(), wantCtx) ||
 		pub.GetVolumeCapability().GetMount().GetVolumeMountGroup() != "2000" || pub.GetVolumeCapability().GetMount().GetFsType() != "xfs" ||
 		!slices.Equal(pub.GetVolumeCapability().GetMount().GetMountFlags(), []string{"noatime"}) || pub.GetReadonly() {
@@ -422,7 +423,7 @@ func TestSharedStagingAndOwnership(t *testing.T) {
 	}
 	for _, r := range f.requests {
 		if p, ok := r.(*csi.NodePublishVolumeRequest); ok {
-			if p.GetVolumeContext()[client.PodNameKey] != "" || p.GetVolumeCapability().GetMount().GetVolumeMountGroup() != "" {
+			if p.GetVolumeContext()[volume.PodNameKey] != "" || p.GetVolumeCapability().GetMount().GetVolumeMountGroup() != "" {
 				t.Errorf("no podInfoOnMount and no VOLUME_MOUNT_GROUP, yet %v", p)
 			}
 		}

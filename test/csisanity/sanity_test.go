@@ -19,7 +19,8 @@ import (
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/testutil/harness"
-	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/volume"
+
 	"crust.dev/crust/test/csisanity/sanityrun"
 )
 
@@ -85,7 +86,7 @@ func runSanity(t *testing.T, root, mode string) {
 	if mode == "deferred" {
 		// Target and staging paths under crustd's kubelet root, as kubelet's are.
 		access, pathsDir, params = "mount", filepath.Join(dir, "kubelet"), filepath.Join(dir, "params.yaml")
-		if err := os.WriteFile(params, []byte(client.DeferKey+`: "true"`+"\n"), 0o644); err != nil {
+		if err := os.WriteFile(params, []byte(volume.DeferKey+`: "true"`+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		crust = startCrustd(t, dir, pathsDir)

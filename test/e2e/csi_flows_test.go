@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -24,7 +26,6 @@ import (
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/testutil/harness"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/test/co"
 )
 
@@ -107,12 +108,12 @@ func TestCSIFlows(t *testing.T) {
 	step("crustd, two LVM drivers, crust-csi-proxy and the API server up; both drivers registered")
 
 	// Provisioning: one StorageClass per driver, both asking for deferral.
-	volA, err := c.Provision(ctx, co.StorageClass{Driver: drvA, Parameters: map[string]string{client.DeferKey: "true", co.FSTypeKey: "ext4"}},
+	volA, err := c.Provision(ctx, co.StorageClass{Driver: drvA, Parameters: map[string]string{volume.DeferKey: "true", co.FSTypeKey: "ext4"}},
 		co.Claim{Namespace: "shop", Name: "data-a", Size: 256 * mib})
 	if err != nil {
 		t.Fatal(err)
 	}
-	volB, err := c.Provision(ctx, co.StorageClass{Driver: drvB, Parameters: map[string]string{client.DeferKey: "true", co.FSTypeKey: "xfs"},
+	volB, err := c.Provision(ctx, co.StorageClass{Driver: drvB, Parameters: map[string]string{volume.DeferKey: "true", co.FSTypeKey: "xfs"},
 		MountOptions: []string{"noatime"}}, co.Claim{Namespace: "shop", Name: "data-b", Size: 320 * mib})
 	if err != nil {
 		t.Fatal(err)
@@ -329,7 +330,7 @@ func TestCSIFlows(t *testing.T) {
 		}
 		if r, ok := call.Request.(*csi.NodePublishVolumeRequest); ok && call.Err == nil {
 			vc := r.GetVolumeContext()
-			if vc[client.PodNameKey] == "" || vc[client.PodUIDKey] == "" || vc[client.EphemeralKey] != "false" || vc[co.ProvisionerIdentityKey] == "" {
+			if vc[volume.PodNameKey] == "" || vc[volume.PodUIDKey] == "" || vc[volume.EphemeralKey] != "false" || vc[co.ProvisionerIdentityKey] == "" {
 				t.Errorf("NodePublishVolume without kubelet's volume context: %v", vc)
 			}
 		}

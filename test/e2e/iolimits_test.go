@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -66,7 +68,7 @@ func TestMicroVMIOLimits(t *testing.T) {
 	}
 
 	// Limits crustd refuses: named, and nothing deposited.
-	err = publish(limited, map[string]string{client.DeferKey: "true", client.TotalIOPSKey: "50", client.ReadIOPSKey: "5"})
+	err = publish(limited, map[string]string{volume.DeferKey: "true", volume.TotalIOPSKey: "50", volume.ReadIOPSKey: "5"})
 	if s := status.Convert(err); s.Code() != codes.InvalidArgument || !strings.Contains(s.Message(), "spec.io_limits.read_iops") {
 		t.Fatalf("publish with total and read IOPS: %v, want INVALID_ARGUMENT naming spec.io_limits.read_iops", err)
 	}
@@ -74,11 +76,11 @@ func TestMicroVMIOLimits(t *testing.T) {
 		t.Fatalf("after a refused publish: %v, want NOT_FOUND", err)
 	}
 
-	if err := publish(limited, map[string]string{client.DeferKey: "true", client.WriteBytesPerSecondKey: "1Mi",
-		client.TotalIOPSKey: strconv.Itoa(opsLimit), client.PodUIDKey: uid}); err != nil {
+	if err := publish(limited, map[string]string{volume.DeferKey: "true", volume.WriteBytesPerSecondKey: "1Mi",
+		volume.TotalIOPSKey: strconv.Itoa(opsLimit), volume.PodUIDKey: uid}); err != nil {
 		t.Fatal(err)
 	}
-	if err := publish(plain, map[string]string{client.DeferKey: "true", client.PodUIDKey: uid}); err != nil {
+	if err := publish(plain, map[string]string{volume.DeferKey: "true", volume.PodUIDKey: uid}); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := getVolume(t, d, limited.target).GetSpec().GetIoLimits(), (&crustv1.IOLimits{TotalIops: opsLimit, WriteBytesPerSecond: writeLimit}); !proto.Equal(got, want) {
@@ -176,22 +178,22 @@ func TestIOLimitsThroughTheProxies(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, err = c.Provision(ctx, co.StorageClass{Driver: drv, Parameters: map[string]string{client.DeferKey: "true",
-		client.TotalIOPSKey: "50", client.ReadIOPSKey: "5"}}, co.Claim{Namespace: "shop", Name: "bad", Size: 64 << 20})
-	if s := status.Convert(err); s.Code() != codes.InvalidArgument || !strings.Contains(s.Message(), client.ReadIOPSKey) {
-		t.Fatalf("provisioning with total and read IOPS: %v, want INVALID_ARGUMENT naming %s", err, client.ReadIOPSKey)
+	_, err = c.Provision(ctx, co.StorageClass{Driver: drv, Parameters: map[string]string{volume.DeferKey: "true",
+		volume.TotalIOPSKey: "50", volume.ReadIOPSKey: "5"}}, co.Claim{Namespace: "shop", Name: "bad", Size: 64 << 20})
+	if s := status.Convert(err); s.Code() != codes.InvalidArgument || !strings.Contains(s.Message(), volume.ReadIOPSKey) {
+		t.Fatalf("provisioning with total and read IOPS: %v, want INVALID_ARGUMENT naming %s", err, volume.ReadIOPSKey)
 	}
 	if lvs, err := vg.LVs(); err != nil || len(lvs) != 0 {
 		t.Fatalf("the driver made %v (%v) for a refused class", lvs, err)
 	}
 
-	vol, err := c.Provision(ctx, co.StorageClass{Driver: drv, Parameters: map[string]string{client.DeferKey: "true",
-		co.FSTypeKey: "ext4", client.TotalIOPSKey: strconv.Itoa(opsLimit)}}, co.Claim{Namespace: "shop", Name: "data", Size: 128 << 20})
+	vol, err := c.Provision(ctx, co.StorageClass{Driver: drv, Parameters: map[string]string{volume.DeferKey: "true",
+		co.FSTypeKey: "ext4", volume.TotalIOPSKey: strconv.Itoa(opsLimit)}}, co.Claim{Namespace: "shop", Name: "data", Size: 128 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := vol.Attributes[client.TotalIOPSKey]; got != strconv.Itoa(opsLimit) {
-		t.Fatalf("the PersistentVolume's attributes %v lack %s", vol.Attributes, client.TotalIOPSKey)
+	if got := vol.Attributes[volume.TotalIOPSKey]; got != strconv.Itoa(opsLimit) {
+		t.Fatalf("the PersistentVolume's attributes %v lack %s", vol.Attributes, volume.TotalIOPSKey)
 	}
 	rp, err := c.RunPod(ctx, &co.Pod{Namespace: "shop", Name: "db-0", RuntimeClassName: microVMClass,
 		Volumes: []co.PodVolume{{Volume: vol, MountPath: "/data"}}})

@@ -98,7 +98,7 @@ type MountArgs struct {
 	// with DAX (-o dax: file data is accessed in the persistent memory, with no page cache) and formats it,
 	// when CreateFilesystem asks, with 4 KiB blocks as DAX needs.
 	PmemAddress uint64 `json:"pmem_address,omitempty"`
-	// FSType is the filesystem: "ext4" (the default), "ext3", "ext2" or "xfs".
+	// FSType is the filesystem: "ext4" (the default), "ext3" or "xfs" (volume.FormattedFSTypes).
 	FSType string `json:"fs_type,omitempty"`
 	// Options are mount options ("noatime", "discard", ...).
 	Options []string `json:"options,omitempty"`

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"crust.dev/crust/examples/microvm/agentproto"
+	crustvolume "crust.dev/crust/pkg/volume"
 )
 
 const (
@@ -77,14 +78,12 @@ func checkTarget(target string) error {
 	return nil
 }
 
-var supportedFS = map[string]bool{"ext4": true, "ext3": true, "ext2": true, "xfs": true}
-
 func (v *volumes) mount(ctx context.Context, args agentproto.MountArgs) (agentproto.MountResult, error) {
 	if args.Block {
 		return v.expose(ctx, args)
 	}
 	if args.FSType == "" {
-		args.FSType = "ext4"
+		args.FSType = crustvolume.DefaultFSType
 	}
 	if err := checkTarget(args.Target); err != nil {
 		return agentproto.MountResult{}, err
@@ -92,8 +91,9 @@ func (v *volumes) mount(ctx context.Context, args agentproto.MountArgs) (agentpr
 	switch {
 	case args.Serial == "" || len(args.Serial) > maxSerial:
 		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument, "serial %q must be 1 to %d bytes", args.Serial, maxSerial)
-	case !supportedFS[args.FSType]:
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeUnimplemented, "fs type %q (supported: ext4, ext3, ext2, xfs)", args.FSType)
+	case !crustvolume.IsFormattedFSType(args.FSType):
+		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeUnimplemented, "fs type %q (supported: %s)", args.FSType,
+			strings.Join(crustvolume.FormattedFSTypes(), ", "))
 	case args.FSGroupPolicy != "" && args.FSGroupPolicy != agentproto.FSGroupAlways && args.FSGroupPolicy != agentproto.FSGroupOnRootMismatch:
 		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument, "fs_group_policy %q", args.FSGroupPolicy)
 	case args.FSGroup != nil && (*args.FSGroup < 0 || *args.FSGroup > 1<<32-2):

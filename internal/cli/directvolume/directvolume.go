@@ -19,10 +19,11 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"crust.dev/crust/pkg/volume"
+
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
-	"crust.dev/crust/internal/validate"
 	"crust.dev/crust/pkg/kata"
 	"crust.dev/crust/pkg/safedir"
 )
@@ -272,7 +273,7 @@ func newView(v kata.Volume) view {
 		ids = []string{} // [] rather than null for scripts
 	}
 	info := v.MountInfo
-	info.Metadata = validate.Redact(info.Metadata) // secret values (encryptionKey) are never printed
+	info.Metadata = volume.Redact(info.Metadata) // secret values (encryptionKey) are never printed
 	return view{VolumePath: v.Path, MountInfo: info, SandboxIDs: ids}
 }
 

@@ -1,11 +1,18 @@
-// Package errdefs holds the error kinds that crust's domain packages return. Each kind matches one gRPC
-// code; internal/server turns them into status errors at the boundary, and nothing else does.
+// Package errdefs is crust's one error vocabulary: the kinds of failure every crust component (crustd,
+// the CSI proxy, pkg/client, runtime handlers) returns and tests for, and the one pair of functions that
+// carries them across gRPC.
 //
-// Domain code wraps a kind with context, for example
+// Code that is not a gRPC server or client wraps a kind with context, for example
 //
 //	fmt.Errorf("volume %q: %w", target, errdefs.ErrNotFound)
 //
-// or returns a *FieldError for bad input, so that the message names the field and the reason.
+// or returns a *FieldError for bad input, so that the message names the field and the reason. Callers test
+// with errors.Is (and errors.As for a *FieldError).
+//
+// Each kind has its own gRPC code. A server turns an error into a status with ToGRPC where it answers, and
+// a client turns a status back into a kind with FromGRPC where it is answered; nothing else builds or reads
+// status codes. A *FieldError crosses with its field (in a google.rpc.BadRequest detail), so the other
+// side gets a *FieldError back.
 package errdefs
 
 import (
@@ -32,6 +39,10 @@ var (
 	ErrUnavailable = errors.New("unavailable")
 	// ErrUnimplemented: the owner does not support the operation.
 	ErrUnimplemented = errors.New("unimplemented")
+	// ErrInternal: a fault of the component that answers, not of the request (a bug, a broken disk).
+	ErrInternal = errors.New("internal")
+	// ErrUnknown: a failure of no known kind, such as a status code no kind stands for.
+	ErrUnknown = errors.New("unknown")
 	// ErrResourceExhausted: the storage that holds crust's state is full (ENOSPC) or over quota (EDQUOT);
 	// nothing was changed, and the same call succeeds once space returns.
 	ErrResourceExhausted = errors.New("resource exhausted")
@@ -64,3 +75,16 @@ func (e *FieldError) Is(target error) bool { return target == ErrInvalidArgument
 func Field(field, format string, args ...any) error {
 	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
+
+// New returns a sentinel error with its own text that is of kind: errors.Is holds for it and for kind,
+// and ToGRPC gives it kind's code. A package that names its own failures defines them with New, so that
+// callers and servers know their kind without a table of their own.
+func New(kind error, text string) error { return &kindError{text: text, kind: kind} }
+
+type kindError struct {
+	text string
+	kind error
+}
+
+func (e *kindError) Error() string { return e.text }
+func (e *kindError) Unwrap() error { return e.kind }
