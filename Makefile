@@ -54,10 +54,13 @@ guest: deps ## Fetch the guest kernel (Debian's cloud kernel) and build the gues
 .PHONY: generate
 generate: ## Regenerate the Go code from proto/ (buf, pinned local plugins)
 	$(BUF) generate
+	$(BUF) generate --template buf.gen.agent.yaml
 
 .PHONY: check-generated
 check-generated: generate ## Fail when the committed generated code differs from a fresh generation
-	git diff --exit-code -- pkg/api
+	git diff --exit-code -- pkg/api runtimehooks/microvm/agentproto/agentv1
+	@test -z "$$(git status --porcelain -- pkg/api runtimehooks/microvm/agentproto/agentv1)" || \
+		{ git status --porcelain -- pkg/api runtimehooks/microvm/agentproto/agentv1; echo "generated files not committed"; exit 1; }
 
 .PHONY: lint
 lint: ## buf lint and format, golangci-lint, go vet

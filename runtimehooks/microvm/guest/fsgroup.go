@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"crust.dev/crust/runtimehooks/microvm/agentproto"
+	"crust.dev/crust/runtimehooks/microvm/agentproto/agentv1"
 )
 
 // Bits fsGroup adds: group and owner read-write on everything, plus search
@@ -27,12 +27,12 @@ const (
 // and the setgid bit; symlinks only get the group. With OnRootMismatch the
 // walk is skipped when root already has all of that. The walk stays on
 // root's filesystem.
-func applyFSGroup(root string, gid int, policy agentproto.FSGroupPolicy) error {
+func applyFSGroup(root string, gid int, policy agentv1.FsGroupPolicy) error {
 	var rootSt unix.Stat_t
 	if err := unix.Lstat(root, &rootSt); err != nil {
 		return err
 	}
-	if policy == agentproto.FSGroupOnRootMismatch && !needsFSGroup(&rootSt, gid) {
+	if policy == agentv1.FsGroupPolicy_FS_GROUP_POLICY_ON_ROOT_MISMATCH && !needsFSGroup(&rootSt, gid) {
 		return nil
 	}
 	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"crust.dev/crust/runtimehooks/microvm/agentproto"
+	"crust.dev/crust/runtimehooks/microvm/agentproto/agentv1"
 )
 
 func TestFSGroup(t *testing.T) {
@@ -48,7 +49,7 @@ func TestFSGroup(t *testing.T) {
 	}
 
 	// OnRootMismatch on a root that does not match walks everything.
-	if err := applyFSGroup(root, gid, agentproto.FSGroupOnRootMismatch); err != nil {
+	if err := applyFSGroup(root, gid, agentv1.FsGroupPolicy_FS_GROUP_POLICY_ON_ROOT_MISMATCH); err != nil {
 		t.Fatal(err)
 	}
 	check(root, 0o2775)
@@ -61,7 +62,7 @@ func TestFSGroup(t *testing.T) {
 	if err := os.Chmod(file, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := applyFSGroup(root, gid, agentproto.FSGroupOnRootMismatch); err != nil {
+	if err := applyFSGroup(root, gid, agentv1.FsGroupPolicy_FS_GROUP_POLICY_ON_ROOT_MISMATCH); err != nil {
 		t.Fatal(err)
 	}
 	var st unix.Stat_t
@@ -69,7 +70,7 @@ func TestFSGroup(t *testing.T) {
 	if st.Mode&0o777 != 0o600 {
 		t.Fatalf("OnRootMismatch walked a matching root (file mode %o)", st.Mode&0o777)
 	}
-	if err := applyFSGroup(root, gid, agentproto.FSGroupAlways); err != nil {
+	if err := applyFSGroup(root, gid, agentv1.FsGroupPolicy_FS_GROUP_POLICY_ALWAYS); err != nil {
 		t.Fatal(err)
 	}
 	check(file, 0o660)
