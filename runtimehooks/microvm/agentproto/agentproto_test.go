@@ -135,20 +135,20 @@ func newBridge(t *testing.T) (*bridge, io.ReadWriteCloser) {
 		b.mu.Unlock()
 	})
 	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			b.mu.Lock()
-			b.host, b.gen = c, b.gen+1
-			b.cond.Broadcast()
-			b.mu.Unlock()
+		for c, err := ln.Accept(); err == nil; c, err = ln.Accept() {
+			b.connected(c)
 			b.fromHost(c) // one host at a time, as QEMU: the next is accepted when this one is gone
 		}
 	}()
 	go b.toHost()
 	return b, agentEnd
+}
+
+func (b *bridge) connected(c net.Conn) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.host, b.gen = c, b.gen+1
+	b.cond.Broadcast()
 }
 
 func (b *bridge) fromHost(c net.Conn) {

@@ -116,13 +116,19 @@ func findPort(name string, wait time.Duration, mods *moduleLoader) (string, erro
 
 // portDevice returns the device node of the virtio-serial port called name, if there is one yet.
 func portDevice(name string) (string, bool) {
-	names, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
-	for _, n := range names {
-		b, err := os.ReadFile(n)
-		if err != nil || strings.TrimSpace(string(b)) != name {
+	return deviceByAttr("/sys/class/virtio-ports/*/name", name)
+}
+
+// deviceByAttr returns /dev/NAME for the first sysfs device directory NAME matched by glob's directory
+// part whose attribute file (glob's last element) holds want, once its device node exists.
+func deviceByAttr(glob, want string) (string, bool) {
+	files, _ := filepath.Glob(glob)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil || strings.TrimSpace(string(b)) != want {
 			continue
 		}
-		dev := "/dev/" + filepath.Base(filepath.Dir(n))
+		dev := "/dev/" + filepath.Base(filepath.Dir(f))
 		if _, err := os.Stat(dev); err == nil {
 			return dev, true
 		}

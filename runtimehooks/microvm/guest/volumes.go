@@ -302,20 +302,7 @@ func findPmem(addr uint64) (string, bool) {
 	return "", false
 }
 
-func findDisk(serial string) (string, bool) {
-	files, _ := filepath.Glob("/sys/block/vd*/serial")
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil || strings.TrimSpace(string(b)) != serial {
-			continue
-		}
-		dev := "/dev/" + filepath.Base(filepath.Dir(f))
-		if _, err := os.Stat(dev); err == nil {
-			return dev, true
-		}
-	}
-	return "", false
-}
+func findDisk(serial string) (string, bool) { return deviceByAttr("/sys/block/vd*/serial", serial) }
 
 // sameDevice reports whether two paths name the same block device.
 func sameDevice(a, b string) bool {
