@@ -60,7 +60,7 @@ func TestRawBlockInGuest(t *testing.T) {
 	wantCode("expose with an fs type", err, errdefs.ErrInvalidArgument)
 
 	st, err := agent.Statfs(ctx, &agentv1.StatfsRequest{Target: target})
-	if err != nil || st.Bytes.Total != 32*mib || st.Bytes.Used != 0 || st.Inodes.Total != 0 || st.Abnormal {
+	if err != nil || st.GetBytes().GetTotal() != 32*mib || st.GetBytes().GetUsed() != 0 || st.GetInodes().GetTotal() != 0 || st.GetAbnormal() {
 		t.Fatalf("statfs = %+v, %v; want a total of %d bytes", st, err, 32*mib)
 	}
 	if err := os.Truncate(dev.file, 48*mib); err != nil {

@@ -301,14 +301,14 @@ func TestVolumesInGuest(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("grow %s %d -> %d MiB online: %s; fs %d -> %d bytes", g.id, g.size/mib, 2*g.size/mib,
-			time.Since(t0).Round(time.Millisecond), before.Bytes.Total, after.Bytes.Total)
-		if gr.DeviceBytes != uint64(2*g.size) || gr.CapacityBytes != after.Bytes.Total {
-			t.Errorf("grow %s = %+v, statfs total %d", g.id, gr, after.Bytes.Total)
+			time.Since(t0).Round(time.Millisecond), before.GetBytes().GetTotal(), after.GetBytes().GetTotal())
+		if gr.DeviceBytes != uint64(2*g.size) || gr.CapacityBytes != after.GetBytes().GetTotal() {
+			t.Errorf("grow %s = %+v, statfs total %d", g.id, gr, after.GetBytes().GetTotal())
 		}
 		// The filesystem's overhead does not double, so the new total is
 		// more than twice the old minus a little.
-		if after.Bytes.Total < 2*before.Bytes.Total-uint64(g.size)/20 || after.Bytes.Total > uint64(2*g.size) {
-			t.Errorf("grow %s: total %d -> %d for a device of %d", g.id, before.Bytes.Total, after.Bytes.Total, 2*g.size)
+		if after.GetBytes().GetTotal() < 2*before.GetBytes().GetTotal()-uint64(g.size)/20 || after.GetBytes().GetTotal() > uint64(2*g.size) {
+			t.Errorf("grow %s: total %d -> %d for a device of %d", g.id, before.GetBytes().GetTotal(), after.GetBytes().GetTotal(), 2*g.size)
 		}
 	}
 	if sum := execOK(t, v, "md5sum", "/volumes/ext4/data"); sum != sumBefore {
@@ -329,14 +329,14 @@ func TestVolumesInGuest(t *testing.T) {
 	if wr.ExitStatus == 0 || !strings.Contains(string(wr.Stderr), "Read-only") {
 		t.Errorf("write to the read-only volume: exit %d, stderr %q", wr.ExitStatus, wr.Stderr)
 	}
-	if st, err := agent.Statfs(ctx, &agentv1.StatfsRequest{Target: "/volumes/ro"}); err != nil || st.Abnormal {
+	if st, err := agent.Statfs(ctx, &agentv1.StatfsRequest{Target: "/volumes/ro"}); err != nil || st.GetAbnormal() {
 		t.Errorf("read-only volume stats = %+v, %v", st, err)
 	}
 	// A device that vanishes under a mount makes the volume abnormal.
 	if err := v.DetachBlock(ctx, "vol-ro"); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := agent.Statfs(ctx, &agentv1.StatfsRequest{Target: "/volumes/ro"}); err != nil || !st.Abnormal {
+	if st, err := agent.Statfs(ctx, &agentv1.StatfsRequest{Target: "/volumes/ro"}); err != nil || !st.GetAbnormal() {
 		t.Errorf("stats after the device left = %+v, %v; want abnormal", st, err)
 	} else {
 		t.Logf("vanished device: %s", st.Message)
@@ -348,7 +348,7 @@ func TestVolumesInGuest(t *testing.T) {
 	// A filesystem that turned read-only under a read-write mount (as ext4
 	// does on errors with errors=remount-ro) is abnormal.
 	execOK(t, v, "mount", "-o", "remount,ro", "/volumes/ext4")
-	if st, err := agent.Statfs(ctx, &agentv1.StatfsRequest{Target: "/volumes/ext4"}); err != nil || !st.Abnormal {
+	if st, err := agent.Statfs(ctx, &agentv1.StatfsRequest{Target: "/volumes/ext4"}); err != nil || !st.GetAbnormal() {
 		t.Errorf("stats of a read-only-turned volume = %+v, %v; want abnormal", st, err)
 	} else {
 		t.Logf("read-only-turned volume: %s", st.Message)
@@ -396,7 +396,7 @@ func TestVolumesInGuest(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Abnormal || st.Bytes.Used < 8*mib || st.Inodes.Used == 0 {
+		if st.GetAbnormal() || st.GetBytes().GetUsed() < 8*mib || st.GetInodes().GetUsed() == 0 {
 			t.Errorf("%s stats = %+v", m.target, st)
 		}
 		if _, err := agent.Unmount(ctx, &agentv1.UnmountRequest{Target: m.target}); err != nil {
@@ -420,8 +420,8 @@ func TestVolumesInGuest(t *testing.T) {
 	for _, m := range ms {
 		host, block := hostStatfs(t, m.dev.path, m.fsType)
 		g := m.guest
-		if !within(g.Bytes.Total, host.Bytes.Total, block) || !within(g.Bytes.Used, host.Bytes.Used, block) ||
-			!within(g.Bytes.Available, host.Bytes.Available, block) || g.Inodes.Total != host.Inodes.Total {
+		if !within(g.GetBytes().GetTotal(), host.GetBytes().GetTotal(), block) || !within(g.GetBytes().GetUsed(), host.GetBytes().GetUsed(), block) ||
+			!within(g.GetBytes().GetAvailable(), host.GetBytes().GetAvailable(), block) || g.GetInodes().GetTotal() != host.GetInodes().GetTotal() {
 			t.Errorf("%s: guest stats %+v, host %+v (block %d)", m.fsType, g, host, block)
 		} else {
 			t.Logf("%s: guest and host agree: bytes %+v inodes %+v", m.fsType, g.Bytes, g.Inodes)
