@@ -63,10 +63,13 @@ guest: deps ## Fetch the guest kernel (Debian's cloud kernel) and build the gues
 .PHONY: generate
 generate: ## Regenerate the Go code from proto/ (buf, pinned local plugins)
 	$(BUF) generate
+	$(BUF) generate --template buf.gen.agent.yaml
 
 .PHONY: check-generated
 check-generated: generate ## Fail when the committed generated code differs from a fresh generation
-	git diff --exit-code -- pkg/api
+	git diff --exit-code -- pkg/api examples/microvm/agentproto/agentv1
+	@test -z "$$(git status --porcelain -- pkg/api examples/microvm/agentproto/agentv1)" || \
+		{ git status --porcelain -- pkg/api examples/microvm/agentproto/agentv1; echo "generated files not committed"; exit 1; }
 
 .PHONY: lint
 lint: ## buf lint and format, golangci-lint and go vet of every module
@@ -84,10 +87,10 @@ test: deps build guest ## Run every test tier (unit, root on loop devices, e2e, 
 # a set of packages, and the unit tier is every package but the tier packages, run where no test can be
 # root: its test binaries run in a new user namespace as uid and gid 1000 (unshare --map-user), so every
 # test that needs root (loop devices, LVM, mkfs, mounts, QEMU) skips itself, as on a developer's machine.
-TIER_E2E     := ./test/e2e ./runtimehooks/microvm/vm
+TIER_E2E     := ./test/e2e ./examples/microvm/vm
 TIER_SANITY  := ./test/csisanity ./test/csiproxy
 TIER_CLUSTER := ./test/cluster
-TIER_PKGS     = $$($(GO) list ./... | grep -v -E '/test/(e2e|csisanity|csiproxy|cluster|bench)$$|/runtimehooks/microvm/vm$$')
+TIER_PKGS     = $$($(GO) list ./... | grep -v -E '/test/(e2e|csisanity|csiproxy|cluster|bench)$$|/examples/microvm/vm$$')
 
 .PHONY: test-unit
 test-unit: ## Unit tier: no root, no VM, no loop devices (test binaries run unprivileged); under a minute

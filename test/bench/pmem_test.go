@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/vm"
 )
 
@@ -80,13 +80,13 @@ func BenchmarkPmemDAX(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := v.Agent().Mount(ctx, agentproto.MountArgs{Serial: "dax", PmemAddress: p.Address, FSType: "ext4", Target: "/bench/dax"}); err != nil {
+	if _, err := v.Agent().Mount(ctx, &agentv1.MountRequest{Serial: "dax", PmemAddress: p.Address, FsType: "ext4", Target: "/bench/dax"}); err != nil {
 		b.Fatal(err)
 	}
 	if err := v.AttachBlock(ctx, "blk", blkFile, false); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := v.Agent().Mount(ctx, agentproto.MountArgs{Serial: "blk", FSType: "ext4", Target: "/bench/blk"}); err != nil {
+	if _, err := v.Agent().Mount(ctx, &agentv1.MountRequest{Serial: "blk", FsType: "ext4", Target: "/bench/blk"}); err != nil {
 		b.Fatal(err)
 	}
 	mounts := guestRun(b, v, "cat /proc/mounts")

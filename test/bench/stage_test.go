@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/handler"
 	"crust.dev/crust/examples/microvm/vm"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
@@ -101,7 +101,7 @@ func BenchmarkStageToMounted(b *testing.B) {
 			if err := bt.bare.AttachBlock(ctx, bareID, lb.dev, false); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := bt.bare.Agent().Mount(ctx, agentproto.MountArgs{Serial: bareID, FSType: "ext4", Target: "/bench/" + bareID}); err != nil {
+			if _, err := bt.bare.Agent().Mount(ctx, &agentv1.MountRequest{Serial: bareID, FsType: "ext4", Target: "/bench/" + bareID}); err != nil {
 				b.Fatal(err)
 			}
 			bareT = append(bareT, time.Since(t0))

@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/vm"
 )
 
@@ -79,7 +79,7 @@ func BenchmarkGuestThroughput(b *testing.B) {
 	if err := v.AttachBlock(ctx, "direct", direct.dev, false); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := v.Agent().Mount(ctx, agentproto.MountArgs{Serial: "direct", FSType: "ext4", Target: "/bench/direct"}); err != nil {
+	if _, err := v.Agent().Mount(ctx, &agentv1.MountRequest{Serial: "direct", FsType: "ext4", Target: "/bench/direct"}); err != nil {
 		b.Fatal(err)
 	}
 	guestRun(b, v, "mkdir -p /bench/9p && mount -t 9p -o "+ninepOptions+" "+shareTag+" /bench/9p")
@@ -181,7 +181,7 @@ func guestExec(b *testing.B, v *vm.VM, argv ...string) (stdout, stderr string) {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	res, err := v.Agent().Exec(ctx, agentproto.ExecArgs{Argv: argv, TimeoutMillis: (5 * time.Minute).Milliseconds()})
+	res, err := v.Agent().Exec(ctx, &agentv1.ExecRequest{Argv: argv, TimeoutMillis: (5 * time.Minute).Milliseconds()})
 	if err != nil {
 		b.Fatalf("exec %q: %v", argv, err)
 	}

@@ -3,306 +3,538 @@ package agentproto
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"time"
+
+	"github.com/containerd/ttrpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"crust.dev/crust/examples/microvm/agentproto/agentv1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
-// pair connects a Client to a Server over an in-memory pipe.
-func pair(t *testing.T, h Handler) *Client {
+// fakeAgent answers like the agent: Exec echoes argv (argv[0] "block" waits until its argv[1] is
+// released; "fail" fails with the kind named by argv[1]); Statfs echoes its target as the message.
+type fakeAgent struct {
+	mu      sync.Mutex
+	release map[string]chan struct{}
+	started chan string
+}
+
+func newFakeAgent() *fakeAgent {
+	return &fakeAgent{release: map[string]chan struct{}{}, started: make(chan string, 64)}
+}
+
+func (a *fakeAgent) gate(name string) chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.release[name] == nil {
+		a.release[name] = make(chan struct{})
+	}
+	return a.release[name]
+}
+
+var testKinds = map[string]error{
+	"invalid":   errdefs.ErrInvalidArgument,
+	"notfound":  errdefs.ErrNotFound,
+	"failed":    errdefs.ErrFailedPrecondition,
+	"unimpl":    errdefs.ErrUnimplemented,
+	"deadline":  context.DeadlineExceeded,
+	"exhausted": errdefs.ErrResourceExhausted,
+}
+
+func (a *fakeAgent) Exec(ctx context.Context, r *agentv1.ExecRequest) (*agentv1.ExecResponse, error) {
+	argv := r.GetArgv()
+	switch {
+	case len(argv) == 2 && argv[0] == "block":
+		a.started <- argv[1]
+		select {
+		case <-a.gate(argv[1]):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	case len(argv) == 2 && argv[0] == "fail":
+		if k := testKinds[argv[1]]; k != nil {
+			return nil, Errorf(k, "failing with %s", argv[1])
+		}
+		return nil, fmt.Errorf("failing with no kind")
+	}
+	return &agentv1.ExecResponse{Stdout: []byte(strings.Join(argv, " ")), ExitStatus: int32(len(argv))}, nil
+}
+
+func (a *fakeAgent) Health(context.Context, *agentv1.HealthRequest) (*agentv1.HealthResponse, error) {
+	return &agentv1.HealthResponse{Version: "test", Kernel: "6.1-test"}, nil
+}
+
+func (a *fakeAgent) Mount(_ context.Context, r *agentv1.MountRequest) (*agentv1.MountResponse, error) {
+	return &agentv1.MountResponse{Device: "/dev/" + r.GetSerial()}, nil
+}
+
+func (a *fakeAgent) Unmount(context.Context, *agentv1.UnmountRequest) (*agentv1.UnmountResponse, error) {
+	return &agentv1.UnmountResponse{}, nil
+}
+
+func (a *fakeAgent) Statfs(_ context.Context, r *agentv1.StatfsRequest) (*agentv1.StatfsResponse, error) {
+	return &agentv1.StatfsResponse{Message: r.GetTarget(), Bytes: &agentv1.Usage{Total: 1 << 30}}, nil
+}
+
+func (a *fakeAgent) Grow(context.Context, *agentv1.GrowRequest) (*agentv1.GrowResponse, error) {
+	return &agentv1.GrowResponse{}, nil
+}
+
+func (a *fakeAgent) Shutdown(context.Context, *agentv1.ShutdownRequest) (*agentv1.ShutdownResponse, error) {
+	return &agentv1.ShutdownResponse{}, nil
+}
+
+// bridge stands in for QEMU: a unix socket (the chardev) for one host connection at a time (the next is
+// accepted once the one before has gone and what it wrote has been passed on), and the
+// guest's end of the port. Like QEMU it keeps what the guest wrote while no host was connected, or what
+// a host that went away did not read, for the next host; and it passes on whatever a host wrote before
+// it went, so that half a frame may be left in the port in either direction.
+type bridge struct {
+	path  string
+	guest net.Conn // the bridge's end; the agent has the other
+
+	mu     sync.Mutex
+	cond   *sync.Cond
+	host   net.Conn // the host connected now, nil between hosts
+	gen    int      // counts host connections
+	closed bool
+
+	// dropHost, while set, drops what hosts write (a guest that has not opened its port yet).
+	dropHost   bool
+	hostWrites int // counts hosts' writes that were passed on or dropped
+}
+
+func newBridge(t *testing.T) (*bridge, io.ReadWriteCloser) {
 	t.Helper()
-	host, guest := net.Pipe()
-	srv := &Server{Handler: h}
-	go func() { _ = srv.Serve(context.Background(), guest, guest) }()
-	c := NewClient(host)
+	b := &bridge{path: filepath.Join(t.TempDir(), "agent.sock")}
+	b.cond = sync.NewCond(&b.mu)
+	ln, err := net.Listen("unix", b.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var agentEnd net.Conn
+	b.guest, agentEnd = net.Pipe()
 	t.Cleanup(func() {
-		_ = c.Close()
-		_ = guest.Close()
+		_ = ln.Close()
+		_ = b.guest.Close()
+		b.mu.Lock()
+		b.closed = true
+		if b.host != nil {
+			_ = b.host.Close()
+		}
+		b.cond.Broadcast()
+		b.mu.Unlock()
 	})
+	go func() {
+		for c, err := ln.Accept(); err == nil; c, err = ln.Accept() {
+			b.connected(c)
+			b.fromHost(c) // one host at a time, as QEMU: the next is accepted when this one is gone
+		}
+	}()
+	go b.toHost()
+	return b, agentEnd
+}
+
+func (b *bridge) connected(c net.Conn) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.host, b.gen = c, b.gen+1
+	b.cond.Broadcast()
+}
+
+func (b *bridge) fromHost(c net.Conn) {
+	buf := make([]byte, 4096)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			b.mu.Lock()
+			drop := b.dropHost
+			b.hostWrites++
+			b.cond.Broadcast()
+			b.mu.Unlock()
+			if !drop {
+				if _, werr := b.guest.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+		}
+		if err != nil {
+			b.mu.Lock()
+			if b.host == c {
+				b.host = nil
+			}
+			b.mu.Unlock()
+			return
+		}
+	}
+}
+
+func (b *bridge) toHost() {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := b.guest.Read(buf)
+		if err != nil {
+			return
+		}
+		for {
+			b.mu.Lock()
+			for b.host == nil && !b.closed {
+				b.cond.Wait()
+			}
+			h := b.host
+			b.mu.Unlock()
+			if h == nil {
+				return
+			}
+			if _, err := h.Write(buf[:n]); err == nil {
+				break
+			}
+			b.mu.Lock()
+			if b.host == h {
+				b.host = nil
+			}
+			b.mu.Unlock()
+		}
+	}
+}
+
+// rawHost connects to the bridge as a host that speaks no protocol, and waits until the bridge has it.
+func (b *bridge) rawHost(t *testing.T) net.Conn {
+	t.Helper()
+	b.mu.Lock()
+	gen := b.gen
+	b.mu.Unlock()
+	c, err := net.Dial("unix", b.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.mu.Lock()
+	for b.gen == gen {
+		b.cond.Wait()
+	}
+	b.mu.Unlock()
+	return c
+}
+
+// serveAgent serves a fakeAgent on the agent's end of the bridge.
+func serveAgent(t *testing.T, port io.ReadWriteCloser) *fakeAgent {
+	t.Helper()
+	l := ListenPort(port)
+	srv, err := NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newFakeAgent()
+	agentv1.RegisterAgentServiceService(srv, a)
+	go func() { _ = srv.Serve(context.Background(), l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return a
+}
+
+func dial(t *testing.T, b *bridge) *Client {
+	t.Helper()
+	c, err := Dial(t.Context(), b.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
 func TestCallRoundTrip(t *testing.T) {
-	c := pair(t, func(_ context.Context, req Request) (any, error) {
-		switch req.Op {
-		case OpPing:
-			return PingResult{Kernel: "6.1"}, nil
-		case OpStatfs:
-			var a StatfsArgs
-			if err := json.Unmarshal(req.Args, &a); err != nil {
-				return nil, err
-			}
-			if a.Target != "/v" {
-				return nil, Errorf(CodeNotFound, "%s is not mounted", a.Target)
-			}
-			return StatfsResult{Bytes: Usage{Total: 10, Used: 4, Available: 6}}, nil
-		case OpUnmount:
-			return nil, nil
-		case OpExec:
-			return nil, errors.New("boom")
-		}
-		return nil, Errorf(CodeUnimplemented, "%s", req.Op)
-	})
-	ctx := context.Background()
-
-	p, err := c.Ping(ctx)
-	if err != nil || p.Kernel != "6.1" {
-		t.Fatalf("Ping = %+v, %v", p, err)
+	b, port := newBridge(t)
+	serveAgent(t, port)
+	c := dial(t, b)
+	ctx := t.Context()
+	h, err := c.Health(ctx, &agentv1.HealthRequest{})
+	if err != nil || h.GetKernel() != "6.1-test" || h.GetVersion() != "test" {
+		t.Fatalf("Health = %v, %v", h, err)
 	}
-	st, err := c.Statfs(ctx, "/v")
-	if err != nil || st.Bytes.Available != 6 {
-		t.Fatalf("Statfs = %+v, %v", st, err)
+	m, err := c.Mount(ctx, &agentv1.MountRequest{Serial: "vol-1", Target: "/v"})
+	if err != nil || m.GetDevice() != "/dev/vol-1" {
+		t.Fatalf("Mount = %v, %v", m, err)
 	}
-	_, err = c.Statfs(ctx, "/nope")
-	var perr *Error
-	if !errors.As(err, &perr) || perr.Code != CodeNotFound {
-		t.Fatalf("Statfs(/nope) error = %v, want not_found", err)
-	}
-	if err := c.Unmount(ctx, "/v"); err != nil {
-		t.Fatalf("Unmount: %v", err)
-	}
-	_, err = c.Exec(ctx, ExecArgs{Argv: []string{"x"}})
-	if !errors.As(err, &perr) || perr.Code != CodeInternal || perr.Message != "boom" {
-		t.Fatalf("Exec error = %v, want internal boom", err)
-	}
-	err = c.Call(ctx, "frobnicate", nil, nil)
-	if !errors.As(err, &perr) || perr.Code != CodeUnimplemented {
-		t.Fatalf("unknown op error = %v", err)
+	// A payload far over one frame comes back whole.
+	long := strings.Repeat("x", 3*maxPayload+17)
+	st, err := c.Statfs(ctx, &agentv1.StatfsRequest{Target: long})
+	if err != nil || st.GetMessage() != long || st.GetBytes().GetTotal() != 1<<30 {
+		t.Fatalf("Statfs: %d bytes back, %v", len(st.GetMessage()), err)
 	}
 }
 
-// Concurrent calls are answered out of order and each caller gets its own answer.
 func TestConcurrentCallsOutOfOrder(t *testing.T) {
-	c := pair(t, func(_ context.Context, req Request) (any, error) {
-		var a ExecArgs
-		_ = json.Unmarshal(req.Args, &a)
-		d, _ := time.ParseDuration(a.Argv[0])
-		time.Sleep(d)
-		return ExecResult{Stdout: []byte(a.Argv[0])}, nil
-	})
+	b, port := newBridge(t)
+	a := serveAgent(t, port)
+	c := dial(t, b)
+	const n = 8
 	var wg sync.WaitGroup
-	for _, d := range []string{"60ms", "1ms", "30ms", "0s", "45ms"} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, err := c.Exec(context.Background(), ExecArgs{Argv: []string{d}})
-			if err != nil || string(r.Stdout) != d {
-				t.Errorf("Exec(%s) = %q, %v", d, r.Stdout, err)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			name := fmt.Sprint(i)
+			res, err := c.Exec(t.Context(), &agentv1.ExecRequest{Argv: []string{"block", name}})
+			if err == nil && string(res.GetStdout()) != "block "+name {
+				err = fmt.Errorf("call %d got %q", i, res.GetStdout())
 			}
-		}()
+			errs[i] = err
+		})
+	}
+	for range n {
+		<-a.started // all n are in the agent at once
+	}
+	for i := n - 1; i >= 0; i-- { // answered last first
+		close(a.gate(fmt.Sprint(i)))
 	}
 	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
 }
 
-// A call whose context ends returns at once; its late answer is dropped and
-// the client goes on working.
 func TestCallContextAndLateAnswer(t *testing.T) {
-	release := make(chan struct{})
-	c := pair(t, func(_ context.Context, req Request) (any, error) {
-		if req.Op == OpGrow {
-			<-release
-		}
-		return PingResult{Kernel: string(req.Op)}, nil
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer cancel()
-	if _, err := c.Grow(ctx, GrowArgs{Target: "/v"}); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Grow error = %v, want deadline", err)
+	b, port := newBridge(t)
+	a := serveAgent(t, port)
+	c := dial(t, b)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(ctx, &agentv1.ExecRequest{Argv: []string{"block", "late"}})
+		done <- err
+	}()
+	<-a.started
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call: %v, want context.Canceled", err)
 	}
-	close(release)
-	p, err := c.Ping(context.Background())
-	if err != nil || p.Kernel != "ping" {
-		t.Fatalf("Ping after a dropped answer = %+v, %v", p, err)
+	close(a.gate("late")) // its answer, if any, must not be taken for the next call's
+	res, err := c.Exec(t.Context(), &agentv1.ExecRequest{Argv: []string{"next"}})
+	if err != nil || string(res.GetStdout()) != "next" {
+		t.Fatalf("next call = %q, %v", res.GetStdout(), err)
 	}
 }
 
 func TestClosedConnection(t *testing.T) {
-	host, guest := net.Pipe()
-	c := NewClient(host)
-	errc := make(chan error, 1)
+	b, port := newBridge(t)
+	a := serveAgent(t, port)
+	c := dial(t, b)
+	done := make(chan error, 1)
 	go func() {
-		_, err := c.Ping(context.Background())
-		errc <- err
+		_, err := c.Exec(t.Context(), &agentv1.ExecRequest{Argv: []string{"block", "pending"}})
+		done <- err
 	}()
-	// Read the request, then hang up without answering.
-	if _, err := NewLineReader(guest, 0).ReadLine(); err != nil {
-		t.Fatal(err)
-	}
-	_ = guest.Close()
-	if err := <-errc; !errors.Is(err, ErrClosed) {
-		t.Fatalf("pending call error = %v, want ErrClosed", err)
+	<-a.started
+	_ = c.Close()
+	if err := <-done; !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("pending call on a closed client: %v, want ErrUnavailable", err)
 	}
 	<-c.Done()
-	if _, err := c.Ping(context.Background()); !errors.Is(err, ErrClosed) {
-		t.Fatalf("later call error = %v, want ErrClosed", err)
+	if _, err := c.Health(t.Context(), &agentv1.HealthRequest{}); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("call on a closed client: %v, want ErrUnavailable", err)
 	}
 }
 
-// The server answers garbage and over-long lines with id 0 and keeps serving.
-func TestServerRefusesBadLines(t *testing.T) {
-	host, guest := net.Pipe()
-	defer func() { _ = host.Close() }()
-	srv := &Server{Handler: func(context.Context, Request) (any, error) { return PingResult{Kernel: "k"}, nil }}
-	go func() { _ = srv.Serve(context.Background(), guest, guest) }()
-	lr := NewLineReader(host, 0)
+// TestErrorsCrossTheWire: each kind reaches the host as itself with the agent's message, and an error
+// of no kind as one of no kind.
+func TestErrorsCrossTheWire(t *testing.T) {
+	b, port := newBridge(t)
+	serveAgent(t, port)
+	c := dial(t, b)
+	for name, kind := range testKinds {
+		_, err := c.Exec(t.Context(), &agentv1.ExecRequest{Argv: []string{"fail", name}})
+		if !errors.Is(err, kind) || err.Error() != "failing with "+name {
+			t.Errorf("%s: got %v, want %v with the agent's message", name, err, kind)
+		}
+		if st, _ := status.FromError(ToGRPC(err)); st.Message() != "failing with "+name {
+			t.Errorf("%s: passed on as %v", name, st)
+		}
+	}
+	_, err := c.Exec(t.Context(), &agentv1.ExecRequest{Argv: []string{"fail", "none"}})
+	for name, kind := range testKinds {
+		if errors.Is(err, kind) {
+			t.Errorf("an error of no kind arrived as %s", name)
+		}
+	}
+	if status.Code(ToGRPC(err)) != codes.Internal || err.Error() != "failing with no kind" {
+		t.Errorf("an error of no kind: %v", err)
+	}
+}
+
+// TestConversionPair: the agent's wires use errdefs' pair (tested there), plus ttrpc's closed connection
+// as Unavailable.
+func TestConversionPair(t *testing.T) {
+	if ToGRPC(nil) != nil || FromGRPC(nil) != nil {
+		t.Fatal("nil must stay nil")
+	}
+	if err := FromGRPC(fmt.Errorf("call: %w", ttrpc.ErrClosed)); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("a closed connection: %v, want ErrUnavailable", err)
+	}
+	for name, kind := range testKinds {
+		err := FromGRPC(ToGRPC(fmt.Errorf("disk vol-1: %w", kind)))
+		if !errors.Is(err, kind) {
+			t.Errorf("%s: round trip gave %v", name, err)
+		}
+	}
+}
+
+// TestHostReconnectLeavesNoHalfFrame: a host that goes away with half a frame written, and a guest whose
+// answers to it are still in the port, do not keep the next host from talking to the agent.
+func TestHostReconnectLeavesNoHalfFrame(t *testing.T) {
+	b, port := newBridge(t)
+	a := serveAgent(t, port)
+
+	// A first host whose call is still running when it goes away: the answer comes later, to the next.
+	first := dial(t, b)
+	go func() { _, _ = first.Exec(context.Background(), &agentv1.ExecRequest{Argv: []string{"block", "old"}}) }()
+	<-a.started
+	_ = first.Close()
+
+	// A host that writes a frame's header and part of its payload, then goes away.
+	half := appendFrame(nil, kindData, 42, bytes.Repeat([]byte{7}, 1000))
+	raw := b.rawHost(t)
+	if _, err := raw.Write(half[:headerSize+100]); err != nil {
+		t.Fatal(err)
+	}
+	_ = raw.Close()
+
+	// The old session's answer waits in the port for the next host.
+	close(a.gate("old"))
+
+	for i := range 3 {
+		c := dial(t, b)
+		res, err := c.Exec(t.Context(), &agentv1.ExecRequest{Argv: []string{"again", fmt.Sprint(i)}})
+		if err != nil || string(res.GetStdout()) != "again "+fmt.Sprint(i) {
+			t.Fatalf("host %d: %q, %v", i, res.GetStdout(), err)
+		}
+		_ = c.Close()
+	}
+}
+
+// TestStaleGuestBytes: whatever the port holds from the guest's side when a host connects (a cut frame,
+// another session's frames) is skipped.
+func TestStaleGuestBytes(t *testing.T) {
+	b, port := newBridge(t)
+	stale := appendFrame(nil, kindData, 99, []byte("old answer"))
+	stale = append(stale, appendFrame(nil, kindAck, 99, nil)...)
+	cut := appendFrame(nil, kindData, 99, bytes.Repeat([]byte{1}, maxPayload))
+	stale = append(stale, cut[:len(cut)/2]...)
+	// Written on the guest's side before the agent serves: they wait in the bridge for the host.
+	if _, err := port.Write(stale); err != nil {
+		t.Fatal(err)
+	}
+	serveAgent(t, port)
+	c := dial(t, b)
+	if _, err := c.Health(t.Context(), &agentv1.HealthRequest{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDialBeforeTheAgent: an open sent before the agent has its port open is lost; the agent's hello
+// makes the host send it again, so Dial returns once the agent serves, without polling.
+func TestDialBeforeTheAgent(t *testing.T) {
+	b, port := newBridge(t)
+	b.mu.Lock()
+	b.dropHost = true
+	b.mu.Unlock()
+	dialed := make(chan error, 1)
 	go func() {
-		_, _ = io.WriteString(host, "not json\n")
-		_, _ = io.WriteString(host, `{"id":0,"op":"ping"}`+"\n")
-		_, _ = host.Write(append(bytes.Repeat([]byte("x"), MaxLineBytes+10), '\n'))
-		_, _ = io.WriteString(host, `{"id":5,"op":"ping"}`+"\n")
+		c, err := Dial(t.Context(), b.path)
+		if err == nil {
+			_, err = c.Health(t.Context(), &agentv1.HealthRequest{})
+			_ = c.Close()
+		}
+		dialed <- err
 	}()
-	for i := range 4 {
-		line, err := lr.ReadLine()
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp, err := DecodeResponse(line)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if i < 3 && (resp.ID != 0 || resp.Error == nil || resp.Error.Code != CodeInvalidArgument) {
-			t.Fatalf("response %d = %s, want id 0 invalid_argument", i, line)
-		}
-		if i == 3 && (resp.ID != 5 || resp.Error != nil) {
-			t.Fatalf("response %d = %s, want id 5 ok", i, line)
-		}
+	b.mu.Lock()
+	for b.hostWrites == 0 { // the first open is on its way, and lost
+		b.cond.Wait()
 	}
-}
-
-func TestLineReader(t *testing.T) {
-	in := "a\n" + strings.Repeat("b", 20) + "\nc\nlast"
-	lr := NewLineReader(strings.NewReader(in), 10)
-	want := []struct {
-		line string
-		err  error
-	}{{"a", nil}, {"", ErrLineTooLong}, {"c", nil}, {"last", nil}, {"", io.EOF}}
-	for i, w := range want {
-		line, err := lr.ReadLine()
-		if string(line) != w.line || !errors.Is(err, w.err) {
-			t.Fatalf("line %d = %q, %v; want %q, %v", i, line, err, w.line, w.err)
-		}
-	}
-}
-
-func TestEncodeLineIsOneLine(t *testing.T) {
-	line, err := EncodeLine(Request{ID: 1, Op: OpExec, Args: json.RawMessage("{\n \"argv\": [\"a\\nb\"]\n}")})
-	if err != nil {
+	b.dropHost = false
+	b.mu.Unlock()
+	serveAgent(t, port)
+	if err := <-dialed; err != nil {
 		t.Fatal(err)
 	}
-	if bytes.Count(line, []byte("\n")) != 1 || line[len(line)-1] != '\n' {
-		t.Fatalf("EncodeLine = %q, want exactly one trailing newline", line)
+}
+
+func TestFrameReaderResyncs(t *testing.T) {
+	good := appendFrame(nil, kindData, 5, []byte("payload"))
+	badHeader := slices.Clone(good)
+	badHeader[10] ^= 0xff // the session, under the header checksum
+	badPayload := slices.Clone(good)
+	badPayload[headerSize] ^= 0xff
+	var in []byte
+	in = append(in, "garbage crs1 crs"...)
+	in = append(in, badHeader...)
+	in = append(in, badPayload...)
+	in = append(in, good[:headerSize+3]...) // a cut frame ...
+	in = appendPad(in)                      // ... ended by a pad
+	in = append(in, good...)
+	fr := newFrameReader(bytes.NewReader(in))
+	f, err := fr.next()
+	if err != nil || f.kind != kindData || f.session != 5 || string(f.payload) != "payload" {
+		t.Fatalf("next = %+v, %v", f, err)
 	}
-	if _, err := EncodeLine(ExecResult{Stdout: make([]byte, MaxLineBytes)}); !errors.Is(err, ErrLineTooLong) {
-		t.Fatalf("oversized EncodeLine error = %v", err)
+	if _, err := fr.next(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the last frame: %v, want io.EOF", err)
 	}
-	// Two full exec outputs still fit one line.
-	if _, err := EncodeLine(Response{ID: 1, Result: mustJSON(t, ExecResult{Stdout: make([]byte, MaxExecOutput), Stderr: make([]byte, MaxExecOutput)})}); err != nil {
-		t.Fatalf("full exec result: %v", err)
+	if _, err := newFrameReader(bytes.NewReader(good[:len(good)-1])).next(); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("a cut frame at the end: %v, want io.ErrUnexpectedEOF", err)
 	}
 }
 
-func mustJSON(t *testing.T, v any) json.RawMessage {
-	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-// FuzzDecodeRequest: the decoder never panics, and whatever it accepts
-// survives an encode/decode round trip unchanged.
-func FuzzDecodeRequest(f *testing.F) {
-	f.Add([]byte(`{"id":1,"op":"ping"}`))
-	f.Add([]byte(`{"id":2,"op":"mount","args":{"serial":"v1","target":"/v","fs_group":2000}}`))
-	f.Add([]byte(`{"id":3,"op":"exec","args":{"argv":["sh","-c","true"]}} {"id":4}`))
-	f.Add([]byte(`[1,2]`))
-	f.Add([]byte(`{"id":18446744073709551615,"op":"x","args":null}`))
-	f.Fuzz(func(t *testing.T, line []byte) {
-		req, err := DecodeRequest(line)
-		if err != nil {
-			return
-		}
-		if req.ID == 0 || req.Op == "" {
-			t.Fatalf("accepted %q as %+v", line, req)
-		}
-		enc, err := EncodeLine(req)
-		if err != nil {
-			return // args that grew past the bound when re-encoded
-		}
-		again, err := DecodeRequest(enc[:len(enc)-1])
-		if err != nil {
-			t.Fatalf("re-decoding %q: %v", enc, err)
-		}
-		if again.ID != req.ID || again.Op != req.Op {
-			t.Fatalf("round trip changed %+v into %+v", req, again)
-		}
-		if len(req.Args) > 0 && string(req.Args) != "null" {
-			var a, b any
-			if json.Unmarshal(req.Args, &a) == nil && json.Unmarshal(again.Args, &b) == nil {
-				ja, _ := json.Marshal(a)
-				jb, _ := json.Marshal(b)
-				if !bytes.Equal(ja, jb) {
-					t.Fatalf("round trip changed args %s into %s", req.Args, again.Args)
-				}
+// FuzzFrameReader: the decoder never panics; every frame it returns is valid and was in its input; and a
+// valid frame after any input and a pad is found.
+func FuzzFrameReader(f *testing.F) {
+	f.Add(appendFrame(nil, kindOpen, 1, nil))
+	f.Add(appendFrame(nil, kindData, 1<<63, []byte("x")))
+	f.Add(append([]byte("crs1"), appendFrame(nil, kindAck, 3, nil)[:20]...))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		marker := appendFrame(nil, kindData, 0xfeed, []byte("marker"))
+		all := appendPad(slices.Clone(in))
+		all = append(all, marker...)
+		fr := newFrameReader(bytes.NewReader(all))
+		for {
+			fr, err := fr.next()
+			if err != nil {
+				t.Fatalf("the marker frame was not found: %v", err)
 			}
-		}
-	})
-}
-
-// FuzzLineReader: no line is ever longer than the bound and the reader
-// always makes progress to EOF.
-func FuzzLineReader(f *testing.F) {
-	f.Add([]byte("a\nbb\n"), 2)
-	f.Add([]byte(strings.Repeat("x", 100)+"\ny"), 10)
-	f.Fuzz(func(t *testing.T, data []byte, limit int) {
-		if limit < 1 || limit > 1<<16 {
-			return
-		}
-		lr := NewLineReader(bytes.NewReader(data), limit)
-		for i := 0; ; i++ {
-			if i > len(data)+1 {
-				t.Fatalf("no progress after %d lines", i)
+			enc := appendFrame(nil, fr.kind, fr.session, fr.payload)
+			if !bytes.Contains(all, enc) || len(fr.payload) > maxPayload {
+				t.Fatalf("frame %+v was not in the input", fr)
 			}
-			line, err := lr.ReadLine()
-			if errors.Is(err, io.EOF) {
+			if bytes.Equal(enc, marker) {
 				return
 			}
-			if err != nil && !errors.Is(err, ErrLineTooLong) {
-				t.Fatal(err)
-			}
-			if len(line) > limit {
-				t.Fatalf("line of %d bytes over bound %d", len(line), limit)
-			}
 		}
 	})
 }
 
-// FuzzDecodeResponse feeds the host's decoder what a guest might send: the guest is not trusted, so any
-// line must decode or be refused without a panic, and an accepted response must survive a round trip.
-func FuzzDecodeResponse(f *testing.F) {
-	f.Add([]byte(`{"id":1,"result":{"kernel":"6.1.0","uptime_ms":12}}`))
-	f.Add([]byte(`{"id":2,"error":{"code":"not_found","message":"no disk vol-1"}}`))
-	f.Add([]byte(`{"id":0,"error":{"code":"invalid_argument","message":"bad line"}}`))
-	f.Add([]byte(`{"id":3,"result":null} trailing`))
-	f.Add([]byte(`{"id":-1}`))
-	f.Fuzz(func(t *testing.T, line []byte) {
-		resp, err := DecodeResponse(line)
-		if err != nil {
-			return
+// FuzzListenPort: whatever a host writes on the port, the guest's end never panics, and a proper session
+// opened after it (and a pad) is served.
+func FuzzListenPort(f *testing.F) {
+	f.Add(appendFrame(nil, kindData, 1, []byte("not a ttrpc message")))
+	f.Add(append(appendFrame(nil, kindOpen, 7, nil), appendFrame(nil, kindData, 7, []byte{0, 0, 0, 9, 0, 0, 0, 1, 1, 0})...))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		b, port := newBridge(t)
+		serveAgent(t, port)
+		raw := b.rawHost(t)
+		if _, err := raw.Write(in); err != nil {
+			t.Fatal(err)
 		}
-		enc, err := EncodeLine(resp)
-		if err != nil {
-			t.Fatalf("accepted %q but cannot encode it: %v", line, err)
-		}
-		again, err := DecodeResponse(enc)
-		if err != nil || again.ID != resp.ID || (again.Error == nil) != (resp.Error == nil) {
-			t.Fatalf("round trip of %q: %+v, %v; want %+v", line, again, err, resp)
+		_ = raw.Close()
+		c := dial(t, b)
+		if _, err := c.Health(t.Context(), &agentv1.HealthRequest{}); err != nil {
+			t.Fatal(err)
 		}
 	})
 }

@@ -4,12 +4,14 @@ package guest
 
 import (
 	"context"
-	"encoding/json"
+	"runtime/debug"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/agentproto/agentv1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 const (
@@ -17,94 +19,83 @@ const (
 	maxExecTimeout     = 10 * time.Minute
 )
 
-// agent serves the protocol's operations.
+// agent serves AgentService.
 type agent struct {
 	start time.Time
 	procs *procTable
 	vols  *volumes
 }
 
+var _ agentv1.AgentServiceService = (*agent)(nil)
+
 func newAgent(start time.Time, procs *procTable, mods *moduleLoader) *agent {
 	return &agent{start: start, procs: procs, vols: newVolumes(procs, mods.wait)}
 }
 
-func decode(req agentproto.Request, v any) error {
-	if len(req.Args) == 0 {
-		return agentproto.Errorf(agentproto.CodeInvalidArgument, "%s needs arguments", req.Op)
+// version is the agent's build's module version, or "devel".
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
 	}
-	if err := json.Unmarshal(req.Args, v); err != nil {
-		return agentproto.Errorf(agentproto.CodeInvalidArgument, "%s arguments: %v", req.Op, err)
-	}
-	return nil
+	return "devel"
 }
 
-func (a *agent) handle(ctx context.Context, req agentproto.Request) (any, error) {
-	switch req.Op {
-	case agentproto.OpPing:
-		var u unix.Utsname
-		_ = unix.Uname(&u)
-		return agentproto.PingResult{Kernel: unix.ByteSliceToString(u.Release[:]), UptimeMillis: time.Since(a.start).Milliseconds()}, nil
-	case agentproto.OpMount:
-		var args agentproto.MountArgs
-		if err := decode(req, &args); err != nil {
-			return nil, err
-		}
-		return a.vols.mount(ctx, args)
-	case agentproto.OpUnmount:
-		var args agentproto.UnmountArgs
-		if err := decode(req, &args); err != nil {
-			return nil, err
-		}
-		return nil, a.vols.unmount(args.Target)
-	case agentproto.OpStatfs:
-		var args agentproto.StatfsArgs
-		if err := decode(req, &args); err != nil {
-			return nil, err
-		}
-		return a.vols.statfs(args.Target)
-	case agentproto.OpGrow:
-		var args agentproto.GrowArgs
-		if err := decode(req, &args); err != nil {
-			return nil, err
-		}
-		return a.vols.grow(ctx, args)
-	case agentproto.OpExec:
-		var args agentproto.ExecArgs
-		if err := decode(req, &args); err != nil {
-			return nil, err
-		}
-		return a.exec(ctx, args)
-	case agentproto.OpShutdown:
-		go func() {
-			// Let the answer reach the host first.
-			time.Sleep(100 * time.Millisecond)
-			a.vols.unmountAll()
-			logger.Printf("powering off")
-			PowerOff()
-		}()
-		return nil, nil
-	}
-	return nil, agentproto.Errorf(agentproto.CodeUnimplemented, "unknown op %q", req.Op)
+func (a *agent) Health(context.Context, *agentv1.HealthRequest) (*agentv1.HealthResponse, error) {
+	var u unix.Utsname
+	_ = unix.Uname(&u)
+	return &agentv1.HealthResponse{
+		Version:      version(),
+		Kernel:       unix.ByteSliceToString(u.Release[:]),
+		UptimeMillis: time.Since(a.start).Milliseconds(),
+	}, nil
 }
 
-func (a *agent) exec(ctx context.Context, args agentproto.ExecArgs) (agentproto.ExecResult, error) {
-	timeout := time.Duration(args.TimeoutMillis) * time.Millisecond
+func (a *agent) Mount(ctx context.Context, r *agentv1.MountRequest) (*agentv1.MountResponse, error) {
+	return a.vols.mount(ctx, r)
+}
+
+func (a *agent) Unmount(_ context.Context, r *agentv1.UnmountRequest) (*agentv1.UnmountResponse, error) {
+	return &agentv1.UnmountResponse{}, a.vols.unmount(r.GetTarget())
+}
+
+func (a *agent) Statfs(_ context.Context, r *agentv1.StatfsRequest) (*agentv1.StatfsResponse, error) {
+	return a.vols.statfs(r.GetTarget())
+}
+
+func (a *agent) Grow(ctx context.Context, r *agentv1.GrowRequest) (*agentv1.GrowResponse, error) {
+	return a.vols.grow(ctx, r)
+}
+
+// Shutdown answers, then unmounts every volume, syncs and powers the VM off.
+func (a *agent) Shutdown(context.Context, *agentv1.ShutdownRequest) (*agentv1.ShutdownResponse, error) {
+	go func() {
+		// Let the answer reach the host first.
+		time.Sleep(100 * time.Millisecond)
+		a.vols.unmountAll()
+		logger.Printf("powering off")
+		PowerOff()
+	}()
+	return &agentv1.ShutdownResponse{}, nil
+}
+
+func (a *agent) Exec(ctx context.Context, args *agentv1.ExecRequest) (*agentv1.ExecResponse, error) {
+	timeout := time.Duration(args.GetTimeoutMillis()) * time.Millisecond
 	switch {
 	case timeout < 0:
-		return agentproto.ExecResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument, "negative timeout")
+		return nil, agentproto.Errorf(errdefs.ErrInvalidArgument, "timeout_millis: negative")
 	case timeout == 0:
 		timeout = defaultExecTimeout
 	case timeout > maxExecTimeout:
 		timeout = maxExecTimeout
 	}
-	res, err := a.procs.run(ctx, args.Argv, timeout)
+	res, err := a.procs.run(ctx, args.GetArgv(), timeout)
 	if err != nil {
-		return agentproto.ExecResult{}, err
+		return nil, err
 	}
-	return agentproto.ExecResult{
+	return &agentv1.ExecResponse{
 		Stdout:     res.stdout,
 		Stderr:     res.stderr,
-		ExitStatus: res.status,
+		ExitStatus: int32(res.status),
 		TimedOut:   res.timedOut,
 		Truncated:  res.truncated,
 	}, nil

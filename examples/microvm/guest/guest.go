@@ -3,8 +3,8 @@
 // Package guest is crust-guest, the agent that runs as PID 1 (/init) in the
 // crust microVM. It sets up the guest's base filesystems, loads the kernel
 // modules listed in agentproto.ModuleList, finds the virtio-serial port named
-// agentproto.PortName and serves the agentproto protocol on it for as long as
-// the VM runs: mounting hot-plugged disks, measuring and growing their
+// agentproto.PortName and serves the agent's API (AgentService, over ttrpc) on
+// it for as long as the VM runs: mounting hot-plugged disks, measuring and growing their
 // filesystems, running commands, powering off.
 //
 // Its log goes to the kernel console (the VM's serial port). It must be built
@@ -18,7 +18,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log"
 	"os"
 	"path/filepath"
@@ -28,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 )
 
 // portWait bounds the wait for the agent's virtio-serial port at boot.
@@ -35,8 +35,8 @@ const portWait = 30 * time.Second
 
 var logger = log.New(os.Stderr, "crust-guest: ", log.Lmicroseconds)
 
-// Run sets the guest up and serves the protocol; it returns only when the
-// setup fails. The caller then calls PowerOff.
+// Run sets the guest up and serves AgentService; it returns only when the
+// setup fails or the port does. The caller then calls PowerOff.
 func Run() error {
 	start := time.Now()
 	if os.Getpid() != 1 {
@@ -56,26 +56,23 @@ func Run() error {
 	procs := newProcTable()
 	go procs.reap()
 
-	port, err := findPort(agentproto.PortName, portWait, mods)
+	path, err := findPort(agentproto.PortName, portWait, mods)
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(port, os.O_RDWR, 0)
+	p, err := openPort(path)
 	if err != nil {
-		return fmt.Errorf("opening %s: %w", port, err)
+		return err
 	}
-	a := newAgent(start, procs, mods)
-	srv := &agentproto.Server{Handler: a.handle}
-	logger.Printf("serving on %s (%s) %.2fs after start", port, agentproto.PortName, time.Since(start).Seconds())
-	for {
-		err := srv.Serve(context.Background(), f, f)
-		if !errors.Is(err, io.EOF) {
-			logger.Printf("reading %s: %v", port, err)
-		}
-		// Reads end when the host side is not connected; wait for it to
-		// come (back).
-		time.Sleep(50 * time.Millisecond)
+	l := agentproto.ListenPort(p)
+	srv, err := agentproto.NewServer()
+	if err != nil {
+		return err
 	}
+	agentv1.RegisterAgentServiceService(srv, newAgent(start, procs, mods))
+	logger.Printf("serving on %s (%s) %.2fs after start", path, agentproto.PortName, time.Since(start).Seconds())
+	err = srv.Serve(context.Background(), l)
+	return fmt.Errorf("serving on %s: %w", path, err)
 }
 
 // mountBase mounts /dev first (the initramfs has no device nodes, so the
@@ -136,7 +133,7 @@ func (m *moduleLoader) wait(ctx context.Context) error {
 	select {
 	case <-m.done:
 		if m.err != nil {
-			return agentproto.Errorf(agentproto.CodeInternal, "%v", m.err)
+			return fmt.Errorf("loading the kernel modules: %w", m.err)
 		}
 		return nil
 	case <-ctx.Done():
@@ -194,32 +191,6 @@ func loadModule(path string) error {
 		return fmt.Errorf("loading module %s: %w", filepath.Base(path), err)
 	}
 	return nil
-}
-
-// findPort waits up to wait for the virtio-serial port called name and
-// returns its device node. It gives up early when the modules fail to load.
-func findPort(name string, wait time.Duration, mods *moduleLoader) (string, error) {
-	deadline := time.Now().Add(wait)
-	for {
-		names, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
-		for _, n := range names {
-			b, err := os.ReadFile(n)
-			if err != nil || strings.TrimSpace(string(b)) != name {
-				continue
-			}
-			dev := "/dev/" + filepath.Base(filepath.Dir(n))
-			if _, err := os.Stat(dev); err == nil {
-				return dev, nil
-			}
-		}
-		if err := mods.failed(); err != nil {
-			return "", err
-		}
-		if time.Now().After(deadline) {
-			return "", fmt.Errorf("no virtio-serial port named %s after %s", name, wait)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // PowerOff syncs and powers the VM off. It does not return unless the

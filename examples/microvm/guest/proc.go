@@ -5,6 +5,7 @@ package guest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // procTable starts the agent's child processes and, as PID 1's reaper,
@@ -71,11 +73,11 @@ type runResult struct {
 // killed. An error means the command could not be started.
 func (p *procTable) run(ctx context.Context, argv []string, timeout time.Duration) (runResult, error) {
 	if len(argv) == 0 || argv[0] == "" {
-		return runResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument, "empty argv")
+		return runResult{}, agentproto.Errorf(errdefs.ErrInvalidArgument, "empty argv")
 	}
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
-		return runResult{}, agentproto.Errorf(agentproto.CodeNotFound, "%v", err)
+		return runResult{}, agentproto.Errorf(errdefs.ErrNotFound, "%v", err)
 	}
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
@@ -109,7 +111,7 @@ func (p *procTable) run(ctx context.Context, argv []string, timeout time.Duratio
 	if err != nil {
 		_ = outR.Close()
 		_ = errR.Close()
-		return runResult{}, agentproto.Errorf(agentproto.CodeInternal, "starting %s: %v", argv[0], err)
+		return runResult{}, fmt.Errorf("starting %s: %v", argv[0], err)
 	}
 
 	var res runResult
@@ -196,7 +198,7 @@ func (p *procTable) runTool(ctx context.Context, argv ...string) (runResult, err
 		return res, err
 	}
 	if res.status != 0 {
-		return res, agentproto.Errorf(agentproto.CodeInternal, "%s exited with %d: %s%s", argv[0], res.status, res.stderr, res.stdout)
+		return res, fmt.Errorf("%s exited with %d: %s%s", argv[0], res.status, res.stderr, res.stdout)
 	}
 	return res, nil
 }

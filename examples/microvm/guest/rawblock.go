@@ -5,6 +5,7 @@ package guest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/agentproto/agentv1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // A raw block volume is exposed as a block device node made with mknod at the target, carrying the
@@ -21,18 +24,18 @@ import (
 
 // expose makes the node at args.Target for the disk with args.Serial, after waiting for the disk. A node
 // of the same disk already there is success (Already); anything else there is failed_precondition.
-func (v *volumes) expose(ctx context.Context, args agentproto.MountArgs) (agentproto.MountResult, error) {
+func (v *volumes) expose(ctx context.Context, args *agentv1.MountRequest) (*agentv1.MountResponse, error) {
 	if err := checkTarget(args.Target); err != nil {
-		return agentproto.MountResult{}, err
+		return nil, err
 	}
 	switch {
 	case args.Serial == "" || len(args.Serial) > maxSerial:
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument, "serial %q must be 1 to %d bytes", args.Serial, maxSerial)
-	case args.FSType != "" || len(args.Options) > 0 || args.FSGroup != nil || args.FSGroupPolicy != "" || args.CreateFilesystem:
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument,
+		return nil, agentproto.Errorf(errdefs.ErrInvalidArgument, "serial %q must be 1 to %d bytes", args.Serial, maxSerial)
+	case args.FsType != "" || len(args.Options) > 0 || args.FsGroup != nil || args.FsGroupPolicy != agentv1.FsGroupPolicy_FS_GROUP_POLICY_UNSPECIFIED || args.CreateFilesystem:
+		return nil, agentproto.Errorf(errdefs.ErrInvalidArgument,
 			"a raw block volume takes no fs_type, options, fs_group, fs_group_policy or create_filesystem")
 	case args.DeviceWaitMillis < 0:
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument, "negative device wait")
+		return nil, agentproto.Errorf(errdefs.ErrInvalidArgument, "negative device wait")
 	}
 	wait := min(time.Duration(args.DeviceWaitMillis)*time.Millisecond, maxDeviceWait)
 	if wait == 0 {
@@ -42,13 +45,13 @@ func (v *volumes) expose(ctx context.Context, args agentproto.MountArgs) (agentp
 	defer v.op.Unlock()
 	dev, err := waitDisk(ctx, args.Serial, wait)
 	if err != nil {
-		return agentproto.MountResult{}, err
+		return nil, err
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(dev, &st); err != nil {
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInternal, "stat %s: %v", dev, err)
+		return nil, fmt.Errorf("stat %s: %v", dev, err)
 	}
-	res := agentproto.MountResult{Device: dev}
+	res := &agentv1.MountResponse{Device: dev}
 	vol := &volume{serial: args.Serial, device: dev, readOnly: args.ReadOnly, block: true}
 	var there unix.Stat_t
 	switch err := unix.Lstat(args.Target, &there); {
@@ -57,20 +60,20 @@ func (v *volumes) expose(ctx context.Context, args agentproto.MountArgs) (agentp
 		res.Already = true
 		return res, nil
 	case err == nil:
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeFailedPrecondition,
+		return nil, agentproto.Errorf(errdefs.ErrFailedPrecondition,
 			"%s exists and is not the device node of %s", args.Target, dev)
 	case !errors.Is(err, unix.ENOENT):
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInternal, "%v", err)
+		return nil, fmt.Errorf("%v", err)
 	}
 	if err := os.MkdirAll(filepath.Dir(args.Target), 0o755); err != nil {
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInternal, "%v", err)
+		return nil, fmt.Errorf("%v", err)
 	}
 	mode := uint32(0o660)
 	if args.ReadOnly {
 		mode = 0o440 // the disk itself is read-only; the mode says so to whoever looks
 	}
 	if err := unix.Mknod(args.Target, unix.S_IFBLK|mode, int(st.Rdev)); err != nil {
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInternal, "mknod %s: %v", args.Target, err)
+		return nil, fmt.Errorf("mknod %s: %v", args.Target, err)
 	}
 	v.set(args.Target, vol)
 	logger.Printf("exposed %s (serial %s, %d:%d) at %s", dev, args.Serial, unix.Major(st.Rdev), unix.Minor(st.Rdev), args.Target)
@@ -80,7 +83,7 @@ func (v *volumes) expose(ctx context.Context, args agentproto.MountArgs) (agentp
 // unexpose removes the node exposed at target; one already gone is not an error. The caller holds v.op.
 func (v *volumes) unexpose(target string) error {
 	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return agentproto.Errorf(agentproto.CodeInternal, "remove %s: %v", target, err)
+		return fmt.Errorf("remove %s: %v", target, err)
 	}
 	v.set(target, nil)
 	logger.Printf("removed the device node %s", target)
@@ -90,24 +93,24 @@ func (v *volumes) unexpose(target string) error {
 // blockStatfs answers statfs for a raw block volume: the disk's size as the total bytes (what CSI asks
 // of a block volume; nothing is used or available on a raw device), no inodes, and abnormal when the
 // disk is gone.
-func blockStatfs(vol *volume) agentproto.StatfsResult {
+func blockStatfs(vol *volume) *agentv1.StatfsResponse {
 	size, err := waitDeviceSize(context.Background(), vol.device, 0, 0)
 	if err != nil {
-		return agentproto.StatfsResult{Abnormal: true, Message: "device " + vol.device + " is gone"}
+		return &agentv1.StatfsResponse{Abnormal: true, Message: "device " + vol.device + " is gone"}
 	}
-	return agentproto.StatfsResult{Bytes: agentproto.Usage{Total: size}}
+	return &agentv1.StatfsResponse{Bytes: &agentv1.Usage{Total: size}}
 }
 
 // blockGrow answers grow for a raw block volume: nothing to grow on the device, so it waits for the disk
 // to show the size and reports it as the capacity.
-func blockGrow(ctx context.Context, vol *volume, args agentproto.GrowArgs) (agentproto.GrowResult, error) {
+func blockGrow(ctx context.Context, vol *volume, args *agentv1.GrowRequest) (*agentv1.GrowResponse, error) {
 	if vol.readOnly {
-		return agentproto.GrowResult{}, agentproto.Errorf(agentproto.CodeFailedPrecondition, "%s is read-only", args.Target)
+		return nil, agentproto.Errorf(errdefs.ErrFailedPrecondition, "%s is read-only", args.Target)
 	}
 	size, err := waitDeviceSize(ctx, vol.device, args.MinDeviceBytes, growWait)
 	if err != nil {
-		return agentproto.GrowResult{}, err
+		return nil, err
 	}
 	logger.Printf("raw device %s at %s is %d bytes", vol.device, args.Target, size)
-	return agentproto.GrowResult{DeviceBytes: size, CapacityBytes: size}, nil
+	return &agentv1.GrowResponse{DeviceBytes: size, CapacityBytes: size}, nil
 }

@@ -17,6 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/agentproto/agentv1"
+	"crust.dev/crust/pkg/errdefs"
 	crustvolume "crust.dev/crust/pkg/volume"
 )
 
@@ -73,37 +75,37 @@ func (v *volumes) set(target string, vol *volume) {
 
 func checkTarget(target string) error {
 	if !filepath.IsAbs(target) || filepath.Clean(target) != target || target == "/" {
-		return agentproto.Errorf(agentproto.CodeInvalidArgument, "target %q is not a clean absolute path below /", target)
+		return agentproto.Errorf(errdefs.ErrInvalidArgument, "target %q is not a clean absolute path below /", target)
 	}
 	return nil
 }
 
-func (v *volumes) mount(ctx context.Context, args agentproto.MountArgs) (agentproto.MountResult, error) {
+func (v *volumes) mount(ctx context.Context, args *agentv1.MountRequest) (*agentv1.MountResponse, error) {
 	if args.Block {
 		return v.expose(ctx, args)
 	}
-	if args.FSType == "" {
-		args.FSType = crustvolume.DefaultFSType
+	if args.FsType == "" {
+		args.FsType = crustvolume.DefaultFSType
 	}
 	if err := checkTarget(args.Target); err != nil {
-		return agentproto.MountResult{}, err
+		return nil, err
 	}
 	switch {
 	case args.Serial == "" || len(args.Serial) > maxSerial:
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument, "serial %q must be 1 to %d bytes", args.Serial, maxSerial)
-	case !crustvolume.IsFormattedFSType(args.FSType):
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeUnimplemented, "fs type %q (supported: %s)", args.FSType,
+		return nil, agentproto.Errorf(errdefs.ErrInvalidArgument, "serial %q must be 1 to %d bytes", args.Serial, maxSerial)
+	case !crustvolume.IsFormattedFSType(args.FsType):
+		return nil, agentproto.Errorf(errdefs.ErrUnimplemented, "fs type %q (supported: %s)", args.FsType,
 			strings.Join(crustvolume.FormattedFSTypes(), ", "))
-	case args.FSGroupPolicy != "" && args.FSGroupPolicy != agentproto.FSGroupAlways && args.FSGroupPolicy != agentproto.FSGroupOnRootMismatch:
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument, "fs_group_policy %q", args.FSGroupPolicy)
-	case args.FSGroup != nil && (*args.FSGroup < 0 || *args.FSGroup > 1<<32-2):
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument, "fs_group %d", *args.FSGroup)
+	case agentv1.FsGroupPolicy_name[int32(args.FsGroupPolicy)] == "":
+		return nil, agentproto.Errorf(errdefs.ErrInvalidArgument, "fs_group_policy %d", args.FsGroupPolicy)
+	case args.FsGroup != nil && (*args.FsGroup < 0 || *args.FsGroup > 1<<32-2):
+		return nil, agentproto.Errorf(errdefs.ErrInvalidArgument, "fs_group %d", *args.FsGroup)
 	case args.DeviceWaitMillis < 0:
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInvalidArgument, "negative device wait")
+		return nil, agentproto.Errorf(errdefs.ErrInvalidArgument, "negative device wait")
 	}
 	flags, data, err := mountOptions(args.Options, args.ReadOnly)
 	if err != nil {
-		return agentproto.MountResult{}, err
+		return nil, err
 	}
 	wait := min(time.Duration(args.DeviceWaitMillis)*time.Millisecond, maxDeviceWait)
 	if wait == 0 {
@@ -112,9 +114,9 @@ func (v *volumes) mount(ctx context.Context, args agentproto.MountArgs) (agentpr
 
 	// Filesystem modules load in the background at boot; wait for them
 	// only when this filesystem is not in yet.
-	if !fsAvailable(args.FSType) {
+	if !fsAvailable(args.FsType) {
 		if err := v.ready(ctx); err != nil {
-			return agentproto.MountResult{}, err
+			return nil, err
 		}
 	}
 	v.op.Lock()
@@ -127,9 +129,9 @@ func (v *volumes) mount(ctx context.Context, args agentproto.MountArgs) (agentpr
 		dev, err = waitDisk(ctx, args.Serial, wait)
 	}
 	if err != nil {
-		return agentproto.MountResult{}, err
+		return nil, err
 	}
-	res := agentproto.MountResult{Device: dev}
+	res := &agentv1.MountResponse{Device: dev}
 
 	// Already mounted there? Then it is the same disk or a conflict.
 	if mi, ok := findMount(args.Target); ok {
@@ -138,7 +140,7 @@ func (v *volumes) mount(ctx context.Context, args agentproto.MountArgs) (agentpr
 			res.Already = true
 			return res, nil
 		}
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeFailedPrecondition, "%s is already a mount of %s", args.Target, mi.source)
+		return nil, agentproto.Errorf(errdefs.ErrFailedPrecondition, "%s is already a mount of %s", args.Target, mi.source)
 	}
 
 	// blkid runs only when a blank disk may have to be formatted (or to
@@ -146,25 +148,25 @@ func (v *volumes) mount(ctx context.Context, args agentproto.MountArgs) (agentpr
 	if args.CreateFilesystem {
 		found, err := v.probe(ctx, dev)
 		if err != nil {
-			return agentproto.MountResult{}, err
+			return nil, err
 		}
 		switch {
 		case strings.HasPrefix(found, "partition table"):
-			return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeFailedPrecondition, "%s (serial %s) holds a %s, not a filesystem", dev, args.Serial, found)
+			return nil, agentproto.Errorf(errdefs.ErrFailedPrecondition, "%s (serial %s) holds a %s, not a filesystem", dev, args.Serial, found)
 		case found != "":
 			// A filesystem (or another signature) is there: never format.
 		case args.ReadOnly:
-			return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeFailedPrecondition, "%s (serial %s) is blank and the volume is read-only", dev, args.Serial)
+			return nil, agentproto.Errorf(errdefs.ErrFailedPrecondition, "%s (serial %s) is blank and the volume is read-only", dev, args.Serial)
 		default:
-			if err := v.mkfs(ctx, args.FSType, dev, args.PmemAddress != 0); err != nil {
-				return agentproto.MountResult{}, err
+			if err := v.mkfs(ctx, args.FsType, dev, args.PmemAddress != 0); err != nil {
+				return nil, err
 			}
 			res.Formatted = true
 		}
 	}
 
 	if err := os.MkdirAll(args.Target, 0o755); err != nil {
-		return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInternal, "%v", err)
+		return nil, fmt.Errorf("%v", err)
 	}
 	// The filesystem's size, read before it is mounted: a disk grown while no sandbox held the volume
 	// (an expansion before any claim) is grown into once mounted, as kubelet has a node plugin do at stage.
@@ -172,57 +174,57 @@ func (v *volumes) mount(ctx context.Context, args agentproto.MountArgs) (agentpr
 	growable := !args.ReadOnly && !res.Formatted
 	if growable {
 		var err error
-		if fsBytes, block, err = filesystemBytes(dev, args.FSType); err != nil {
+		if fsBytes, block, err = filesystemBytes(dev, args.FsType); err != nil {
 			growable = false // the mount below says what the disk holds
 		}
 	}
-	if err := unix.Mount(dev, args.Target, args.FSType, flags, data); err != nil {
-		return agentproto.MountResult{}, v.mountFailure(ctx, dev, args, err)
+	if err := unix.Mount(dev, args.Target, args.FsType, flags, data); err != nil {
+		return nil, v.mountFailure(ctx, dev, args, err)
 	}
 	if growable {
-		grew, err := v.growToDisk(ctx, dev, args.FSType, args.Target, fsBytes, block)
+		grew, err := v.growToDisk(ctx, dev, args.FsType, args.Target, fsBytes, block)
 		if err != nil {
 			_ = unix.Unmount(args.Target, 0)
-			return agentproto.MountResult{}, err
+			return nil, err
 		}
 		if grew {
 			res.GrewFromBytes = fsBytes
 		}
 	}
-	if args.FSGroup != nil && !args.ReadOnly {
-		policy := args.FSGroupPolicy
-		if policy == "" {
-			policy = agentproto.FSGroupAlways
+	if args.FsGroup != nil && !args.ReadOnly {
+		policy := args.FsGroupPolicy
+		if policy == agentv1.FsGroupPolicy_FS_GROUP_POLICY_UNSPECIFIED {
+			policy = agentv1.FsGroupPolicy_FS_GROUP_POLICY_ALWAYS
 		}
-		if err := applyFSGroup(args.Target, int(*args.FSGroup), policy); err != nil {
+		if err := applyFSGroup(args.Target, int(*args.FsGroup), policy); err != nil {
 			_ = unix.Unmount(args.Target, 0)
-			return agentproto.MountResult{}, agentproto.Errorf(agentproto.CodeInternal, "fs_group: %v", err)
+			return nil, fmt.Errorf("fs_group: %v", err)
 		}
 	}
-	v.set(args.Target, &volume{serial: args.Serial, device: dev, fsType: args.FSType, readOnly: args.ReadOnly})
-	logger.Printf("mounted %s (serial %s, %s) on %s", dev, args.Serial, args.FSType, args.Target)
+	v.set(args.Target, &volume{serial: args.Serial, device: dev, fsType: args.FsType, readOnly: args.ReadOnly})
+	logger.Printf("mounted %s (serial %s, %s) on %s", dev, args.Serial, args.FsType, args.Target)
 	return res, nil
 }
 
 // mountFailure explains a failed mount with what the disk holds.
-func (v *volumes) mountFailure(ctx context.Context, dev string, args agentproto.MountArgs, err error) error {
+func (v *volumes) mountFailure(ctx context.Context, dev string, args *agentv1.MountRequest, err error) error {
 	if args.PmemAddress != 0 && errors.Is(err, unix.EINVAL) {
 		// DAX maps file data page by page: a filesystem whose blocks are not a page refuses it.
-		if _, block, berr := filesystemBytes(dev, args.FSType); berr == nil && block != uint64(os.Getpagesize()) {
-			return agentproto.Errorf(agentproto.CodeFailedPrecondition, "mount %s on %s with DAX: its %s has %d-byte "+
+		if _, block, berr := filesystemBytes(dev, args.FsType); berr == nil && block != uint64(os.Getpagesize()) {
+			return agentproto.Errorf(errdefs.ErrFailedPrecondition, "mount %s on %s with DAX: its %s has %d-byte "+
 				"blocks, and DAX needs blocks of a page (%d bytes): make it with 4 KiB blocks (mkfs.ext4 -b 4096)",
-				dev, args.Target, args.FSType, block, os.Getpagesize())
+				dev, args.Target, args.FsType, block, os.Getpagesize())
 		}
 	}
 	found, perr := v.probe(ctx, dev)
 	switch {
 	case perr != nil:
 	case found == "":
-		return agentproto.Errorf(agentproto.CodeFailedPrecondition, "%s (serial %s) has no filesystem and create_filesystem is off", dev, args.Serial)
-	case found != args.FSType:
-		return agentproto.Errorf(agentproto.CodeFailedPrecondition, "mount %s on %s: %v: the disk holds %s, not %s", dev, args.Target, err, found, args.FSType)
+		return agentproto.Errorf(errdefs.ErrFailedPrecondition, "%s (serial %s) has no filesystem and create_filesystem is off", dev, args.Serial)
+	case found != args.FsType:
+		return agentproto.Errorf(errdefs.ErrFailedPrecondition, "mount %s on %s: %v: the disk holds %s, not %s", dev, args.Target, err, found, args.FsType)
 	}
-	return agentproto.Errorf(agentproto.CodeInternal, "mount %s (%s) on %s: %v", dev, args.FSType, args.Target, err)
+	return fmt.Errorf("mount %s (%s) on %s: %v", dev, args.FsType, args.Target, err)
 }
 
 // fsAvailable reports whether the kernel knows fsType already.
@@ -244,7 +246,7 @@ func fsAvailable(fsType string) bool {
 func waitDisk(ctx context.Context, serial string, wait time.Duration) (string, error) {
 	return waitDevice(ctx, wait, func() (string, bool) { return findDisk(serial) },
 		func() error {
-			return agentproto.Errorf(agentproto.CodeNotFound, "no disk with serial %q after %s", serial, wait)
+			return agentproto.Errorf(errdefs.ErrNotFound, "no disk with serial %q after %s", serial, wait)
 		})
 }
 
@@ -253,7 +255,7 @@ func waitDisk(ctx context.Context, serial string, wait time.Duration) (string, e
 func waitPmem(ctx context.Context, addr uint64, wait time.Duration) (string, error) {
 	return waitDevice(ctx, wait, func() (string, bool) { return findPmem(addr) },
 		func() error {
-			return agentproto.Errorf(agentproto.CodeNotFound, "no persistent-memory region at %#x after %s", addr, wait)
+			return agentproto.Errorf(errdefs.ErrNotFound, "no persistent-memory region at %#x after %s", addr, wait)
 		})
 }
 
@@ -300,20 +302,7 @@ func findPmem(addr uint64) (string, bool) {
 	return "", false
 }
 
-func findDisk(serial string) (string, bool) {
-	files, _ := filepath.Glob("/sys/block/vd*/serial")
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil || strings.TrimSpace(string(b)) != serial {
-			continue
-		}
-		dev := "/dev/" + filepath.Base(filepath.Dir(f))
-		if _, err := os.Stat(dev); err == nil {
-			return dev, true
-		}
-	}
-	return "", false
-}
+func findDisk(serial string) (string, bool) { return deviceByAttr("/sys/block/vd*/serial", serial) }
 
 // sameDevice reports whether two paths name the same block device.
 func sameDevice(a, b string) bool {
@@ -336,7 +325,7 @@ func (v *volumes) probe(ctx context.Context, dev string) (string, error) {
 	case 2: // nothing found
 		return "", nil
 	default:
-		return "", agentproto.Errorf(agentproto.CodeInternal, "blkid %s exited with %d: %s", dev, res.status, res.stderr)
+		return "", fmt.Errorf("blkid %s exited with %d: %s", dev, res.status, res.stderr)
 	}
 	kv := map[string]string{}
 	for _, line := range strings.Split(string(res.stdout), "\n") {
@@ -402,9 +391,9 @@ func mountOptions(options []string, readOnly bool) (uintptr, string, error) {
 		case o == "":
 			continue
 		case strings.ContainsAny(o, ", \t\n"):
-			return 0, "", agentproto.Errorf(agentproto.CodeInvalidArgument, "mount option %q", o)
+			return 0, "", agentproto.Errorf(errdefs.ErrInvalidArgument, "mount option %q", o)
 		case o == "bind" || o == "rbind" || o == "remount" || o == "move":
-			return 0, "", agentproto.Errorf(agentproto.CodeInvalidArgument, "mount option %q is not for a volume", o)
+			return 0, "", agentproto.Errorf(errdefs.ErrInvalidArgument, "mount option %q is not for a volume", o)
 		}
 		if f, ok := mountFlags[o]; ok {
 			if f.set {
@@ -436,11 +425,10 @@ func (v *volumes) unmount(target string) error {
 		return nil
 	}
 	if err := unix.Unmount(target, 0); err != nil {
-		code := agentproto.CodeInternal
 		if errors.Is(err, unix.EBUSY) {
-			code = agentproto.CodeFailedPrecondition
+			return agentproto.Errorf(errdefs.ErrFailedPrecondition, "unmount %s: %v", target, err)
 		}
-		return agentproto.Errorf(code, "unmount %s: %v", target, err)
+		return fmt.Errorf("unmount %s: %v", target, err)
 	}
 	v.set(target, nil)
 	logger.Printf("unmounted %s", target)
@@ -462,32 +450,32 @@ func (v *volumes) unmountAll() {
 	}
 }
 
-func (v *volumes) statfs(target string) (agentproto.StatfsResult, error) {
+func (v *volumes) statfs(target string) (*agentv1.StatfsResponse, error) {
 	if err := checkTarget(target); err != nil {
-		return agentproto.StatfsResult{}, err
+		return nil, err
 	}
 	if vol := v.lookup(target); vol != nil && vol.block {
 		return blockStatfs(vol), nil
 	}
 	mi, ok := findMount(target)
 	if !ok {
-		return agentproto.StatfsResult{}, agentproto.Errorf(agentproto.CodeNotFound, "nothing is mounted on %s", target)
+		return nil, agentproto.Errorf(errdefs.ErrNotFound, "nothing is mounted on %s", target)
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(target, &st); err != nil {
-		return agentproto.StatfsResult{}, agentproto.Errorf(agentproto.CodeInternal, "statfs %s: %v", target, err)
+		return nil, fmt.Errorf("statfs %s: %v", target, err)
 	}
 	bsize := uint64(st.Frsize)
 	if bsize == 0 {
 		bsize = uint64(st.Bsize)
 	}
-	res := agentproto.StatfsResult{
-		Bytes: agentproto.Usage{
+	res := &agentv1.StatfsResponse{
+		Bytes: &agentv1.Usage{
 			Total:     st.Blocks * bsize,
 			Used:      (st.Blocks - st.Bfree) * bsize,
 			Available: st.Bavail * bsize,
 		},
-		Inodes: agentproto.Usage{
+		Inodes: &agentv1.Usage{
 			Total:     st.Files,
 			Used:      st.Files - st.Ffree,
 			Available: st.Ffree,
@@ -510,9 +498,9 @@ func (v *volumes) statfs(target string) (agentproto.StatfsResult, error) {
 	return res, nil
 }
 
-func (v *volumes) grow(ctx context.Context, args agentproto.GrowArgs) (agentproto.GrowResult, error) {
+func (v *volumes) grow(ctx context.Context, args *agentv1.GrowRequest) (*agentv1.GrowResponse, error) {
 	if err := checkTarget(args.Target); err != nil {
-		return agentproto.GrowResult{}, err
+		return nil, err
 	}
 	v.op.Lock()
 	defer v.op.Unlock()
@@ -521,29 +509,29 @@ func (v *volumes) grow(ctx context.Context, args agentproto.GrowArgs) (agentprot
 	}
 	mi, ok := findMount(args.Target)
 	if !ok {
-		return agentproto.GrowResult{}, agentproto.Errorf(agentproto.CodeNotFound, "nothing is mounted on %s", args.Target)
+		return nil, agentproto.Errorf(errdefs.ErrNotFound, "nothing is mounted on %s", args.Target)
 	}
 	dev, fsType := mi.source, mi.fsType
 	if vol := v.lookup(args.Target); vol != nil {
 		dev = vol.device
 		if vol.readOnly {
-			return agentproto.GrowResult{}, agentproto.Errorf(agentproto.CodeFailedPrecondition, "%s is mounted read-only", args.Target)
+			return nil, agentproto.Errorf(errdefs.ErrFailedPrecondition, "%s is mounted read-only", args.Target)
 		}
 	}
 	size, err := waitDeviceSize(ctx, dev, args.MinDeviceBytes, growWait)
 	if err != nil {
-		return agentproto.GrowResult{}, err
+		return nil, err
 	}
 	start := time.Now()
 	if err := v.growFS(ctx, fsType, dev, args.Target); err != nil {
-		return agentproto.GrowResult{}, err
+		return nil, err
 	}
 	st, err := v.statfs(args.Target)
 	if err != nil {
-		return agentproto.GrowResult{}, err
+		return nil, err
 	}
 	logger.Printf("grew %s (%s) to %d bytes in %.2fs", args.Target, fsType, st.Bytes.Total, time.Since(start).Seconds())
-	return agentproto.GrowResult{DeviceBytes: size, CapacityBytes: st.Bytes.Total}, nil
+	return &agentv1.GrowResponse{DeviceBytes: size, CapacityBytes: st.Bytes.Total}, nil
 }
 
 // growFS grows the filesystem mounted on target from dev to fill dev, online.
@@ -555,7 +543,7 @@ func (v *volumes) growFS(ctx context.Context, fsType, dev, target string) error 
 	case "xfs":
 		_, err = v.procs.runTool(ctx, "xfs_growfs", "-d", target)
 	default:
-		err = agentproto.Errorf(agentproto.CodeUnimplemented, "growing %s", fsType)
+		err = agentproto.Errorf(errdefs.ErrUnimplemented, "growing %s", fsType)
 	}
 	return err
 }
@@ -584,16 +572,16 @@ func waitDeviceSize(ctx context.Context, dev string, atLeast uint64, wait time.D
 	for {
 		b, err := os.ReadFile(sizeFile)
 		if err != nil {
-			return 0, agentproto.Errorf(agentproto.CodeNotFound, "size of %s: %v", dev, err)
+			return 0, agentproto.Errorf(errdefs.ErrNotFound, "size of %s: %v", dev, err)
 		}
 		sectors, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 		if err != nil {
-			return 0, agentproto.Errorf(agentproto.CodeInternal, "size of %s: %v", dev, err)
+			return 0, fmt.Errorf("size of %s: %v", dev, err)
 		}
 		if size := sectors * 512; size >= atLeast {
 			return size, nil
 		} else if time.Now().After(deadline) {
-			return 0, agentproto.Errorf(agentproto.CodeTimeout, "%s is %d bytes, still under %d after %s", dev, size, atLeast, wait)
+			return 0, agentproto.Errorf(context.DeadlineExceeded, "%s is %d bytes, still under %d after %s", dev, size, atLeast, wait)
 		}
 		select {
 		case <-ctx.Done():

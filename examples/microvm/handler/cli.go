@@ -14,6 +14,7 @@ import (
 	"crust.dev/crust/examples/microvm/vm"
 	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/pkg/command"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // Exit statuses of Main besides the guest command's own (exec).
@@ -156,22 +157,21 @@ func execCmd(stateDir *string, stdout, stderr io.Writer) *cobra.Command {
 			}
 			res, err := Exec(cmd.Context(), *stateDir, name, argv)
 			if err != nil {
-				var ae *agentproto.Error
-				if errors.As(err, &ae) && ae.Code == agentproto.CodeNotFound {
+				if errors.Is(err, errdefs.ErrNotFound) {
 					return exitError{ExitExecNotFound, err}
 				}
 				return exitError{ExitExecFailed, err}
 			}
-			_, _ = stdout.Write(res.Stdout)
-			_, _ = stderr.Write(res.Stderr)
+			_, _ = stdout.Write(res.GetStdout())
+			_, _ = stderr.Write(res.GetStderr())
 			switch {
-			case res.TimedOut:
+			case res.GetTimedOut():
 				fmt.Fprintf(stderr, "crust-microvm: the command timed out after %s and was killed\n", ExecTimeout)
-			case res.Truncated:
+			case res.GetTruncated():
 				fmt.Fprintf(stderr, "crust-microvm: output truncated at %d bytes\n", agentproto.MaxExecOutput)
 			}
-			if res.ExitStatus != 0 {
-				return exitError{code: res.ExitStatus}
+			if res.GetExitStatus() != 0 {
+				return exitError{code: int(res.GetExitStatus())}
 			}
 			return nil
 		},

@@ -2,7 +2,6 @@ package handler
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -14,31 +13,21 @@ import (
 	"time"
 
 	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/agentproto/agentv1"
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/unixsocket"
 )
 
 // The control socket (StateDir/NAME/control.sock, 0600) lets other processes reach a running sandbox; the
-// guest agent's port takes one client, the run process. Protocol: one JSON request per connection, one
-// JSON response, then the run process closes the connection.
-//
-//	{"op": "exec", "argv": ["ls", "-l"]}  ->  {"exec": {agentproto.ExecResult}} or {"error": {agentproto.Error}}
-//	{"op": "stop"}                        ->  {} once the sandbox is torn down, or {"error": ...}
+// guest agent's port takes one client, the run process. The run process serves crust.agent.v1's
+// ControlService on it over ttrpc, with errors converted as on the agent's port (agentproto.ToGRPC,
+// FromGRPC).
 
 // ExecTimeout bounds a command run with Exec; its process group in the guest is killed then.
 const ExecTimeout = 10 * time.Minute
 
 // ErrNotRunning is returned (wrapped) by Exec for a sandbox that no run process serves.
 var ErrNotRunning = errors.New("not running")
-
-type controlRequest struct {
-	Op   string   `json:"op"`
-	Argv []string `json:"argv,omitempty"`
-}
-
-type controlResponse struct {
-	Exec  *agentproto.ExecResult `json:"exec,omitempty"`
-	Error *agentproto.Error      `json:"error,omitempty"`
-}
 
 // control is the run process's side of the control socket.
 type control struct {
@@ -48,6 +37,8 @@ type control struct {
 	finished chan struct{} // closed when Run is done; result is then set
 	result   error
 }
+
+var _ agentv1.ControlServiceService = (*control)(nil)
 
 func newControl() *control {
 	return &control{stopReq: make(chan struct{}), finished: make(chan struct{})}
@@ -62,120 +53,137 @@ func (c *control) finish(err error) {
 func listenControl(path string) (net.Listener, error) { return unixsocket.Listen(path) }
 
 // serve serves l until it is closed, and returns a function that waits (up to a bound) for the
-// connections in progress to be answered.
+// connections in progress to end, and then ends the server. A caller closes its connection once
+// answered, so that is the wait for the answers to be written (ttrpc's own Shutdown may take a
+// connection whose call is still running for an idle one).
 func (c *control) serve(l net.Listener) (wait func(time.Duration)) {
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			conn, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() { c.handle(conn) })
-		}
-	})
+	srv, err := agentproto.NewServer()
+	if err != nil { // only for options it was not given
+		panic(err)
+	}
+	agentv1.RegisterControlServiceService(srv, c)
+	tl := &trackedListener{Listener: l}
+	go func() { _ = srv.Serve(context.Background(), tl) }()
 	return func(d time.Duration) {
 		done := make(chan struct{})
-		go func() { wg.Wait(); close(done) }()
+		go func() { tl.conns.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(d):
 		}
+		_ = srv.Close()
 	}
 }
 
-func (c *control) handle(conn net.Conn) {
-	defer func() { _ = conn.Close() }()
-	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	var req controlRequest
-	var resp controlResponse
-	if err := json.NewDecoder(conn).Decode(&req); err != nil {
-		resp.Error = agentproto.Errorf(agentproto.CodeInvalidArgument, "control request: %v", err)
-	} else {
-		resp = c.do(req)
-	}
-	_ = conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
-	_ = json.NewEncoder(conn).Encode(resp)
+// trackedListener counts the connections it accepted that are not closed yet.
+type trackedListener struct {
+	net.Listener
+	conns sync.WaitGroup
 }
 
-func (c *control) do(req controlRequest) controlResponse {
-	switch req.Op {
-	case "exec":
-		agent := c.agent.Load()
-		if agent == nil {
-			return controlResponse{Error: agentproto.Errorf(agentproto.CodeFailedPrecondition, "the VM is not up yet")}
-		}
-		select {
-		case <-c.stopReq:
-			return controlResponse{Error: agentproto.Errorf(agentproto.CodeFailedPrecondition, "the sandbox is stopping")}
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), ExecTimeout+30*time.Second)
-		defer cancel()
-		res, err := agent.Exec(ctx, agentproto.ExecArgs{Argv: req.Argv, TimeoutMillis: ExecTimeout.Milliseconds()})
-		if err != nil {
-			var ae *agentproto.Error
-			if !errors.As(err, &ae) {
-				ae = agentproto.Errorf(agentproto.CodeInternal, "%v", err)
-			}
-			return controlResponse{Error: ae}
-		}
-		return controlResponse{Exec: &res}
-	case "stop":
-		c.stopOnce.Do(func() { close(c.stopReq) })
-		<-c.finished
-		if c.result != nil {
-			return controlResponse{Error: agentproto.Errorf(agentproto.CodeInternal, "%v", c.result)}
-		}
-		return controlResponse{}
+func (l *trackedListener) Accept() (net.Conn, error) {
+	conn, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
 	}
-	return controlResponse{Error: agentproto.Errorf(agentproto.CodeInvalidArgument, "unknown op %q", req.Op)}
+	l.conns.Add(1)
+	return &trackedConn{Conn: conn, done: l.conns.Done}, nil
 }
 
-// call sends one request to the run process of sandbox name and returns its answer.
-func call(ctx context.Context, stateDir, name string, req controlRequest) (controlResponse, error) {
+type trackedConn struct {
+	net.Conn
+	once sync.Once
+	done func()
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(c.done)
+	return c.Conn.Close()
+}
+
+// Exec runs the command in the guest, for at most ExecTimeout.
+func (c *control) Exec(ctx context.Context, r *agentv1.ControlServiceExecRequest) (*agentv1.ControlServiceExecResponse, error) {
+	agent := c.agent.Load()
+	if agent == nil {
+		return nil, agentproto.Errorf(errdefs.ErrFailedPrecondition, "the VM is not up yet")
+	}
+	select {
+	case <-c.stopReq:
+		return nil, agentproto.Errorf(errdefs.ErrFailedPrecondition, "the sandbox is stopping")
+	default:
+	}
+	ctx, cancel := context.WithTimeout(ctx, ExecTimeout+30*time.Second)
+	defer cancel()
+	res, err := agent.Exec(ctx, &agentv1.ExecRequest{Argv: r.GetArgv(), TimeoutMillis: ExecTimeout.Milliseconds()})
+	if err != nil {
+		return nil, err
+	}
+	return &agentv1.ControlServiceExecResponse{Result: res}, nil
+}
+
+// Stop asks Run to tear the sandbox down and answers once it is done.
+func (c *control) Stop(ctx context.Context, _ *agentv1.StopRequest) (*agentv1.StopResponse, error) {
+	c.stopOnce.Do(func() { close(c.stopReq) })
+	select {
+	case <-c.finished:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if c.result != nil {
+		return &agentv1.StopResponse{TeardownError: c.result.Error()}, nil
+	}
+	return &agentv1.StopResponse{}, nil
+}
+
+// dial connects to the control socket of the run process of sandbox name.
+func dial(ctx context.Context, stateDir, name string) (agentv1.ControlServiceService, func(), error) {
 	if err := checkName(name); err != nil {
-		return controlResponse{}, err
+		return nil, nil, err
 	}
-	path := filepath.Join(stateDir, name, controlSocket)
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", path)
+	conn, err := d.DialContext(ctx, "unix", filepath.Join(stateDir, name, controlSocket))
 	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-		return controlResponse{}, fmt.Errorf("sandbox %s: %w", name, ErrNotRunning)
+		return nil, nil, fmt.Errorf("sandbox %s: %w", name, ErrNotRunning)
 	}
 	if err != nil {
-		return controlResponse{}, err
+		return nil, nil, err
 	}
-	defer func() { _ = conn.Close() }()
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
-	defer stop()
-	if err := json.NewEncoder(conn).Encode(req); err != nil {
-		return controlResponse{}, fmt.Errorf("sandbox %s: %w", name, err)
-	}
-	var resp controlResponse
-	if err := json.NewDecoder(conn).Decode(&resp); err != nil {
-		if ctx.Err() != nil {
-			return controlResponse{}, ctx.Err()
-		}
-		return controlResponse{}, fmt.Errorf("sandbox %s: no answer: %w", name, err)
-	}
-	return resp, nil
+	c := agentproto.NewClient(conn)
+	return agentv1.NewControlServiceClient(c), func() { _ = c.Close() }, nil
 }
 
 // Exec runs argv in the guest of the running sandbox name (whose state directory is under stateDir),
-// through its run process, for at most ExecTimeout. An error answered by the guest agent (a command not
-// found, say) is an *agentproto.Error; a sandbox that is not running is ErrNotRunning.
-func Exec(ctx context.Context, stateDir, name string, argv []string) (agentproto.ExecResult, error) {
-	resp, err := call(ctx, stateDir, name, controlRequest{Op: "exec", Argv: argv})
+// through its run process, for at most ExecTimeout. An error answered by the guest agent carries its
+// errdefs kind (a command not found is errdefs.ErrNotFound); a sandbox that is not running is
+// ErrNotRunning.
+func Exec(ctx context.Context, stateDir, name string, argv []string) (*agentv1.ExecResponse, error) {
+	ctl, closeConn, err := dial(ctx, stateDir, name)
+	if err != nil {
+		return nil, err
+	}
+	defer closeConn()
+	resp, err := ctl.Exec(ctx, &agentv1.ControlServiceExecRequest{Argv: argv})
 	switch {
 	case err != nil:
-		return agentproto.ExecResult{}, err
-	case resp.Error != nil:
-		return agentproto.ExecResult{}, resp.Error
-	case resp.Exec == nil:
-		return agentproto.ExecResult{}, fmt.Errorf("sandbox %s: empty answer to exec", name)
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	case resp.GetResult() == nil:
+		return nil, fmt.Errorf("sandbox %s: empty answer to exec", name)
 	}
-	return *resp.Exec, nil
+	return resp.GetResult(), nil
+}
+
+// stop sends the stop request to the run process of sandbox name and returns its answer.
+func stop(ctx context.Context, stateDir, name string) (*agentv1.StopResponse, error) {
+	ctl, closeConn, err := dial(ctx, stateDir, name)
+	if err != nil {
+		return nil, err
+	}
+	defer closeConn()
+	resp, err := ctl.Stop(ctx, &agentv1.StopRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	return resp, nil
 }
 
 // Stop stops the sandbox name and returns once its run process has exited, with the teardown's error if
@@ -194,7 +202,7 @@ func Stop(ctx context.Context, stateDir, name string) error {
 	}
 	for {
 		pid := lockHolder(dir)
-		resp, err := call(ctx, stateDir, name, controlRequest{Op: "stop"})
+		resp, err := stop(ctx, stateDir, name)
 		if errors.Is(err, ErrNotRunning) {
 			// Either dead (the lock is free: clean up after it) or starting, before its control socket.
 			st, locked, lerr := tryLock(dir)
@@ -231,8 +239,8 @@ func Stop(ctx context.Context, stateDir, name string) error {
 				return fmt.Errorf("sandbox %s: waiting for its process to exit: %w", name, err)
 			}
 		}
-		if resp.Error != nil {
-			return fmt.Errorf("sandbox %s: %s", name, resp.Error.Message)
+		if e := resp.GetTeardownError(); e != "" {
+			return fmt.Errorf("sandbox %s: %s", name, e)
 		}
 		return nil
 	}

@@ -15,8 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"crust.dev/crust/examples/microvm/agentproto"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // The VM side of the handler is tested end to end in test/e2e (TestMicroVMHandler); these tests cover
@@ -147,8 +147,7 @@ func TestControl(t *testing.T) {
 	wait := c.serve(l)
 
 	_, err = Exec(context.Background(), parent, "sb", []string{"true"})
-	var ae *agentproto.Error
-	if !errors.As(err, &ae) || ae.Code != agentproto.CodeFailedPrecondition {
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("exec before boot: %v", err)
 	}
 

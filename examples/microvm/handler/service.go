@@ -2,7 +2,6 @@ package handler
 
 import (
 	"context"
-	"errors"
 	"math"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/vm"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
@@ -18,7 +18,7 @@ import (
 //
 // Errors: NOT_FOUND for a target that is not one of the sandbox's volumes, FAILED_PRECONDITION for one
 // claimed under another sandbox id or not mounted (yet), INVALID_ARGUMENT for bad sizes; an error of the
-// guest agent keeps its meaning (agentCode), and a VM that cannot be reached is UNAVAILABLE.
+// guest agent keeps its meaning (agentStatus), and a VM that cannot be reached is UNAVAILABLE.
 
 // GetVolumeStats measures the volume's filesystem in the guest: bytes and inodes as CSI reports them (from
 // statfs: total, used = total - free, available to unprivileged users), and whether the volume is abnormal
@@ -29,22 +29,22 @@ func (s *sandbox) GetVolumeStats(ctx context.Context, r *crustv1.RuntimeHandlerS
 	if err != nil {
 		return nil, err
 	}
-	st, err := s.vm.Agent().Statfs(ctx, v.GuestPath)
+	st, err := s.vm.Agent().Statfs(ctx, &agentv1.StatfsRequest{Target: v.GuestPath})
 	if err != nil {
 		return nil, agentStatus(err)
 	}
 	if v.block {
 		return &crustv1.RuntimeHandlerServiceGetVolumeStatsResponse{
-			Usage:           []*crustv1.VolumeUsage{{Total: clamp(st.Bytes.Total), Unit: crustv1.VolumeUsage_UNIT_BYTES}},
-			VolumeCondition: &crustv1.VolumeCondition{Abnormal: st.Abnormal, Message: st.Message},
+			Usage:           []*crustv1.VolumeUsage{{Total: clamp(st.GetBytes().GetTotal()), Unit: crustv1.VolumeUsage_UNIT_BYTES}},
+			VolumeCondition: &crustv1.VolumeCondition{Abnormal: st.GetAbnormal(), Message: st.GetMessage()},
 		}, nil
 	}
 	return &crustv1.RuntimeHandlerServiceGetVolumeStatsResponse{
 		Usage: []*crustv1.VolumeUsage{
-			usage(st.Bytes, crustv1.VolumeUsage_UNIT_BYTES),
-			usage(st.Inodes, crustv1.VolumeUsage_UNIT_INODES),
+			usage(st.GetBytes(), crustv1.VolumeUsage_UNIT_BYTES),
+			usage(st.GetInodes(), crustv1.VolumeUsage_UNIT_INODES),
 		},
-		VolumeCondition: &crustv1.VolumeCondition{Abnormal: st.Abnormal, Message: st.Message},
+		VolumeCondition: &crustv1.VolumeCondition{Abnormal: st.GetAbnormal(), Message: st.GetMessage()},
 	}, nil
 }
 
@@ -93,13 +93,13 @@ func (s *sandbox) ExpandVolume(ctx context.Context, r *crustv1.RuntimeHandlerSer
 		}
 		v.size = size
 	}
-	g, err := s.vm.Agent().Grow(ctx, agentproto.GrowArgs{Target: v.GuestPath, MinDeviceBytes: uint64(v.size)})
+	g, err := s.vm.Agent().Grow(ctx, &agentv1.GrowRequest{Target: v.GuestPath, MinDeviceBytes: uint64(v.size)})
 	if err != nil {
 		return nil, agentStatus(err)
 	}
-	s.log.Info("volume grown", "target", v.Target, "device_bytes", g.DeviceBytes, "capacity_bytes", g.CapacityBytes,
+	s.log.Info("volume grown", "target", v.Target, "device_bytes", g.GetDeviceBytes(), "capacity_bytes", g.GetCapacityBytes(),
 		"took", time.Since(start).Round(time.Millisecond))
-	return &crustv1.RuntimeHandlerServiceExpandVolumeResponse{CapacityBytes: clamp(g.CapacityBytes)}, nil
+	return &crustv1.RuntimeHandlerServiceExpandVolumeResponse{CapacityBytes: clamp(g.GetCapacityBytes())}, nil
 }
 
 // volumeFor finds the sandbox's volume at target for a request naming sandboxID.
@@ -116,40 +116,12 @@ func (s *sandbox) volumeFor(target, sandboxID string) (*volume, error) {
 	return v, nil
 }
 
-func usage(u agentproto.Usage, unit crustv1.VolumeUsage_Unit) *crustv1.VolumeUsage {
-	return &crustv1.VolumeUsage{Total: clamp(u.Total), Used: clamp(u.Used), Available: clamp(u.Available), Unit: unit}
+func usage(u *agentv1.Usage, unit crustv1.VolumeUsage_Unit) *crustv1.VolumeUsage {
+	return &crustv1.VolumeUsage{Total: clamp(u.GetTotal()), Used: clamp(u.GetUsed()), Available: clamp(u.GetAvailable()), Unit: unit}
 }
 
 func clamp(n uint64) int64 { return int64(min(n, math.MaxInt64)) }
 
-// agentStatus turns an error of an agent call into a gRPC status.
-func agentStatus(err error) error {
-	var ae *agentproto.Error
-	switch {
-	case errors.As(err, &ae):
-		return status.Error(agentCode(ae.Code), ae.Message)
-	case errors.Is(err, agentproto.ErrClosed):
-		return status.Errorf(codes.Unavailable, "the VM's agent: %v", err)
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Error(codes.DeadlineExceeded, err.Error())
-	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, err.Error())
-	}
-	return status.Error(codes.Internal, err.Error())
-}
-
-func agentCode(c agentproto.Code) codes.Code {
-	switch c {
-	case agentproto.CodeInvalidArgument:
-		return codes.InvalidArgument
-	case agentproto.CodeNotFound:
-		return codes.NotFound
-	case agentproto.CodeFailedPrecondition:
-		return codes.FailedPrecondition
-	case agentproto.CodeTimeout:
-		return codes.DeadlineExceeded
-	case agentproto.CodeUnimplemented:
-		return codes.Unimplemented
-	}
-	return codes.Internal
-}
+// agentStatus turns an error of an agent call into a gRPC status: the agent's kinds keep their codes, and
+// a VM that cannot be reached is UNAVAILABLE.
+func agentStatus(err error) error { return agentproto.ToGRPC(err) }

@@ -16,8 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/vm"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	crusthandler "crust.dev/crust/pkg/handler"
@@ -228,22 +229,22 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 	} else if err := s.vm.AttachBlock(ctx, v.disk, v.hostPath, v.readOnly, vm.WithIOLimits(ioLimits(spec.GetIoLimits()))); err != nil {
 		return false, s.undo(ctx, v, err)
 	}
-	args := agentproto.MountArgs{
+	args := &agentv1.MountRequest{
 		PmemAddress:      pmemAddr,
 		Serial:           v.disk,
-		FSType:           spec.GetFsType(),
+		FsType:           spec.GetFsType(),
 		Options:          spec.GetMountFlags(),
 		ReadOnly:         v.readOnly,
 		Target:           v.GuestPath,
-		FSGroup:          spec.VolumeSupplementalGroup,
-		FSGroupPolicy:    agentproto.FSGroupAlways,
+		FsGroup:          spec.VolumeSupplementalGroup,
+		FsGroupPolicy:    agentv1.FsGroupPolicy_FS_GROUP_POLICY_ALWAYS,
 		CreateFilesystem: spec.GetCreateFilesystem(),
 	}
 	if spec.GetSupplementalGroupChangePolicy() == crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH {
-		args.FSGroupPolicy = agentproto.FSGroupOnRootMismatch
+		args.FsGroupPolicy = agentv1.FsGroupPolicy_FS_GROUP_POLICY_ON_ROOT_MISMATCH
 	}
 	if v.block { // the device node itself at the guest path
-		args = agentproto.MountArgs{Serial: v.disk, ReadOnly: v.readOnly, Target: v.GuestPath, Block: true}
+		args = &agentv1.MountRequest{Serial: v.disk, ReadOnly: v.readOnly, Target: v.GuestPath, Block: true}
 	}
 	res, err := s.vm.Agent().Mount(ctx, args)
 	if err != nil {
@@ -253,23 +254,23 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 	// so what one container writes the other sees. The disk holds a filesystem by now, and growing it
 	// was done at the first mount, so these mounts change nothing on it.
 	for _, p := range v.also {
-		again := args
+		again := proto.CloneOf(args)
 		again.Target = p
 		if _, err := s.vm.Agent().Mount(ctx, again); err != nil {
 			return false, s.undo(ctx, v, fmt.Errorf("mount in the guest at %s: %w", p, err))
 		}
 	}
 	v.mounted.Store(true)
-	attrs := []any{"device", res.Device, "disk", v.disk, "fs_type", spec.GetFsType(), "read_only", v.readOnly,
-		"formatted", res.Formatted, "raw_block", v.block, "took", time.Since(start).Round(time.Millisecond)}
+	attrs := []any{"device", res.GetDevice(), "disk", v.disk, "fs_type", spec.GetFsType(), "read_only", v.readOnly,
+		"formatted", res.GetFormatted(), "raw_block", v.block, "took", time.Since(start).Round(time.Millisecond)}
 	if len(v.also) > 0 {
 		attrs = append(attrs, "also_at", strings.Join(v.also, ","))
 	}
 	if t := desc.GetStageTime(); t != nil {
 		attrs = append(attrs, "since_staged", time.Since(t.AsTime()).Round(time.Millisecond))
 	}
-	if res.GrewFromBytes > 0 { // expanded while no sandbox held it: grown into at mount
-		attrs = append(attrs, "grew_from_bytes", res.GrewFromBytes, "device_bytes", v.size, "requested_bytes", desc.GetRequestedBytes())
+	if res.GetGrewFromBytes() > 0 { // expanded while no sandbox held it: grown into at mount
+		attrs = append(attrs, "grew_from_bytes", res.GetGrewFromBytes(), "device_bytes", v.size, "requested_bytes", desc.GetRequestedBytes())
 	}
 	if l := spec.GetIoLimits(); l != nil {
 		attrs = append(attrs, "io_limits", l.String())
@@ -304,7 +305,7 @@ func (s *sandbox) detach(ctx context.Context, v *volume) error {
 		// Unmounting what is not mounted succeeds, so an attach cut short is covered. The further guest
 		// paths go first, in reverse order; the disk is detached after the last.
 		for _, p := range slices.Backward(append([]string{v.GuestPath}, v.also...)) {
-			if err := s.vm.Agent().Unmount(ctx, p); err != nil {
+			if _, err := s.vm.Agent().Unmount(ctx, &agentv1.UnmountRequest{Target: p}); err != nil {
 				return fmt.Errorf("unmount %s in the guest: %w", p, err)
 			}
 		}

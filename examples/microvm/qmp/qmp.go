@@ -1,11 +1,32 @@
-// Package qmp is a small client for the QEMU Machine Protocol, the JSON
-// control channel of a QEMU process (-qmp unix:PATH,server=on,wait=off).
+// Package qmp is a client for the QEMU Machine Protocol, the JSON control
+// channel of a QEMU process (-qmp unix:PATH,server=on,wait=off). It promises:
+// the greeting and capabilities negotiation; commands matched to their answers
+// by QMP id, so callers may issue them concurrently, each bounded by its
+// context; QMP errors as *Error with their class (DeviceNotFound,
+// GenericError, ...); and asynchronous events (DEVICE_DELETED, SHUTDOWN, ...)
+// fanned out to any number of subscribers, none of which can hold up the
+// answers or the others.
 //
-// It is written here because the Go module proxy serves no QMP library; it
-// covers what crust needs and no more: the greeting and capabilities
-// negotiation, commands matched to their answers by id (so callers may issue
-// them concurrently), QMP errors as *Error, and asynchronous events
-// (DEVICE_DELETED, SHUTDOWN, ...) fanned out to subscribers.
+// The Go module proxy serves a QMP library, github.com/digitalocean/go-qemu's
+// qmp package (tried at v0.0.0-20250212194115-ee9b0668d242, the newest it
+// serves), and it was weighed as the base with a thin wrapper around it. It
+// does not serve here, for these reasons:
+//
+//   - Its SocketMonitor.Run turns a QMP error into errors.New(desc): the class
+//     is gone, and crust's detach depends on it (DeviceNotFound from
+//     device_del means an earlier detach finished; a GenericError from
+//     blockdev-del means the node is gone). Matching QEMU's English
+//     descriptions instead would break with QEMU's wording.
+//   - Run takes no context and sends no QMP id: it holds a mutex while it
+//     waits for the next answer on an unbuffered channel, so a command that
+//     QEMU does not answer blocks every later one for good; a timeout around
+//     it can only give up on the connection, not on the command.
+//   - Events come on one unbuffered channel that only one caller may take,
+//     and its reader blocks on it: an event nobody reads at that moment stops
+//     the answers to commands as well.
+//
+// A wrapper that fixed these would have to read the socket itself, which is
+// this package. It stays small: what crust needs and no more.
 package qmp
 
 import (

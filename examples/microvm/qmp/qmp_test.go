@@ -218,3 +218,32 @@ func TestNoGreeting(t *testing.T) {
 		t.Fatal("Dial succeeded without a QMP greeting")
 	}
 }
+
+// FuzzReadLoop feeds the client's decoder whatever a QEMU might send after the handshake: it never
+// panics, and a command in flight is either answered or fails; none is left waiting.
+func FuzzReadLoop(f *testing.F) {
+	f.Add([]byte(`{"return": {}, "id": 2}` + "\n"))
+	f.Add([]byte(`{"event": "DEVICE_DELETED", "data": {"device": "x"}, "timestamp": {"seconds": 1, "microseconds": 2}}` + "\n"))
+	f.Add([]byte(`{"error": {"class": "GenericError", "desc": "no"}, "id": 2}`))
+	f.Add([]byte(`{"id": [1,2]}{"return": 1, "id": "2"}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, q := dialFake(t)
+		events, cancel := c.Subscribe(1)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- c.Execute(context.Background(), "query-status", nil, nil) }()
+		if _, ok := <-q.cmds; !ok {
+			t.Fatal("the command did not reach QEMU")
+		}
+		_, _ = q.conn.Write(data)
+		_ = q.conn.Close() // QEMU goes away: what was not answered fails
+		if err := <-done; err != nil && !errors.Is(err, ErrClosed) {
+			var qerr *Error
+			if !errors.As(err, &qerr) {
+				t.Fatalf("Execute = %v, want an answer, a QMP error or ErrClosed", err)
+			}
+		}
+		for range events { // closed when the connection ends
+		}
+	})
+}

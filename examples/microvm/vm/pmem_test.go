@@ -11,7 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/agentproto/agentv1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // statxDAX is STATX_ATTR_DAX: the file's data is accessed directly in (persistent) memory.
@@ -78,7 +79,7 @@ func TestPmemInGuest(t *testing.T) {
 	if again, err := v.AttachPmem(ctx, "vol-rw", rw, false); err != nil || again != p {
 		t.Errorf("attach again: %+v, %v; want %+v", again, err, p)
 	}
-	res, err := v.Agent().Mount(ctx, agentproto.MountArgs{Serial: "vol-rw", PmemAddress: p.Address, FSType: "ext4", Target: "/data/pmem"})
+	res, err := v.Agent().Mount(ctx, &agentv1.MountRequest{Serial: "vol-rw", PmemAddress: p.Address, FsType: "ext4", Target: "/data/pmem"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func TestPmemInGuest(t *testing.T) {
 	if attrs := guestStatxAttributes(t, v, "/data/pmem/out"); attrs&statxDAX == 0 {
 		t.Errorf("statx attributes of a file on the pmem volume are %#x: no STATX_ATTR_DAX", attrs)
 	}
-	if err := v.Agent().Unmount(ctx, "/data/pmem"); err != nil {
+	if _, err := v.Agent().Unmount(ctx, &agentv1.UnmountRequest{Target: "/data/pmem"}); err != nil {
 		t.Fatal(err)
 	}
 	if got := hostDebugfsCat(t, rw, "/out"); !bytes.Equal(got, data) {
@@ -108,13 +109,13 @@ func TestPmemInGuest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := v.Agent().Mount(ctx, agentproto.MountArgs{Serial: "vol-ro", PmemAddress: q.Address, FSType: "ext4", ReadOnly: true, Target: "/data/ro"}); err != nil {
+	if _, err := v.Agent().Mount(ctx, &agentv1.MountRequest{Serial: "vol-ro", PmemAddress: q.Address, FsType: "ext4", ReadOnly: true, Target: "/data/ro"}); err != nil {
 		t.Fatal(err)
 	}
 	if got := execOK(t, v, "cat", "/data/ro/seed"); got != "read only" {
 		t.Errorf("read-only seed = %q", got)
 	}
-	if res, err := v.Agent().Exec(ctx, agentproto.ExecArgs{Argv: []string{"touch", "/data/ro/x"}}); err != nil || res.ExitStatus == 0 {
+	if res, err := v.Agent().Exec(ctx, &agentv1.ExecRequest{Argv: []string{"touch", "/data/ro/x"}}); err != nil || res.ExitStatus == 0 {
 		t.Errorf("touch on the read-only pmem volume: %+v, %v; want a failure", res, err)
 	}
 
@@ -127,14 +128,14 @@ func TestPmemInGuest(t *testing.T) {
 	if r.Size != 32<<20 {
 		t.Errorf("the block device's size is %d, want 32 MiB", r.Size)
 	}
-	if _, err := v.Agent().Mount(ctx, agentproto.MountArgs{Serial: "vol-blk", PmemAddress: r.Address, FSType: "ext4", Target: "/data/blk"}); err != nil {
+	if _, err := v.Agent().Mount(ctx, &agentv1.MountRequest{Serial: "vol-blk", PmemAddress: r.Address, FsType: "ext4", Target: "/data/blk"}); err != nil {
 		t.Fatal(err)
 	}
 	execOK(t, v, "sh", "-c", "echo on a block device > /data/blk/out && sync /data/blk/out")
 	if attrs := guestStatxAttributes(t, v, "/data/blk/out"); attrs&statxDAX == 0 {
 		t.Errorf("statx attributes of a file on the block-device-backed pmem volume are %#x: no STATX_ATTR_DAX", attrs)
 	}
-	if err := v.Agent().Unmount(ctx, "/data/blk"); err != nil {
+	if _, err := v.Agent().Unmount(ctx, &agentv1.UnmountRequest{Target: "/data/blk"}); err != nil {
 		t.Fatal(err)
 	}
 	if got := string(hostDebugfsCat(t, dev.path, "/out")); got != "on a block device\n" {
@@ -147,7 +148,7 @@ func TestPmemInGuest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err = v.Agent().Mount(ctx, agentproto.MountArgs{Serial: "vol-blank", PmemAddress: bp.Address, FSType: "ext4",
+	res, err = v.Agent().Mount(ctx, &agentv1.MountRequest{Serial: "vol-blank", PmemAddress: bp.Address, FsType: "ext4",
 		CreateFilesystem: true, Target: "/data/blank"})
 	if err != nil || !res.Formatted {
 		t.Fatalf("mount of a blank pmem volume with create_filesystem: %+v, %v", res, err)
@@ -163,10 +164,9 @@ func TestPmemInGuest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = v.Agent().Mount(ctx, agentproto.MountArgs{Serial: "vol-1k", PmemAddress: sp.Address, FSType: "ext4", Target: "/data/1k"})
-	var ae *agentproto.Error
-	if !errors.As(err, &ae) || ae.Code != agentproto.CodeFailedPrecondition || !strings.Contains(ae.Message, "1024-byte blocks") ||
-		!strings.Contains(ae.Message, "mkfs.ext4 -b 4096") {
+	_, err = v.Agent().Mount(ctx, &agentv1.MountRequest{Serial: "vol-1k", PmemAddress: sp.Address, FsType: "ext4", Target: "/data/1k"})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "1024-byte blocks") ||
+		!strings.Contains(err.Error(), "mkfs.ext4 -b 4096") {
 		t.Errorf("mount of ext4 with 1 KiB blocks with DAX: %v; want FAILED_PRECONDITION saying why", err)
 	}
 

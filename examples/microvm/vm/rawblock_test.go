@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/agentproto/agentv1"
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // TestRawBlockInGuest boots one TCG guest and takes a raw block volume through the agent: exposed as a
@@ -27,7 +28,7 @@ func TestRawBlockInGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 	const target = "/dev/xvdb"
-	raw := agentproto.MountArgs{Serial: "vol-raw", Target: target, Block: true}
+	raw := &agentv1.MountRequest{Serial: "vol-raw", Target: target, Block: true}
 	res, err := agent.Mount(ctx, raw)
 	if err != nil || res.Already {
 		t.Fatalf("expose: %+v, %v", res, err)
@@ -46,21 +47,20 @@ func TestRawBlockInGuest(t *testing.T) {
 		t.Fatalf("expose again: %+v, %v; want already", res, err)
 	}
 
-	wantCode := func(what string, err error, code agentproto.Code) {
+	wantCode := func(what string, err error, kind error) {
 		t.Helper()
-		var ae *agentproto.Error
-		if !errors.As(err, &ae) || ae.Code != code {
-			t.Fatalf("%s: %v, want %s", what, err, code)
+		if !errors.Is(err, kind) {
+			t.Fatalf("%s: %v, want %v", what, err, kind)
 		}
 	}
 	execOK(t, v, "touch", "/tmp/file")
-	_, err = agent.Mount(ctx, agentproto.MountArgs{Serial: "vol-raw", Target: "/tmp/file", Block: true})
-	wantCode("expose over a file", err, agentproto.CodeFailedPrecondition)
-	_, err = agent.Mount(ctx, agentproto.MountArgs{Serial: "vol-raw", Target: "/dev/xvdc", Block: true, FSType: "ext4"})
-	wantCode("expose with an fs type", err, agentproto.CodeInvalidArgument)
+	_, err = agent.Mount(ctx, &agentv1.MountRequest{Serial: "vol-raw", Target: "/tmp/file", Block: true})
+	wantCode("expose over a file", err, errdefs.ErrFailedPrecondition)
+	_, err = agent.Mount(ctx, &agentv1.MountRequest{Serial: "vol-raw", Target: "/dev/xvdc", Block: true, FsType: "ext4"})
+	wantCode("expose with an fs type", err, errdefs.ErrInvalidArgument)
 
-	st, err := agent.Statfs(ctx, target)
-	if err != nil || st.Bytes.Total != 32*mib || st.Bytes.Used != 0 || st.Inodes.Total != 0 || st.Abnormal {
+	st, err := agent.Statfs(ctx, &agentv1.StatfsRequest{Target: target})
+	if err != nil || st.GetBytes().GetTotal() != 32*mib || st.GetBytes().GetUsed() != 0 || st.GetInodes().GetTotal() != 0 || st.GetAbnormal() {
 		t.Fatalf("statfs = %+v, %v; want a total of %d bytes", st, err, 32*mib)
 	}
 	if err := os.Truncate(dev.file, 48*mib); err != nil {
@@ -70,7 +70,7 @@ func TestRawBlockInGuest(t *testing.T) {
 	if err := v.ResizeBlock(ctx, "vol-raw", 48*mib); err != nil {
 		t.Fatal(err)
 	}
-	g, err := agent.Grow(ctx, agentproto.GrowArgs{Target: target, MinDeviceBytes: 48 * mib})
+	g, err := agent.Grow(ctx, &agentv1.GrowRequest{Target: target, MinDeviceBytes: 48 * mib})
 	if err != nil || g.CapacityBytes != 48*mib || g.DeviceBytes != 48*mib {
 		t.Fatalf("grow = %+v, %v; want %d", g, err, 48*mib)
 	}
@@ -80,7 +80,7 @@ func TestRawBlockInGuest(t *testing.T) {
 
 	// Unmount removes the node (and again is no error); then the disk may go.
 	for i := range 2 {
-		if err := agent.Unmount(ctx, target); err != nil {
+		if _, err := agent.Unmount(ctx, &agentv1.UnmountRequest{Target: target}); err != nil {
 			t.Fatalf("unmount %d: %v", i, err)
 		}
 	}

@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"crust.dev/crust/examples/microvm/agentproto"
+	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/initramfs"
 )
 
@@ -154,7 +154,7 @@ func startVM(t *testing.T, cfg Config) *VM {
 
 func execOK(t *testing.T, v *VM, argv ...string) string {
 	t.Helper()
-	res, err := v.Agent().Exec(context.Background(), agentproto.ExecArgs{Argv: argv, TimeoutMillis: 60000})
+	res, err := v.Agent().Exec(context.Background(), &agentv1.ExecRequest{Argv: argv, TimeoutMillis: 60000})
 	if err != nil {
 		t.Fatalf("exec %q: %v", argv, err)
 	}
@@ -167,7 +167,7 @@ func execOK(t *testing.T, v *VM, argv ...string) string {
 // hostStatfs mounts dev on the host and measures it as the agent does. It
 // mounts read-write as the guest did: xfs sets its block reserve aside only
 // on a writable mount.
-func hostStatfs(t *testing.T, dev, fsType string) (agentproto.StatfsResult, uint64) {
+func hostStatfs(t *testing.T, dev, fsType string) (*agentv1.StatfsResponse, uint64) {
 	t.Helper()
 	dir := t.TempDir()
 	if err := unix.Mount(dev, dir, fsType, 0, ""); err != nil {
@@ -179,9 +179,9 @@ func hostStatfs(t *testing.T, dev, fsType string) (agentproto.StatfsResult, uint
 		t.Fatal(err)
 	}
 	b := uint64(st.Frsize)
-	return agentproto.StatfsResult{
-		Bytes:  agentproto.Usage{Total: st.Blocks * b, Used: (st.Blocks - st.Bfree) * b, Available: st.Bavail * b},
-		Inodes: agentproto.Usage{Total: st.Files, Used: st.Files - st.Ffree, Available: st.Ffree},
+	return &agentv1.StatfsResponse{
+		Bytes:  &agentv1.Usage{Total: st.Blocks * b, Used: (st.Blocks - st.Bfree) * b, Available: st.Bavail * b},
+		Inodes: &agentv1.Usage{Total: st.Files, Used: st.Files - st.Ffree, Available: st.Ffree},
 	}, b
 }
 
@@ -220,9 +220,9 @@ func TestVolumesInGuest(t *testing.T) {
 	if err := v.AttachBlock(ctx, "vol-ext4", extDev.path, false); err != nil {
 		t.Fatal(err)
 	}
-	res, err := agent.Mount(ctx, agentproto.MountArgs{
-		Serial: "vol-ext4", FSType: "ext4", Target: "/volumes/ext4", Options: []string{"noatime"},
-		FSGroup: &gid, FSGroupPolicy: agentproto.FSGroupOnRootMismatch,
+	res, err := agent.Mount(ctx, &agentv1.MountRequest{
+		Serial: "vol-ext4", FsType: "ext4", Target: "/volumes/ext4", Options: []string{"noatime"},
+		FsGroup: &gid, FsGroupPolicy: agentv1.FsGroupPolicy_FS_GROUP_POLICY_ON_ROOT_MISMATCH,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -233,9 +233,9 @@ func TestVolumesInGuest(t *testing.T) {
 	if err := v.AttachBlock(ctx, "vol-xfs", xfsDev.path, false); err != nil {
 		t.Fatal(err)
 	}
-	res, err = agent.Mount(ctx, agentproto.MountArgs{
-		Serial: "vol-xfs", FSType: "xfs", Target: "/volumes/xfs", CreateFilesystem: true,
-		FSGroup: &gid, FSGroupPolicy: agentproto.FSGroupAlways,
+	res, err = agent.Mount(ctx, &agentv1.MountRequest{
+		Serial: "vol-xfs", FsType: "xfs", Target: "/volumes/xfs", CreateFilesystem: true,
+		FsGroup: &gid, FsGroupPolicy: agentv1.FsGroupPolicy_FS_GROUP_POLICY_ALWAYS,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -246,7 +246,7 @@ func TestVolumesInGuest(t *testing.T) {
 	t.Logf("hot-plug to mounted (xfs, mkfs in the guest): %s (%s)", time.Since(t0).Round(time.Millisecond), res.Device)
 
 	// Mounting again is a no-op.
-	if res, err := agent.Mount(ctx, agentproto.MountArgs{Serial: "vol-ext4", Target: "/volumes/ext4"}); err != nil || !res.Already {
+	if res, err := agent.Mount(ctx, &agentv1.MountRequest{Serial: "vol-ext4", Target: "/volumes/ext4"}); err != nil || !res.Already {
 		t.Fatalf("second mount = %+v, %v", res, err)
 	}
 	// A disk without a filesystem is not formatted unless asked.
@@ -280,7 +280,7 @@ func TestVolumesInGuest(t *testing.T) {
 		{"vol-ext4", extDev, "/volumes/ext4", 64 * mib},
 		{"vol-xfs", xfsDev, "/volumes/xfs", 512 * mib},
 	} {
-		before, err := agent.Statfs(ctx, g.target)
+		before, err := agent.Statfs(ctx, &agentv1.StatfsRequest{Target: g.target})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -292,23 +292,23 @@ func TestVolumesInGuest(t *testing.T) {
 		if err := v.ResizeBlock(ctx, g.id, 2*g.size); err != nil {
 			t.Fatal(err)
 		}
-		gr, err := agent.Grow(ctx, agentproto.GrowArgs{Target: g.target, MinDeviceBytes: uint64(2 * g.size)})
+		gr, err := agent.Grow(ctx, &agentv1.GrowRequest{Target: g.target, MinDeviceBytes: uint64(2 * g.size)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		after, err := agent.Statfs(ctx, g.target)
+		after, err := agent.Statfs(ctx, &agentv1.StatfsRequest{Target: g.target})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("grow %s %d -> %d MiB online: %s; fs %d -> %d bytes", g.id, g.size/mib, 2*g.size/mib,
-			time.Since(t0).Round(time.Millisecond), before.Bytes.Total, after.Bytes.Total)
-		if gr.DeviceBytes != uint64(2*g.size) || gr.CapacityBytes != after.Bytes.Total {
-			t.Errorf("grow %s = %+v, statfs total %d", g.id, gr, after.Bytes.Total)
+			time.Since(t0).Round(time.Millisecond), before.GetBytes().GetTotal(), after.GetBytes().GetTotal())
+		if gr.DeviceBytes != uint64(2*g.size) || gr.CapacityBytes != after.GetBytes().GetTotal() {
+			t.Errorf("grow %s = %+v, statfs total %d", g.id, gr, after.GetBytes().GetTotal())
 		}
 		// The filesystem's overhead does not double, so the new total is
 		// more than twice the old minus a little.
-		if after.Bytes.Total < 2*before.Bytes.Total-uint64(g.size)/20 || after.Bytes.Total > uint64(2*g.size) {
-			t.Errorf("grow %s: total %d -> %d for a device of %d", g.id, before.Bytes.Total, after.Bytes.Total, 2*g.size)
+		if after.GetBytes().GetTotal() < 2*before.GetBytes().GetTotal()-uint64(g.size)/20 || after.GetBytes().GetTotal() > uint64(2*g.size) {
+			t.Errorf("grow %s: total %d -> %d for a device of %d", g.id, before.GetBytes().GetTotal(), after.GetBytes().GetTotal(), 2*g.size)
 		}
 	}
 	if sum := execOK(t, v, "md5sum", "/volumes/ext4/data"); sum != sumBefore {
@@ -316,39 +316,39 @@ func TestVolumesInGuest(t *testing.T) {
 	}
 
 	// Read-only: reads work, writes fail, and stats are normal.
-	if _, err := agent.Mount(ctx, agentproto.MountArgs{Serial: "vol-ro", Target: "/volumes/ro", ReadOnly: true, FSGroup: &gid}); err != nil {
+	if _, err := agent.Mount(ctx, &agentv1.MountRequest{Serial: "vol-ro", Target: "/volumes/ro", ReadOnly: true, FsGroup: &gid}); err != nil {
 		t.Fatal(err)
 	}
 	if got := execOK(t, v, "cat", "/volumes/ro/hello"); got != "from the host" {
 		t.Errorf("read-only volume: hello = %q", got)
 	}
-	wr, err := agent.Exec(ctx, agentproto.ExecArgs{Argv: []string{"touch", "/volumes/ro/x"}})
+	wr, err := agent.Exec(ctx, &agentv1.ExecRequest{Argv: []string{"touch", "/volumes/ro/x"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if wr.ExitStatus == 0 || !strings.Contains(string(wr.Stderr), "Read-only") {
 		t.Errorf("write to the read-only volume: exit %d, stderr %q", wr.ExitStatus, wr.Stderr)
 	}
-	if st, err := agent.Statfs(ctx, "/volumes/ro"); err != nil || st.Abnormal {
+	if st, err := agent.Statfs(ctx, &agentv1.StatfsRequest{Target: "/volumes/ro"}); err != nil || st.GetAbnormal() {
 		t.Errorf("read-only volume stats = %+v, %v", st, err)
 	}
 	// A device that vanishes under a mount makes the volume abnormal.
 	if err := v.DetachBlock(ctx, "vol-ro"); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := agent.Statfs(ctx, "/volumes/ro"); err != nil || !st.Abnormal {
+	if st, err := agent.Statfs(ctx, &agentv1.StatfsRequest{Target: "/volumes/ro"}); err != nil || !st.GetAbnormal() {
 		t.Errorf("stats after the device left = %+v, %v; want abnormal", st, err)
 	} else {
 		t.Logf("vanished device: %s", st.Message)
 	}
-	if err := agent.Unmount(ctx, "/volumes/ro"); err != nil {
+	if _, err := agent.Unmount(ctx, &agentv1.UnmountRequest{Target: "/volumes/ro"}); err != nil {
 		t.Error(err)
 	}
 
 	// A filesystem that turned read-only under a read-write mount (as ext4
 	// does on errors with errors=remount-ro) is abnormal.
 	execOK(t, v, "mount", "-o", "remount,ro", "/volumes/ext4")
-	if st, err := agent.Statfs(ctx, "/volumes/ext4"); err != nil || !st.Abnormal {
+	if st, err := agent.Statfs(ctx, &agentv1.StatfsRequest{Target: "/volumes/ext4"}); err != nil || !st.GetAbnormal() {
 		t.Errorf("stats of a read-only-turned volume = %+v, %v; want abnormal", st, err)
 	} else {
 		t.Logf("read-only-turned volume: %s", st.Message)
@@ -359,11 +359,11 @@ func TestVolumesInGuest(t *testing.T) {
 	if got := execOK(t, v, "uname", "-r"); got != boot.Kernel {
 		t.Errorf("uname -r = %q, ping said %q", got, boot.Kernel)
 	}
-	er, err := agent.Exec(ctx, agentproto.ExecArgs{Argv: []string{"sh", "-c", "echo oops >&2; exit 7"}})
+	er, err := agent.Exec(ctx, &agentv1.ExecRequest{Argv: []string{"sh", "-c", "echo oops >&2; exit 7"}})
 	if err != nil || er.ExitStatus != 7 || string(er.Stderr) != "oops\n" {
 		t.Errorf("exec exit 7 = %+v, %v", er, err)
 	}
-	er, err = agent.Exec(ctx, agentproto.ExecArgs{Argv: []string{"sleep", "30"}, TimeoutMillis: 200})
+	er, err = agent.Exec(ctx, &agentv1.ExecRequest{Argv: []string{"sleep", "30"}, TimeoutMillis: 200})
 	if err != nil || !er.TimedOut {
 		t.Errorf("exec with timeout = %+v, %v", er, err)
 	}
@@ -375,7 +375,7 @@ func TestVolumesInGuest(t *testing.T) {
 	type measured struct {
 		dev    loop
 		fsType string
-		guest  agentproto.StatfsResult
+		guest  *agentv1.StatfsResponse
 	}
 	var ms []measured
 	for _, m := range []struct {
@@ -386,28 +386,28 @@ func TestVolumesInGuest(t *testing.T) {
 		{"vol-ext4", "/volumes/ext4", extDev, "ext4"},
 		{"vol-xfs", "/volumes/xfs", xfsDev, "xfs"},
 	} {
-		if err := agent.Unmount(ctx, m.target); err != nil {
+		if _, err := agent.Unmount(ctx, &agentv1.UnmountRequest{Target: m.target}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := agent.Mount(ctx, agentproto.MountArgs{Serial: m.serial, FSType: m.fsType, Target: m.target}); err != nil {
+		if _, err := agent.Mount(ctx, &agentv1.MountRequest{Serial: m.serial, FsType: m.fsType, Target: m.target}); err != nil {
 			t.Fatal(err)
 		}
-		st, err := agent.Statfs(ctx, m.target)
+		st, err := agent.Statfs(ctx, &agentv1.StatfsRequest{Target: m.target})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Abnormal || st.Bytes.Used < 8*mib || st.Inodes.Used == 0 {
+		if st.GetAbnormal() || st.GetBytes().GetUsed() < 8*mib || st.GetInodes().GetUsed() == 0 {
 			t.Errorf("%s stats = %+v", m.target, st)
 		}
-		if err := agent.Unmount(ctx, m.target); err != nil {
+		if _, err := agent.Unmount(ctx, &agentv1.UnmountRequest{Target: m.target}); err != nil {
 			t.Fatal(err)
 		}
 		ms = append(ms, measured{m.dev, m.fsType, st})
 	}
-	if err := agent.Unmount(ctx, "/volumes/ext4"); err != nil {
+	if _, err := agent.Unmount(ctx, &agentv1.UnmountRequest{Target: "/volumes/ext4"}); err != nil {
 		t.Errorf("unmounting twice: %v", err)
 	}
-	if _, err := agent.Statfs(ctx, "/volumes/ext4"); err == nil {
+	if _, err := agent.Statfs(ctx, &agentv1.StatfsRequest{Target: "/volumes/ext4"}); err == nil {
 		t.Error("statfs of an unmounted target succeeded")
 	}
 	for _, id := range []string{"vol-ext4", "vol-xfs"} {
@@ -420,8 +420,8 @@ func TestVolumesInGuest(t *testing.T) {
 	for _, m := range ms {
 		host, block := hostStatfs(t, m.dev.path, m.fsType)
 		g := m.guest
-		if !within(g.Bytes.Total, host.Bytes.Total, block) || !within(g.Bytes.Used, host.Bytes.Used, block) ||
-			!within(g.Bytes.Available, host.Bytes.Available, block) || g.Inodes.Total != host.Inodes.Total {
+		if !within(g.GetBytes().GetTotal(), host.GetBytes().GetTotal(), block) || !within(g.GetBytes().GetUsed(), host.GetBytes().GetUsed(), block) ||
+			!within(g.GetBytes().GetAvailable(), host.GetBytes().GetAvailable(), block) || g.GetInodes().GetTotal() != host.GetInodes().GetTotal() {
 			t.Errorf("%s: guest stats %+v, host %+v (block %d)", m.fsType, g, host, block)
 		} else {
 			t.Logf("%s: guest and host agree: bytes %+v inodes %+v", m.fsType, g.Bytes, g.Inodes)
@@ -461,7 +461,7 @@ func TestAutoAccel(t *testing.T) {
 	if b.Accel == AccelTCG && b.Fallback == "" {
 		t.Error("fell back to TCG without a reason")
 	}
-	if _, err := v.Agent().Ping(context.Background()); err != nil {
+	if _, err := v.Agent().Health(context.Background(), &agentv1.HealthRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := v.Stop(context.Background()); err != nil {
