@@ -90,7 +90,7 @@ test: deps build guest ## Run every test tier (unit, root on loop devices, e2e, 
 TIER_E2E     := ./test/e2e ./examples/microvm/vm
 TIER_SANITY  := ./test/csisanity ./test/csiproxy
 TIER_CLUSTER := ./test/cluster
-TIER_PKGS     = $$($(GO) list ./... | grep -v -E '/test/(e2e|csisanity|csiproxy|cluster|bench)$$|/examples/microvm/vm$$')
+TIER_PKGS     = $$($(GO) list $(ALLPKGS) | grep -v -E '/test/(e2e|csisanity|csiproxy|cluster|bench)$$|/examples/microvm/vm$$')
 
 .PHONY: test-unit
 test-unit: ## Unit tier: no root, no VM, no loop devices (test binaries run unprivileged); under a minute

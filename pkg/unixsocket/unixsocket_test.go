@@ -81,9 +81,9 @@ func TestBornWithMode(t *testing.T) {
 
 // An umask narrower than 0600 is widened back to exactly 0600.
 func TestNarrowUmask(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s.sock") // made before the umask would keep a non-root test out of it
 	old := syscall.Umask(0o277)
 	defer syscall.Umask(old)
-	sock := filepath.Join(t.TempDir(), "s.sock")
 	l, err := Listen(sock)
 	if err != nil {
 		t.Fatal(err)
