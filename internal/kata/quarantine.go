@@ -8,9 +8,9 @@ import (
 	"strconv"
 	"strings"
 
-	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/internal/problems"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/errdefs"
 	katafmt "crust.dev/crust/pkg/kata"
 )
 
