@@ -137,3 +137,8 @@ demo: deps build guest ## Run the demo: a volume staged, mounted in a real micro
 .PHONY: clean
 clean: ## Remove build output
 	rm -rf $(BIN) $(OUT)
+
+.PHONY: diagrams
+diagrams: ## Render docs/architecture.svg from docs/architecture.dot (Graphviz, installed when missing)
+	@command -v dot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends graphviz >/dev/null; }
+	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
