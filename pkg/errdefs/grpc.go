@@ -86,7 +86,7 @@ func FromGRPC(err error) error {
 	if st.Code() == codes.OK {
 		return nil
 	}
-	var kind error = ErrUnknown
+	kind := ErrUnknown
 	for _, k := range kinds {
 		if k.code == st.Code() {
 			kind = k.err
