@@ -16,7 +16,8 @@ CRICTL_VERSION=${CRICTL_VERSION:-v1.34.0}
 OUT=${OUT:-$(cd "$(dirname "$0")/../.." && pwd)/_output/k8s}
 BIN=$OUT/bin
 SRC=$OUT/src
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+# GOWORK=off: these are modules of their own under _output, not members of crust's go.work.
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod GOWORK=off
 mkdir -p "$BIN" "$SRC"
 
 stamp() { echo "$BIN/.$1.version"; }
