@@ -9,9 +9,9 @@ import (
 	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // servedCaps are the node capabilities the proxy advertises whatever the driver has: it serves them for
@@ -95,13 +95,27 @@ func (p *Proxy) withoutMountGroup(ctx context.Context, c *csi.VolumeCapability) 
 	if err != nil || has {
 		return c, nil, err
 	}
-	gid, err := strconv.Atoi(g)
-	if err != nil || gid < 0 {
-		return nil, nil, status.Errorf(codes.InvalidArgument, "volume_capability.mount.volume_mount_group: %q is not a group id", g)
+	gid, err := mountGroup(c)
+	if err != nil {
+		return nil, nil, err
 	}
+	n := int(*gid)
 	out := proto.Clone(c).(*csi.VolumeCapability)
 	out.GetMount().VolumeMountGroup = ""
-	return out, &gid, nil
+	return out, &n, nil
+}
+
+// mountGroup returns the group id c's volume_mount_group names, or nil when it names none.
+func mountGroup(c *csi.VolumeCapability) (*int64, error) {
+	g := c.GetMount().GetVolumeMountGroup()
+	if g == "" {
+		return nil, nil
+	}
+	n, err := strconv.ParseInt(g, 10, 32)
+	if err != nil || n < 0 {
+		return nil, errdefs.Field("volume_capability.mount.volume_mount_group", "%q is not a group id", g)
+	}
+	return &n, nil
 }
 
 // ownStats answers NodeGetVolumeStats for a volume of the driver's when the driver lacks
@@ -114,7 +128,7 @@ func ownStats(path string) (*csi.NodeGetVolumeStatsResponse, error) {
 	if fi.Mode()&os.ModeDevice != 0 {
 		size, err := deviceSize(path)
 		if err != nil {
-			return nil, status.Errorf(codes.Internal, "%v", err)
+			return nil, errdefs.Errorf(errdefs.ErrInternal, "%v", err)
 		}
 		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, nil
 	}
@@ -126,14 +140,14 @@ func ownStats(path string) (*csi.NodeGetVolumeStatsResponse, error) {
 // from the proxy's working directory, where no volume is).
 func statVolumePath(path string) (os.FileInfo, error) {
 	if !filepath.IsAbs(path) {
-		return nil, status.Errorf(codes.NotFound, "volume_path %q is not absolute: no volume is there", path)
+		return nil, errdefs.Errorf(errdefs.ErrNotFound, "volume_path %q is not absolute: no volume is there", path)
 	}
 	fi, err := os.Stat(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, status.Errorf(codes.NotFound, "volume_path %s does not exist", path)
+		return nil, errdefs.Errorf(errdefs.ErrNotFound, "volume_path %s does not exist", path)
 	}
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "volume_path: %v", err)
+		return nil, errdefs.Errorf(errdefs.ErrInternal, "volume_path: %v", err)
 	}
 	return fi, nil
 }

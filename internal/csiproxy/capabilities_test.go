@@ -2,6 +2,7 @@ package csiproxy
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -10,6 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // For the driver's own volumes, the proxy honours what it advertises and the driver lacks: the group of
@@ -68,8 +71,9 @@ func TestServedCapabilities(t *testing.T) {
 	}
 	_, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "v1", TargetPath: filepath.Join(dir, "rw"),
 		VolumeCapability: withGroup("staff")})
-	if status.Code(err) != codes.InvalidArgument {
-		t.Errorf("volume_mount_group \"staff\": %v, want InvalidArgument", err)
+	var fe *errdefs.FieldError
+	if !errors.As(errdefs.FromGRPC(err), &fe) || fe.Field != "volume_capability.mount.volume_mount_group" {
+		t.Errorf("volume_mount_group \"staff\": %v, want InvalidArgument naming volume_capability.mount.volume_mount_group", err)
 	}
 
 	n := len(d.seen)
@@ -97,7 +101,7 @@ func TestOwnStats(t *testing.T) {
 	if err != nil || len(r.GetUsage()) != 2 || r.GetUsage()[0].GetTotal() == 0 || r.GetUsage()[1].GetUnit() != csi.VolumeUsage_INODES {
 		t.Fatalf("stats of a directory: %v, %v", r, err)
 	}
-	if _, err := ownStats(filepath.Join(t.TempDir(), "nope")); status.Code(err) != codes.NotFound {
+	if _, err := ownStats(filepath.Join(t.TempDir(), "nope")); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("stats of nothing: %v, want NotFound", err)
 	}
 	// A relative path names no volume, even where the working directory has something at it.
@@ -106,7 +110,7 @@ func TestOwnStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Chdir(dir)
-	if _, err := ownStats("some/path"); status.Code(err) != codes.NotFound {
+	if _, err := ownStats("some/path"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("stats of a relative path: %v, want NotFound", err)
 	}
 }

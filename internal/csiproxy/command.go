@@ -21,7 +21,7 @@ func NewCommand() *cobra.Command {
 				cfg.NodeName = os.Getenv("NODE_NAME")
 			}
 			klog.SetSlogLogger(log) // k8s.io/mount-utils and client-go log through klog
-			return Run(ctx, cfg, log)
+			return Run(ctx, cfg, log, Deps{})
 		})
 	f := cmd.Flags()
 	f.BoolVar(&cfg.Controller, "controller", false, "serve Identity and Controller in front of the driver's controller socket (the one external-provisioner and external-resizer dial), instead of Identity and Node")

@@ -58,7 +58,7 @@ func TestDeferredAndHostMount(t *testing.T) {
 	)
 	cfg := e.config()
 	cfg.MicroVMHandlers, cfg.NodeName = []string{"kata-qemu"}, "n1"
-	cc := startProxy(t, cfg, e.log, withClientset(cs))
+	_, cc := runProxy(t, cfg, e.log, Deps{Clientset: cs})
 	node := csi.NewNodeClient(cc)
 	ctx := context.Background()
 

@@ -9,13 +9,13 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 	gproto "google.golang.org/protobuf/proto"
+
+	"crust.dev/crust/pkg/errdefs"
 )
 
 // frame is one gRPC message forwarded without decoding.
@@ -68,7 +68,7 @@ func outgoing(ctx context.Context) context.Context {
 func (p *Proxy) forwardUnknown(_ any, ss grpc.ServerStream) error {
 	method, ok := grpc.MethodFromServerStream(ss)
 	if !ok {
-		return status.Error(codes.Internal, "no method in the stream")
+		return errdefs.New(errdefs.ErrInternal, "no method in the stream")
 	}
 	ctx, cancel := context.WithCancel(outgoing(ss.Context()))
 	defer cancel()
@@ -119,7 +119,7 @@ func (p *Proxy) forwardUnknown(_ any, ss grpc.ServerStream) error {
 		select {
 		case err := <-upErr:
 			if err != nil {
-				return status.Errorf(codes.Internal, "forwarding to the driver: %v", err)
+				return errdefs.Errorf(errdefs.ErrInternal, "forwarding to the driver: %v", err)
 			}
 			upErr = nil // closed for sending; keep receiving
 		default:
@@ -142,7 +142,8 @@ func keepRaw(h grpc.MethodHandler) grpc.MethodHandler {
 		ctx = context.WithValue(ctx, rawRequestKey{}, f)
 		return h(srv, ctx, func(v any) error {
 			if err := gproto.Unmarshal(f.data, v.(gproto.Message)); err != nil {
-				return status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+				// before the interceptors: a boundary of its own
+				return errdefs.ToGRPC(errdefs.Errorf(errdefs.ErrInternal, "grpc: error unmarshalling request: %v", err))
 			}
 			return nil
 		}, ic)

@@ -7,10 +7,9 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/mount-utils"
 
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/fsgroup"
 )
 
@@ -20,7 +19,7 @@ import (
 func (p *Proxy) hostMount(rec *Record, flags []string, gid *int64) error {
 	notMnt, err := p.mounter.IsLikelyNotMountPoint(rec.Path)
 	if err != nil {
-		return status.Errorf(codes.Internal, "check target path: %v", err)
+		return errdefs.Errorf(errdefs.ErrInternal, "check target path: %v", err)
 	}
 	if notMnt {
 		opts := append([]string(nil), flags...)
@@ -33,12 +32,12 @@ func (p *Proxy) hostMount(rec *Record, flags []string, gid *int64) error {
 			opts = append(opts, "ro")
 		}
 		if err := p.mounter.FormatAndMount(rec.Device, rec.Path, rec.FsType, opts); err != nil {
-			return status.Errorf(codes.Internal, "format and mount %s on %s: %v", rec.Device, rec.Path, err)
+			return errdefs.Errorf(errdefs.ErrInternal, "format and mount %s on %s: %v", rec.Device, rec.Path, err)
 		}
 	}
 	if gid != nil && !rec.ReadOnly {
 		if err := fsgroup.Apply(rec.Path, int(*gid), fsgroup.Always); err != nil {
-			return status.Errorf(codes.Internal, "apply fsGroup %d: %v", *gid, err)
+			return errdefs.Errorf(errdefs.ErrInternal, "apply fsGroup %d: %v", *gid, err)
 		}
 	}
 	return nil
@@ -54,17 +53,17 @@ func (p *Proxy) hostUnmount(target string) error {
 		if err != nil {
 			if mount.IsCorruptedMnt(err) {
 				if uerr := p.mounter.Unmount(target); uerr != nil {
-					return status.Errorf(codes.Internal, "unmount %s: %v", target, uerr)
+					return errdefs.Errorf(errdefs.ErrInternal, "unmount %s: %v", target, uerr)
 				}
 				continue
 			}
-			return status.Errorf(codes.Internal, "check target path: %v", err)
+			return errdefs.Errorf(errdefs.ErrInternal, "check target path: %v", err)
 		}
 		if notMnt {
 			return nil
 		}
 		if err := p.mounter.Unmount(target); err != nil {
-			return status.Errorf(codes.Internal, "unmount %s: %v", target, err)
+			return errdefs.Errorf(errdefs.ErrInternal, "unmount %s: %v", target, err)
 		}
 	}
 }
@@ -74,9 +73,9 @@ func statfsUsage(path string) (*csi.NodeGetVolumeStatsResponse, error) {
 	var s unix.Statfs_t
 	if err := unix.Statfs(path, &s); err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return nil, status.Errorf(codes.NotFound, "%s: %v", path, err)
+			return nil, errdefs.Errorf(errdefs.ErrNotFound, "%s: %v", path, err)
 		}
-		return nil, status.Errorf(codes.Internal, "statfs %s: %v", path, err)
+		return nil, errdefs.Errorf(errdefs.ErrInternal, "statfs %s: %v", path, err)
 	}
 	bs := int64(s.Bsize)
 	return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -40,8 +41,9 @@ var quietMethods = map[string]bool{
 	csi.Node_NodeGetVolumeStats_FullMethodName:        true,
 }
 
-// unaryLog is the one place typed calls are logged and counted: method, code and duration at Info
-// (failures at Warn), and the request and response, secrets stripped, at Debug.
+// unaryLog is the one place typed calls are logged and counted, and where their errors become gRPC
+// statuses (errdefs.ToGRPC): method, code and duration at Info (failures at Warn), and the request and
+// response, secrets stripped, at Debug.
 func unaryLog(log *slog.Logger, m *metrics.Metrics) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		start := time.Now()
@@ -49,6 +51,7 @@ func unaryLog(log *slog.Logger, m *metrics.Metrics) grpc.UnaryServerInterceptor 
 			log.DebugContext(ctx, "call", "method", info.FullMethod, "request", logMessage(req))
 		}
 		resp, err := h(ctx, req)
+		err = errdefs.ToGRPC(err)
 		st := status.Convert(err)
 		elapsed := time.Since(start)
 		m.ObserveRPC(info.FullMethod, st.Code().String(), elapsed)
@@ -70,11 +73,12 @@ func unaryLog(log *slog.Logger, m *metrics.Metrics) grpc.UnaryServerInterceptor 
 	}
 }
 
-// streamLog logs and counts raw-forwarded calls: method, code and duration only, never their bodies.
+// streamLog logs and counts raw-forwarded calls, and makes their errors gRPC statuses: method, code and
+// duration only, never their bodies.
 func streamLog(log *slog.Logger, m *metrics.Metrics) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		start := time.Now()
-		err := h(srv, ss)
+		err := errdefs.ToGRPC(h(srv, ss))
 		st := status.Convert(err)
 		elapsed := time.Since(start)
 		m.ObserveRPC(info.FullMethod, st.Code().String(), elapsed)

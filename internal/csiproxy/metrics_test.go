@@ -29,7 +29,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		CrustSocket: filepath.Join(dir, "no-crustd.sock"), StateDir: filepath.Join(dir, "state"), HTTPAddr: addr}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, cfg, quietLog()) }()
+	go func() { done <- Run(ctx, cfg, quietLog(), Deps{}) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

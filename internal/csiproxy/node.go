@@ -3,16 +3,16 @@ package csiproxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
@@ -55,7 +55,7 @@ func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeReque
 		return nil, err
 	}
 	defer unlock()
-	prev := p.state.get(KindStage, path)
+	prev := p.journal.Get(KindStage, path)
 	rec := &Record{Kind: KindStage, Path: path, VolumeID: r.GetVolumeId(), Mode: ModeBlockStage}
 	if err := p.put(rec, PhaseStaging); err != nil {
 		return nil, err
@@ -65,7 +65,7 @@ func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeReque
 	resp, err := p.node.NodeStageVolume(outgoing(ctx), br)
 	if err != nil {
 		if isFinal(err) && (prev == nil || prev.Phase != PhaseStaged) {
-			if derr := p.state.delete(KindStage, path); derr != nil {
+			if derr := p.journal.Delete(KindStage, path); derr != nil {
 				p.log.Error("forget a failed stage", "path", path, "err", derr)
 			}
 		}
@@ -81,7 +81,7 @@ func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeReque
 // once the driver has unstaged.
 func (p *Proxy) NodeUnstageVolume(ctx context.Context, r *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	path := r.GetStagingTargetPath()
-	if path == "" || r.GetVolumeId() == "" || p.state.get(KindStage, path) == nil {
+	if path == "" || r.GetVolumeId() == "" || p.journal.Get(KindStage, path) == nil {
 		return p.node.NodeUnstageVolume(outgoing(ctx), r)
 	}
 	unlock, err := p.lock(ctx, path)
@@ -89,7 +89,7 @@ func (p *Proxy) NodeUnstageVolume(ctx context.Context, r *csi.NodeUnstageVolumeR
 		return nil, err
 	}
 	defer unlock()
-	rec := p.state.get(KindStage, path)
+	rec := p.journal.Get(KindStage, path)
 	if rec == nil {
 		return p.node.NodeUnstageVolume(outgoing(ctx), r)
 	}
@@ -100,10 +100,9 @@ func (p *Proxy) NodeUnstageVolume(ctx context.Context, r *csi.NodeUnstageVolumeR
 	if err != nil {
 		return nil, err
 	}
-	if err := p.state.delete(KindStage, path); err != nil {
-		return nil, status.Errorf(codes.Internal, "forget stage of %s: %v", path, err)
+	if err := p.journal.Delete(KindStage, path); err != nil {
+		return nil, errdefs.Errorf(errdefs.ErrInternal, "forget stage of %s: %v", path, err)
 	}
-	p.hook(KindStage, PhaseForgotten)
 	return resp, nil
 }
 
@@ -114,13 +113,13 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 	target := r.GetTargetPath()
 	volCtx := p.volumeContext(ctx, r.GetVolumeContext(), r.GetVolumeId())
 	asked := DeferRequested(volCtx)
-	if asked && r.GetVolumeCapability().GetBlock() != nil && p.state.get(KindPublish, target) == nil {
+	if asked && r.GetVolumeCapability().GetBlock() != nil && p.journal.Get(KindPublish, target) == nil {
 		// A raw block volume of a class that defers: never deferred, whatever the pod (Decide).
 		p.decided(r, PassThrough, ReasonRawBlock)
 		return p.forwardPublish(ctx, r)
 	}
 	if r.GetVolumeId() == "" || target == "" || r.GetVolumeCapability() == nil ||
-		((!isMount(r.GetVolumeCapability()) || !asked) && p.state.get(KindPublish, target) == nil) {
+		((!isMount(r.GetVolumeCapability()) || !asked) && p.journal.Get(KindPublish, target) == nil) {
 		return p.forwardPublish(ctx, r)
 	}
 	if _, err := checkIOLimits(volCtx); err != nil {
@@ -131,17 +130,17 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 		return nil, err
 	}
 	defer unlock()
-	rec := p.state.get(KindPublish, target)
+	rec := p.journal.Get(KindPublish, target)
 	why := "" // set when this call decides
 	if rec == nil {
-		stage := p.state.get(KindStage, r.GetStagingTargetPath())
+		stage := p.journal.Get(KindStage, r.GetStagingTargetPath())
 		d, reason, err := decideWaiting(ctx, DecideInput{
 			Capability: r.GetVolumeCapability(), VolumeContext: volCtx,
 			StagingPath: r.GetStagingTargetPath(), StagedAsBlock: stage != nil && stage.Phase == PhaseStaged && !stage.Stale,
 			Pods: p.pods, Handlers: p.handlers,
 		}, p.cfg.PodWait)
 		if err != nil {
-			return nil, status.Errorf(codes.Unavailable, "pod %s/%s: %v; retry",
+			return nil, errdefs.Errorf(errdefs.ErrUnavailable, "pod %s/%s: %v; retry",
 				r.GetVolumeContext()[podNamespaceKey], r.GetVolumeContext()[podNameKey], err)
 		}
 		why = reason
@@ -155,10 +154,10 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 		}
 		rec = &Record{Kind: KindPublish, Path: target, VolumeID: r.GetVolumeId(), Mode: mode}
 	} else if rec.VolumeID != r.GetVolumeId() {
-		return nil, status.Errorf(codes.AlreadyExists, "%s is published for volume %s, not %s", target, rec.VolumeID, r.GetVolumeId())
+		return nil, errdefs.Errorf(errdefs.ErrAlreadyExists, "%s is published for volume %s, not %s", target, rec.VolumeID, r.GetVolumeId())
 	} else if rec.Phase == PhasePublished && !rec.Stale &&
 		(rec.ReadOnly != client.ReadOnly(r) || rec.FsType != fsType(r.GetVolumeCapability())) {
-		return nil, status.Errorf(codes.AlreadyExists, "%s is published %s, read-only %v; asked %s, read-only %v",
+		return nil, errdefs.Errorf(errdefs.ErrAlreadyExists, "%s is published %s, read-only %v; asked %s, read-only %v",
 			target, rec.FsType, rec.ReadOnly, fsType(r.GetVolumeCapability()), client.ReadOnly(r))
 	}
 	resp, err := p.publish(ctx, r, rec, volCtx)
@@ -169,7 +168,7 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 			verb = "mounting it on the host"
 		}
 		p.podEvent(r.GetVolumeContext(), corev1.EventTypeWarning, ReasonDeferralFailed, "volume %s: %s failed (%s): %s",
-			r.GetVolumeId(), verb, status.Code(err), status.Convert(err).Message())
+			r.GetVolumeId(), verb, status.Code(errdefs.ToGRPC(err)), status.Convert(err).Message())
 	case why != "" && rec.Mode == ModeDeferred:
 		p.podEvent(r.GetVolumeContext(), corev1.EventTypeNormal, ReasonDeferred,
 			"volume %s deferred to the pod's sandbox (%s): crustd holds device %s for the microVM runtime to mount inside the VM",
@@ -213,7 +212,7 @@ func (p *Proxy) forwardPublish(ctx context.Context, r *csi.NodePublishVolumeRequ
 		return resp, err
 	}
 	if err := fsgroup.Apply(r.GetTargetPath(), *gid, fsgroup.Always); err != nil {
-		return nil, status.Errorf(codes.Internal, "apply volume_mount_group %d to %s: %v", *gid, r.GetTargetPath(), err)
+		return nil, errdefs.Errorf(errdefs.ErrInternal, "apply volume_mount_group %d to %s: %v", *gid, r.GetTargetPath(), err)
 	}
 	return resp, nil
 }
@@ -262,13 +261,9 @@ func fsType(c *csi.VolumeCapability) string {
 // volume context with the StorageClass's crust keys (see volumeContext), as its volume context.
 func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, rec *Record, volCtx map[string]string) (*csi.NodePublishVolumeResponse, error) {
 	target := r.GetTargetPath()
-	var gid *int64
-	if g := r.GetVolumeCapability().GetMount().GetVolumeMountGroup(); g != "" {
-		n, err := strconv.ParseInt(g, 10, 64)
-		if err != nil || n < 0 {
-			return nil, status.Errorf(codes.InvalidArgument, "volume_mount_group %q is not a group id", g)
-		}
-		gid = &n
+	gid, err := mountGroup(r.GetVolumeCapability())
+	if err != nil {
+		return nil, err
 	}
 	// A repeat of a publish that completed must not tear it down when it fails (say, with ALREADY_EXISTS
 	// for other parameters): it stays published, as it was.
@@ -294,14 +289,14 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 		defer cancel()
 		if uerr := p.undoPublish(uctx, rec); uerr != nil {
 			p.log.Error("undo a failed publish", "target", target, "err", uerr)
-			return nil, status.Errorf(codes.Aborted, "%v (and undoing what was done failed: %v; retry)",
+			return nil, errdefs.Errorf(errdefs.ErrAborted, "%v (and undoing what was done failed: %v; retry)",
 				status.Convert(err).Message(), status.Convert(uerr).Message())
 		}
 		return nil, err
 	}
 
 	if err := os.MkdirAll(filepath.Dir(rec.PrivatePath), 0o700); err != nil {
-		return fail(status.Errorf(codes.Internal, "private path: %v", err))
+		return fail(errdefs.Errorf(errdefs.ErrInternal, "private path: %v", err))
 	}
 	br := proto.Clone(r).(*csi.NodePublishVolumeRequest)
 	br.TargetPath = rec.PrivatePath
@@ -311,20 +306,19 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 	}
 	dev, err := resolveDevice(rec.PrivatePath)
 	if err != nil {
-		return fail(status.Errorf(codes.Internal, "the driver's raw block publish at %s: %v", rec.PrivatePath, err))
+		return fail(errdefs.Errorf(errdefs.ErrInternal, "the driver's raw block publish at %s: %v", rec.PrivatePath, err))
 	}
 	rec.Device = dev
 	if err := p.put(rec, PhaseDriverPublished); err != nil {
 		return fail(err)
 	}
 	if err := os.Mkdir(target, 0o750); err != nil && !errors.Is(err, os.ErrExist) {
-		return fail(status.Errorf(codes.Internal, "create target path: %v", err))
+		return fail(errdefs.Errorf(errdefs.ErrInternal, "create target path: %v", err))
 	}
 	switch rec.Mode {
 	case ModeDeferred:
 		if _, err := p.crust.Publish(ctx, withVolumeContext(r, volCtx), dev, p.publishOptions(ctx)...); err != nil {
-			st := status.Convert(err)
-			return fail(status.Errorf(st.Code(), "crustd: %s", st.Message()))
+			return fail(fmt.Errorf("crustd: %w", errdefs.FromGRPC(err)))
 		}
 		if err := p.put(rec, PhaseDeposited); err != nil {
 			return fail(err)
@@ -356,7 +350,7 @@ func (p *Proxy) privatePath(target string) string {
 	if _, ok := volume.ParseTargetPath(target); ok {
 		return filepath.Join(filepath.Dir(target), privateBlockDir, "dev")
 	}
-	return filepath.Join(p.state.privateDir(target), "dev")
+	return filepath.Join(p.journal.PrivateDir(target), "dev")
 }
 
 // publishOptions are what the proxy asks of every descriptor it deposits, beyond what the request says:
@@ -384,9 +378,8 @@ func (p *Proxy) undoPublish(ctx context.Context, rec *Record) error {
 	switch rec.Mode {
 	case ModeDeferred:
 		if _, err := p.crust.Unpublish(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: rec.VolumeID, TargetPath: target}); err != nil &&
-			status.Code(err) != codes.NotFound {
-			st := status.Convert(err)
-			return status.Errorf(st.Code(), "crustd: %s", st.Message())
+			!errors.Is(errdefs.FromGRPC(err), errdefs.ErrNotFound) {
+			return fmt.Errorf("crustd: %w", errdefs.FromGRPC(err))
 		}
 		if err := p.put(rec, PhaseUndeposited); err != nil {
 			return err
@@ -401,22 +394,21 @@ func (p *Proxy) undoPublish(ctx context.Context, rec *Record) error {
 	}
 	if _, err := p.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{
 		VolumeId: rec.VolumeID, TargetPath: rec.PrivatePath,
-	}); err != nil && status.Code(err) != codes.NotFound {
+	}); err != nil && !errors.Is(errdefs.FromGRPC(err), errdefs.ErrNotFound) {
 		return err
 	}
 	if err := p.put(rec, PhaseDriverUnpublished); err != nil {
 		return err
 	}
 	if err := removePrivate(rec.PrivatePath); err != nil {
-		return status.Errorf(codes.Internal, "remove private path: %v", err)
+		return errdefs.Errorf(errdefs.ErrInternal, "remove private path: %v", err)
 	}
 	if err := p.removeTarget(target); err != nil {
 		return err
 	}
-	if err := p.state.delete(KindPublish, target); err != nil {
-		return status.Errorf(codes.Internal, "forget %s: %v", target, err)
+	if err := p.journal.Delete(KindPublish, target); err != nil {
+		return errdefs.Errorf(errdefs.ErrInternal, "forget %s: %v", target, err)
 	}
-	p.hook(KindPublish, PhaseForgotten)
 	return nil
 }
 
@@ -424,7 +416,7 @@ func (p *Proxy) undoPublish(ctx context.Context, rec *Record) error {
 // volume must never act on another's path.
 func sameVolume(rec *Record, volumeID string) error {
 	if rec.VolumeID != volumeID {
-		return status.Errorf(codes.NotFound, "volume %s is not at %s (volume %s is)", volumeID, rec.Path, rec.VolumeID)
+		return errdefs.Errorf(errdefs.ErrNotFound, "volume %s is not at %s (volume %s is)", volumeID, rec.Path, rec.VolumeID)
 	}
 	return nil
 }
@@ -436,13 +428,13 @@ func (p *Proxy) removeTarget(target string) error {
 	}
 	notMnt, err := p.mounter.IsLikelyNotMountPoint(target)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return status.Errorf(codes.Internal, "check target path: %v", err)
+		return errdefs.Errorf(errdefs.ErrInternal, "check target path: %v", err)
 	}
 	if err == nil && !notMnt {
-		return status.Errorf(codes.FailedPrecondition, "target path %s is a mount point; not removing it", target)
+		return errdefs.Errorf(errdefs.ErrFailedPrecondition, "target path %s is a mount point; not removing it", target)
 	}
 	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return status.Errorf(codes.Internal, "remove target path: %v", err)
+		return errdefs.Errorf(errdefs.ErrInternal, "remove target path: %v", err)
 	}
 	return nil
 }
@@ -450,7 +442,7 @@ func (p *Proxy) removeTarget(target string) error {
 // NodeUnpublishVolume undoes a deferred or host-mounted publish; anything else is forwarded.
 func (p *Proxy) NodeUnpublishVolume(ctx context.Context, r *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	target := r.GetTargetPath()
-	if r.GetVolumeId() == "" || target == "" || p.state.get(KindPublish, target) == nil {
+	if r.GetVolumeId() == "" || target == "" || p.journal.Get(KindPublish, target) == nil {
 		return p.node.NodeUnpublishVolume(outgoing(ctx), r)
 	}
 	unlock, err := p.lock(ctx, target)
@@ -458,7 +450,7 @@ func (p *Proxy) NodeUnpublishVolume(ctx context.Context, r *csi.NodeUnpublishVol
 		return nil, err
 	}
 	defer unlock()
-	rec := p.state.get(KindPublish, target)
+	rec := p.journal.Get(KindPublish, target)
 	if rec == nil {
 		return p.node.NodeUnpublishVolume(outgoing(ctx), r)
 	}
@@ -474,7 +466,7 @@ func (p *Proxy) NodeUnpublishVolume(ctx context.Context, r *csi.NodeUnpublishVol
 // NodeGetVolumeStats answers a deferred volume through crustd (measured in the sandbox), a host-mounted
 // one with statfs, and forwards everything else.
 func (p *Proxy) NodeGetVolumeStats(ctx context.Context, r *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	rec := p.state.get(KindPublish, r.GetVolumePath())
+	rec := p.journal.Get(KindPublish, r.GetVolumePath())
 	if r.GetVolumeId() == "" || rec == nil {
 		if has, err := p.driverHas(ctx, csi.NodeServiceCapability_RPC_GET_VOLUME_STATS); err == nil && !has &&
 			r.GetVolumeId() != "" && r.GetVolumePath() != "" {
@@ -486,14 +478,13 @@ func (p *Proxy) NodeGetVolumeStats(ctx context.Context, r *csi.NodeGetVolumeStat
 		return nil, err
 	}
 	if rec.Phase != PhasePublished || rec.Stale {
-		return nil, status.Errorf(codes.NotFound, "%s is not published (%s)", rec.Path, rec.Phase)
+		return nil, errdefs.Errorf(errdefs.ErrNotFound, "%s is not published (%s)", rec.Path, rec.Phase)
 	}
 	switch rec.Mode {
 	case ModeDeferred:
 		resp, err := p.crust.Stats(ctx, r)
 		if err != nil {
-			st := status.Convert(err)
-			return nil, status.Errorf(st.Code(), "crustd: %s", st.Message())
+			return nil, fmt.Errorf("crustd: %w", errdefs.FromGRPC(err))
 		}
 		return resp, nil
 	default:
@@ -506,10 +497,10 @@ func (p *Proxy) NodeGetVolumeStats(ctx context.Context, r *csi.NodeGetVolumeStat
 // staged as raw block, the capability is rewritten to Block before forwarding; anything else is
 // forwarded unchanged.
 func (p *Proxy) NodeExpandVolume(ctx context.Context, r *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	rec := p.state.get(KindPublish, r.GetVolumePath())
+	rec := p.journal.Get(KindPublish, r.GetVolumePath())
 	if r.GetVolumeId() == "" || rec == nil {
 		if r.GetVolumeId() != "" && isMount(r.GetVolumeCapability()) &&
-			(p.state.get(KindStage, r.GetVolumePath()) != nil || p.state.get(KindStage, r.GetStagingTargetPath()) != nil) {
+			(p.journal.Get(KindStage, r.GetVolumePath()) != nil || p.journal.Get(KindStage, r.GetStagingTargetPath()) != nil) {
 			br := proto.Clone(r).(*csi.NodeExpandVolumeRequest)
 			br.VolumeCapability = blockCapability(r.GetVolumeCapability())
 			return p.node.NodeExpandVolume(outgoing(ctx), br)
@@ -529,8 +520,8 @@ func (p *Proxy) NodeExpandVolume(ctx context.Context, r *csi.NodeExpandVolumeReq
 		return nil, err
 	}
 	defer unlock()
-	if rec = p.state.get(KindPublish, r.GetVolumePath()); rec == nil || rec.Phase != PhasePublished || rec.Stale {
-		return nil, status.Errorf(codes.NotFound, "%s is not published", r.GetVolumePath())
+	if rec = p.journal.Get(KindPublish, r.GetVolumePath()); rec == nil || rec.Phase != PhasePublished || rec.Stale {
+		return nil, errdefs.Errorf(errdefs.ErrNotFound, "%s is not published", r.GetVolumePath())
 	}
 	if err := sameVolume(rec, r.GetVolumeId()); err != nil {
 		return nil, err
@@ -547,23 +538,22 @@ func (p *Proxy) NodeExpandVolume(ctx context.Context, r *csi.NodeExpandVolumeReq
 		if cr.GetCapacityRange().GetRequiredBytes() <= 0 { // optional in CSI; crustd grows to a size: the device's
 			size, err := deviceSize(rec.Device)
 			if err != nil {
-				return nil, status.Errorf(codes.Internal, "%v", err)
+				return nil, errdefs.Errorf(errdefs.ErrInternal, "%v", err)
 			}
 			cr.CapacityRange = &csi.CapacityRange{RequiredBytes: size, LimitBytes: r.GetCapacityRange().GetLimitBytes()}
 		}
 		resp, err := p.crust.Expand(ctx, cr)
 		if err != nil {
-			st := status.Convert(err)
-			return nil, status.Errorf(st.Code(), "crustd: %s", st.Message())
+			return nil, fmt.Errorf("crustd: %w", errdefs.FromGRPC(err))
 		}
 		return resp, nil
 	default:
 		if _, err := p.resizer.Resize(rec.Device, rec.Path); err != nil {
-			return nil, status.Errorf(codes.Internal, "resize the filesystem on %s: %v", rec.Device, err)
+			return nil, errdefs.Errorf(errdefs.ErrInternal, "resize the filesystem on %s: %v", rec.Device, err)
 		}
 		size, err := deviceSize(rec.Device)
 		if err != nil {
-			return nil, status.Errorf(codes.Internal, "%v", err)
+			return nil, errdefs.Errorf(errdefs.ErrInternal, "%v", err)
 		}
 		return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 	}
@@ -572,7 +562,7 @@ func (p *Proxy) NodeExpandVolume(ctx context.Context, r *csi.NodeExpandVolumeReq
 // NodeGetVolumeHealth answers a deferred volume through crustd (its condition as the sandbox sees it) and
 // forwards everything else.
 func (p *Proxy) NodeGetVolumeHealth(ctx context.Context, r *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
-	rec := p.state.get(KindPublish, r.GetVolumePublishPath())
+	rec := p.journal.Get(KindPublish, r.GetVolumePublishPath())
 	if r.GetVolumeId() == "" || rec == nil || rec.Mode != ModeDeferred {
 		return p.node.NodeGetVolumeHealth(outgoing(ctx), r)
 	}
@@ -580,12 +570,11 @@ func (p *Proxy) NodeGetVolumeHealth(ctx context.Context, r *csi.NodeGetVolumeHea
 		return nil, err
 	}
 	if rec.Phase != PhasePublished || rec.Stale {
-		return nil, status.Errorf(codes.NotFound, "%s is not published (%s)", rec.Path, rec.Phase)
+		return nil, errdefs.Errorf(errdefs.ErrNotFound, "%s is not published (%s)", rec.Path, rec.Phase)
 	}
 	resp, err := p.crust.Health(ctx, r)
 	if err != nil {
-		st := status.Convert(err)
-		return nil, status.Errorf(st.Code(), "crustd: %s", st.Message())
+		return nil, fmt.Errorf("crustd: %w", errdefs.FromGRPC(err))
 	}
 	return resp, nil
 }

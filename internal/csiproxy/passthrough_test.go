@@ -118,17 +118,17 @@ func serveStub(t *testing.T, dir string, d *stubDriver, opts ...grpc.ServerOptio
 }
 
 // startProxy runs a proxy in this process in front of driverSock and returns a connection to it.
-func startProxy(t testing.TB, cfg Config, log *slog.Logger, opts ...option) *grpc.ClientConn {
+func startProxy(t testing.TB, cfg Config, log *slog.Logger) *grpc.ClientConn {
 	t.Helper()
-	_, cc := runProxy(t, cfg, log, opts...)
+	_, cc := runProxy(t, cfg, log, Deps{})
 	return cc
 }
 
-// runProxy is startProxy that returns the proxy too.
-func runProxy(t testing.TB, cfg Config, log *slog.Logger, opts ...option) (*Proxy, *grpc.ClientConn) {
+// runProxy is startProxy with deps that returns the proxy too.
+func runProxy(t testing.TB, cfg Config, log *slog.Logger, deps Deps) (*Proxy, *grpc.ClientConn) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	p, err := New(ctx, cfg, log, opts...)
+	p, err := New(ctx, cfg, log, deps)
 	if err != nil {
 		t.Fatal(err)
 	}

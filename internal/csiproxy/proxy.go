@@ -22,6 +22,7 @@ import (
 	"crust.dev/crust/internal/metrics"
 	"crust.dev/crust/internal/recordfile"
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/unixsocket"
 )
 
@@ -78,7 +79,7 @@ type Proxy struct {
 	ident    csi.IdentityClient
 	node     csi.NodeClient
 	crust    *client.Client
-	state    *state
+	journal  Journal
 	locks    *keylock.Locker
 	pods     PodSource
 	classes  ClassSource          // nil without --kubeconfig
@@ -87,7 +88,6 @@ type Proxy struct {
 	mounter  *mount.SafeFormatAndMount
 	resizer  *mount.ResizeFs
 	codec    rawCodec
-	hook     func(Kind, Phase)
 	metrics  *metrics.Metrics
 	caps     driverCaps
 
@@ -95,29 +95,22 @@ type Proxy struct {
 	driverName string
 }
 
-// option changes what New builds; for tests.
-type option func(*Proxy)
-
-// withPods makes the proxy use ps for pod look-ups instead of informers built from a kubeconfig.
-func withPods(ps PodSource) option { return func(p *Proxy) { p.pods = ps } }
-
-// withHook makes the proxy call h after each durable state change; tests kill the process there.
-func withHook(h func(Kind, Phase)) option { return func(p *Proxy) { p.hook = h } }
-
-// withClientset makes the proxy build its informers on cs instead of a kubeconfig.
-func withClientset(cs kubernetes.Interface) option {
-	return func(p *Proxy) { p.pods = &pendingClientset{cs} }
+// Deps are the parts New would otherwise build from Config; a nil field is built as Config says.
+type Deps struct {
+	// Pods answers pod and RuntimeClass look-ups. Nil: informers on Clientset, or on Config.Kubeconfig's
+	// cluster, or no look-ups at all when there is neither.
+	Pods PodSource
+	// Clientset is the API client for the informers and Events. Nil: built from Config.Kubeconfig.
+	Clientset kubernetes.Interface
+	// Journal records how far each call got. Nil: the record directory Config.StateDir, opened with this
+	// boot's id.
+	Journal Journal
 }
 
-// pendingClientset carries a clientset from withClientset to New, which starts the informers.
-type pendingClientset struct{ cs kubernetes.Interface }
-
-func (*pendingClientset) Pod(string, string) (Pod, bool)       { return Pod{}, false }
-func (*pendingClientset) RuntimeHandler(string) (string, bool) { return "", false }
-
-// New connects to the driver and crustd (lazily: neither needs to be up yet), opens the state and, with
-// a kubeconfig, starts the pod and RuntimeClass informers, which run until ctx ends.
-func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) (*Proxy, error) {
+// New connects to the driver and crustd (lazily: neither needs to be up yet), opens the journal and, with
+// a kubeconfig or a clientset, starts the pod and RuntimeClass informers, which run until ctx ends. The
+// proxy owns deps.Journal from then on: Close closes it.
+func New(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) (*Proxy, error) {
 	if cfg.DriverAddress == "" {
 		return nil, errors.New("--driver-address is required")
 	}
@@ -136,11 +129,11 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) (*Pr
 	if cfg.CrustSocket == "" {
 		return nil, errors.New("--crust-socket is required")
 	}
-	if cfg.StateDir == "" {
+	if cfg.StateDir == "" && deps.Journal == nil {
 		return nil, errors.New("--state-dir is required")
 	}
 	p := &Proxy{
-		cfg: cfg, log: log, codec: newRawCodec(), hook: func(Kind, Phase) {},
+		cfg: cfg, log: log, codec: newRawCodec(), pods: deps.Pods, journal: deps.Journal,
 		locks:    keylock.New(cfg.LockWait),
 		metrics:  metrics.New(),
 		handlers: map[string]bool{},
@@ -152,21 +145,15 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) (*Pr
 			p.handlers[h] = true
 		}
 	}
-	for _, o := range opts {
-		o(p)
-	}
-	_, pending := p.pods.(*pendingClientset)
-	if pending || (p.pods == nil && cfg.Kubeconfig != "") {
+	cs := deps.Clientset
+	if p.pods == nil && (cs != nil || cfg.Kubeconfig != "") {
 		if len(p.handlers) == 0 {
 			return nil, errors.New("--kubeconfig needs --microvm-handlers: without them no pod would get a deferred volume")
 		}
 		if cfg.NodeName == "" {
 			return nil, errors.New("--kubeconfig needs --node-name (or $NODE_NAME)")
 		}
-		var cs kubernetes.Interface
-		if pc, ok := p.pods.(*pendingClientset); ok {
-			cs = pc.cs
-		} else {
+		if cs == nil {
 			var err error
 			if cs, err = kubeClient(cfg.Kubeconfig); err != nil {
 				return nil, err
@@ -179,13 +166,16 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) (*Pr
 		p.pods, p.classes = ip, ip
 		p.events = newRecorder(ctx, cs, cfg.NodeName)
 	}
-	bootID, err := recordfile.ReadBootID()
-	if err != nil {
-		return nil, err
+	if p.journal == nil {
+		bootID, err := recordfile.ReadBootID()
+		if err != nil {
+			return nil, err
+		}
+		if p.journal, err = OpenJournal(cfg.StateDir, bootID, log); err != nil {
+			return nil, err
+		}
 	}
-	if p.state, err = openState(cfg.StateDir, bootID, log); err != nil {
-		return nil, err
-	}
+	var err error
 	if p.driver, err = client.DialUnix(cfg.DriverAddress); err != nil {
 		return nil, fmt.Errorf("--driver-address: %w", err)
 	}
@@ -194,7 +184,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) (*Pr
 		return nil, fmt.Errorf("--crust-socket: %w", err)
 	}
 	p.ident, p.node = csi.NewIdentityClient(p.driver), csi.NewNodeClient(p.driver)
-	for _, r := range p.state.list() {
+	for _, r := range p.journal.List() {
 		log.Info("state: record", "kind", r.Kind, "path", r.Path, "mode", r.Mode, "phase", r.Phase, "stale", r.Stale)
 	}
 	return p, nil
@@ -206,8 +196,8 @@ func (p *Proxy) Close() {
 	if p.crust != nil {
 		_ = p.crust.Close()
 	}
-	if p.state != nil {
-		p.state.close()
+	if p.journal != nil {
+		p.journal.Close()
 	}
 }
 
@@ -230,15 +220,11 @@ func (p *Proxy) NewServer() *grpc.Server {
 }
 
 // Run serves cfg.CSIAddress until ctx ends, then stops gracefully.
-func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
-	return run(ctx, cfg, log)
-}
-
-func run(ctx context.Context, cfg Config, log *slog.Logger, opts ...option) error {
+func Run(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) error {
 	if cfg.CSIAddress == "" {
 		return errors.New("--csi-address is required")
 	}
-	p, err := New(ctx, cfg, log, opts...)
+	p, err := New(ctx, cfg, log, deps)
 	if err != nil {
 		return err
 	}
@@ -328,14 +314,11 @@ func blockCapability(c *csi.VolumeCapability) *csi.VolumeCapability {
 }
 
 // isFinal reports whether kubelet takes err as final, that is, it will not treat the volume as possibly
-// published and so will not call NodeUnpublishVolume or NodeUnstageVolume for it.
+// published and so will not call NodeUnpublishVolume or NodeUnstageVolume for it. It judges by the code
+// kubelet is sent (errdefs.ToGRPC).
 func isFinal(err error) bool {
-	st, ok := status.FromError(err)
-	if !ok {
-		return false
-	}
-	switch st.Code() {
-	case codes.Canceled, codes.DeadlineExceeded, codes.Unavailable, codes.ResourceExhausted, codes.Aborted:
+	switch status.Code(errdefs.ToGRPC(err)) {
+	case codes.OK, codes.Canceled, codes.DeadlineExceeded, codes.Unavailable, codes.ResourceExhausted, codes.Aborted:
 		return false
 	}
 	return true
@@ -345,18 +328,17 @@ func isFinal(err error) bool {
 func (p *Proxy) lock(ctx context.Context, path string) (func(), error) {
 	unlock, err := p.locks.Lock(ctx, path)
 	if err != nil {
-		return nil, status.Errorf(codes.Aborted, "an operation on %s is in flight", path)
+		return nil, errdefs.Errorf(errdefs.ErrAborted, "an operation on %s is in flight", path)
 	}
 	return unlock, nil
 }
 
-// put stores r at phase ph and calls the hook.
+// put records r at phase ph.
 func (p *Proxy) put(r *Record, ph Phase) error {
 	r.Phase = ph
-	if err := p.state.put(r); err != nil {
-		return status.Errorf(codes.Internal, "recording %s of %s: %v", ph, r.Path, err)
+	if err := p.journal.Put(r); err != nil {
+		return errdefs.Errorf(errdefs.ErrInternal, "recording %s of %s: %v", ph, r.Path, err)
 	}
-	p.hook(r.Kind, ph)
 	return nil
 }
 

@@ -95,7 +95,7 @@ func TestRawBlockOfMicroVMPodPassesThrough(t *testing.T) {
 	p, cc := runProxy(t, Config{CSIAddress: filepath.Join(dir, "csi.sock"),
 		DriverAddress: serveStub(t, dir, d, grpc.ForceServerCodecV2(rec)),
 		CrustSocket:   filepath.Join(dir, "no-crustd.sock"), StateDir: filepath.Join(dir, "state"),
-		MicroVMHandlers: []string{"kata"}}, log, withPods(pods))
+		MicroVMHandlers: []string{"kata"}}, log, Deps{Pods: pods})
 	ctx := context.Background()
 	volCtx := map[string]string{DeferKey: "true", podNamespaceKey: "ns", podNameKey: "vm", podUIDKey: "u-vm", "z": "1", "a": "2"}
 	if d, why, err := Decide(DecideInput{Capability: blockCap(), VolumeContext: volCtx, Pods: pods,
@@ -123,7 +123,7 @@ func TestRawBlockOfMicroVMPodPassesThrough(t *testing.T) {
 			t.Fatalf("%s: the driver received\n%x\nkubelet sent\n%x", c.method, got, sent)
 		}
 	}
-	if recs := p.state.list(); len(recs) != 0 {
+	if recs := p.journal.List(); len(recs) != 0 {
 		t.Fatalf("the proxy keeps records of a passed-through volume: %v", recs)
 	}
 	logMu.Lock()

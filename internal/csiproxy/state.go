@@ -58,8 +58,6 @@ const (
 	PhaseStaging           Phase = "staging"
 	PhaseStaged            Phase = "staged"
 	PhaseUnstaging         Phase = "unstaging"
-	// PhaseForgotten is never stored: it names the instant after a record was deleted, for the hook.
-	PhaseForgotten Phase = "forgotten"
 )
 
 // Record is what the proxy remembers of one path.
@@ -86,9 +84,25 @@ func recordKey(k Kind, path string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// state is the proxy's journal: its records in a record directory (internal/recordfile) with an
-// in-memory index. Calls for one path must be serialised by the caller; different paths may be used
-// concurrently.
+// Journal is where the proxy records how far each call on a path got, so that a restarted proxy finishes
+// or undoes it. The proxy calls it for one path at a time; different paths may be used concurrently.
+type Journal interface {
+	// Get returns a copy of the record of (k, path), or nil.
+	Get(k Kind, path string) *Record
+	// List returns copies of every record, sorted by kind and path.
+	List() []Record
+	// Put makes r durable before it returns; it sets r.Updated and clears r.Stale.
+	Put(r *Record) error
+	// Delete forgets the record of (k, path) durably before it returns; an unknown one is not an error.
+	Delete(k Kind, path string) error
+	// PrivateDir is the directory that holds the private block path of a target path.
+	PrivateDir(target string) string
+	// Close releases the journal for another process.
+	Close()
+}
+
+// state is the Journal OpenJournal opens: records in a record directory (internal/recordfile) with an
+// in-memory index.
 type state struct {
 	block string          // path of the directory holding the private publish paths handed to the driver
 	dir   *recordfile.Dir // records/, tmp/, corrupt/, block/ under the state directory, which it locks
@@ -97,10 +111,10 @@ type state struct {
 	idx map[string]*Record // by recordKey
 }
 
-// close releases the state directory for another process.
-func (s *state) close() { s.dir.Close() }
+// Close releases the state directory for another process.
+func (s *state) Close() { s.dir.Close() }
 
-// openState locks the state directory (one proxy per directory: a second one fails at once, naming the
+// OpenJournal locks the state directory (one proxy per directory: a second one fails at once, naming the
 // first), creates its subdirectories, empties tmp/ and loads the records, as the package doc describes.
 // The state directory must be ours and writable by us alone, and neither it nor its subdirectories may be
 // symbolic links; every record operation is relative to the opened directories and never follows a link.
@@ -108,6 +122,10 @@ func (s *state) close() { s.dir.Close() }
 // A record of an earlier boot is kept, marked Stale: unlike crustd's descriptors, which describe what a
 // running VM may use and mean nothing after a reboot, a record here is an obligation to undo (the driver's
 // publish or stage, a private path) that a reboot does not discharge.
+func OpenJournal(dir, bootID string, log *slog.Logger) (Journal, error) {
+	return openState(dir, bootID, log)
+}
+
 func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 	s := &state{block: filepath.Join(dir, "block"), idx: map[string]*Record{}}
 	check := func(l recordfile.Loaded) (bool, error) {
@@ -168,8 +186,8 @@ func decodePayload(payload []byte) (*Record, error) {
 	return &r, nil
 }
 
-// get returns a copy of the record of (k, path), or nil.
-func (s *state) get(k Kind, path string) *Record {
+// Get returns a copy of the record of (k, path), or nil.
+func (s *state) Get(k Kind, path string) *Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.idx[recordKey(k, path)]
@@ -180,8 +198,8 @@ func (s *state) get(k Kind, path string) *Record {
 	return &c
 }
 
-// list returns copies of every record, sorted by kind and path.
-func (s *state) list() []Record {
+// List returns copies of every record, sorted by kind and path.
+func (s *state) List() []Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]Record, 0, len(s.idx))
@@ -197,8 +215,8 @@ func (s *state) list() []Record {
 	return out
 }
 
-// put makes r durable (with this boot's id) and indexes it. r.Updated is set.
-func (s *state) put(r *Record) error {
+// Put makes r durable (with this boot's id) and indexes it. r.Updated is set.
+func (s *state) Put(r *Record) error {
 	r.Updated = time.Now().UTC()
 	r.Stale = false
 	payload, err := json.Marshal(r)
@@ -216,8 +234,8 @@ func (s *state) put(r *Record) error {
 	return nil
 }
 
-// delete removes the record of (k, path) durably; an unknown one is not an error.
-func (s *state) delete(k Kind, path string) error {
+// Delete removes the record of (k, path) durably; an unknown one is not an error.
+func (s *state) Delete(k Kind, path string) error {
 	key := recordKey(k, path)
 	if err := s.dir.Delete(key + ".json"); err != nil {
 		return fmt.Errorf("state: %w", err)
@@ -228,7 +246,7 @@ func (s *state) delete(k Kind, path string) error {
 	return nil
 }
 
-// privateDir is the directory holding the private block path of a target path.
-func (s *state) privateDir(target string) string {
+// PrivateDir is the directory holding the private block path of a target path.
+func (s *state) PrivateDir(target string) string {
 	return filepath.Join(s.block, recordKey(KindPublish, target))
 }

@@ -30,15 +30,15 @@ func TestStateRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &Record{Kind: KindPublish, Path: "/k/pods/u/volumes/x/mount", VolumeID: "v1", Mode: ModeDeferred,
-		PrivatePath: s.privateDir("/k/pods/u/volumes/x/mount") + "/dev", Device: "/dev/loop3", FsType: "xfs"}
-	if err := s.put(r); err != nil {
+		PrivatePath: s.PrivateDir("/k/pods/u/volumes/x/mount") + "/dev", Device: "/dev/loop3", FsType: "xfs"}
+	if err := s.Put(r); err != nil {
 		t.Fatal(err)
 	}
 	r.Phase = PhaseDeposited
-	if err := s.put(r); err != nil {
+	if err := s.Put(r); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.put(&Record{Kind: KindStage, Path: "/k/staging/x", VolumeID: "v1", Mode: ModeBlockStage, Phase: PhaseStaged}); err != nil {
+	if err := s.Put(&Record{Kind: KindStage, Path: "/k/staging/x", VolumeID: "v1", Mode: ModeBlockStage, Phase: PhaseStaged}); err != nil {
 		t.Fatal(err)
 	}
 	// A leftover temporary file is removed at the next open.
@@ -46,17 +46,17 @@ func TestStateRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s.close() // the process ends
+	s.Close() // the process ends
 	s2, err := openState(dir, "boot-1", testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := s2.get(KindPublish, r.Path)
+	got := s2.Get(KindPublish, r.Path)
 	if got == nil || got.Phase != PhaseDeposited || got.Device != "/dev/loop3" || got.Stale || !got.Updated.Equal(r.Updated) {
 		t.Fatalf("reloaded %+v, want %+v", got, r)
 	}
-	if len(s2.list()) != 2 {
-		t.Fatalf("list = %v", s2.list())
+	if len(s2.List()) != 2 {
+		t.Fatalf("list = %v", s2.List())
 	}
 	if names, _ := os.ReadDir(filepath.Join(dir, "tmp")); len(names) != 0 {
 		t.Fatalf("tmp not emptied: %v", names)
@@ -71,21 +71,21 @@ func TestStateRoundTrip(t *testing.T) {
 	}
 
 	// Another boot: the records are kept, marked stale.
-	s2.close()
+	s2.Close()
 	s3, err := openState(dir, "boot-2", testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := s3.get(KindPublish, r.Path); got == nil || !got.Stale {
+	if got := s3.Get(KindPublish, r.Path); got == nil || !got.Stale {
 		t.Fatalf("after a reboot: %+v, want a stale record", got)
 	}
-	if err := s3.delete(KindPublish, r.Path); err != nil {
+	if err := s3.Delete(KindPublish, r.Path); err != nil {
 		t.Fatal(err)
 	}
-	if err := s3.delete(KindPublish, r.Path); err != nil {
+	if err := s3.Delete(KindPublish, r.Path); err != nil {
 		t.Fatalf("second delete: %v", err)
 	}
-	if s3.get(KindPublish, r.Path) != nil {
+	if s3.Get(KindPublish, r.Path) != nil {
 		t.Fatal("deleted record still there")
 	}
 }
@@ -97,7 +97,7 @@ func TestStateDamagedAndNewer(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &Record{Kind: KindPublish, Path: "/t", VolumeID: "v", Mode: ModeHost, Phase: PhasePublished}
-	if err := s.put(r); err != nil {
+	if err := s.Put(r); err != nil {
 		t.Fatal(err)
 	}
 	file := filepath.Join(dir, "records", recordKey(KindPublish, "/t")+".json")
@@ -112,13 +112,13 @@ func TestStateDamagedAndNewer(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "records", "other.json"), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s.close()
+	s.Close()
 	s2, err := openState(dir, "b", testLog(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(s2.list()) != 0 {
-		t.Fatalf("damaged records loaded: %v", s2.list())
+	if len(s2.List()) != 0 {
+		t.Fatalf("damaged records loaded: %v", s2.List())
 	}
 	if moved, _ := os.ReadDir(filepath.Join(dir, "corrupt")); len(moved) != 2 {
 		t.Fatalf("corrupt/ holds %v, want 2 files", moved)
@@ -129,7 +129,7 @@ func TestStateDamagedAndNewer(t *testing.T) {
 	if err := os.WriteFile(file, newer, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s2.close()
+	s2.Close()
 	if _, err := openState(dir, "b", testLog(t)); err == nil || !strings.Contains(err.Error(), "newer") {
 		t.Fatalf("open over a newer record: %v", err)
 	}
@@ -176,7 +176,7 @@ func TestStatePlantedLinks(t *testing.T) {
 			mode := fi.Mode()
 			s, err := openState(dir, "b", testLog(t))
 			if err == nil {
-				s.close()
+				s.Close()
 				t.Fatalf("openState accepted a link at %s", sub)
 			}
 			if !strings.Contains(err.Error(), filepath.Join(dir, sub)) {

@@ -81,6 +81,13 @@ func Field(field, format string, args ...any) error {
 // callers and servers know their kind without a table of their own.
 func New(kind error, text string) error { return &kindError{text: text, kind: kind} }
 
+// Errorf returns an error of kind whose text is formatted like fmt.Sprintf: errors.Is holds for kind,
+// and ToGRPC gives it kind's code. It is for a failure described once, where it happens; the text does
+// not wrap the arguments, so an error among them counts for its words only.
+func Errorf(kind error, format string, args ...any) error {
+	return &kindError{text: fmt.Sprintf(format, args...), kind: kind}
+}
+
 type kindError struct {
 	text string
 	kind error

@@ -30,6 +30,7 @@ func TestToGRPC(t *testing.T) {
 		{fmt.Errorf("x: %w", context.DeadlineExceeded), codes.DeadlineExceeded, "x: context deadline exceeded"},
 		{status.Error(codes.ResourceExhausted, "handler says no"), codes.ResourceExhausted, "handler says no"},
 		{errors.New("disk on fire"), codes.Internal, "disk on fire"},
+		{errdefs.Errorf(errdefs.ErrNotFound, "volume_path %s does not exist", "/v"), codes.NotFound, "volume_path /v does not exist"},
 		{fmt.Errorf("x: %w", errdefs.ErrUnimplemented), codes.Unimplemented, "x: unimplemented"},
 		{fmt.Errorf("x: %w", errdefs.ErrInternal), codes.Internal, "x: internal"},
 		{fmt.Errorf("x: %w", errdefs.ErrUnknown), codes.Unknown, "x: unknown"},
