@@ -3,6 +3,6 @@
 // subpackages are test doubles: katatest (Kata's direct-volume vectors and a Kata shim), safedirtest
 // (a tree that must stay untouched through a planted link), critest (a CRI runtime service) and sandbox
 // (a microVM handler that claims deferred volumes); harness starts crust's binaries and waits on their
-// readiness. Each helper either succeeds or fails the test; a helper that needs root skips a test run by
+// readiness, and crustdtest runs crustd inside a test binary. Each helper either succeeds or fails the test; a helper that needs root skips a test run by
 // another user.
 package testutil

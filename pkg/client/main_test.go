@@ -1,17 +1,12 @@
 package client_test
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
-	"crust.dev/crust/internal/daemon"
-	"crust.dev/crust/internal/testutil/harness"
+	"crust.dev/crust/internal/testutil/crustdtest"
 )
 
 // The tests and the example run against a real crustd, in this process (a test may import the daemon; the
@@ -30,39 +25,17 @@ func runMain(m *testing.M) int {
 		panic(err)
 	}
 	defer func() { _ = os.RemoveAll(root) }()
-	socket = filepath.Join(root, "run", "crust.sock")
-	kubeletDir = filepath.Join(root, "kubelet")
-	imageDir = filepath.Join(root, "images")
-	for _, d := range []string{filepath.Join(kubeletDir, "pods"), imageDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			panic(err)
-		}
+	cfg, err := crustdtest.FileConfig(root)
+	if err != nil {
+		panic(err)
 	}
-	cfg := daemon.Defaults()
-	cfg.Socket, cfg.StateDir, cfg.KataDir, cfg.KubeletDir = socket, filepath.Join(root, "state"), "", kubeletDir
-	cfg.DeviceAllow = []string{imageDir + "/*"}
-	cfg.AllowFileBacked = true
-	cfg.AllowUIDs = []uint32{uint32(os.Geteuid())}
-	cfg.HTTPAddr = ""
-	ctx, cancel := context.WithCancel(context.Background())
-	var runErr error
-	exited := make(chan struct{})
-	go func() {
-		defer close(exited)
-		runErr = daemon.Run(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	}()
-	defer func() { cancel(); <-exited }()
-	wctx, wcancel := context.WithTimeout(context.Background(), time.Minute)
-	defer wcancel()
-	if err := harness.WaitServing(wctx, socket, exited); err != nil {
-		select {
-		case <-exited:
-			fmt.Println("crustd:", err, runErr)
-		default:
-			fmt.Println("crustd:", err)
-		}
+	socket, kubeletDir, imageDir = cfg.Socket, cfg.KubeletDir, filepath.Join(root, crustdtest.ImageDir)
+	stop, err := crustdtest.Start(cfg, nil)
+	if err != nil {
+		fmt.Println(err)
 		return 1
 	}
+	defer func() { _ = stop() }()
 	_ = os.Setenv("CRUST_SOCKET", socket)
 	return m.Run()
 }
