@@ -16,6 +16,7 @@ import (
 
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/initramfs"
+	"crust.dev/crust/examples/microvm/internal/disktest"
 )
 
 // The tests here boot real QEMU guests (TCG) with the kernel and tools
@@ -114,16 +115,7 @@ func (l loop) detach(t *testing.T) {
 // did not.
 func loopDevice(t *testing.T, size int64, mkfs ...string) loop {
 	t.Helper()
-	file := filepath.Join(t.TempDir(), "disk.img")
-	if err := os.WriteFile(file, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(file, size); err != nil {
-		t.Fatal(err)
-	}
-	if len(mkfs) > 0 {
-		run(t, mkfs[0], append(mkfs[1:], file)...)
-	}
+	file := disktest.Image(t, size, mkfs...)
 	dev := run(t, "losetup", "--find", "--show", file)
 	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
 	return loop{path: dev, file: file}
