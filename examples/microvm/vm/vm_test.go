@@ -24,6 +24,8 @@ import (
 // _output/guest at the top of the repository (beside go.work). They build crust-guest and the
 // initramfs themselves, once.
 
+const mib = 1 << 20
+
 var (
 	buildOnce sync.Once
 	buildDir  string
@@ -144,6 +146,15 @@ func startVM(t *testing.T, cfg Config) *VM {
 	return v
 }
 
+// tcgGuest boots a TCG guest for the test (startVM) and returns it with a context that ends timeout after
+// the boot began, or with the test.
+func tcgGuest(t *testing.T, timeout time.Duration) (context.Context, *VM) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	return ctx, startVM(t, Config{Accel: AccelTCG})
+}
+
 func execOK(t *testing.T, v *VM, argv ...string) string {
 	t.Helper()
 	res, err := v.Agent().Exec(context.Background(), &agentv1.ExecRequest{Argv: argv, TimeoutMillis: 60000})
@@ -189,11 +200,7 @@ func within(a, b, tol uint64) bool {
 // blank one), fsGroup, writes, stats against the host's, online growth,
 // read-only, a vanished device, exec, detach and stop.
 func TestVolumesInGuest(t *testing.T) {
-	const mib = 1 << 20
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-
-	v := startVM(t, Config{Accel: AccelTCG})
+	ctx, v := tcgGuest(t, 5*time.Minute)
 	boot := v.Boot()
 	t.Logf("boot (TCG, QEMU start to agent answer): %s, kernel %s", boot.Took.Round(time.Millisecond), boot.Kernel)
 	agent := v.Agent()
