@@ -407,9 +407,9 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: lv.Size}, nil
 }
 
-// lockChecked takes the volume's lock (tryLock: Aborted while another call works on id) once the
-// request's checks have passed; the first failed check is returned instead, so that a request refused for
-// what it says is refused so whether or not the volume is busy.
+// lockChecked returns the first non-nil of checks (the request's checks, all evaluated by the caller), or
+// else takes the volume's lock (tryLock: Aborted while another call works on id). A request that is wrong
+// in itself so gets its own error whether or not the volume is busy.
 func (d *Driver) lockChecked(id string, checks ...error) (unlock func(), err error) {
 	for _, err := range checks {
 		if err != nil {
