@@ -91,11 +91,11 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 // CreateVolume makes a linear logical volume for req.name, or returns the one made earlier for it when its
 // capacity fits req's range (AlreadyExists when it does not).
 func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
-	if req.GetName() == "" {
-		return nil, status.Error(codes.InvalidArgument, "name: is required")
+	if err := required("name", req.GetName()); err != nil {
+		return nil, err
 	}
-	if len(req.GetVolumeCapabilities()) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "volume_capabilities: at least one is required")
+	if err := requiredCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return nil, err
 	}
 	for i, c := range req.GetVolumeCapabilities() {
 		if err := checkCapability(fmt.Sprintf("volume_capabilities[%d]", i), c); err != nil {
@@ -190,8 +190,8 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 // FailedPrecondition.
 func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id: is required")
+	if err := required("volume_id", id); err != nil {
+		return nil, err
 	}
 	d.ctrlMu.Lock()
 	defer d.ctrlMu.Unlock()
@@ -220,8 +220,8 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 // mount volume (and when the capability is not given), not for a block volume.
 func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
 	id := req.GetVolumeId()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id: is required")
+	if err := required("volume_id", id); err != nil {
+		return nil, err
 	}
 	cr := req.GetCapacityRange()
 	if cr == nil {
@@ -230,10 +230,8 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	if err := checkRange("capacity_range", cr); err != nil {
 		return nil, err
 	}
-	if c := req.GetVolumeCapability(); c != nil {
-		if err := checkCapability("volume_capability", c); err != nil {
-			return nil, err
-		}
+	if err := checkOptionalCapability("volume_capability", req.GetVolumeCapability()); err != nil {
+		return nil, err
 	}
 	nodeExpansion := req.GetVolumeCapability().GetBlock() == nil
 
@@ -280,11 +278,11 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 // ValidateVolumeCapabilities confirms the capabilities when every one is supported, and says which is not
 // otherwise.
 func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
-	if req.GetVolumeId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id: is required")
+	if err := required("volume_id", req.GetVolumeId()); err != nil {
+		return nil, err
 	}
-	if len(req.GetVolumeCapabilities()) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "volume_capabilities: at least one is required")
+	if err := requiredCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return nil, err
 	}
 	for i, c := range req.GetVolumeCapabilities() {
 		if c.GetAccessMode() == nil {
@@ -356,6 +354,22 @@ func checkCapability(field string, c *csi.VolumeCapability) error {
 		return status.Errorf(codes.InvalidArgument, "%s.access_type: is required (mount or block)", field)
 	}
 	return nil
+}
+
+// requiredCapabilities refuses (InvalidArgument) a request that lists no volume_capabilities.
+func requiredCapabilities(caps []*csi.VolumeCapability) error {
+	if len(caps) == 0 {
+		return status.Error(codes.InvalidArgument, "volume_capabilities: at least one is required")
+	}
+	return nil
+}
+
+// checkOptionalCapability is checkCapability for a capability the request may leave out: nil passes.
+func checkOptionalCapability(field string, c *csi.VolumeCapability) error {
+	if c == nil {
+		return nil
+	}
+	return checkCapability(field, c)
 }
 
 // checkParameters accepts crust.dev/defer (a boolean), crust's I/O limit keys (quantities, volume.ParseIOLimits)

@@ -96,16 +96,8 @@ func (d *Driver) device(ctx context.Context, id string) (string, error) {
 // device mounted there is AlreadyExists.
 func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	id, staging, c := req.GetVolumeId(), req.GetStagingTargetPath(), req.GetVolumeCapability()
-	if err := required("volume_id", id, "staging_target_path", staging); err != nil {
-		return nil, err
-	}
-	if c == nil {
-		return nil, status.Error(codes.InvalidArgument, "volume_capability: is required")
-	}
-	if err := checkCapability("volume_capability", c); err != nil {
-		return nil, err
-	}
-	unlock, err := d.busy.tryLock(id)
+	unlock, err := d.lockChecked(id, required("volume_id", id, "staging_target_path", staging),
+		checkCapability("volume_capability", c))
 	if err != nil {
 		return nil, err
 	}
@@ -138,10 +130,7 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 // (the CO owns it).
 func (d *Driver) NodeUnstageVolume(_ context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
-	if err := required("volume_id", id, "staging_target_path", staging); err != nil {
-		return nil, err
-	}
-	unlock, err := d.busy.tryLock(id)
+	unlock, err := d.lockChecked(id, required("volume_id", id, "staging_target_path", staging))
 	if err != nil {
 		return nil, err
 	}
@@ -158,21 +147,9 @@ func (d *Driver) NodeUnstageVolume(_ context.Context, req *csi.NodeUnstageVolume
 // others (another volume, another read-only flag) AlreadyExists.
 func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	id, target, staging, c := req.GetVolumeId(), req.GetTargetPath(), req.GetStagingTargetPath(), req.GetVolumeCapability()
-	if err := required("volume_id", id, "target_path", target); err != nil {
-		return nil, err
-	}
-	if c == nil {
-		return nil, status.Error(codes.InvalidArgument, "volume_capability: is required")
-	}
-	if err := checkCapability("volume_capability", c); err != nil {
-		return nil, err
-	}
 	eph := isEphemeral(req.GetVolumeContext())
-	if c.GetMount() != nil && staging == "" && !eph {
-		// The driver advertises STAGE_UNSTAGE_VOLUME: publishing what was never staged is out of order.
-		return nil, status.Error(codes.FailedPrecondition, "staging_target_path: is required (the driver stages volumes; stage the volume first)")
-	}
-	unlock, err := d.busy.tryLock(id)
+	unlock, err := d.lockChecked(id, required("volume_id", id, "target_path", target),
+		checkCapability("volume_capability", c), checkStaged(c, staging, eph))
 	if err != nil {
 		return nil, err
 	}
@@ -303,10 +280,7 @@ func (d *Driver) publishBlock(dev, target string, ro bool) (*csi.NodePublishVolu
 // through crust); a target that is gone already is a success.
 func (d *Driver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	id, target := req.GetVolumeId(), req.GetTargetPath()
-	if err := required("volume_id", id, "target_path", target); err != nil {
-		return nil, err
-	}
-	unlock, err := d.busy.tryLock(id)
+	unlock, err := d.lockChecked(id, required("volume_id", id, "target_path", target))
 	if err != nil {
 		return nil, err
 	}
@@ -395,18 +369,9 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 // The device must already have the size asked (ControllerExpandVolume), or it is OutOfRange.
 func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
-	if err := required("volume_id", id, "volume_path", path); err != nil {
-		return nil, err
-	}
-	if c := req.GetVolumeCapability(); c != nil {
-		if err := checkCapability("volume_capability", c); err != nil {
-			return nil, err
-		}
-	}
-	if err := checkRange("capacity_range", req.GetCapacityRange()); err != nil {
-		return nil, err
-	}
-	unlock, err := d.busy.tryLock(id)
+	unlock, err := d.lockChecked(id, required("volume_id", id, "volume_path", path),
+		checkOptionalCapability("volume_capability", req.GetVolumeCapability()),
+		checkRange("capacity_range", req.GetCapacityRange()))
 	if err != nil {
 		return nil, err
 	}
@@ -442,8 +407,31 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: lv.Size}, nil
 }
 
+// lockChecked returns the first non-nil of checks (the request's checks, all evaluated by the caller), or
+// else takes the volume's lock (tryLock: Aborted while another call works on id). A request that is wrong
+// in itself so gets its own error whether or not the volume is busy.
+func (d *Driver) lockChecked(id string, checks ...error) (unlock func(), err error) {
+	for _, err := range checks {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return d.busy.tryLock(id)
+}
+
+// checkStaged refuses (FailedPrecondition) to publish a mount volume without a staging path, unless it is
+// an inline ephemeral volume: the driver advertises STAGE_UNSTAGE_VOLUME, so publishing what was never
+// staged is out of order.
+func checkStaged(c *csi.VolumeCapability, staging string, ephemeral bool) error {
+	if c.GetMount() != nil && staging == "" && !ephemeral {
+		return status.Error(codes.FailedPrecondition, "staging_target_path: is required (the driver stages volumes; stage the volume first)")
+	}
+	return nil
+}
+
 // --- host helpers ---
 
+// required refuses (InvalidArgument) the first of its field name, value pairs whose value is empty.
 func required(pairs ...string) error {
 	for i := 0; i+1 < len(pairs); i += 2 {
 		if pairs[i+1] == "" {

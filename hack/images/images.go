@@ -34,6 +34,19 @@ type spec struct {
 	fill       func(b *builder, t *fsTree) error
 }
 
+// sigStorage is the image localhost/sig-storage/BIN:VERSION of a Kubernetes sig-storage sidecar: the
+// prebuilt static binary BIN of that version from -k8s-bin (builder.prebuilt), at /BIN and run as the
+// entrypoint.
+func sigStorage(bin, version string) spec {
+	return spec{
+		short: bin, repo: "localhost/sig-storage/" + bin, tag: version,
+		entrypoint: []string{"/" + bin},
+		fill: func(b *builder, t *fsTree) error {
+			return b.prebuilt(t, bin, version)
+		},
+	}
+}
+
 // specs are the images, in the order they are built.
 var specs = []spec{
 	{
@@ -70,20 +83,8 @@ var specs = []spec{
 			return b.goBinaries(t, "/usr/local/bin", "./test/cluster/cmd/crust-test-registrar")
 		},
 	},
-	{
-		short: "csi-provisioner", repo: "localhost/sig-storage/csi-provisioner", tag: "v5.3.0",
-		entrypoint: []string{"/csi-provisioner"},
-		fill: func(b *builder, t *fsTree) error {
-			return b.prebuilt(t, "csi-provisioner", "v5.3.0")
-		},
-	},
-	{
-		short: "csi-resizer", repo: "localhost/sig-storage/csi-resizer", tag: "v1.14.0",
-		entrypoint: []string{"/csi-resizer"},
-		fill: func(b *builder, t *fsTree) error {
-			return b.prebuilt(t, "csi-resizer", "v1.14.0")
-		},
-	},
+	sigStorage("csi-provisioner", "v5.3.0"),
+	sigStorage("csi-resizer", "v1.14.0"),
 	{
 		short: "busybox", repo: "localhost/busybox", tag: "latest",
 		entrypoint: []string{"/bin/sh"},

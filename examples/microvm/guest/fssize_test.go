@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"crust.dev/crust/examples/microvm/internal/disktest"
 )
 
 // filesystemBytes reads what mkfs and resize2fs wrote: the size the filesystem has, not the disk's.
@@ -14,20 +16,10 @@ func TestFilesystemBytes(t *testing.T) {
 	const mib = 1 << 20
 	img := func(size int64, mkfs ...string) string {
 		t.Helper()
-		p := filepath.Join(t.TempDir(), "fs.img")
-		if err := os.WriteFile(p, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Truncate(p, size); err != nil {
-			t.Fatal(err)
-		}
 		if _, err := exec.LookPath(mkfs[0]); err != nil {
 			t.Skipf("%s: %v", mkfs[0], err)
 		}
-		if out, err := exec.Command(mkfs[0], append(mkfs[1:], p)...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v\n%s", mkfs, err, out)
-		}
-		return p
+		return disktest.Image(t, size, mkfs...)
 	}
 	for _, tc := range []struct {
 		name   string

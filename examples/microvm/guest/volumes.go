@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -438,10 +439,7 @@ func (v *volumes) unmount(target string) error {
 // unmountAll unmounts every volume, for power-off; failures are logged.
 func (v *volumes) unmountAll() {
 	v.mu.Lock()
-	targets := make([]string, 0, len(v.byPath))
-	for t := range v.byPath {
-		targets = append(targets, t)
-	}
+	targets := slices.Collect(maps.Keys(v.byPath))
 	v.mu.Unlock()
 	for _, t := range targets {
 		if err := v.unmount(t); err != nil {

@@ -45,15 +45,15 @@ func lockState(parent, name string, log *slog.Logger) (*state, error) {
 	if n := len(filepath.Join(dir, controlSocket)); n > 107 {
 		return nil, fmt.Errorf("state directory %s is too long for unix sockets in it (%d bytes)", dir, n)
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
 	// QEMU and the handler reach their sockets and files there by path: no one else may be able to
-	// plant or swap an entry on the way.
+	// plant or swap an entry on the way (safedir.OpenOwned refuses a link, and a directory another user
+	// owns or may write in; it creates a missing one 0700).
 	for _, p := range []string{filepath.Dir(dir), dir} {
-		if err := checkOwned(p); err != nil {
+		d, err := safedir.OpenOwned(p)
+		if err != nil {
 			return nil, fmt.Errorf("state directory: %w", err)
 		}
+		_ = d.Close()
 	}
 	st, locked, err := tryLock(dir)
 	if err != nil {
@@ -66,15 +66,6 @@ func lockState(parent, name string, log *slog.Logger) (*state, error) {
 		log.Warn("cleaned up after an earlier run that did not stop", "removed", cleaned)
 	}
 	return st, nil
-}
-
-// checkOwned refuses a directory that is a symbolic link, or that another user owns or may write in.
-func checkOwned(path string) error {
-	d, err := safedir.Open(path)
-	if err != nil {
-		return err
-	}
-	return errors.Join(d.CheckOwned(), d.Close())
 }
 
 // tryLock tries to take dir's lock file (pkg/safedir's lock, never through a link) without waiting. The

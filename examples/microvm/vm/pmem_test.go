@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
+	"crust.dev/crust/examples/microvm/internal/disktest"
 	"crust.dev/crust/pkg/errdefs"
 )
 
@@ -39,25 +40,14 @@ func guestStatxAttributes(t *testing.T, v *VM, path string) uint64 {
 // (ext4 with 4 KiB blocks, as DAX needs) holding seed.
 func pmemFile(t *testing.T, size int64, fsType, seed string) string {
 	t.Helper()
-	dir := t.TempDir()
-	file := filepath.Join(dir, "pmem.img")
-	if err := os.WriteFile(file, nil, 0o600); err != nil {
+	if fsType == "" {
+		return disktest.Image(t, size)
+	}
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "seed"), []byte(seed), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Truncate(file, size); err != nil {
-		t.Fatal(err)
-	}
-	if fsType != "" {
-		src := filepath.Join(dir, "seed")
-		if err := os.MkdirAll(src, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(src, "seed"), []byte(seed), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		run(t, "mkfs.ext4", "-q", "-b", "4096", "-d", src, file)
-	}
-	return file
+	return disktest.Image(t, size, "mkfs.ext4", "-q", "-b", "4096", "-d", src)
 }
 
 // TestPmemInGuest hot-plugs file-backed persistent memory into one TCG guest as virtio-pmem and checks:

@@ -1,7 +1,6 @@
 package vm
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -18,10 +17,7 @@ import (
 // over something else or with filesystem arguments, measured (the disk's size), grown (the size QEMU's
 // resize shows), and removed by unmount before the disk is unplugged.
 func TestRawBlockInGuest(t *testing.T) {
-	const mib = 1 << 20
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	v := startVM(t, Config{Accel: AccelTCG})
+	ctx, v := tcgGuest(t, 5*time.Minute)
 	agent := v.Agent()
 	dev := loopDevice(t, 32*mib)
 	if err := v.AttachBlock(ctx, "vol-raw", dev.path, false); err != nil {

@@ -57,10 +57,7 @@ func queryBlock(t *testing.T, v *VM, id string) *blockInfo {
 // limited disk is not charged to its write limit (the reason for the device's own throttling over a
 // throttle node).
 func TestIOLimits(t *testing.T) {
-	const mib = 1 << 20
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	v := startVM(t, Config{Accel: AccelTCG})
+	ctx, v := tcgGuest(t, 3*time.Minute)
 	limited, plain := loopDevice(t, 256*mib), loopDevice(t, 16*mib)
 	run(t, "dd", "if=/dev/urandom", "of="+limited.path, "bs=1M", "count=8", "oflag=direct", "status=none") // for the discard to free
 	lim := IOLimits{TotalIOPS: 50, WriteBytesPerSecond: mib}

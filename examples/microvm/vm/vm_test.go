@@ -16,12 +16,15 @@ import (
 
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/initramfs"
+	"crust.dev/crust/examples/microvm/internal/disktest"
 )
 
 // The tests here boot real QEMU guests (TCG) with the kernel and tools
 // hack/guest/fetch-kernel.sh gathers, in CRUST_GUEST_ASSETS or else
 // _output/guest at the top of the repository (beside go.work). They build crust-guest and the
 // initramfs themselves, once.
+
+const mib = 1 << 20
 
 var (
 	buildOnce sync.Once
@@ -114,16 +117,7 @@ func (l loop) detach(t *testing.T) {
 // did not.
 func loopDevice(t *testing.T, size int64, mkfs ...string) loop {
 	t.Helper()
-	file := filepath.Join(t.TempDir(), "disk.img")
-	if err := os.WriteFile(file, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(file, size); err != nil {
-		t.Fatal(err)
-	}
-	if len(mkfs) > 0 {
-		run(t, mkfs[0], append(mkfs[1:], file)...)
-	}
+	file := disktest.Image(t, size, mkfs...)
 	dev := run(t, "losetup", "--find", "--show", file)
 	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
 	return loop{path: dev, file: file}
@@ -150,6 +144,15 @@ func startVM(t *testing.T, cfg Config) *VM {
 		}
 	})
 	return v
+}
+
+// tcgGuest boots a TCG guest for the test (startVM) and returns it with a context that ends timeout after
+// the boot began, or with the test.
+func tcgGuest(t *testing.T, timeout time.Duration) (context.Context, *VM) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	return ctx, startVM(t, Config{Accel: AccelTCG})
 }
 
 func execOK(t *testing.T, v *VM, argv ...string) string {
@@ -197,11 +200,7 @@ func within(a, b, tol uint64) bool {
 // blank one), fsGroup, writes, stats against the host's, online growth,
 // read-only, a vanished device, exec, detach and stop.
 func TestVolumesInGuest(t *testing.T) {
-	const mib = 1 << 20
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-
-	v := startVM(t, Config{Accel: AccelTCG})
+	ctx, v := tcgGuest(t, 5*time.Minute)
 	boot := v.Boot()
 	t.Logf("boot (TCG, QEMU start to agent answer): %s, kernel %s", boot.Took.Round(time.Millisecond), boot.Kernel)
 	agent := v.Agent()
