@@ -6,9 +6,11 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -125,6 +127,40 @@ func TestStateDir(t *testing.T) {
 	}
 	if _, err := Exec(context.Background(), parent, "sb", []string{"true"}); !errors.Is(err, ErrNotRunning) {
 		t.Errorf("Exec on a dead sandbox: %v", err)
+	}
+}
+
+// A QEMU left by a dead run of the same state directory is killed, and gone, before the run starts; the
+// stand-in is a process whose command line names the directory's QMP socket, as QEMU's does.
+func TestStaleQEMUKilled(t *testing.T) {
+	parent := t.TempDir()
+	st, err := lockState(parent, "sb", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.unlock()
+	qemu := exec.Command("sh", "-c", "read x", st.path("qmp.sock")) // waits on its stdin
+	if _, err := qemu.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := qemu.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = qemu.Process.Kill(); _ = qemu.Wait() })
+	if err := os.WriteFile(st.path(pidFile), []byte(strconv.Itoa(qemu.Process.Pid)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logged bytes.Buffer
+	st, err = lockState(parent, "sb", slog.New(slog.NewTextHandler(&logged, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.unlock()
+	if !strings.Contains(logged.String(), "qemu pid "+strconv.Itoa(qemu.Process.Pid)) {
+		t.Errorf("the stale QEMU was not reported killed: %s", logged.String())
+	}
+	if alive(qemu.Process.Pid) {
+		t.Error("the stale QEMU is alive after the run started")
 	}
 }
 

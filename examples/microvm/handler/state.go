@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -103,11 +102,7 @@ func (s *state) unlock() { s.lock.Release() }
 func cleanStale(dir string) []string {
 	var cleaned []string
 	if b, err := os.ReadFile(filepath.Join(dir, pidFile)); err == nil {
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && isOurQEMU(pid, dir) {
-			_ = unix.Kill(pid, unix.SIGKILL)
-			for i := 0; i < 100 && isOurQEMU(pid, dir); i++ {
-				time.Sleep(50 * time.Millisecond)
-			}
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && killQEMU(pid, dir) {
 			cleaned = append(cleaned, "qemu pid "+strconv.Itoa(pid))
 		}
 	}
@@ -117,6 +112,26 @@ func cleanStale(dir string) []string {
 		}
 	}
 	return cleaned
+}
+
+// killQEMU kills pid when it is a live QEMU of dir's, and waits for it to exit (five seconds at most,
+// for a process the kernel cannot reap at once); it reports whether it killed one. The process is held by
+// a pidfd from before the check, so a pid reused meanwhile is never signalled.
+func killQEMU(pid int, dir string) bool {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return false // no such process
+	}
+	defer func() { _ = unix.Close(fd) }()
+	if !isOurQEMU(pid, dir) || unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) != nil {
+		return false
+	}
+	exited := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}} // readable once the process has exited
+	for {
+		if _, err := unix.Poll(exited, 5000); err != unix.EINTR {
+			return true
+		}
+	}
 }
 
 // isOurQEMU reports whether pid is a live QEMU whose command line names dir's QMP socket.
