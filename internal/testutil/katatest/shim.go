@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"crust.dev/crust/internal/testutil"
 )
 
 // The shim facts below are written down here a second time, from the record, rather than taken from
@@ -100,6 +102,14 @@ type Shim struct {
 	socket string
 	srv    *http.Server
 	done   chan struct{}
+}
+
+// ShimDirs returns stand-ins for GoShimDir and RustShimDir under a new short directory removed when the
+// test ends (a unix socket path must fit in 107 bytes); the two are not made, Start makes them.
+func ShimDirs(t testing.TB) (goDir, rsDir string) {
+	t.Helper()
+	root := testutil.SocketDir(t)
+	return filepath.Join(root, "sbs"), filepath.Join(root, "kata")
 }
 
 // Start serves on socket, creating its directory (mode 0700) when missing, until Close or the end of the
