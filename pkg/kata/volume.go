@@ -139,27 +139,26 @@ func Remove(dir, volumePath string) error {
 }
 
 // Get returns the mount info of volumePath under dir; see Dir.Get.
-func Get(dir, volumePath string) (info *MountInfo, err error) {
-	if err := checkVolumePath(volumePath); err != nil {
-		return nil, err
-	}
-	err = withDir(dir, false, notFound(volumePath), func(d *Dir) error {
-		info, err = d.Get(volumePath)
-		return err
-	})
-	return info, err
+func Get(dir, volumePath string) (*MountInfo, error) {
+	return readVolume(dir, volumePath, (*Dir).Get)
 }
 
 // SandboxIDs returns the sandbox ids recorded for volumePath under dir; see Dir.SandboxIDs.
-func SandboxIDs(dir, volumePath string) (ids []string, err error) {
+func SandboxIDs(dir, volumePath string) ([]string, error) {
+	return readVolume(dir, volumePath, (*Dir).SandboxIDs)
+}
+
+// readVolume checks volumePath and returns what read finds of it in the Dir at dir; a dir that does not
+// exist holds no volume, so the answer then wraps ErrNotFound.
+func readVolume[T any](dir, volumePath string, read func(*Dir, string) (T, error)) (v T, err error) {
 	if err := checkVolumePath(volumePath); err != nil {
-		return nil, err
+		return v, err
 	}
 	err = withDir(dir, false, notFound(volumePath), func(d *Dir) error {
-		ids, err = d.SandboxIDs(volumePath)
+		v, err = read(d, volumePath)
 		return err
 	})
-	return ids, err
+	return v, err
 }
 
 // RecordSandbox records that sandboxID uses volumePath under dir; see Dir.RecordSandbox.
