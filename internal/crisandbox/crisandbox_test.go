@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -101,11 +100,7 @@ func TestNoRuntime(t *testing.T) {
 	}
 
 	// Something listens but never answers: the timeout (300 ms) ends the call.
-	l, err := net.Listen("unix", filepath.Join(root, "mute.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = l.Close() })
+	testutil.Listen(t, filepath.Join(root, "mute.sock"))
 	f = newFinder(t, "unix://"+filepath.Join(root, "mute.sock"))
 	t0 = time.Now()
 	if _, err := f.KataSandboxes(ctx, "pod-a"); !errors.Is(err, errdefs.ErrUnavailable) {

@@ -3,7 +3,6 @@ package manager
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -235,11 +234,7 @@ func TestDiscoverNothing(t *testing.T) {
 // as before, within the finder's timeout, and nothing is recorded.
 func TestDiscoverWithoutRuntime(t *testing.T) {
 	root := testutil.SocketDir(t)
-	mute, err := net.Listen("unix", filepath.Join(root, "mute.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = mute.Close() })
+	testutil.Listen(t, filepath.Join(root, "mute.sock"))
 	for name, ep := range map[string]string{
 		"no socket":     "unix://" + filepath.Join(root, "none.sock"),
 		"never answers": "unix://" + filepath.Join(root, "mute.sock"),

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/katatest"
 )
 
@@ -419,15 +420,7 @@ func TestShimContext(t *testing.T) {
 // TestShimUndecodable: a 200 whose body is not the stats is an error that is neither kind.
 func TestShimUndecodable(t *testing.T) {
 	goDir, _ := katatest.ShimDirs(t)
-	sock := katatest.ShimSocket(goDir, "sb")
-	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = l.Close() }()
+	l := testutil.Listen(t, katatest.ShimSocket(goDir, "sb"))
 	go func() {
 		for {
 			conn, err := l.Accept()
@@ -440,7 +433,7 @@ func TestShimUndecodable(t *testing.T) {
 			_ = conn.Close()
 		}
 	}()
-	_, err = (&ShimClient{Dirs: []string{goDir}}).Stats(context.Background(), "sb", "/dev/x")
+	_, err := (&ShimClient{Dirs: []string{goDir}}).Stats(context.Background(), "sb", "/dev/x")
 	var se *ShimError
 	if err == nil || errors.As(err, &se) || errors.Is(err, ErrShimUnreachable) || !strings.Contains(err.Error(), "not json!") {
 		t.Fatalf("Stats: %v", err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -116,13 +115,7 @@ func ShimDirs(t testing.TB) (goDir, rsDir string) {
 // test. The socket path must fit in a unix socket address (107 bytes).
 func (s *Shim) Start(t testing.TB, socket string) *Shim {
 	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(socket), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatalf("fake kata shim: %v", err)
-	}
+	l := testutil.Listen(t, socket)
 	s.socket = socket
 	s.srv = &http.Server{Handler: http.HandlerFunc(s.serve), ReadHeaderTimeout: 10 * time.Second}
 	s.done = make(chan struct{})
