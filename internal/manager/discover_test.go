@@ -49,12 +49,7 @@ func newKataNode(t *testing.T, criEndpoint string) *kataNode {
 	t.Cleanup(func() { _ = finder.Close() })
 	e.sandboxes = finder
 	e.fwd = &forward.Forwarder{KataShimDirs: []string{n.goDir, n.rsDir}}
-	n.dev, _ = e.realLoop(8 << 20)
-	spec := e.spec(0, 0)
-	spec.VolumeBackingPath = n.dev
-	if _, err := e.m.Stage(context.Background(), spec); err != nil {
-		t.Fatal(err)
-	}
+	n.dev, _ = e.stageLoop(e.spec(0, 0), 8<<20)
 	n.tp = e.target(0)
 	return n
 }

@@ -160,6 +160,16 @@ func (e *env) spec(i int, device int) *crustv1.VolumeSpec {
 	}
 }
 
+// stageLoop stages spec backed by a new real loop device of size bytes (see realLoop), as a test's
+// precondition, and returns the device and its image file.
+func (e *env) stageLoop(spec *crustv1.VolumeSpec, size int64) (dev, img string) {
+	e.t.Helper()
+	dev, img = e.realLoop(size)
+	spec.VolumeBackingPath = dev
+	e.stage(spec)
+	return dev, img
+}
+
 // stage stages spec, as a test's precondition: a failure ends the test.
 func (e *env) stage(spec *crustv1.VolumeSpec) {
 	e.t.Helper()
