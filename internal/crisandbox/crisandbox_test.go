@@ -30,9 +30,7 @@ func newFinder(t *testing.T, endpoint string, dirs ...string) *Finder {
 // socket, in either shim directory; none of another pod's; none whose socket is a link, a plain file,
 // someone else's, or in a directory that is a link.
 func TestKataSandboxes(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to give files to another user")
-	}
+	testutil.RequireRoot(t, "to give files to another user")
 	root := testutil.SocketDir(t)
 	goDir, rsDir := filepath.Join(root, "sbs"), filepath.Join(root, "kata")
 	cri := (&critest.Server{}).Start(t, filepath.Join(root, "cri.sock"))

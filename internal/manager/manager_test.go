@@ -46,9 +46,7 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make block device nodes")
-	}
+	testutil.RequireRoot(t, "to make block device nodes")
 	root := t.TempDir()
 	e := &env{
 		t: t, root: root,

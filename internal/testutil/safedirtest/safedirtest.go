@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"crust.dev/crust/internal/testutil"
 )
 
 // Snapshot records every entry under dir: its path, mode and, for a regular file, its content.
@@ -84,9 +86,7 @@ type Planted interface{ dir() Dir }
 // another owner.
 func EachDir[C Planted](t *testing.T, cases []C, test func(t *testing.T, tc C, path, dir string)) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to chown")
-	}
+	testutil.RequireRoot(t, "to chown")
 	for _, tc := range cases {
 		d := tc.dir()
 		t.Run(d.Name, func(t *testing.T) {
