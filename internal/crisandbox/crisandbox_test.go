@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,9 +30,7 @@ func newFinder(t *testing.T, endpoint string, dirs ...string) *Finder {
 // socket, in either shim directory; none of another pod's; none whose socket is a link, a plain file,
 // someone else's, or in a directory that is a link.
 func TestKataSandboxes(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to give files to another user")
-	}
+	testutil.RequireRoot(t, "to give files to another user")
 	root := testutil.SocketDir(t)
 	goDir, rsDir := filepath.Join(root, "sbs"), filepath.Join(root, "kata")
 	cri := (&critest.Server{}).Start(t, filepath.Join(root, "cri.sock"))
@@ -101,11 +98,7 @@ func TestNoRuntime(t *testing.T) {
 	}
 
 	// Something listens but never answers: the timeout (300 ms) ends the call.
-	l, err := net.Listen("unix", filepath.Join(root, "mute.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = l.Close() })
+	testutil.Listen(t, filepath.Join(root, "mute.sock"))
 	f = newFinder(t, "unix://"+filepath.Join(root, "mute.sock"))
 	t0 = time.Now()
 	if _, err := f.KataSandboxes(ctx, "pod-a"); !errors.Is(err, errdefs.ErrUnavailable) {

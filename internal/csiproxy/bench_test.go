@@ -25,15 +25,9 @@ func BenchmarkProxyOverhead(b *testing.B) {
 
 	vol := e.createVolume("pvc-bench", 64<<20, false)
 	staging, target := e.staging("pv-bench"), e.target("0e0e0e0e-0000-4000-8000-0000000000b1", "pv-bench")
+	stageAndPublish(b, direct, vol, staging, target)
 	pub := &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging, TargetPath: target,
 		VolumeCapability: mountCap(), VolumeContext: vol.GetVolumeContext()}
-	if _, err := direct.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
-		VolumeCapability: mountCap(), VolumeContext: vol.GetVolumeContext()}); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := direct.NodePublishVolume(ctx, pub); err != nil {
-		b.Fatal(err)
-	}
 	b.Cleanup(func() {
 		_, _ = direct.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: target})
 		_, _ = direct.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging})
@@ -71,14 +65,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	// A deferred volume's stats: the proxy asks crustd, which asks the sandbox's handler.
 	dvol := e.createVolume("pvc-bench-deferred", 64<<20, true)
 	dstaging, dtarget := e.staging("pv-bench-d"), e.target("0e0e0e0e-0000-4000-8000-0000000000b2", "pv-bench-d")
-	if _, err := proxied.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: dvol.GetVolumeId(), StagingTargetPath: dstaging,
-		VolumeCapability: mountCap(), VolumeContext: dvol.GetVolumeContext()}); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := proxied.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: dvol.GetVolumeId(), StagingTargetPath: dstaging,
-		TargetPath: dtarget, VolumeCapability: mountCap(), VolumeContext: dvol.GetVolumeContext()}); err != nil {
-		b.Fatal(err)
-	}
+	stageAndPublish(b, proxied, dvol, dstaging, dtarget)
 	sb := sandbox.New(b, e.crustSock, "bench-sandbox")
 	sb.Start(dtarget)
 	b.Cleanup(func() {

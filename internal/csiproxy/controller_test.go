@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -14,13 +15,21 @@ func mountCapMode(fs string, m csi.VolumeCapability_AccessMode_Mode) *csi.Volume
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: m}}
 }
 
+// startController starts a proxy with --controller in front of a stub driver, and returns a connection to
+// the proxy and the driver.
+func startController(t *testing.T) (*grpc.ClientConn, *stubDriver) {
+	t.Helper()
+	dir := t.TempDir()
+	d := &stubDriver{}
+	cc := startProxy(t, Config{Controller: true, CSIAddress: filepath.Join(dir, "csi.sock"), DriverAddress: serveStub(t, dir, d)}, quietLog())
+	return cc, d
+}
+
 // With --controller, CreateVolume of a deferring class for a filesystem is asked of the driver as block,
 // crust's parameter never reaches the driver, and the answer's volume context says crust.dev/defer; raw
 // block and other classes keep their capabilities; every other call reaches the driver as it came.
 func TestControllerCreateVolume(t *testing.T) {
-	dir := t.TempDir()
-	d := &stubDriver{}
-	cc := startProxy(t, Config{Controller: true, CSIAddress: filepath.Join(dir, "csi.sock"), DriverAddress: serveStub(t, dir, d)}, quietLog())
+	cc, d := startController(t)
 	ctrl := csi.NewControllerClient(cc)
 	ctx := context.Background()
 	rwo, rwop := csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER

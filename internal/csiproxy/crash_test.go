@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -162,32 +163,29 @@ func TestCrashRecovery(t *testing.T) {
 					t.Fatalf("%s: %v", what, err)
 				}
 			}
+			call := func(n csi.NodeClient, op string) error {
+				var err error
+				switch op {
+				case "stage":
+					_, err = n.NodeStageVolume(ctx, stage)
+				case "publish":
+					_, err = n.NodePublishVolume(ctx, pub)
+				case "unpublish":
+					_, err = n.NodeUnpublishVolume(ctx, unpub)
+				case "unstage":
+					_, err = n.NodeUnstageVolume(ctx, unstage)
+				}
+				return err
+			}
+			lifecycle := []string{"stage", "publish", "unpublish", "unstage"}
+			killed := slices.Index(lifecycle, c.op)
+
 			crashing := e.startChild(c.kind, c.phase, pods)
 			n := crashing.node()
-			var killedErr error
-			switch c.op {
-			case "stage":
-				_, killedErr = n.NodeStageVolume(ctx, stage)
-			case "publish":
-				_, err := n.NodeStageVolume(ctx, stage)
-				must("stage", err)
-				_, killedErr = n.NodePublishVolume(ctx, pub)
-			case "unpublish":
-				_, err := n.NodeStageVolume(ctx, stage)
-				must("stage", err)
-				_, err = n.NodePublishVolume(ctx, pub)
-				must("publish", err)
-				_, killedErr = n.NodeUnpublishVolume(ctx, unpub)
-			case "unstage":
-				_, err := n.NodeStageVolume(ctx, stage)
-				must("stage", err)
-				_, err = n.NodePublishVolume(ctx, pub)
-				must("publish", err)
-				_, err = n.NodeUnpublishVolume(ctx, unpub)
-				must("unpublish", err)
-				_, killedErr = n.NodeUnstageVolume(ctx, unstage)
+			for _, op := range lifecycle[:killed] {
+				must(op, call(n, op))
 			}
-			if killedErr == nil {
+			if err := call(n, c.op); err == nil {
 				crashing.stop()
 				t.Fatalf("the %s call succeeded: phase %s was never reached", c.op, c.phase)
 			}
@@ -196,41 +194,22 @@ func TestCrashRecovery(t *testing.T) {
 			p := e.startChild("", "", pods)
 			defer p.stop()
 			n = p.node()
-			switch {
-			case c.op == "stage" && c.giveUp:
-				_, err := n.NodeUnstageVolume(ctx, unstage)
-				must("unstage after a killed stage", err)
-			case c.op == "stage":
-				_, err := n.NodeStageVolume(ctx, stage)
-				must("retried stage", err)
-				_, err = n.NodePublishVolume(ctx, pub)
-				must("publish", err)
-				e.assertPublished(c.mode, target)
-				_, err = n.NodeUnpublishVolume(ctx, unpub)
-				must("unpublish", err)
-				_, err = n.NodeUnstageVolume(ctx, unstage)
-				must("unstage", err)
-			case c.op == "publish" && c.giveUp:
-				_, err := n.NodeUnpublishVolume(ctx, unpub)
-				must("unpublish after a killed publish", err)
-				_, err = n.NodeUnstageVolume(ctx, unstage)
-				must("unstage", err)
-			case c.op == "publish":
-				_, err := n.NodePublishVolume(ctx, pub)
-				must("retried publish", err)
-				e.assertPublished(c.mode, target)
-				_, err = n.NodeUnpublishVolume(ctx, unpub)
-				must("unpublish", err)
-				_, err = n.NodeUnstageVolume(ctx, unstage)
-				must("unstage", err)
-			case c.op == "unpublish":
-				_, err := n.NodeUnpublishVolume(ctx, unpub)
-				must("retried unpublish", err)
-				_, err = n.NodeUnstageVolume(ctx, unstage)
-				must("unstage", err)
-			case c.op == "unstage":
-				_, err := n.NodeUnstageVolume(ctx, unstage)
-				must("retried unstage", err)
+			// Kubelet retries the killed call and goes on to the end of the lifecycle or, giving up, undoes
+			// what the killed call began (unstage for stage, unpublish for publish) and what comes after.
+			rest, first := lifecycle[killed:], "retried "+c.op
+			if c.giveUp {
+				rest = lifecycle[slices.Index(lifecycle, "un"+c.op):]
+				first = rest[0] + " after a killed " + c.op
+			}
+			for i, op := range rest {
+				what := op
+				if i == 0 {
+					what = first
+				}
+				must(what, call(n, op))
+				if op == "publish" {
+					e.assertPublished(c.mode, target)
+				}
 			}
 			e.assertClean()
 			if _, err := os.Stat(target); !os.IsNotExist(err) {

@@ -40,9 +40,7 @@ type env struct {
 
 func requireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: LVM, loop devices, mounts")
-	}
+	testutil.RequireRoot(t, "for LVM, loop devices and mounts")
 }
 
 // quietLog is where the components' logs go unless CSIPROXY_TEST_LOG=1.

@@ -224,6 +224,21 @@ func TestDeferredAndHostMount(t *testing.T) {
 	e.assertClean()
 }
 
+// stageAndPublish stages vol at staging and publishes it at target through node, with mountCap and the
+// volume context the driver answered, and fails tb on an error.
+func stageAndPublish(tb testing.TB, node csi.NodeClient, vol *csi.Volume, staging, target string) {
+	tb.Helper()
+	ctx := context.Background()
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		VolumeCapability: mountCap(), VolumeContext: vol.GetVolumeContext()}); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		TargetPath: target, VolumeCapability: mountCap(), VolumeContext: vol.GetVolumeContext()}); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 // TestNotDeferredStaysOnTheDriver: a volume without the flag is the driver's business alone.
 func TestNotDeferredStaysOnTheDriver(t *testing.T) {
 	e := newEnv(t)
@@ -232,14 +247,7 @@ func TestNotDeferredStaysOnTheDriver(t *testing.T) {
 	ctx := context.Background()
 	vol := e.createVolume("pvc-plain", 64<<20, false)
 	staging, target := e.staging("pv-plain"), e.target("0e0e0e0e-0000-4000-8000-000000000003", "pv-plain")
-	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
-		VolumeCapability: mountCap(), VolumeContext: vol.GetVolumeContext()}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
-		TargetPath: target, VolumeCapability: mountCap(), VolumeContext: vol.GetVolumeContext()}); err != nil {
-		t.Fatal(err)
-	}
+	stageAndPublish(t, node, vol, staging, target)
 	if len(mountsUnder(staging)) != 1 || len(mountsUnder(target)) != 1 {
 		t.Fatalf("the driver's own mounts are missing: %v", mountsUnder(e.kubelet))
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"maps"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -23,9 +22,7 @@ import (
 // volume context as given; a limit crustd would refuse is INVALID_ARGUMENT naming the parameter, and the
 // driver is not asked.
 func TestControllerIOLimits(t *testing.T) {
-	dir := t.TempDir()
-	d := &stubDriver{}
-	cc := startProxy(t, Config{Controller: true, CSIAddress: filepath.Join(dir, "csi.sock"), DriverAddress: serveStub(t, dir, d)}, quietLog())
+	cc, d := startController(t)
 	ctrl := csi.NewControllerClient(cc)
 	ctx := context.Background()
 	create := func(params map[string]string, c *csi.VolumeCapability) (*csi.CreateVolumeResponse, error) {

@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 
+	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/pkg/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -104,10 +104,7 @@ func (s *stubDriver) DeleteVolume(ctx context.Context, r *csi.DeleteVolumeReques
 func serveStub(t *testing.T, dir string, d *stubDriver, opts ...grpc.ServerOption) string {
 	t.Helper()
 	sock := filepath.Join(dir, "driver.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := testutil.Listen(t, sock)
 	s := grpc.NewServer(opts...)
 	csi.RegisterIdentityServer(s, d)
 	csi.RegisterNodeServer(s, d)

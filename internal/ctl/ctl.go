@@ -22,6 +22,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/internal/cli/directvolume"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
@@ -111,6 +112,19 @@ func (g *globals) call(cmd *cobra.Command, fn func(ctx context.Context, conn *gr
 	return fn(ctx, conn)
 }
 
+// show runs call on crustd and prints what it answers in the -o format (def when -o is not given), as
+// rows for a table.
+func show[R proto.Message](g *globals, cmd *cobra.Command, def string, call func(ctx context.Context, conn *grpc.ClientConn) (R, error),
+	rows func(t *table, r R)) error {
+	return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+		r, err := call(ctx, conn)
+		if err != nil {
+			return err
+		}
+		return g.print(cmd.OutOrStdout(), def, r, func(t *table) { rows(t, r) })
+	})
+}
+
 func (g *globals) lsCmd() *cobra.Command {
 	return &cobra.Command{
 		Use: "ls", Short: "List staged volumes", Args: cobra.NoArgs,
@@ -138,13 +152,10 @@ func (g *globals) getCmd() *cobra.Command {
 	return &cobra.Command{
 		Use: "get TARGET", Short: "Show one volume", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+			return show(g, cmd, "json", func(ctx context.Context, conn *grpc.ClientConn) (*crustv1.Volume, error) {
 				r, err := crustv1.NewVolumeServiceClient(conn).GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: args[0]})
-				if err != nil {
-					return err
-				}
-				return g.print(cmd.OutOrStdout(), "json", r.GetVolume(), func(t *table) { volumeRows(t, r.GetVolume()) })
-			})
+				return r.GetVolume(), err
+			}, volumeRow)
 		},
 	}
 }
@@ -182,13 +193,10 @@ func (g *globals) stageCmd() *cobra.Command {
 				spec.SupplementalGroupChangePolicy = crustv1.FSGroupChangePolicy(p)
 			}
 			spec.Metadata = metadata
-			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+			return show(g, cmd, "json", func(ctx context.Context, conn *grpc.ClientConn) (*crustv1.Volume, error) {
 				r, err := crustv1.NewVolumeServiceClient(conn).StageVolume(ctx, &crustv1.StageVolumeRequest{Spec: spec})
-				if err != nil {
-					return err
-				}
-				return g.print(cmd.OutOrStdout(), "json", r.GetVolume(), func(t *table) { volumeRows(t, r.GetVolume()) })
-			})
+				return r.GetVolume(), err
+			}, volumeRow)
 		},
 	}
 	f := cmd.Flags()
@@ -232,13 +240,9 @@ func (g *globals) statsCmd() *cobra.Command {
 	return &cobra.Command{
 		Use: "stats TARGET", Short: "Show a volume's usage, measured inside the sandbox that claimed it (before any claim: the device's size)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
-				r, err := crustv1.NewVolumeServiceClient(conn).GetVolumeStats(ctx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: args[0]})
-				if err != nil {
-					return err
-				}
-				return g.print(cmd.OutOrStdout(), "table", r, func(t *table) { statsRows(t, r) })
-			})
+			return show(g, cmd, "table", func(ctx context.Context, conn *grpc.ClientConn) (*crustv1.GetVolumeStatsResponse, error) {
+				return crustv1.NewVolumeServiceClient(conn).GetVolumeStats(ctx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: args[0]})
+			}, statsRows)
 		},
 	}
 }
@@ -252,15 +256,11 @@ func (g *globals) expandCmd() *cobra.Command {
 			if err != nil {
 				return usageError(fmt.Errorf("--size: %w", err))
 			}
-			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
-				r, err := crustv1.NewVolumeServiceClient(conn).ExpandVolume(ctx, &crustv1.ExpandVolumeRequest{VolumeTargetPath: args[0], RequiredBytes: n})
-				if err != nil {
-					return err
-				}
-				return g.print(cmd.OutOrStdout(), "table", r, func(t *table) {
-					t.header("CAPACITY_BYTES")
-					t.row(strconv.FormatInt(r.GetCapacityBytes(), 10))
-				})
+			return show(g, cmd, "table", func(ctx context.Context, conn *grpc.ClientConn) (*crustv1.ExpandVolumeResponse, error) {
+				return crustv1.NewVolumeServiceClient(conn).ExpandVolume(ctx, &crustv1.ExpandVolumeRequest{VolumeTargetPath: args[0], RequiredBytes: n})
+			}, func(t *table, r *crustv1.ExpandVolumeResponse) {
+				t.header("CAPACITY_BYTES")
+				t.row(strconv.FormatInt(r.GetCapacityBytes(), 10))
 			})
 		},
 	}
@@ -274,17 +274,13 @@ func (g *globals) claimCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use: "claim TARGET --sandbox-id ID", Short: "Claim a volume for a sandbox, as a runtime handler does (for testing and recovery)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+			return show(g, cmd, "json", func(ctx context.Context, conn *grpc.ClientConn) (*crustv1.Volume, error) {
 				r, err := crustv1.NewRuntimeServiceClient(conn).ClaimVolume(ctx, &crustv1.ClaimVolumeRequest{
 					VolumeTargetPath: args[0], SandboxId: sandbox, HandlerEndpoint: endpoint,
 				})
-				if err != nil {
-					return err
-				}
 				// The claim's answer carries secret metadata whole, for a handler; printed, it is redacted.
-				v := volume.RedactVolume(r.GetVolume())
-				return g.print(cmd.OutOrStdout(), "json", v, func(t *table) { volumeRows(t, v) })
-			})
+				return volume.RedactVolume(r.GetVolume()), err
+			}, volumeRow)
 		},
 	}
 	cmd.Flags().StringVar(&sandbox, "sandbox-id", "", "the claiming sandbox (required)")

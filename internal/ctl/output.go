@@ -48,6 +48,9 @@ type table struct {
 func (t *table) header(cols ...string) { t.row(cols...) }
 func (t *table) row(cols ...string)    { fmt.Fprintln(t.w, strings.Join(cols, "\t")) }
 
+// volumeRow is volumeRows of the one volume v.
+func volumeRow(t *table, v *crustv1.Volume) { volumeRows(t, v) }
+
 // volumeRows lists volumes. FSTYPE is "-" for a raw block volume. The wide form adds VOLUME_MODE
 // (filesystem or block) and KATA_CAVEATS, the number of things an unmodified Kata runtime cannot honour
 // of the descriptor (`crustctl get` says what they are).

@@ -59,40 +59,21 @@ func TestHostileLockFile(t *testing.T) {
 // A state directory that is a symbolic link, or that another user owns or may write in, is refused before
 // a lock file is created in it.
 func TestHostileStateDir(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to chown")
-	}
-	for _, tc := range []struct {
-		name string
-		mode os.FileMode
-		uid  int
-		link bool
-	}{
-		{"a link at its place", 0o700, 0, true},
-		{"mode 0777", 0o777, 0, false},
-		{"another user's", 0o700, 1000, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			target := filepath.Join(t.TempDir(), "state")
-			safedirtest.Mkdir(t, target, tc.mode, tc.uid)
-			dir := target
-			if tc.link {
-				dir = filepath.Join(t.TempDir(), "link")
-				if err := os.Symlink(target, dir); err != nil {
-					t.Fatal(err)
-				}
-			}
-			l, err := Acquire(dir, "crustd")
-			if err == nil {
-				l.Release()
-				t.Fatal("Acquire took the lock")
-			}
-			if !strings.Contains(err.Error(), dir) {
-				t.Errorf("the error does not name %s: %v", dir, err)
-			}
-			if entries, _ := os.ReadDir(target); len(entries) != 0 {
-				t.Errorf("Acquire created %v", entries)
-			}
-		})
-	}
+	safedirtest.EachDir(t, []safedirtest.Dir{
+		{Name: "a link at its place", Mode: 0o700, Link: true},
+		{Name: "mode 0777", Mode: 0o777},
+		{Name: "another user's", Mode: 0o700, UID: 1000},
+	}, func(t *testing.T, _ safedirtest.Dir, dir, target string) {
+		l, err := Acquire(dir, "crustd")
+		if err == nil {
+			l.Release()
+			t.Fatal("Acquire took the lock")
+		}
+		if !strings.Contains(err.Error(), dir) {
+			t.Errorf("the error does not name %s: %v", dir, err)
+		}
+		if entries, _ := os.ReadDir(target); len(entries) != 0 {
+			t.Errorf("Acquire created %v", entries)
+		}
+	})
 }

@@ -3,7 +3,6 @@ package forward
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"crust.dev/crust/internal/testutil"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/errdefs"
 )
@@ -48,10 +48,7 @@ func handlerVolume(endpoint, sandbox string) *crustv1.Volume {
 // serveHandler serves the test's handler on a unix socket at sock until the test ends.
 func serveHandler(t *testing.T, sock string) {
 	t.Helper()
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := testutil.Listen(t, sock)
 	srv := grpc.NewServer()
 	crustv1.RegisterRuntimeHandlerServiceServer(srv, handler{})
 	go func() { _ = srv.Serve(l) }()

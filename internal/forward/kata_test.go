@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -19,18 +17,6 @@ import (
 	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/kata"
 )
-
-// kataDirs returns stand-ins for the Go runtime's and runtime-rs's sandbox directories, under a short root
-// (a unix socket path must fit in 107 bytes).
-func kataDirs(t *testing.T) (goDir, rsDir string) {
-	t.Helper()
-	root, err := os.MkdirTemp("", "kf")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	return filepath.Join(root, "sbs"), filepath.Join(root, "kata")
-}
 
 // kataVolume is a volume whose claim was read from a Kata sandbox-id file, as the manager makes it.
 func kataVolume(device, sandbox string) *crustv1.Volume {
@@ -95,7 +81,7 @@ func TestKataStats(t *testing.T) {
 		{name: "empty answer", want: &crustv1.GetVolumeStatsResponse{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			goDir, rsDir := kataDirs(t)
+			goDir, rsDir := katatest.ShimDirs(t)
 			dir := goDir
 			if tc.runtimeRS {
 				dir = rsDir
@@ -126,7 +112,7 @@ func TestKataStats(t *testing.T) {
 // TestKataDeviceIsTheProjections: the shim is asked about the device mountInfo.json names, the backing
 // path as crustd resolved it at stage time, not the path as the CSI driver gave it.
 func TestKataDeviceIsTheProjections(t *testing.T) {
-	goDir, rsDir := kataDirs(t)
+	goDir, rsDir := katatest.ShimDirs(t)
 	var asked []string
 	(&katatest.Shim{
 		Stats:  func(device string) (*katatest.VolumeStats, error) { asked = append(asked, device); return nil, nil },
@@ -150,7 +136,7 @@ func TestKataDeviceIsTheProjections(t *testing.T) {
 }
 
 func TestKataExpand(t *testing.T) {
-	goDir, rsDir := kataDirs(t)
+	goDir, rsDir := katatest.ShimDirs(t)
 	var resized []string
 	shim := (&katatest.Shim{Resize: func(device string, size uint64) error {
 		resized = append(resized, device)
@@ -223,7 +209,7 @@ func TestKataErrors(t *testing.T) {
 		{name: "unknown device", device: "/dev/none", wantText: "volume with device /dev/none is not in this sandbox"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			goDir, rsDir := kataDirs(t)
+			goDir, rsDir := katatest.ShimDirs(t)
 			if !tc.noShim {
 				s := &katatest.Shim{}
 				if tc.shim != nil {

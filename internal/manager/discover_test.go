@@ -3,7 +3,6 @@ package manager
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -50,12 +49,7 @@ func newKataNode(t *testing.T, criEndpoint string) *kataNode {
 	t.Cleanup(func() { _ = finder.Close() })
 	e.sandboxes = finder
 	e.fwd = &forward.Forwarder{KataShimDirs: []string{n.goDir, n.rsDir}}
-	n.dev, _ = e.realLoop(8 << 20)
-	spec := e.spec(0, 0)
-	spec.VolumeBackingPath = n.dev
-	if _, err := e.m.Stage(context.Background(), spec); err != nil {
-		t.Fatal(err)
-	}
+	n.dev, _ = e.stageLoop(e.spec(0, 0), 8<<20)
 	n.tp = e.target(0)
 	return n
 }
@@ -235,11 +229,7 @@ func TestDiscoverNothing(t *testing.T) {
 // as before, within the finder's timeout, and nothing is recorded.
 func TestDiscoverWithoutRuntime(t *testing.T) {
 	root := testutil.SocketDir(t)
-	mute, err := net.Listen("unix", filepath.Join(root, "mute.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = mute.Close() })
+	testutil.Listen(t, filepath.Join(root, "mute.sock"))
 	for name, ep := range map[string]string{
 		"no socket":     "unix://" + filepath.Join(root, "none.sock"),
 		"never answers": "unix://" + filepath.Join(root, "mute.sock"),

@@ -46,9 +46,7 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make block device nodes")
-	}
+	testutil.RequireRoot(t, "to make block device nodes")
 	root := t.TempDir()
 	e := &env{
 		t: t, root: root,
@@ -158,6 +156,16 @@ func (e *env) spec(i int, device int) *crustv1.VolumeSpec {
 		FsType:            "ext4",
 		MountFlags:        []string{"noatime"},
 	}
+}
+
+// stageLoop stages spec backed by a new real loop device of size bytes (see realLoop), as a test's
+// precondition, and returns the device and its image file.
+func (e *env) stageLoop(spec *crustv1.VolumeSpec, size int64) (dev, img string) {
+	e.t.Helper()
+	dev, img = e.realLoop(size)
+	spec.VolumeBackingPath = dev
+	e.stage(spec)
+	return dev, img
 }
 
 // stage stages spec, as a test's precondition: a failure ends the test.

@@ -16,10 +16,7 @@ import (
 func TestStatsAndExpandBeforeAnyClaim(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	dev, img := e.realLoop(8 << 20)
-	spec := e.spec(0, 0)
-	spec.VolumeBackingPath = dev
-	e.stage(spec)
+	_, img := e.stageLoop(e.spec(0, 0), 8<<20)
 	tp := e.target(0)
 
 	wantStats := func(step string, total int64) {

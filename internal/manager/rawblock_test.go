@@ -160,10 +160,7 @@ func TestRawBlockTargetNeedsNoKataName(t *testing.T) {
 func TestRawBlockStatsBeforeAnyClaim(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	dev, _ := e.realLoop(8 << 20)
-	spec := e.rawBlockSpec(0, 0)
-	spec.VolumeBackingPath = dev
-	e.stage(spec)
+	e.stageLoop(e.rawBlockSpec(0, 0), 8<<20)
 	st, err := e.m.Stats(ctx, e.target(0))
 	if err != nil {
 		t.Fatal(err)

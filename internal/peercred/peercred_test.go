@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"crust.dev/crust/internal/peercred"
+	"crust.dev/crust/internal/testutil"
 )
 
 // childSocketEnv, when set, makes TestChildClient act as the client process of TestServerSeesCaller.
@@ -39,9 +40,7 @@ type seen struct {
 // an interceptor, who it sees: this process (uid 0) for a call made here, and uid/gid 1000 with the
 // child's pid for a call made by a copy of this test binary run as uid 1000.
 func TestServerSeesCaller(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to run a client as another uid")
-	}
+	testutil.RequireRoot(t, "to run a client as another uid")
 	// A directory uid 1000 can reach (t.TempDir's parent is 0700).
 	dir, err := os.MkdirTemp("", "peercred-test-")
 	must(t, err)

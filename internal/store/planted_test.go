@@ -68,46 +68,38 @@ func TestPlantedLinksInTheStateDir(t *testing.T) {
 // anything else, naming the path, the owner and the mode, before it touches anything, and changes no
 // mode.
 func TestStateDirOwnerAndMode(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to chown")
-	}
-	for _, tc := range []struct {
-		name    string
-		mode    fs.FileMode
-		uid     int
+	type stateDirCase struct {
+		safedirtest.Dir
 		refused string // in the error; "" for accepted
 		after   fs.FileMode
-	}{
-		{"0700", 0o700, 0, "", 0o700},
-		{"0755 (as kubelet's DirectoryOrCreate makes it)", 0o755, 0, "", 0o755},
-		{"0777", 0o777, 0, "owned by uid 0 with mode 0777", 0o777},
-		{"0770", 0o770, 0, "owned by uid 0 with mode 0770", 0o770},
-		{"another user's", 0o700, 1000, "owned by uid 1000 with mode 0700", 0o700},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			state := filepath.Join(t.TempDir(), "state")
-			safedirtest.Mkdir(t, state, tc.mode, tc.uid)
-			if err := os.WriteFile(filepath.Join(state, "planted"), nil, 0o666); err != nil {
-				t.Fatal(err)
-			}
-			_, _, err := Open(state, bootA, nil)
-			switch {
-			case tc.refused == "" && err != nil:
-				t.Fatalf("Open = %v", err)
-			case tc.refused != "" && (!errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), state) ||
-				!strings.Contains(err.Error(), tc.refused)):
-				t.Fatalf("Open = %v; want FAILED_PRECONDITION naming %s and %q", err, state, tc.refused)
-			}
-			fi, err := os.Stat(state)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if fi.Mode().Perm() != tc.after {
-				t.Errorf("mode %v afterwards, want %v", fi.Mode(), tc.after)
-			}
-			if entries, _ := os.ReadDir(state); tc.refused != "" && len(entries) != 1 {
-				t.Errorf("a refused Open created %v", entries)
-			}
-		})
 	}
+	safedirtest.EachDir(t, []stateDirCase{
+		{safedirtest.Dir{Name: "0700", Mode: 0o700}, "", 0o700},
+		{safedirtest.Dir{Name: "0755 (as kubelet's DirectoryOrCreate makes it)", Mode: 0o755}, "", 0o755},
+		{safedirtest.Dir{Name: "0777", Mode: 0o777}, "owned by uid 0 with mode 0777", 0o777},
+		{safedirtest.Dir{Name: "0770", Mode: 0o770}, "owned by uid 0 with mode 0770", 0o770},
+		{safedirtest.Dir{Name: "another user's", Mode: 0o700, UID: 1000}, "owned by uid 1000 with mode 0700", 0o700},
+	}, func(t *testing.T, tc stateDirCase, state, _ string) {
+		if err := os.WriteFile(filepath.Join(state, "planted"), nil, 0o666); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := Open(state, bootA, nil)
+		switch {
+		case tc.refused == "" && err != nil:
+			t.Fatalf("Open = %v", err)
+		case tc.refused != "" && (!errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), state) ||
+			!strings.Contains(err.Error(), tc.refused)):
+			t.Fatalf("Open = %v; want FAILED_PRECONDITION naming %s and %q", err, state, tc.refused)
+		}
+		fi, err := os.Stat(state)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != tc.after {
+			t.Errorf("mode %v afterwards, want %v", fi.Mode(), tc.after)
+		}
+		if entries, _ := os.ReadDir(state); tc.refused != "" && len(entries) != 1 {
+			t.Errorf("a refused Open created %v", entries)
+		}
+	})
 }

@@ -12,9 +12,7 @@ import (
 // (reporting a failure to detach). It returns the device and the file. A test not run as root is skipped.
 func Loop(t testing.TB, size int64) (dev, file string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a loop device")
-	}
+	RequireRoot(t, "for a loop device")
 	file = filepath.Join(t.TempDir(), "disk.img")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)

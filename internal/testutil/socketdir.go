@@ -1,7 +1,9 @@
 package testutil
 
 import (
+	"net"
 	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -15,4 +17,19 @@ func SocketDir(t testing.TB) string {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	return dir
+}
+
+// Listen listens on the unix socket at path, making its directory (mode 0700) when missing, and closes
+// the listener when the test ends.
+func Listen(t testing.TB, path string) net.Listener {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/internal/hostdev"
+	"crust.dev/crust/internal/testutil"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/errdefs"
 )
@@ -44,9 +45,7 @@ var loopSet struct {
 // realLoops attaches three loop devices (once per test binary; TestMain detaches them) and returns them.
 func realLoops(t testing.TB) [3]loopDev {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for loop devices")
-	}
+	testutil.RequireRoot(t, "for loop devices")
 	loopSet.once.Do(func() {
 		loopSet.dir, loopSet.err = os.MkdirTemp("", "crust-validate-loops")
 		for i := range loopSet.loops {

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"crust.dev/crust/internal/testutil"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/volume"
@@ -50,9 +51,7 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create device nodes")
-	}
+	testutil.RequireRoot(t, "to create device nodes")
 	tmp, err := filepath.EvalSymlinks(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -106,13 +106,7 @@ func (c *Client) Unpublish(ctx context.Context, req *csi.NodeUnpublishVolumeRequ
 // unknown (zero; kubelet reports them as zero). It fails with NotFound when crustd holds nothing at that
 // path (a path crustd would refuse, such as a relative one, included) or holds it for another volume.
 func (c *Client) Stats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	if err := required("volume_id", req.GetVolumeId(), "volume_path", req.GetVolumePath()); err != nil {
-		return nil, err
-	}
-	if err := c.mustHold(ctx, req.GetVolumePath(), req.GetVolumeId()); err != nil {
-		return nil, err
-	}
-	r, err := c.volumes.GetVolumeStats(ctx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: req.GetVolumePath()})
+	r, err := c.volumeStats(ctx, req.GetVolumeId(), "volume_path", req.GetVolumePath())
 	if err != nil {
 		return nil, err
 	}
@@ -140,13 +134,7 @@ const HealthReason = "AbnormalInSandbox"
 // the volume healthy, one DEGRADED entry with reason HealthReason and the sandbox's message otherwise.
 // Errors are those of Stats.
 func (c *Client) Health(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
-	if err := required("volume_id", req.GetVolumeId(), "volume_publish_path", req.GetVolumePublishPath()); err != nil {
-		return nil, err
-	}
-	if err := c.mustHold(ctx, req.GetVolumePublishPath(), req.GetVolumeId()); err != nil {
-		return nil, err
-	}
-	r, err := c.volumes.GetVolumeStats(ctx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: req.GetVolumePublishPath()})
+	r, err := c.volumeStats(ctx, req.GetVolumeId(), "volume_publish_path", req.GetVolumePublishPath())
 	if err != nil {
 		return nil, err
 	}
@@ -157,6 +145,18 @@ func (c *Client) Health(ctx context.Context, req *csi.NodeGetVolumeHealthRequest
 		})
 	}
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
+}
+
+// volumeStats asks crustd for the stats of the volume volumeID at path (the request's field pathField),
+// after checking that both are set (required) and that crustd holds path for that volume (mustHold).
+func (c *Client) volumeStats(ctx context.Context, volumeID, pathField, path string) (*crustv1.GetVolumeStatsResponse, error) {
+	if err := required("volume_id", volumeID, pathField, path); err != nil {
+		return nil, err
+	}
+	if err := c.mustHold(ctx, path, volumeID); err != nil {
+		return nil, err
+	}
+	return c.volumes.GetVolumeStats(ctx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: path})
 }
 
 // Expand answers NodeExpandVolume for the deferred volume at req's volume_path: the sandbox that uses it

@@ -8,12 +8,12 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"crust.dev/crust/internal/testutil"
 )
 
 func TestApply(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("fsGroup needs root to change groups")
-	}
+	testutil.RequireRoot(t, "to change groups (fsGroup)")
 	root := t.TempDir()
 	if err := os.Chmod(root, 0o755); err != nil {
 		t.Fatal(err)

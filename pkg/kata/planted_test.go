@@ -145,41 +145,27 @@ func TestPlantedVolumeIsNotListed(t *testing.T) {
 // TestKataDirOwnerAndMode: a direct-volume directory another user owns or may write in, or a link at its
 // place, is refused before anything is written in it.
 func TestKataDirOwnerAndMode(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to chown")
-	}
-	for _, tc := range []struct {
-		name  string
-		mode  fs.FileMode
-		uid   int
-		link  bool
+	type kataDirCase struct {
+		safedirtest.Dir
 		want  error
 		wrote bool
-	}{
-		{"0700, ours", 0o700, 0, false, nil, true},
-		{"0755, ours (as kubelet's DirectoryOrCreate makes it)", 0o755, 0, false, nil, true},
-		{"0777", 0o777, 0, false, safedir.ErrInsecure, false},
-		{"another user's", 0o700, 1000, false, safedir.ErrInsecure, false},
-		{"a link at its place", 0o700, 0, true, ErrForeignEntry, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			kataDir := filepath.Join(t.TempDir(), "kata")
-			safedirtest.Mkdir(t, kataDir, tc.mode, tc.uid)
-			dir := kataDir
-			if tc.link {
-				dir = filepath.Join(t.TempDir(), "link")
-				must(t, os.Symlink(kataDir, dir))
-			}
-			err := Add(dir, testPath, testInfo)
-			if !errors.Is(err, tc.want) {
-				t.Fatalf("Add = %v, want %v", err, tc.want)
-			}
-			entries, _ := os.ReadDir(kataDir)
-			if wrote := len(entries) > 0; wrote != tc.wrote {
-				t.Fatalf("entries %v after Add", entries)
-			}
-		})
 	}
+	safedirtest.EachDir(t, []kataDirCase{
+		{safedirtest.Dir{Name: "0700, ours", Mode: 0o700}, nil, true},
+		{safedirtest.Dir{Name: "0755, ours (as kubelet's DirectoryOrCreate makes it)", Mode: 0o755}, nil, true},
+		{safedirtest.Dir{Name: "0777", Mode: 0o777}, safedir.ErrInsecure, false},
+		{safedirtest.Dir{Name: "another user's", Mode: 0o700, UID: 1000}, safedir.ErrInsecure, false},
+		{safedirtest.Dir{Name: "a link at its place", Mode: 0o700, Link: true}, ErrForeignEntry, false},
+	}, func(t *testing.T, tc kataDirCase, dir, kataDir string) {
+		err := Add(dir, testPath, testInfo)
+		if !errors.Is(err, tc.want) {
+			t.Fatalf("Add = %v, want %v", err, tc.want)
+		}
+		entries, _ := os.ReadDir(kataDir)
+		if wrote := len(entries) > 0; wrote != tc.wrote {
+			t.Fatalf("entries %v after Add", entries)
+		}
+	})
 }
 
 func must(t *testing.T, err error) {

@@ -15,20 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/katatest"
 )
-
-// shimDirs returns a Go-runtime and a runtime-rs directory under a short temporary root: a unix socket
-// path must fit in 107 bytes, and t.TempDir's names can be long.
-func shimDirs(t *testing.T) (goDir, rsDir string) {
-	t.Helper()
-	root, err := os.MkdirTemp("", "ks")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	return filepath.Join(root, "sbs"), filepath.Join(root, "kata")
-}
 
 // The record's example answer, byte for byte, and what it decodes to.
 const recordExample = `{"usage":[{"available":1032192,"total":1064960,"used":32768,"unit":1},{"available":65525,"total":65536,"used":11,"unit":2}]}`
@@ -75,7 +64,7 @@ func TestShimStatsSocketChoice(t *testing.T) {
 		{name: "stale only", staleGo: true, wantAnswers: ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			goDir, rsDir := shimDirs(t)
+			goDir, rsDir := katatest.ShimDirs(t)
 			const id, dev = "sb1", "/dev/vdb"
 			answer := func(n uint64) func(string) (*katatest.VolumeStats, error) {
 				return func(string) (*katatest.VolumeStats, error) {
@@ -183,7 +172,7 @@ func TestShimStatsDecoding(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			goDir, _ := shimDirs(t)
+			goDir, _ := katatest.ShimDirs(t)
 			shim := (&katatest.Shim{Stats: func(string) (*katatest.VolumeStats, error) { return &tc.answer, nil }}).
 				Start(t, katatest.ShimSocket(goDir, "sb"))
 			// The fake's own bytes, as a raw client sees them.
@@ -251,7 +240,7 @@ func TestShimStatsEscaping(t *testing.T) {
 		{"/dev/a%41", "path=%2Fdev%2Fa%2541", false},
 	} {
 		t.Run(tc.device, func(t *testing.T) {
-			goDir, _ := shimDirs(t)
+			goDir, _ := katatest.ShimDirs(t)
 			var seen []string
 			shim := (&katatest.Shim{Stats: func(device string) (*katatest.VolumeStats, error) {
 				seen = append(seen, device)
@@ -312,7 +301,7 @@ func TestShimErrors(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			goDir, _ := shimDirs(t)
+			goDir, _ := katatest.ShimDirs(t)
 			(&katatest.Shim{Stats: tc.stats, Resize: tc.resizeFn, StatsPostOnly: tc.postOnly}).
 				Start(t, katatest.ShimSocket(goDir, "sb"))
 			c := &ShimClient{Dirs: []string{goDir}}
@@ -340,7 +329,7 @@ func TestShimErrors(t *testing.T) {
 func TestShimStatsRuntimeRs(t *testing.T) {
 	for _, postOnly := range []bool{true, false} {
 		t.Run(fmt.Sprintf("post only %t", postOnly), func(t *testing.T) {
-			_, rsDir := shimDirs(t)
+			_, rsDir := katatest.ShimDirs(t)
 			shim := (&katatest.Shim{StatsPostOnly: postOnly, Stats: func(string) (*katatest.VolumeStats, error) {
 				return &recordStats, nil
 			}}).Start(t, katatest.ShimSocket(rsDir, "sb"))
@@ -374,7 +363,7 @@ func TestShimResize(t *testing.T) {
 		{"/dev/x", 0, `{"VolumePath":"/dev/x","Size":0}`},
 	} {
 		t.Run(tc.device, func(t *testing.T) {
-			_, rsDir := shimDirs(t)
+			_, rsDir := katatest.ShimDirs(t)
 			type got struct {
 				device string
 				size   uint64
@@ -403,7 +392,7 @@ func TestShimResize(t *testing.T) {
 
 // TestShimContext: a shim that does not answer in time gives the context's error, not ErrShimUnreachable.
 func TestShimContext(t *testing.T) {
-	goDir, _ := shimDirs(t)
+	goDir, _ := katatest.ShimDirs(t)
 	release := make(chan struct{})
 	defer close(release)
 	(&katatest.Shim{Stats: func(string) (*katatest.VolumeStats, error) {
@@ -430,16 +419,8 @@ func TestShimContext(t *testing.T) {
 
 // TestShimUndecodable: a 200 whose body is not the stats is an error that is neither kind.
 func TestShimUndecodable(t *testing.T) {
-	goDir, _ := shimDirs(t)
-	sock := katatest.ShimSocket(goDir, "sb")
-	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = l.Close() }()
+	goDir, _ := katatest.ShimDirs(t)
+	l := testutil.Listen(t, katatest.ShimSocket(goDir, "sb"))
 	go func() {
 		for {
 			conn, err := l.Accept()
@@ -452,7 +433,7 @@ func TestShimUndecodable(t *testing.T) {
 			_ = conn.Close()
 		}
 	}()
-	_, err = (&ShimClient{Dirs: []string{goDir}}).Stats(context.Background(), "sb", "/dev/x")
+	_, err := (&ShimClient{Dirs: []string{goDir}}).Stats(context.Background(), "sb", "/dev/x")
 	var se *ShimError
 	if err == nil || errors.As(err, &se) || errors.Is(err, ErrShimUnreachable) || !strings.Contains(err.Error(), "not json!") {
 		t.Fatalf("Stats: %v", err)

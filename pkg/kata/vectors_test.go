@@ -13,43 +13,6 @@ import (
 	"crust.dev/crust/internal/testutil/katatest"
 )
 
-type vector struct{ katatest.Vector }
-
-func loadVectors(t *testing.T) []vector {
-	var vs []vector
-	for _, v := range katatest.Load(t) {
-		vs = append(vs, vector{v})
-	}
-	return vs
-}
-
-// readBack is the mount info Kata read back.
-func (v vector) readBack(t *testing.T) *MountInfo {
-	t.Helper()
-	var info MountInfo
-	if err := json.Unmarshal(v.ReadBack, &info); err != nil {
-		t.Fatal(err)
-	}
-	return &info
-}
-
-// input is what was given to Kata's Add: the raw JSON, or the MountInfo as Kata's AddMountInfo encodes it.
-func (v vector) input(t *testing.T) string {
-	t.Helper()
-	if v.RawInput != nil {
-		return *v.RawInput
-	}
-	var info MountInfo
-	if err := json.Unmarshal(v.MountInfo, &info); err != nil {
-		t.Fatal(err)
-	}
-	b, err := json.Marshal(&info)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
 // assertVolumeDir checks that dir holds exactly the volume directory name, mode 0700, with exactly files,
 // each mode 0600, besides an empty temporary directory.
 func assertVolumeDir(t *testing.T, dir, name string, files map[string]string) {
@@ -116,12 +79,12 @@ func mustJSON(t *testing.T, v any) string {
 
 // TestVectorsWrite: Add (and RecordSandbox) lay down exactly the directory and files Kata does.
 func TestVectorsWrite(t *testing.T) {
-	for _, v := range loadVectors(t) {
+	for _, v := range katatest.Load(t) {
 		t.Run(v.Dir, func(t *testing.T) {
 			if got := VolumeDirName(v.VolumePath); got != v.Dir {
 				t.Fatalf("VolumeDirName(%q) = %q, want %q", v.VolumePath, got, v.Dir)
 			}
-			in := v.input(t)
+			in := katatest.Input[MountInfo](t, v)
 			if v.RawInput == nil && in != v.Files[MountInfoFileName] {
 				t.Fatalf("MountInfo encodes as\n%s\nKata wrote\n%s", in, v.Files[MountInfoFileName])
 			}
@@ -147,7 +110,7 @@ func TestVectorsWrite(t *testing.T) {
 
 // TestVectorsRead: files laid down by hand as Kata lays them read back as Kata reads them.
 func TestVectorsRead(t *testing.T) {
-	for _, v := range loadVectors(t) {
+	for _, v := range katatest.Load(t) {
 		t.Run(v.Dir, func(t *testing.T) {
 			dir := t.TempDir()
 			volDir := filepath.Join(dir, v.Dir)
@@ -167,7 +130,7 @@ func TestVectorsRead(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got, want := mustJSON(t, info), mustJSON(t, v.readBack(t)); got != want {
+			if got, want := mustJSON(t, info), mustJSON(t, katatest.ReadBack[MountInfo](t, v)); got != want {
 				t.Errorf("Get:\n got %s\nwant %s", got, want)
 			}
 			ids, err := SandboxIDs(dir, v.VolumePath)
@@ -186,7 +149,7 @@ func TestVectorsRead(t *testing.T) {
 				t.Fatal(err)
 			}
 			if len(vols) != 1 || vols[0].Path != v.VolumePath || !slices.Equal(vols[0].SandboxIDs, ids) ||
-				mustJSON(t, vols[0].MountInfo) != mustJSON(t, v.readBack(t)) {
+				mustJSON(t, vols[0].MountInfo) != mustJSON(t, katatest.ReadBack[MountInfo](t, v)) {
 				t.Errorf("List = %+v", vols)
 			}
 		})

@@ -139,27 +139,26 @@ func Remove(dir, volumePath string) error {
 }
 
 // Get returns the mount info of volumePath under dir; see Dir.Get.
-func Get(dir, volumePath string) (info *MountInfo, err error) {
-	if err := checkVolumePath(volumePath); err != nil {
-		return nil, err
-	}
-	err = withDir(dir, false, notFound(volumePath), func(d *Dir) error {
-		info, err = d.Get(volumePath)
-		return err
-	})
-	return info, err
+func Get(dir, volumePath string) (*MountInfo, error) {
+	return readVolume(dir, volumePath, (*Dir).Get)
 }
 
 // SandboxIDs returns the sandbox ids recorded for volumePath under dir; see Dir.SandboxIDs.
-func SandboxIDs(dir, volumePath string) (ids []string, err error) {
+func SandboxIDs(dir, volumePath string) ([]string, error) {
+	return readVolume(dir, volumePath, (*Dir).SandboxIDs)
+}
+
+// readVolume checks volumePath and returns what read finds of it in the Dir at dir; a dir that does not
+// exist holds no volume, so the answer then wraps ErrNotFound.
+func readVolume[T any](dir, volumePath string, read func(*Dir, string) (T, error)) (v T, err error) {
 	if err := checkVolumePath(volumePath); err != nil {
-		return nil, err
+		return v, err
 	}
 	err = withDir(dir, false, notFound(volumePath), func(d *Dir) error {
-		ids, err = d.SandboxIDs(volumePath)
+		v, err = read(d, volumePath)
 		return err
 	})
-	return ids, err
+	return v, err
 }
 
 // RecordSandbox records that sandboxID uses volumePath under dir; see Dir.RecordSandbox.
@@ -255,26 +254,20 @@ func (d *Dir) Remove(volumePath string) error {
 // ErrForeignEntry when the volume directory or the file is not of its kind (a link is never read
 // through).
 func (d *Dir) Get(volumePath string) (*MountInfo, error) {
-	if err := checkVolumePath(volumePath); err != nil {
-		return nil, err
-	}
-	vol, err := d.openVolume(volumePath)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = vol.Close() }() // read-only
-	data, err := vol.ReadFile(MountInfoFileName, maxMountInfoSize)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, notFound(volumePath)
-	}
-	if err != nil {
-		return nil, foreign(err)
-	}
-	info, err := ParseMountInfo(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", vol.Join(MountInfoFileName), err)
-	}
-	return info, nil
+	return readVolumeDir(d, volumePath, func(vol *safedir.Dir) (*MountInfo, error) {
+		data, err := vol.ReadFile(MountInfoFileName, maxMountInfoSize)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, notFound(volumePath)
+		}
+		if err != nil {
+			return nil, foreign(err)
+		}
+		info, err := ParseMountInfo(data)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", vol.Join(MountInfoFileName), err)
+		}
+		return info, nil
+	})
 }
 
 // SandboxIDs returns the name of every entry of the volume directory other than mountInfo.json, in name
@@ -282,25 +275,33 @@ func (d *Dir) Get(volumePath string) (*MountInfo, error) {
 // list; a volume directory that does not exist is ErrNotFound, and anything but a directory at its place
 // ErrForeignEntry.
 func (d *Dir) SandboxIDs(volumePath string) ([]string, error) {
+	return readVolumeDir(d, volumePath, func(vol *safedir.Dir) ([]string, error) {
+		names, err := vol.Names()
+		if err != nil {
+			return nil, err
+		}
+		var ids []string
+		for _, n := range names {
+			if n != MountInfoFileName {
+				ids = append(ids, n)
+			}
+		}
+		return ids, nil
+	})
+}
+
+// readVolumeDir checks volumePath and returns what read finds in its volume directory, opened for the
+// call and only read.
+func readVolumeDir[T any](d *Dir, volumePath string, read func(vol *safedir.Dir) (T, error)) (v T, err error) {
 	if err := checkVolumePath(volumePath); err != nil {
-		return nil, err
+		return v, err
 	}
 	vol, err := d.openVolume(volumePath)
 	if err != nil {
-		return nil, err
+		return v, err
 	}
 	defer func() { _ = vol.Close() }() // read-only
-	names, err := vol.Names()
-	if err != nil {
-		return nil, err
-	}
-	var ids []string
-	for _, n := range names {
-		if n != MountInfoFileName {
-			ids = append(ids, n)
-		}
-	}
-	return ids, nil
+	return read(vol)
 }
 
 // RecordSandbox records that sandboxID uses volumePath the way a Kata shim does, by creating an empty file

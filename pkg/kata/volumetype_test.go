@@ -3,13 +3,15 @@ package kata
 import (
 	"fmt"
 	"testing"
+
+	"crust.dev/crust/internal/testutil/katatest"
 )
 
 // Entries crust did not write are read whatever their block volume type: the types in the recorded
 // vectors, and "blk", each read back with its type as written (crust writes "directvol" only).
 func TestBlockVolumeTypes(t *testing.T) {
-	for _, v := range loadVectors(t) {
-		if vt := v.readBack(t).VolumeType; !IsBlockVolumeType(vt) {
+	for _, v := range katatest.Load(t) {
+		if vt := katatest.ReadBack[MountInfo](t, v).VolumeType; !IsBlockVolumeType(vt) {
 			t.Errorf("vector %s: volume-type %q is not taken for a block volume", v.Dir, vt)
 		}
 	}

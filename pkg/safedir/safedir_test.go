@@ -146,43 +146,34 @@ func TestRemoveAll(t *testing.T) {
 
 // TestCheckOwned refuses a directory another user owns or may write in.
 func TestCheckOwned(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to chown")
-	}
-	cases := []struct {
-		name string
-		mode fs.FileMode
-		uid  int
+	type ownedCase struct {
+		safedirtest.Dir
 		want error
-	}{
-		{"ours, 0700", 0o700, 0, nil},
-		{"ours, 0755", 0o755, 0, nil},
-		{"ours, 0777", 0o777, 0, safedir.ErrInsecure},
-		{"ours, group-writable", 0o770, 0, safedir.ErrInsecure},
-		{"ours, sticky and world-writable", 0o777 | fs.ModeSticky, 0, safedir.ErrInsecure},
-		{"another user's, 0700", 0o700, 1000, safedir.ErrInsecure},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := filepath.Join(t.TempDir(), "d")
-			safedirtest.Mkdir(t, dir, tc.mode, tc.uid)
-			d, err := safedir.Open(dir)
-			must(t, err)
-			defer func() { _ = d.Close() }()
-			if err := d.CheckOwned(); !errors.Is(err, tc.want) {
-				t.Fatalf("CheckOwned = %v, want %v", err, tc.want)
-			}
-			_, err = safedir.OpenOwned(dir)
-			if !errors.Is(err, tc.want) {
-				t.Fatalf("OpenOwned = %v, want %v", err, tc.want)
-			}
-			fi, err := os.Stat(dir)
-			must(t, err)
-			if fi.Mode()&(fs.ModePerm|fs.ModeSticky) != tc.mode {
-				t.Fatalf("mode %v afterwards, want %v unchanged", fi.Mode(), tc.mode)
-			}
-		})
-	}
+	safedirtest.EachDir(t, []ownedCase{
+		{safedirtest.Dir{Name: "ours, 0700", Mode: 0o700}, nil},
+		{safedirtest.Dir{Name: "ours, 0755", Mode: 0o755}, nil},
+		{safedirtest.Dir{Name: "ours, 0777", Mode: 0o777}, safedir.ErrInsecure},
+		{safedirtest.Dir{Name: "ours, group-writable", Mode: 0o770}, safedir.ErrInsecure},
+		{safedirtest.Dir{Name: "ours, sticky and world-writable", Mode: 0o777 | fs.ModeSticky}, safedir.ErrInsecure},
+		{safedirtest.Dir{Name: "another user's, 0700", Mode: 0o700, UID: 1000}, safedir.ErrInsecure},
+	}, func(t *testing.T, tc ownedCase, dir, _ string) {
+		d, err := safedir.Open(dir)
+		must(t, err)
+		defer func() { _ = d.Close() }()
+		if err := d.CheckOwned(); !errors.Is(err, tc.want) {
+			t.Fatalf("CheckOwned = %v, want %v", err, tc.want)
+		}
+		_, err = safedir.OpenOwned(dir)
+		if !errors.Is(err, tc.want) {
+			t.Fatalf("OpenOwned = %v, want %v", err, tc.want)
+		}
+		fi, err := os.Stat(dir)
+		must(t, err)
+		if fi.Mode()&(fs.ModePerm|fs.ModeSticky) != tc.Mode {
+			t.Fatalf("mode %v afterwards, want %v unchanged", fi.Mode(), tc.Mode)
+		}
+	})
 }
 
 // TestWriteFile is atomic: the file has the new content and mode, and the temporary directory is empty.

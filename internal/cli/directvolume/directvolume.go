@@ -56,11 +56,9 @@ func NewCommand() *cobra.Command {
 }
 
 func (o *options) addCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "add --volume-path PATH --mount-info JSON",
-		Short: "Record a volume's mount info for Kata (keeps the sandbox ids already recorded)",
-		Args:  cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
+	return subcommand("add --volume-path PATH --mount-info JSON",
+		"Record a volume's mount info for Kata (keeps the sandbox ids already recorded)",
+		func(*cobra.Command) error {
 			if err := o.check(); err != nil {
 				return err
 			}
@@ -68,61 +66,37 @@ func (o *options) addCmd() *cobra.Command {
 				return errors.New("--mount-info: required")
 			}
 			return flagError(kata.Add(o.kataDir, o.volumePath, o.mountInfo))
-		},
-	}
-	o.volumePathFlag(cmd)
-	cmd.Flags().StringVar(&o.mountInfo, "mount-info", "", `the mount info as JSON, such as {"volume-type":"directvol","device":"/dev/sdb","fstype":"ext4"}`)
-	return cmd
+		}, o.volumePathFlag, func(cmd *cobra.Command) {
+			cmd.Flags().StringVar(&o.mountInfo, "mount-info", "", `the mount info as JSON, such as {"volume-type":"directvol","device":"/dev/sdb","fstype":"ext4"}`)
+		})
 }
 
 func (o *options) removeCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "remove --volume-path PATH",
-		Short: "Delete a volume's directory with its sandbox ids (a missing volume is not an error)",
-		Args:  cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
+	return subcommand("remove --volume-path PATH",
+		"Delete a volume's directory with its sandbox ids (a missing volume is not an error)",
+		func(*cobra.Command) error {
 			if err := o.check(); err != nil {
 				return err
 			}
 			return flagError(kata.Remove(o.kataDir, o.volumePath))
-		},
-	}
-	o.volumePathFlag(cmd)
-	return cmd
+		}, o.volumePathFlag)
 }
 
 func (o *options) getCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "get --volume-path PATH",
-		Short: "Print a volume's mount info and sandbox ids as Kata reads them",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := o.check(); err != nil {
+	return subcommand("get --volume-path PATH", "Print a volume's mount info and sandbox ids as Kata reads them",
+		func(cmd *cobra.Command) error {
+			vol, err := o.volume()
+			if err != nil {
 				return err
 			}
-			info, err := kata.Get(o.kataDir, o.volumePath)
-			if err != nil {
-				return flagError(err)
-			}
-			ids, err := kata.SandboxIDs(o.kataDir, o.volumePath)
-			if err != nil {
-				return flagError(err)
-			}
-			v := newView(kata.Volume{Path: o.volumePath, MountInfo: *info, SandboxIDs: ids})
+			v := newView(vol)
 			return o.print(cmd.OutOrStdout(), "json", v, []view{v})
-		},
-	}
-	o.volumePathFlag(cmd)
-	o.outputFlag(cmd)
-	return cmd
+		}, o.volumePathFlag, o.outputFlag)
 }
 
 func (o *options) listCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "list",
-		Short: "Print every volume in the Kata directory, ordered by volume path",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+	return subcommand("list", "Print every volume in the Kata directory, ordered by volume path",
+		func(cmd *cobra.Command) error {
 			if o.kataDir == "" {
 				return errors.New("--kata-dir: required")
 			}
@@ -135,86 +109,92 @@ func (o *options) listCmd() *cobra.Command {
 				views = append(views, newView(v))
 			}
 			return o.print(cmd.OutOrStdout(), "table", views, views)
-		},
-	}
-	o.outputFlag(cmd)
-	return cmd
+		}, o.outputFlag)
 }
 
 func (o *options) statsCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "stats --volume-path PATH",
-		Short: "Print a volume's usage inside the Kata sandbox that uses it, as the shim's JSON",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			sandbox, device, err := o.shimTarget()
-			if err != nil {
+	return subcommand("stats --volume-path PATH",
+		"Print a volume's usage inside the Kata sandbox that uses it, as the shim's JSON",
+		func(cmd *cobra.Command) error {
+			return o.askShim(cmd, func(ctx context.Context, c *kata.ShimClient, sandbox, device string) error {
+				st, err := c.Stats(ctx, sandbox, device)
+				if err != nil {
+					return err
+				}
+				b, err := json.Marshal(st)
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s\n", b)
 				return err
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
-			defer cancel()
-			st, err := (&kata.ShimClient{Dirs: o.shimDirs}).Stats(ctx, sandbox, device)
-			if err != nil {
-				return err
-			}
-			b, err := json.Marshal(st)
-			if err != nil {
-				return err
-			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s\n", b)
-			return err
-		},
-	}
-	o.volumePathFlag(cmd)
-	o.shimFlags(cmd)
-	return cmd
+			})
+		}, o.volumePathFlag, o.shimFlags)
 }
 
 func (o *options) resizeCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "resize --volume-path PATH --size BYTES",
-		Short: "Ask the Kata sandbox that uses a volume to grow it to --size bytes",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+	return subcommand("resize --volume-path PATH --size BYTES",
+		"Ask the Kata sandbox that uses a volume to grow it to --size bytes",
+		func(cmd *cobra.Command) error {
 			if !cmd.Flags().Changed("size") {
 				return errors.New("--size: required")
 			}
 			if o.size == 0 {
 				return errors.New("--size: must be positive")
 			}
-			sandbox, device, err := o.shimTarget()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
-			defer cancel()
-			return (&kata.ShimClient{Dirs: o.shimDirs}).Resize(ctx, sandbox, device, o.size)
-		},
+			return o.askShim(cmd, func(ctx context.Context, c *kata.ShimClient, sandbox, device string) error {
+				return c.Resize(ctx, sandbox, device, o.size)
+			})
+		}, o.volumePathFlag, o.shimFlags, func(cmd *cobra.Command) {
+			cmd.Flags().Uint64Var(&o.size, "size", 0, "the size wanted, in bytes (required)")
+		})
+}
+
+// subcommand returns a subcommand that takes no arguments and runs run, with the flags that each of
+// flags adds.
+func subcommand(use, short string, run func(*cobra.Command) error, flags ...func(*cobra.Command)) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return run(cmd) },
 	}
-	o.volumePathFlag(cmd)
-	o.shimFlags(cmd)
-	cmd.Flags().Uint64Var(&o.size, "size", 0, "the size wanted, in bytes (required)")
+	for _, add := range flags {
+		add(cmd)
+	}
 	return cmd
 }
 
-// shimTarget returns what stats and resize send to a shim: the sandbox that uses the volume, the first
-// of its sandbox ids as Kata takes it, and the device of its mount info.
-func (o *options) shimTarget() (sandbox, device string, err error) {
+// volume returns the volume at --volume-path in --kata-dir: its mount info and sandbox ids, as Kata reads
+// them.
+func (o *options) volume() (kata.Volume, error) {
 	if err := o.check(); err != nil {
-		return "", "", err
-	}
-	ids, err := kata.SandboxIDs(o.kataDir, o.volumePath)
-	if err != nil {
-		return "", "", flagError(err)
+		return kata.Volume{}, err
 	}
 	info, err := kata.Get(o.kataDir, o.volumePath)
 	if err != nil {
-		return "", "", flagError(err)
+		return kata.Volume{}, flagError(err)
 	}
-	if len(ids) == 0 {
-		return "", "", fmt.Errorf("--volume-path: direct volume %q is used by no sandbox (no sandbox id is recorded)", o.volumePath)
+	ids, err := kata.SandboxIDs(o.kataDir, o.volumePath)
+	if err != nil {
+		return kata.Volume{}, flagError(err)
 	}
-	return ids[0], info.Device, nil
+	return kata.Volume{Path: o.volumePath, MountInfo: *info, SandboxIDs: ids}, nil
+}
+
+// askShim runs ask, within --timeout, with a client of the shims in --kata-shim-dirs and what stats and
+// resize send to a shim: the sandbox that uses the volume, the first of its sandbox ids as Kata takes it,
+// and the device of its mount info.
+func (o *options) askShim(cmd *cobra.Command, ask func(ctx context.Context, c *kata.ShimClient, sandbox, device string) error) error {
+	vol, err := o.volume()
+	if err != nil {
+		return err
+	}
+	if len(vol.SandboxIDs) == 0 {
+		return fmt.Errorf("--volume-path: direct volume %q is used by no sandbox (no sandbox id is recorded)", o.volumePath)
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
+	defer cancel()
+	return ask(ctx, &kata.ShimClient{Dirs: o.shimDirs}, vol.SandboxIDs[0], vol.MountInfo.Device)
 }
 
 // shimFlags are where stats and resize look for the shim, and how long they wait. --timeout shadows

@@ -19,41 +19,15 @@ import (
 	"crust.dev/crust/pkg/kata"
 )
 
-// The vectors were produced by running Kata's own code; pkg/kata keeps the copy.
-type vector struct{ katatest.Vector }
-
-func loadVectors(t *testing.T) []vector {
-	var vs []vector
-	for _, v := range katatest.Load(t) {
-		vs = append(vs, vector{v})
-	}
-	return vs
-}
-
-// input is the --mount-info Kata was given: the raw JSON, or the encoded MountInfo.
-func (v vector) input(t *testing.T) string {
-	if v.RawInput != nil {
-		return *v.RawInput
-	}
-	var info kata.MountInfo
-	if err := json.Unmarshal(v.MountInfo, &info); err != nil {
-		t.Fatal(err)
-	}
-	return mustJSON(t, &info)
-}
-
 // readBack is what get and list print of the vector: what Kata reads back, with the value of an
 // encryptionKey replaced by "<redacted>" (the key is secret, and printed output never shows it).
-func (v vector) readBack(t *testing.T) *kata.MountInfo {
+func readBack(t *testing.T, v katatest.Vector) *kata.MountInfo {
 	t.Helper()
-	var info kata.MountInfo
-	if err := json.Unmarshal(v.ReadBack, &info); err != nil {
-		t.Fatal(err)
-	}
+	info := katatest.ReadBack[kata.MountInfo](t, v)
 	if _, ok := info.Metadata[kata.MetadataEncryptionKey]; ok {
 		info.Metadata[kata.MetadataEncryptionKey] = "<redacted>"
 	}
-	return &info
+	return info
 }
 
 func mustJSON(t *testing.T, v any) string {
@@ -92,11 +66,11 @@ func mustRun(t *testing.T, args ...string) string {
 // TestVectors: for every vector, add lays down Kata's files, get reads back what Kata reads, and remove
 // deletes the volume with its sandbox file.
 func TestVectors(t *testing.T) {
-	vectors := loadVectors(t)
+	vectors := katatest.Load(t)
 	dir := t.TempDir()
 	for _, v := range vectors {
 		t.Run(v.Dir, func(t *testing.T) {
-			mustRun(t, "--kata-dir", dir, "add", "--volume-path", v.VolumePath, "--mount-info", v.input(t))
+			mustRun(t, "--kata-dir", dir, "add", "--volume-path", v.VolumePath, "--mount-info", katatest.Input[kata.MountInfo](t, v))
 			if v.SandboxID != "" {
 				if err := kata.RecordSandbox(dir, v.VolumePath, v.SandboxID); err != nil {
 					t.Fatal(err)
@@ -118,12 +92,12 @@ func TestVectors(t *testing.T) {
 					t.Fatal(err)
 				}
 				if got.VolumePath != v.VolumePath || !slices.Equal(got.SandboxIDs, wantIDs) ||
-					mustJSON(t, got.MountInfo) != mustJSON(t, v.readBack(t)) {
-					t.Errorf("get -o %q = %+v, want %s and sandboxes %q", format, got, mustJSON(t, v.readBack(t)), wantIDs)
+					mustJSON(t, got.MountInfo) != mustJSON(t, readBack(t, v)) {
+					t.Errorf("get -o %q = %+v, want %s and sandboxes %q", format, got, mustJSON(t, readBack(t, v)), wantIDs)
 				}
 			}
 			table := mustRun(t, "get", "--kata-dir", dir, "--volume-path", v.VolumePath, "-o", "table")
-			if !strings.Contains(table, v.VolumePath) || !strings.Contains(table, v.readBack(t).Device) {
+			if !strings.Contains(table, v.VolumePath) || !strings.Contains(table, readBack(t, v).Device) {
 				t.Errorf("get -o table:\n%s", table)
 			}
 		})

@@ -12,22 +12,10 @@ import (
 	"crust.dev/crust/pkg/kata"
 )
 
-// shimRoot returns a short directory for sockets (a unix socket path must fit in 107 bytes).
-func shimRoot(t *testing.T) string {
-	t.Helper()
-	root, err := os.MkdirTemp("", "kc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	return root
-}
-
 // TestStatsAndResize: stats and resize find the first sandbox id and the device, and ask its shim.
 func TestStatsAndResize(t *testing.T) {
 	dir := t.TempDir()
-	root := shimRoot(t)
-	goDir, rsDir := filepath.Join(root, "sbs"), filepath.Join(root, "kata")
+	goDir, rsDir := katatest.ShimDirs(t)
 	const vol, dev = "/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/pv/mount", "/dev/mapper/vg-lv 1"
 	mustRun(t, "add", "--kata-dir", dir, "--volume-path", vol, "--mount-info",
 		`{"volume-type":"directvol","device":"/dev/mapper/vg-lv 1","fstype":"ext4"}`)
@@ -92,7 +80,7 @@ func TestStatsAndResize(t *testing.T) {
 	}
 
 	// No shim answers.
-	if _, err := run(t, "stats", "--kata-dir", dir, "--volume-path", vol, "--kata-shim-dirs", filepath.Join(root, "none")); !errors.Is(err, kata.ErrShimUnreachable) {
+	if _, err := run(t, "stats", "--kata-dir", dir, "--volume-path", vol, "--kata-shim-dirs", filepath.Join(filepath.Dir(goDir), "none")); !errors.Is(err, kata.ErrShimUnreachable) {
 		t.Errorf("stats with no shim: %v", err)
 	}
 }

@@ -8,9 +8,7 @@ package critest
 
 import (
 	"context"
-	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +17,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"crust.dev/crust/internal/testutil"
 )
 
 // Server is the fake runtime. Set Delay before Start; change the sandboxes at any time with Set.
@@ -51,13 +51,7 @@ func Sandbox(id, podUID string, ready bool) *runtimeapi.PodSandbox {
 // Start serves on socket (its directory is made) until the end of the test, and returns s.
 func (s *Server) Start(t testing.TB, socket string) *Server {
 	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(socket), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatalf("fake CRI runtime: %v", err)
-	}
+	l := testutil.Listen(t, socket)
 	s.socket = socket
 	s.srv = grpc.NewServer()
 	runtimeapi.RegisterRuntimeServiceServer(s.srv, s)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -14,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"crust.dev/crust/internal/testutil"
 )
 
 // The shim facts below are written down here a second time, from the record, rather than taken from
@@ -102,17 +103,19 @@ type Shim struct {
 	done   chan struct{}
 }
 
+// ShimDirs returns stand-ins for GoShimDir and RustShimDir under a new short directory removed when the
+// test ends (a unix socket path must fit in 107 bytes); the two are not made, Start makes them.
+func ShimDirs(t testing.TB) (goDir, rsDir string) {
+	t.Helper()
+	root := testutil.SocketDir(t)
+	return filepath.Join(root, "sbs"), filepath.Join(root, "kata")
+}
+
 // Start serves on socket, creating its directory (mode 0700) when missing, until Close or the end of the
 // test. The socket path must fit in a unix socket address (107 bytes).
 func (s *Shim) Start(t testing.TB, socket string) *Shim {
 	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(socket), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatalf("fake kata shim: %v", err)
-	}
+	l := testutil.Listen(t, socket)
 	s.socket = socket
 	s.srv = &http.Server{Handler: http.HandlerFunc(s.serve), ReadHeaderTimeout: 10 * time.Second}
 	s.done = make(chan struct{})

@@ -18,7 +18,7 @@ import (
 )
 
 // Vector is one case. MountInfo and ReadBack are kept as JSON so that callers decode them with the type
-// under test.
+// under test (Input, ReadBack).
 type Vector struct {
 	VolumePath string          `json:"volume_path"`
 	MountInfo  json.RawMessage `json:"mount_info"`
@@ -54,4 +54,33 @@ func Load(t testing.TB) []Vector {
 		t.Fatal("no vectors")
 	}
 	return doc.Entries
+}
+
+// Input is the --mount-info string Kata was given: RawInput when set, otherwise MountInfo decoded into a
+// T, the type under test, and encoded again, as Kata's AddMountInfo encodes its own struct.
+func Input[T any](t testing.TB, v Vector) string {
+	t.Helper()
+	if v.RawInput != nil {
+		return *v.RawInput
+	}
+	b, err := json.Marshal(decode[T](t, v.MountInfo))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// ReadBack is the mount info Kata read back, decoded into a T, the type under test.
+func ReadBack[T any](t testing.TB, v Vector) *T {
+	t.Helper()
+	return decode[T](t, v.ReadBack)
+}
+
+func decode[T any](t testing.TB, data json.RawMessage) *T {
+	t.Helper()
+	var x T
+	if err := json.Unmarshal(data, &x); err != nil {
+		t.Fatal(err)
+	}
+	return &x
 }
