@@ -12,6 +12,7 @@ import (
 
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/vm"
+	"crust.dev/crust/internal/testutil/harness"
 )
 
 const (
@@ -68,7 +69,7 @@ func BenchmarkPmemDAX(b *testing.B) {
 		b.Fatal(err)
 	}
 	_ = f.Close()
-	run(b, "mkfs.ext4", "-q", "-F", "-b", "4096", seed) // DAX needs blocks of a page
+	harness.Run(b, "mkfs.ext4", "-q", "-F", "-b", "4096", seed) // DAX needs blocks of a page
 	daxFile, blkFile := filepath.Join(work, "dax.img"), filepath.Join(work, "blk.img")
 	copyFile(b, seed, daxFile)
 	copyFile(b, seed, blkFile)

@@ -64,14 +64,10 @@ const (
 var binDir, moduleRoot string
 
 func TestMain(m *testing.M) {
-	os.Exit(runMain(m))
+	harness.RootMain(m, "csiproxy", "LVM on loop devices, mounts", runMain)
 }
 
 func runMain(m *testing.M) int {
-	if os.Geteuid() != 0 {
-		fmt.Println("csiproxy: skipped, needs root (LVM on loop devices, mounts)")
-		return 0
-	}
 	root, err := harness.FindModuleRoot()
 	if err != nil {
 		fmt.Println("go env GOMOD:", err)

@@ -64,7 +64,7 @@ func TestMicroVMIOLimits(t *testing.T) {
 	for _, v := range []*vol{&limited, &plain} {
 		v.dev = loopDevice(t, 128<<20)
 		// Formatted on the host whole, so that nothing of mkfs runs in the guest during the measurements.
-		mustRun(t, "mkfs.ext4", "-q", "-F", "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0", v.dev)
+		harness.Run(t, "mkfs.ext4", "-q", "-F", "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0", v.dev)
 	}
 
 	// Limits that break a rule: pkg/client's builder (the one a driver and the proxy share) refuses them

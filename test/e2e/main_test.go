@@ -24,14 +24,10 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
+	harness.RootMain(m, "e2e", "loop devices, mounts, other uids", run)
 }
 
 func run(m *testing.M) int {
-	if os.Geteuid() != 0 {
-		fmt.Println("e2e: skipped, needs root (loop devices, mounts, other uids)")
-		return 0
-	}
 	dir, err := os.MkdirTemp("", "crust-e2e-bin")
 	if err != nil {
 		panic(err)

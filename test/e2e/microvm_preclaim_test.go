@@ -39,9 +39,9 @@ func TestMicroVMGrowsAtMount(t *testing.T) {
 			t.Fatal(err)
 		}
 		if v.fsType == "ext4" {
-			mustRun(t, "mkfs.ext4", "-q", "-F", "-d", seed, v.dev)
+			harness.Run(t, "mkfs.ext4", "-q", "-F", "-d", seed, v.dev)
 		} else {
-			mustRun(t, "mkfs.xfs", "-q", "-f", v.dev)
+			harness.Run(t, "mkfs.xfs", "-q", "-f", v.dev)
 		}
 		if _, errOut, code := d.crustctl("stage", "--target-path", v.target, "--device", v.dev, "--fs-type", v.fsType); code != 0 {
 			t.Fatalf("stage %s: exit %d: %s", v.target, code, errOut)

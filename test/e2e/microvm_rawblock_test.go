@@ -38,8 +38,8 @@ func TestMicroVMRawBlock(t *testing.T) {
 
 	// A pattern written on the host, to be read in the guest through the read-only volume.
 	hostPattern := filepath.Join(t.TempDir(), "host-pattern")
-	mustRun(t, "dd", "if=/dev/urandom", "of="+hostPattern, "bs=4096", "count=64", "status=none")
-	mustRun(t, "dd", "if="+hostPattern, "of="+ro.dev, "bs=4096", "seek=7", "conv=fsync", "status=none")
+	harness.Run(t, "dd", "if=/dev/urandom", "of="+hostPattern, "bs=4096", "count=64", "status=none")
+	harness.Run(t, "dd", "if="+hostPattern, "of="+ro.dev, "bs=4096", "seek=7", "conv=fsync", "status=none")
 	hostSum := md5Of(t, hostPattern)
 
 	// A filesystem field on a raw block volume is refused, naming it.
@@ -98,7 +98,7 @@ func TestMicroVMRawBlock(t *testing.T) {
 		"dd if=/tmp/p of="+rw.guest+" bs=4096 seek=100 conv=fsync 2>/dev/null && md5sum /tmp/p")
 	guestSum := strings.Fields(out)[0]
 	onHost := filepath.Join(t.TempDir(), "read-back")
-	mustRun(t, "dd", "if="+rw.dev, "of="+onHost, "bs=4096", "skip=100", "count=256", "iflag=direct", "status=none")
+	harness.Run(t, "dd", "if="+rw.dev, "of="+onHost, "bs=4096", "skip=100", "count=256", "iflag=direct", "status=none")
 	if got := md5Of(t, onHost); got != guestSum {
 		t.Fatalf("the host reads %s from the loop device where the guest wrote %s", got, guestSum)
 	}
@@ -113,7 +113,7 @@ func TestMicroVMRawBlock(t *testing.T) {
 		t.Logf("write to the read-only raw volume refused: %s", strings.TrimSpace(errOut))
 	}
 	check := filepath.Join(t.TempDir(), "ro-check")
-	mustRun(t, "dd", "if="+ro.dev, "of="+check, "bs=4096", "skip=7", "count=64", "iflag=direct", "status=none")
+	harness.Run(t, "dd", "if="+ro.dev, "of="+check, "bs=4096", "skip=7", "count=64", "iflag=direct", "status=none")
 	if got := md5Of(t, check); got != hostSum {
 		t.Fatalf("the read-only volume's data changed: %s, want %s", got, hostSum)
 	}

@@ -41,7 +41,7 @@ func TestMicroVMSharing(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(seed, "hello"), []byte("from the host\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	mustRun(t, "mkfs.ext4", "-q", "-F", "-d", seed, roDev)
+	harness.Run(t, "mkfs.ext4", "-q", "-F", "-d", seed, roDev)
 	for _, args := range [][]string{
 		{"--target-path", shared, "--device", sharedDev, "--fs-type", "ext4", "--create-filesystem"},
 		{"--target-path", ro1, "--device", roDev, "--fs-type", "ext4", "--read-only"},
@@ -158,8 +158,8 @@ func TestMicroVMSharing(t *testing.T) {
 		t.Errorf("the shared volume was not unmounted and detached cleanly:\n%s", m.Log())
 	}
 	dir := t.TempDir()
-	mustRun(t, "mount", "-o", "ro", sharedDev, dir)
-	defer mustRun(t, "umount", dir)
+	harness.Run(t, "mount", "-o", "ro", sharedDev, dir)
+	defer harness.Run(t, "umount", dir)
 	out, err := os.ReadFile(filepath.Join(dir, "f"))
 	if got := fmt.Sprintf("%x", md5.Sum(out)); err != nil || got != sum {
 		t.Errorf("the file written in the guest, on the host: md5 %s (%v), the guest wrote %s", got, err, sum)

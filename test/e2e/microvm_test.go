@@ -43,12 +43,12 @@ func TestMicroVMHandler(t *testing.T) {
 	xfs := vol{target: d.podTarget("3c9e0f1a-0000-4000-8000-00000000e2e1", "pvc-xfs"), guest: "/data/xfs", fsType: "xfs", size: 512 * mib}
 	ro := vol{target: d.podTarget("3c9e0f1a-0000-4000-8000-00000000e2e1", "pvc-ro"), guest: "/data/ro", fsType: "ext4", size: 32 * mib}
 	ext.dev, xfs.dev, ro.dev = loopDevice(t, ext.size), loopDevice(t, xfs.size), loopDevice(t, ro.size)
-	mustRun(t, "mkfs.ext4", "-q", "-F", ext.dev)
+	harness.Run(t, "mkfs.ext4", "-q", "-F", ext.dev)
 	seed := t.TempDir()
 	if err := os.WriteFile(filepath.Join(seed, "hello"), []byte("from the host\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	mustRun(t, "mkfs.ext4", "-q", "-F", "-d", seed, ro.dev)
+	harness.Run(t, "mkfs.ext4", "-q", "-F", "-d", seed, ro.dev)
 
 	stage := func(v vol, extra ...string) {
 		t.Helper()
@@ -375,11 +375,4 @@ func backingFile(t *testing.T, dev string) string {
 		t.Fatalf("losetup --list %s: %v", dev, err)
 	}
 	return strings.TrimSpace(string(out))
-}
-
-func mustRun(t *testing.T, name string, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
 }
