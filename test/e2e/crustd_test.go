@@ -313,9 +313,7 @@ func TestWatchOverTheSocket(t *testing.T) {
 		{"release", target, "--sandbox-id", "sb-1"},
 		{"unstage", "--target-path", target},
 	} {
-		if _, errOut, code := d.crustctl(args...); code != 0 {
-			t.Fatalf("%v: exit %d: %s", args, code, errOut)
-		}
+		d.crustctlOK(args...)
 	}
 	for _, want := range []crustv1.EventType{
 		crustv1.EventType_EVENT_TYPE_STAGED, crustv1.EventType_EVENT_TYPE_CLAIMED,
@@ -573,9 +571,7 @@ func TestWatchTable(t *testing.T) {
 		t.Fatalf("first row %q, want synced", r)
 	}
 	target := d.podTarget("pod-wt", "pv")
-	if _, errOut, code := d.crustctl("stage", "--target-path", target, "--device", loopDevice(t, 16<<20), "--fs-type", "xfs"); code != 0 {
-		t.Fatalf("stage: %s", errOut)
-	}
+	d.crustctlOK("stage", "--target-path", target, "--device", loopDevice(t, 16<<20), "--fs-type", "xfs")
 	if r := next(); len(r) < 4 || r[1] != "staged" || r[2] != target || r[3] != "-" {
 		t.Fatalf("row %q, want staged %s", r, target)
 	}

@@ -56,8 +56,7 @@ const (
 // directory, no kubelet or proxy directory or record, no logical volume.
 func TestCSIFlows(t *testing.T) {
 	t0 := time.Now()
-	assets := harness.GuestAssets(t, binDir)
-	d := newDaemon(t)
+	d, assets := newMicroVMDaemon(t)
 	logDir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

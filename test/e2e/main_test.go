@@ -88,6 +88,16 @@ func (d *daemon) crustctl(args ...string) (string, string, int) {
 	return runAs(d.t, nil, filepath.Join(binDir, "crustctl"), append([]string{"--crust-socket", d.socket}, args...)...)
 }
 
+// crustctlOK runs the CLI against d and returns its stdout; a non-zero exit fails the test, with stderr.
+func (d *daemon) crustctlOK(args ...string) string {
+	d.t.Helper()
+	out, errOut, code := d.crustctl(args...)
+	if code != 0 {
+		d.t.Fatalf("crustctl %s: exit %d: %s", strings.Join(args, " "), code, errOut)
+	}
+	return out
+}
+
 func runAs(t *testing.T, cred *syscall.Credential, bin string, args ...string) (string, string, int) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer

@@ -50,8 +50,7 @@ func TestMicroVMKillUnderLoad(t *testing.T) {
 		kills = n
 	}
 	const grace = 5 * time.Second
-	assets := harness.GuestAssets(t, binDir)
-	d := newDaemon(t, "--handler-grace", grace.String())
+	d, assets := newMicroVMDaemon(t, "--handler-grace", grace.String())
 	conn := d.conn()
 	vols := crustv1.NewVolumeServiceClient(conn)
 	ctx := context.Background()

@@ -39,7 +39,6 @@ const statxAttrDAX = 0x00200000
 //     runs and released once it has stopped; the mounted ones are unmounted at stop and released only
 //     after the VM is down.
 func TestMicroVMPmem(t *testing.T) {
-	const mib = int64(1) << 20
 	assets := harness.GuestAssets(t, binDir)
 	if mods, err := os.ReadFile(filepath.Join(assets, "cloud", "modules.load")); err != nil ||
 		!slices.Contains(strings.Fields(string(mods)), "virtio_pmem.ko") {
