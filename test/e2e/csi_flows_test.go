@@ -520,16 +520,7 @@ func guestStatfs(t *testing.T, guest func(string) string, dir string) (usage, in
 }
 
 func csiUsage(r *csi.NodeGetVolumeStatsResponse) usage {
-	var u usage
-	for _, x := range r.GetUsage() {
-		switch x.GetUnit() {
-		case csi.VolumeUsage_BYTES:
-			u.total, u.used, u.available = x.GetTotal(), x.GetUsed(), x.GetAvailable()
-		case csi.VolumeUsage_INODES:
-			u.inodes, u.inodesUsed = x.GetTotal(), x.GetUsed()
-		}
-	}
-	return u
+	return usageOf(r.GetUsage(), csi.VolumeUsage_BYTES, csi.VolumeUsage_INODES)
 }
 
 func listVolumes(t *testing.T, d *daemon) []*crustv1.Volume {

@@ -319,12 +319,27 @@ func statsOf(t *testing.T, d *daemon, target string) usage {
 	if r.GetVolumeCondition().GetAbnormal() {
 		t.Errorf("%s is abnormal: %s", target, r.GetVolumeCondition().GetMessage())
 	}
+	return usageOf(r.GetUsage(), crustv1.VolumeUsage_UNIT_BYTES, crustv1.VolumeUsage_UNIT_INODES)
+}
+
+// usageEntry is one entry of a stats answer, crust's or CSI's: its unit and its three counts.
+type usageEntry[U comparable] interface {
+	GetUnit() U
+	GetTotal() int64
+	GetUsed() int64
+	GetAvailable() int64
+}
+
+// usageOf reads a stats answer's entries: the one of unit bytes gives total, used and available, the one
+// of unit inodes gives inodes and inodesUsed; an entry of another unit is passed over, and a missing
+// one leaves its fields 0.
+func usageOf[U comparable, E usageEntry[U]](entries []E, bytes, inodes U) usage {
 	var u usage
-	for _, x := range r.GetUsage() {
+	for _, x := range entries {
 		switch x.GetUnit() {
-		case crustv1.VolumeUsage_UNIT_BYTES:
+		case bytes:
 			u.total, u.used, u.available = x.GetTotal(), x.GetUsed(), x.GetAvailable()
-		case crustv1.VolumeUsage_UNIT_INODES:
+		case inodes:
 			u.inodes, u.inodesUsed = x.GetTotal(), x.GetUsed()
 		}
 	}
