@@ -72,11 +72,9 @@ func (f *fakeDriver) ControllerGetCapabilities(context.Context, *csi.ControllerG
 	if f.attach {
 		types = append(types, csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME)
 	}
-	var caps []*csi.ControllerServiceCapability
-	for _, t := range types {
-		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}})
-	}
-	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: each(types, func(t csi.ControllerServiceCapability_RPC_Type) *csi.ControllerServiceCapability {
+		return &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}}
+	})}, nil
 }
 
 func (f *fakeDriver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
@@ -85,11 +83,18 @@ func (f *fakeDriver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabiliti
 	if f.mountGrp {
 		types = append(types, csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP)
 	}
-	var caps []*csi.NodeServiceCapability
-	for _, t := range types {
-		caps = append(caps, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}}})
+	return &csi.NodeGetCapabilitiesResponse{Capabilities: each(types, func(t csi.NodeServiceCapability_RPC_Type) *csi.NodeServiceCapability {
+		return &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}}}
+	})}, nil
+}
+
+// each returns f of every element of in, in order.
+func each[T, U any](in []T, f func(T) U) []U {
+	out := make([]U, 0, len(in))
+	for _, x := range in {
+		out = append(out, f(x))
 	}
-	return &csi.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
+	return out
 }
 
 func (f *fakeDriver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
