@@ -113,10 +113,7 @@ func BenchmarkPmemDAX(b *testing.B) {
 	ops := 0
 	for b.Loop() {
 		b.StopTimer()
-		order := []*side{sides[0], sides[1]}
-		if ops%2 == 1 {
-			order[0], order[1] = order[1], order[0]
-		}
+		order := takeTurns(sides, ops)
 		for _, s := range order {
 			guestRun(b, v, "sync && echo 3 > /proc/sys/vm/drop_caches")
 			d := timed(b, v, fmt.Sprintf("dd if=%s/read of=/dev/null bs=1M 2>&1 | grep -q '^%d+0 records out'", s.dir, pmemReadMiB))
