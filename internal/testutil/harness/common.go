@@ -33,6 +33,19 @@ func Run(t testing.TB, name string, args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
+// ShortTempDir makes a new directory directly under the system's temp directory, its name prefix and a
+// few random characters, and removes it with what it holds at cleanup. Unlike t.TempDir, whose path
+// carries the test's name, it leaves room for unix socket paths, which must fit in 107 bytes.
+func ShortTempDir(t testing.TB, prefix string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
 // SyncBuffer is a bytes.Buffer that one goroutine (a child process's output copier, a log handler)
 // may write while another reads it. Its zero value is empty and ready.
 type SyncBuffer struct {
