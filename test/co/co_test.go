@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -13,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/pkg/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -186,16 +186,11 @@ func (f *fakeDriver) NodeExpandVolume(_ context.Context, r *csi.NodeExpandVolume
 func serve(t *testing.T, f *fakeDriver) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "csi.sock")
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer()
-	csi.RegisterIdentityServer(s, f)
-	csi.RegisterControllerServer(s, f)
-	csi.RegisterNodeServer(s, f)
-	go func() { _ = s.Serve(lis) }()
-	t.Cleanup(s.Stop)
+	harness.ServeGRPC(t, sock, func(s *grpc.Server) {
+		csi.RegisterIdentityServer(s, f)
+		csi.RegisterControllerServer(s, f)
+		csi.RegisterNodeServer(s, f)
+	})
 	return sock
 }
 
