@@ -26,7 +26,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -163,15 +162,6 @@ func guest(b *testing.B, flavour string) guestImages {
 	return g
 }
 
-func run(b *testing.B, name string, args ...string) string {
-	b.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		b.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
 // loop is a loop device on an image file.
 type loop struct{ dev, file string }
 
@@ -187,8 +177,8 @@ func newLoop(b *testing.B, dir string, size int64) loop {
 		b.Fatal(err)
 	}
 	_ = f.Close()
-	run(b, "mkfs.ext4", "-q", "-F", f.Name())
-	return loop{dev: run(b, "losetup", "--find", "--show", f.Name()), file: f.Name()}
+	harness.Run(b, "mkfs.ext4", "-q", "-F", f.Name())
+	return loop{dev: harness.Run(b, "losetup", "--find", "--show", f.Name()), file: f.Name()}
 }
 
 // free detaches the loop device and removes its file.
@@ -233,9 +223,9 @@ type hook struct {
 	out   *hookOut
 }
 
+// hookOut is the text log (Write, String) and the events of the watched messages.
 type hookOut struct {
-	mu     sync.Mutex
-	text   bytes.Buffer
+	harness.SyncBuffer
 	watch  map[string]bool
 	events chan logEvent
 }
@@ -245,18 +235,6 @@ type logEvent struct {
 	at    time.Time
 	msg   string
 	attrs map[string]slog.Value
-}
-
-func (o *hookOut) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.text.Write(p)
-}
-
-func (o *hookOut) String() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.text.String()
 }
 
 func newHook(watch ...string) (*slog.Logger, *hookOut) {

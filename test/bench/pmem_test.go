@@ -12,6 +12,7 @@ import (
 
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/vm"
+	"crust.dev/crust/internal/testutil/harness"
 )
 
 const (
@@ -68,7 +69,7 @@ func BenchmarkPmemDAX(b *testing.B) {
 		b.Fatal(err)
 	}
 	_ = f.Close()
-	run(b, "mkfs.ext4", "-q", "-F", "-b", "4096", seed) // DAX needs blocks of a page
+	harness.Run(b, "mkfs.ext4", "-q", "-F", "-b", "4096", seed) // DAX needs blocks of a page
 	daxFile, blkFile := filepath.Join(work, "dax.img"), filepath.Join(work, "blk.img")
 	copyFile(b, seed, daxFile)
 	copyFile(b, seed, blkFile)
@@ -112,10 +113,7 @@ func BenchmarkPmemDAX(b *testing.B) {
 	ops := 0
 	for b.Loop() {
 		b.StopTimer()
-		order := []*side{sides[0], sides[1]}
-		if ops%2 == 1 {
-			order[0], order[1] = order[1], order[0]
-		}
+		order := takeTurns(sides, ops)
 		for _, s := range order {
 			guestRun(b, v, "sync && echo 3 > /proc/sys/vm/drop_caches")
 			d := timed(b, v, fmt.Sprintf("dd if=%s/read of=/dev/null bs=1M 2>&1 | grep -q '^%d+0 records out'", s.dir, pmemReadMiB))

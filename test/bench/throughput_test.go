@@ -121,10 +121,7 @@ func throughput(b *testing.B, v *vm.VM, about string, writeArgs, readArgs []stri
 	ops := 0
 	for b.Loop() {
 		b.StopTimer()
-		order := []*path{paths[0], paths[1]}
-		if ops%2 == 1 {
-			order[0], order[1] = order[1], order[0]
-		}
+		order := takeTurns(paths, ops)
 		for _, p := range order {
 			guestRun(b, v, "rm -f "+file(p)+" && sync")
 			d := guestDD(b, v, append([]string{"if=/dev/zero", "of=" + file(p), "conv=fsync"}, writeArgs...)...)
@@ -189,6 +186,15 @@ func guestExec(b *testing.B, v *vm.VM, argv ...string) (stdout, stderr string) {
 		b.Fatalf("exec %q: exit %d: %s%s", argv, res.ExitStatus, res.Stdout, res.Stderr)
 	}
 	return string(res.Stdout), string(res.Stderr)
+}
+
+// takeTurns returns a new slice of the two sides of a comparison: in their order for an even op, swapped
+// for an odd one, so that neither side always runs first (after the other has warmed what they share).
+func takeTurns[T any](sides []T, op int) []T {
+	if op%2 == 1 {
+		return []T{sides[1], sides[0]}
+	}
+	return []T{sides[0], sides[1]}
 }
 
 // mbps is n bytes over d in MB/s (10^6 bytes per second).

@@ -14,9 +14,7 @@ import (
 // Storage capacity tracking: a pod whose generic ephemeral volume is larger than the free space of the
 // node's volume group stays Pending with the scheduler's capacity reason, and runs once space is freed.
 func TestCapacityAwareScheduling(t *testing.T) {
-	c := get(t)
-	ctx := ctxT(t)
-	ns := c.namespace(t)
+	c, ctx, ns := begin(t)
 	ephemeral := func(size string) corev1.Volume {
 		class := deferClass
 		return corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{

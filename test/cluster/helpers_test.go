@@ -46,6 +46,14 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
+// begin is how a test of the tier starts: it returns the cluster (get), a context that ends at cleanup
+// or after 5 minutes (ctxT), and a namespace of the test's own (namespace).
+func begin(t *testing.T) (*cluster, context.Context, string) {
+	t.Helper()
+	c := get(t)
+	return c, ctxT(t), c.namespace(t)
+}
+
 // waitFor polls ok (harness.Poll) until it holds, failing t after timeout; an error from ok is the
 // reason it does not hold yet.
 func waitFor(t *testing.T, timeout time.Duration, what string, ok func() (bool, error)) {

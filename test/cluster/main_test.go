@@ -44,13 +44,11 @@ var (
 	setupErr error
 )
 
-func TestMain(m *testing.M) { os.Exit(runMain(m)) }
+func TestMain(m *testing.M) {
+	harness.RootMain(m, "cluster", "a kubelet, containerd, loop devices, mounts", runMain)
+}
 
 func runMain(m *testing.M) (code int) {
-	if os.Geteuid() != 0 {
-		fmt.Println("cluster: skipped, needs root (a kubelet, containerd, loop devices, mounts)")
-		return 0
-	}
 	root, err := harness.FindModuleRoot()
 	if err != nil {
 		fmt.Println("cluster:", err)

@@ -32,9 +32,7 @@ import (
 // the same node stays. The node plugin then finishes what kubelet never asked (unpublish, unstage) with
 // the descriptor already gone, and the PVC is deleted as usual.
 func TestOrphanCollector(t *testing.T) {
-	c := get(t)
-	ctx := ctxT(t)
-	ns := c.namespace(t)
+	c, ctx, ns := begin(t)
 	c.pvc(t, ns, "data", "64Mi")
 	c.pvc(t, ns, "kept", "64Mi")
 	pod := c.runPod(t, ns, podSpec("vm", true, nil, claimVolume("data", "data")))

@@ -19,9 +19,7 @@ import (
 // the volume context kubelet sends), is deferred all the same: the node proxy finds its StorageClass
 // through the PV.
 func TestStaticPVDefers(t *testing.T) {
-	c := get(t)
-	ctx := ctxT(t)
-	ns := c.namespace(t)
+	c, ctx, ns := begin(t)
 	// The volume an administrator made earlier: asked of the driver itself, as block, on its controller
 	// socket (behind the controller proxy, in the controller pod's socket directory).
 	ctrl := c.driverController(t)

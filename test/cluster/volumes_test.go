@@ -30,9 +30,7 @@ import (
 //   - a runc pod with fsGroup 2000 gets a host mount with the guest's data, in group 2000;
 //   - deleting the PVC removes the logical volume.
 func TestDeferredVolumeLifecycle(t *testing.T) {
-	c := get(t)
-	ctx := ctxT(t)
-	ns := c.namespace(t)
+	c, ctx, ns := begin(t)
 	t0 := time.Now()
 	claim := c.pvc(t, ns, "data", "256Mi")
 	pod := c.runPod(t, ns, podSpec("vm", true, nil, claimVolume("data", "data")))
@@ -203,9 +201,7 @@ func TestDeferredVolumeLifecycle(t *testing.T) {
 // mounted in the guest) and a runc pod (mounted on the host); deleting the pods removes the
 // descriptors, the generic volume's PVC and both logical volumes.
 func TestEphemeralVolumes(t *testing.T) {
-	c := get(t)
-	ctx := ctxT(t)
-	ns := c.namespace(t)
+	c, ctx, ns := begin(t)
 	lvsBefore := len(c.logicalVolumes(t))
 	class := deferClass
 	vols := func() []corev1.Volume {
@@ -289,9 +285,7 @@ func TestEphemeralVolumes(t *testing.T) {
 // A raw block PVC of the deferring class, for a microVM pod, passes through the proxies untouched: the
 // pod gets the device, crustd holds nothing.
 func TestRawBlockPassesThrough(t *testing.T) {
-	c := get(t)
-	ctx := ctxT(t)
-	ns := c.namespace(t)
+	c, ctx, ns := begin(t)
 	class, mode := deferClass, corev1.PersistentVolumeBlock
 	if _, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "raw"},
@@ -324,9 +318,7 @@ func TestRawBlockPassesThrough(t *testing.T) {
 // A deferral that fails is told on the pod: a deferring class with a mount option crustd refuses leaves
 // the pod pending with a VolumeDeferralFailed event naming the field and the reason.
 func TestDeferralFailureIsAnEvent(t *testing.T) {
-	c := get(t)
-	ctx := ctxT(t)
-	ns := c.namespace(t)
+	c, ctx, ns := begin(t)
 	sc, err := c.cs.StorageV1().StorageClasses().Get(ctx, deferClass, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

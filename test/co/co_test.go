@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -13,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/pkg/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -72,11 +72,9 @@ func (f *fakeDriver) ControllerGetCapabilities(context.Context, *csi.ControllerG
 	if f.attach {
 		types = append(types, csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME)
 	}
-	var caps []*csi.ControllerServiceCapability
-	for _, t := range types {
-		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}})
-	}
-	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: each(types, func(t csi.ControllerServiceCapability_RPC_Type) *csi.ControllerServiceCapability {
+		return &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}}
+	})}, nil
 }
 
 func (f *fakeDriver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
@@ -85,11 +83,18 @@ func (f *fakeDriver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabiliti
 	if f.mountGrp {
 		types = append(types, csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP)
 	}
-	var caps []*csi.NodeServiceCapability
-	for _, t := range types {
-		caps = append(caps, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}}})
+	return &csi.NodeGetCapabilitiesResponse{Capabilities: each(types, func(t csi.NodeServiceCapability_RPC_Type) *csi.NodeServiceCapability {
+		return &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}}}
+	})}, nil
+}
+
+// each returns f of every element of in, in order.
+func each[T, U any](in []T, f func(T) U) []U {
+	out := make([]U, 0, len(in))
+	for _, x := range in {
+		out = append(out, f(x))
 	}
-	return &csi.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
+	return out
 }
 
 func (f *fakeDriver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
@@ -181,16 +186,11 @@ func (f *fakeDriver) NodeExpandVolume(_ context.Context, r *csi.NodeExpandVolume
 func serve(t *testing.T, f *fakeDriver) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "csi.sock")
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer()
-	csi.RegisterIdentityServer(s, f)
-	csi.RegisterControllerServer(s, f)
-	csi.RegisterNodeServer(s, f)
-	go func() { _ = s.Serve(lis) }()
-	t.Cleanup(s.Stop)
+	harness.ServeGRPC(t, sock, func(s *grpc.Server) {
+		csi.RegisterIdentityServer(s, f)
+		csi.RegisterControllerServer(s, f)
+		csi.RegisterNodeServer(s, f)
+	})
 	return sock
 }
 

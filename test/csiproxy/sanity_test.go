@@ -64,14 +64,10 @@ const (
 var binDir, moduleRoot string
 
 func TestMain(m *testing.M) {
-	os.Exit(runMain(m))
+	harness.RootMain(m, "csiproxy", "LVM on loop devices, mounts", runMain)
 }
 
 func runMain(m *testing.M) int {
-	if os.Geteuid() != 0 {
-		fmt.Println("csiproxy: skipped, needs root (LVM on loop devices, mounts)")
-		return 0
-	}
 	root, err := harness.FindModuleRoot()
 	if err != nil {
 		fmt.Println("go env GOMOD:", err)
@@ -149,11 +145,7 @@ func compare(t *testing.T, base, got outcome, exceptions map[string]string) {
 // runSanity sets up a node for one mode and runs csi-sanity against it.
 func runSanity(t *testing.T, mode string) outcome {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "csiproxy-sanity")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	dir := harness.ShortTempDir(t, "csiproxy-sanity")
 	kubelet := filepath.Join(dir, "kubelet")
 	if err := os.MkdirAll(kubelet, 0o750); err != nil {
 		t.Fatal(err)

@@ -313,9 +313,7 @@ func TestWatchOverTheSocket(t *testing.T) {
 		{"release", target, "--sandbox-id", "sb-1"},
 		{"unstage", "--target-path", target},
 	} {
-		if _, errOut, code := d.crustctl(args...); code != 0 {
-			t.Fatalf("%v: exit %d: %s", args, code, errOut)
-		}
+		d.crustctlOK(args...)
 	}
 	for _, want := range []crustv1.EventType{
 		crustv1.EventType_EVENT_TYPE_STAGED, crustv1.EventType_EVENT_TYPE_CLAIMED,
@@ -370,14 +368,7 @@ func TestSecondDaemonOnOneStateDir(t *testing.T) {
 func TestFullDisk(t *testing.T) {
 	for _, which := range []string{"--state-dir", "--kata-dir"} {
 		t.Run(strings.TrimPrefix(which, "--"), func(t *testing.T) {
-			small := filepath.Join(t.TempDir(), "small")
-			if err := os.Mkdir(small, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "crust-full", small).CombinedOutput(); err != nil {
-				t.Fatalf("mount a small tmpfs: %v: %s", err, out)
-			}
-			t.Cleanup(func() { _ = exec.Command("umount", small).Run() })
+			small := tmpfsDir(t, "crust-full", "256k")
 			d := newDaemon(t, which, small)
 			dev := loopDevice(t, 16<<20)
 			c := crustv1.NewVolumeServiceClient(d.conn())
@@ -403,15 +394,7 @@ func TestFullDisk(t *testing.T) {
 			if after := treeOf(t, small); !slices.Equal(before, after) {
 				t.Errorf("a refused stage changed the full filesystem: %v, then %v", before, after)
 			}
-			if l, err := c.ListVolumes(context.Background(), &crustv1.ListVolumesRequest{}); err != nil || len(l.GetVolumes()) != 0 {
-				t.Fatalf("after a refused stage: %v, %v", l.GetVolumes(), err)
-			}
-			if err := os.Remove(filler); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := c.StageVolume(context.Background(), req); err != nil {
-				t.Fatalf("stage once space returned: %v", err)
-			}
+			restageAfterRemoving(t, c, req, filler, "space returned")
 			if l, err := c.ListVolumes(context.Background(), &crustv1.ListVolumesRequest{}); err != nil || len(l.GetVolumes()) != 1 {
 				t.Fatalf("after space returned: %v, %v", l.GetVolumes(), err)
 			}
@@ -420,6 +403,37 @@ func TestFullDisk(t *testing.T) {
 			}
 			d.Stop()
 		})
+	}
+}
+
+// tmpfsDir mounts a new tmpfs named source, of size (mount's size= option) and mode 0700, on a new
+// directory, and returns the directory; the tmpfs is unmounted at cleanup.
+func tmpfsDir(t *testing.T, source, size string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), source)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size+",mode=0700", source, dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount a tmpfs of %s: %v: %s", size, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", dir).Run() })
+	return dir
+}
+
+// restageAfterRemoving is the end of a test of a refused StageVolume of req: it checks that crustd
+// (through c) stored no descriptor, removes path (what made crustd refuse the call) and makes the same
+// call again, which must succeed; once says what changed, for the failure message.
+func restageAfterRemoving(t *testing.T, c crustv1.VolumeServiceClient, req *crustv1.StageVolumeRequest, path, once string) {
+	t.Helper()
+	if l, err := c.ListVolumes(context.Background(), &crustv1.ListVolumesRequest{}); err != nil || len(l.GetVolumes()) != 0 {
+		t.Fatalf("a refused stage stored %v, %v", l.GetVolumes(), err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.StageVolume(context.Background(), req); err != nil {
+		t.Fatalf("stage once %s: %v", once, err)
 	}
 }
 
@@ -573,9 +587,7 @@ func TestWatchTable(t *testing.T) {
 		t.Fatalf("first row %q, want synced", r)
 	}
 	target := d.podTarget("pod-wt", "pv")
-	if _, errOut, code := d.crustctl("stage", "--target-path", target, "--device", loopDevice(t, 16<<20), "--fs-type", "xfs"); code != 0 {
-		t.Fatalf("stage: %s", errOut)
-	}
+	d.crustctlOK("stage", "--target-path", target, "--device", loopDevice(t, 16<<20), "--fs-type", "xfs")
 	if r := next(); len(r) < 4 || r[1] != "staged" || r[2] != target || r[3] != "-" {
 		t.Fatalf("row %q, want staged %s", r, target)
 	}

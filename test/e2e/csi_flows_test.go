@@ -56,8 +56,7 @@ const (
 // directory, no kubelet or proxy directory or record, no logical volume.
 func TestCSIFlows(t *testing.T) {
 	t0 := time.Now()
-	assets := harness.GuestAssets(t, binDir)
-	d := newDaemon(t)
+	d, assets := newMicroVMDaemon(t)
 	logDir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -521,16 +520,7 @@ func guestStatfs(t *testing.T, guest func(string) string, dir string) (usage, in
 }
 
 func csiUsage(r *csi.NodeGetVolumeStatsResponse) usage {
-	var u usage
-	for _, x := range r.GetUsage() {
-		switch x.GetUnit() {
-		case csi.VolumeUsage_BYTES:
-			u.total, u.used, u.available = x.GetTotal(), x.GetUsed(), x.GetAvailable()
-		case csi.VolumeUsage_INODES:
-			u.inodes, u.inodesUsed = x.GetTotal(), x.GetUsed()
-		}
-	}
-	return u
+	return usageOf(r.GetUsage(), csi.VolumeUsage_BYTES, csi.VolumeUsage_INODES)
 }
 
 func listVolumes(t *testing.T, d *daemon) []*crustv1.Volume {

@@ -120,6 +120,16 @@ func TestDeployManifestsMatchTheBinaries(t *testing.T) {
 	}
 }
 
+// workloads has, for each kind of object that holds a pod spec, a function that returns a new empty
+// object of that kind (to decode a document into) and its pod spec.
+var workloads = map[string]func() (any, *corev1.PodSpec){
+	"DaemonSet":   func() (any, *corev1.PodSpec) { o := &appsv1.DaemonSet{}; return o, &o.Spec.Template.Spec },
+	"Deployment":  func() (any, *corev1.PodSpec) { o := &appsv1.Deployment{}; return o, &o.Spec.Template.Spec },
+	"StatefulSet": func() (any, *corev1.PodSpec) { o := &appsv1.StatefulSet{}; return o, &o.Spec.Template.Spec },
+	"Job":         func() (any, *corev1.PodSpec) { o := &batchv1.Job{}; return o, &o.Spec.Template.Spec },
+	"Pod":         func() (any, *corev1.PodSpec) { o := &corev1.Pod{}; return o, &o.Spec },
+}
+
 // containersIn returns the containers and init containers of every workload object (or patch of one)
 // in file; other objects have none. name is the file's name in messages.
 func containersIn(t *testing.T, file, name string) []corev1.Container {
@@ -142,27 +152,11 @@ func containersIn(t *testing.T, file, name string) []corev1.Container {
 		if err := yaml.Unmarshal(doc, &head); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		var spec *corev1.PodSpec
-		var obj any
-		switch head.Kind {
-		case "DaemonSet":
-			o := &appsv1.DaemonSet{}
-			obj, spec = o, &o.Spec.Template.Spec
-		case "Deployment":
-			o := &appsv1.Deployment{}
-			obj, spec = o, &o.Spec.Template.Spec
-		case "StatefulSet":
-			o := &appsv1.StatefulSet{}
-			obj, spec = o, &o.Spec.Template.Spec
-		case "Job":
-			o := &batchv1.Job{}
-			obj, spec = o, &o.Spec.Template.Spec
-		case "Pod":
-			o := &corev1.Pod{}
-			obj, spec = o, &o.Spec
-		default:
+		workload, ok := workloads[head.Kind]
+		if !ok {
 			continue
 		}
+		obj, spec := workload()
 		if err := yaml.UnmarshalStrict(doc, obj); err != nil {
 			t.Errorf("%s: %s: %v", name, head.Kind, err)
 			if err := yaml.Unmarshal(doc, obj); err != nil { // check its containers all the same

@@ -37,9 +37,7 @@ func TestDeadHandlerReleased(t *testing.T) {
 	pod := "5d1c9e0a-0000-4000-8000-0000000dead1"
 	exited, alive := d.podTarget(pod, "pvc-exited"), d.podTarget(pod, "pvc-alive")
 	for _, target := range []string{exited, alive} {
-		if _, errOut, code := d.crustctl("stage", "--target-path", target, "--device", loopDevice(t, 16<<20), "--fs-type", "ext4"); code != 0 {
-			t.Fatalf("stage: exit %d: %s", code, errOut)
-		}
+		d.crustctlOK("stage", "--target-path", target, "--device", loopDevice(t, 16<<20), "--fs-type", "ext4")
 	}
 	rt, err := handler.Dial(d.socket)
 	if err != nil {

@@ -141,15 +141,12 @@ func newHostileEnv(t *testing.T, d *daemon) *hostileEnv {
 	}
 	// sandbox sb-a's handler: alive (health), implementing nothing else
 	hsock := filepath.Join(d.root, "handler-a.sock")
-	lis, err := net.Listen("unix", hsock)
-	must(err)
-	srv := grpc.NewServer()
-	healthpb.RegisterHealthServer(srv, health.NewServer())
-	crustv1.RegisterRuntimeHandlerServiceServer(srv, crustv1.UnimplementedRuntimeHandlerServiceServer{})
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
+	harness.ServeGRPC(t, hsock, func(srv *grpc.Server) {
+		healthpb.RegisterHealthServer(srv, health.NewServer())
+		crustv1.RegisterRuntimeHandlerServiceServer(srv, crustv1.UnimplementedRuntimeHandlerServiceServer{})
+	})
 	h.endpointA = "unix://" + hsock
-	_, err = h.rc.ClaimVolume(ctx, &crustv1.ClaimVolumeRequest{VolumeTargetPath: h.tA, SandboxId: hostileSandbox,
+	_, err := h.rc.ClaimVolume(ctx, &crustv1.ClaimVolumeRequest{VolumeTargetPath: h.tA, SandboxId: hostileSandbox,
 		HandlerEndpoint: h.endpointA})
 	must(err)
 	return h

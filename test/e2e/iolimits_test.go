@@ -40,8 +40,7 @@ func TestMicroVMIOLimits(t *testing.T) {
 		writeCount = 48  // 3 MiB: about 3 s at the limit
 		readCount  = 150 // 4 KiB reads: about 3 s at the limit
 	)
-	assets := harness.GuestAssets(t, binDir)
-	d := newDaemon(t)
+	d, assets := newMicroVMDaemon(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	crust, err := client.New(d.socket, client.WithDriverName("e2e.crust.dev"))
@@ -64,7 +63,7 @@ func TestMicroVMIOLimits(t *testing.T) {
 	for _, v := range []*vol{&limited, &plain} {
 		v.dev = loopDevice(t, 128<<20)
 		// Formatted on the host whole, so that nothing of mkfs runs in the guest during the measurements.
-		mustRun(t, "mkfs.ext4", "-q", "-F", "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0", v.dev)
+		harness.Run(t, "mkfs.ext4", "-q", "-F", "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0", v.dev)
 	}
 
 	// Limits that break a rule: pkg/client's builder (the one a driver and the proxy share) refuses them
@@ -154,8 +153,7 @@ func TestMicroVMIOLimits(t *testing.T) {
 // direct 4 KiB reads of the volume run at about 50 a second.
 func TestIOLimitsThroughTheProxies(t *testing.T) {
 	const opsLimit, reads = 50, 100
-	assets := harness.GuestAssets(t, binDir)
-	d := newDaemon(t)
+	d, assets := newMicroVMDaemon(t)
 	logDir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -34,9 +34,7 @@ func TestRuntimeRsSandboxFoundThroughCRI(t *testing.T) {
 	const pod, sandbox = "0b6a3c1e-0000-4000-8000-00000000a11c", "5c1f0e7d9a2b4c3d"
 	dev := loopDevice(t, 64<<20)
 	target := d.podTarget(pod, "pvc-rs")
-	if _, errOut, code := d.crustctl("stage", "--target-path", target, "--device", dev, "--fs-type", "ext4"); code != 0 {
-		t.Fatalf("stage: exit %d: %s", code, errOut)
-	}
+	d.crustctlOK("stage", "--target-path", target, "--device", dev, "--fs-type", "ext4")
 	shim := (&katatest.Shim{StatsPostOnly: true, Stats: func(device string) (*katatest.VolumeStats, error) {
 		if device != dev {
 			return nil, os.ErrNotExist
@@ -107,9 +105,7 @@ func TestRuntimeRsSandboxFoundThroughCRI(t *testing.T) {
 	cri.Stop()
 	target2 := d.podTarget("0b6a3c1e-0000-4000-8000-00000000a11d", "pvc-rs2")
 	dev2 := loopDevice(t, 32<<20)
-	if _, errOut, code := d.crustctl("stage", "--target-path", target2, "--device", dev2, "--fs-type", "ext4"); code != 0 {
-		t.Fatalf("stage: exit %d: %s", code, errOut)
-	}
+	d.crustctlOK("stage", "--target-path", target2, "--device", dev2, "--fs-type", "ext4")
 	(&katatest.Shim{StatsPostOnly: true}).Start(t, katatest.ShimSocket(rsDir, "sandbox-2"))
 	t0 := time.Now()
 	out, errOut, code = d.crustctl("stats", target2, "-o", "json")

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/internal/testutil/katatest"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/kata"
@@ -24,11 +25,7 @@ import (
 // resize as Unimplemented, and a shim gone is Unavailable.
 func TestKataShimBridge(t *testing.T) {
 	// Short, because a unix socket path must fit in 107 bytes.
-	root, err := os.MkdirTemp("", "ke")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root := harness.ShortTempDir(t, "ke")
 	goDir, rsDir := filepath.Join(root, "sbs"), filepath.Join(root, "kata")
 	shimDirs := goDir + "," + rsDir
 

@@ -24,14 +24,10 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
+	harness.RootMain(m, "e2e", "loop devices, mounts, other uids", run)
 }
 
 func run(m *testing.M) int {
-	if os.Geteuid() != 0 {
-		fmt.Println("e2e: skipped, needs root (loop devices, mounts, other uids)")
-		return 0
-	}
 	dir, err := os.MkdirTemp("", "crust-e2e-bin")
 	if err != nil {
 		panic(err)
@@ -90,6 +86,16 @@ func (d *daemon) conn() *grpc.ClientConn {
 func (d *daemon) crustctl(args ...string) (string, string, int) {
 	d.t.Helper()
 	return runAs(d.t, nil, filepath.Join(binDir, "crustctl"), append([]string{"--crust-socket", d.socket}, args...)...)
+}
+
+// crustctlOK runs the CLI against d and returns its stdout; a non-zero exit fails the test, with stderr.
+func (d *daemon) crustctlOK(args ...string) string {
+	d.t.Helper()
+	out, errOut, code := d.crustctl(args...)
+	if code != 0 {
+		d.t.Fatalf("crustctl %s: exit %d: %s", strings.Join(args, " "), code, errOut)
+	}
+	return out
 }
 
 func runAs(t *testing.T, cred *syscall.Credential, bin string, args ...string) (string, string, int) {

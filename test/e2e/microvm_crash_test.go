@@ -50,8 +50,7 @@ func TestMicroVMKillUnderLoad(t *testing.T) {
 		kills = n
 	}
 	const grace = 5 * time.Second
-	assets := harness.GuestAssets(t, binDir)
-	d := newDaemon(t, "--handler-grace", grace.String())
+	d, assets := newMicroVMDaemon(t, "--handler-grace", grace.String())
 	conn := d.conn()
 	vols := crustv1.NewVolumeServiceClient(conn)
 	ctx := context.Background()
@@ -60,8 +59,8 @@ func TestMicroVMKillUnderLoad(t *testing.T) {
 	pod := "9b1c9e0a-0000-4000-8000-0000000c4a5e"
 	data, extra := d.podTarget(pod, "pvc-data"), d.podTarget(pod, "pvc-extra")
 	dataDev, extraDev := loopDevice(t, 64<<20), loopDevice(t, 32<<20)
-	mustRun(t, "mkfs.ext4", "-q", "-F", dataDev)
-	mustRun(t, "mkfs.ext4", "-q", "-F", extraDev)
+	harness.Run(t, "mkfs.ext4", "-q", "-F", dataDev)
+	harness.Run(t, "mkfs.ext4", "-q", "-F", extraDev)
 	stage := func(target, dev string) {
 		t.Helper()
 		if _, err := vols.StageVolume(ctx, &crustv1.StageVolumeRequest{Spec: &crustv1.VolumeSpec{
@@ -147,12 +146,10 @@ func TestMicroVMKillUnderLoad(t *testing.T) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 10))
 	t0 := time.Now()
 	killed, cleanStops, loadRounds := 0, 0, 0
-	var log bytes.Buffer
 	for killed < kills {
-		log.Reset()
 		run := microvm("run", "--name", name, "--crust-socket", d.socket, "--accel", "tcg", "--assets", assets,
 			"--volume", data+":/data", "--volume", extra+":/extra")
-		logW := &lockedWriter{w: &log}
+		logW := new(harness.SyncBuffer) // this run's log
 		run.Stdout, run.Stderr = logW, logW
 		if err := run.Start(); err != nil {
 			t.Fatal(err)
@@ -332,22 +329,4 @@ func sandboxProcesses(dir string) []string {
 		}
 	}
 	return found
-}
-
-// lockedWriter is a log buffer written by a child process and read by the test.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
-func (l *lockedWriter) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.String()
 }

@@ -39,7 +39,6 @@ const statxAttrDAX = 0x00200000
 //     runs and released once it has stopped; the mounted ones are unmounted at stop and released only
 //     after the VM is down.
 func TestMicroVMPmem(t *testing.T) {
-	const mib = int64(1) << 20
 	assets := harness.GuestAssets(t, binDir)
 	if mods, err := os.ReadFile(filepath.Join(assets, "cloud", "modules.load")); err != nil ||
 		!slices.Contains(strings.Fields(string(mods)), "virtio_pmem.ko") {
@@ -65,7 +64,7 @@ func TestMicroVMPmem(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, "hello"), []byte(seed), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			mustRun(t, "mkfs.ext4", "-q", "-b", "4096", "-d", dir, p) // DAX needs blocks of a page
+			harness.Run(t, "mkfs.ext4", "-q", "-b", "4096", "-d", dir, p) // DAX needs blocks of a page
 		}
 		return p
 	}
@@ -117,7 +116,7 @@ func TestMicroVMPmem(t *testing.T) {
 	}
 	out := m.ExecOK("sh", "-c", "dd if=/dev/urandom of=/data/pmem/data bs=1M count=4 2>/dev/null && sync /data/pmem/data && md5sum /data/pmem/data")
 	guestMD5 := strings.Fields(out)[0]
-	attrs := statxAttributes(t, m.ExecOK("xfs_io", "-r", "-c", "statx -r", "/data/pmem/data"))
+	attrs := harness.StatxAttributes(t, m.ExecOK("xfs_io", "-r", "-c", "statx -r", "/data/pmem/data"))
 	if attrs&statxAttrDAX == 0 {
 		t.Errorf("statx attributes of /data/pmem/data are %#x: STATX_ATTR_DAX is not set", attrs)
 	}
@@ -203,28 +202,12 @@ func TestMicroVMPmem(t *testing.T) {
 	}
 }
 
-// statxAttributes reads stat.attributes from xfs_io's `statx -r` output.
-func statxAttributes(t *testing.T, out string) uint64 {
-	t.Helper()
-	for _, line := range strings.Split(out, "\n") {
-		if v, ok := strings.CutPrefix(line, "stat.attributes = "); ok {
-			n, err := strconv.ParseUint(v, 0, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("no stat.attributes in %q", out)
-	return 0
-}
-
 // hostStatfsOfImage mounts an image file read-only on the host and returns its filesystem's total bytes.
 func hostStatfsOfImage(t *testing.T, file string) int64 {
 	t.Helper()
 	dir := t.TempDir()
-	mustRun(t, "mount", "-o", "ro,loop", file, dir)
-	defer mustRun(t, "umount", dir)
+	harness.Run(t, "mount", "-o", "ro,loop", file, dir)
+	defer harness.Run(t, "umount", dir)
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		t.Fatal(err)

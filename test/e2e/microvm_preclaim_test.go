@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 
@@ -18,9 +17,7 @@ import (
 // the size; then crust-microvm claims them and the guest finds filesystems grown to the disks, with
 // their data. One VM boot (TCG), an ext4 and an xfs volume.
 func TestMicroVMGrowsAtMount(t *testing.T) {
-	const mib = int64(1) << 20
-	assets := harness.GuestAssets(t, binDir)
-	d := newDaemon(t)
+	d, assets := newMicroVMDaemon(t)
 	type vol struct {
 		target, guest, dev, fsType string
 		size                       int64
@@ -34,18 +31,12 @@ func TestMicroVMGrowsAtMount(t *testing.T) {
 	for i := range vols {
 		v := &vols[i]
 		v.dev = loopDevice(t, v.size)
-		seed := t.TempDir()
-		if err := os.WriteFile(filepath.Join(seed, "hello"), []byte("from the host\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
 		if v.fsType == "ext4" {
-			mustRun(t, "mkfs.ext4", "-q", "-F", "-d", seed, v.dev)
+			mkfsHello(t, v.dev)
 		} else {
-			mustRun(t, "mkfs.xfs", "-q", "-f", v.dev)
+			harness.Run(t, "mkfs.xfs", "-q", "-f", v.dev)
 		}
-		if _, errOut, code := d.crustctl("stage", "--target-path", v.target, "--device", v.dev, "--fs-type", v.fsType); code != 0 {
-			t.Fatalf("stage %s: exit %d: %s", v.target, code, errOut)
-		}
+		d.crustctlOK("stage", "--target-path", v.target, "--device", v.dev, "--fs-type", v.fsType)
 		// The controller grows the backing volume; the node expansion comes before any sandbox.
 		if err := os.Truncate(backingFile(t, v.dev), 2*v.size); err != nil {
 			t.Fatal(err)

@@ -28,9 +28,7 @@ import (
 // writes and keeps its data; stats are one bytes entry whose total is the device's size; an expansion
 // grows the disk the guest sees (block_resize) and answers its size, data intact; stop releases both.
 func TestMicroVMRawBlock(t *testing.T) {
-	const mib = int64(1) << 20
-	assets := harness.GuestAssets(t, binDir)
-	d := newDaemon(t)
+	d, assets := newMicroVMDaemon(t)
 	const name = "e2e-rawblock"
 	pod := "3c9e0f1a-0000-4000-8000-00000000e2eb"
 	rw := struct{ target, guest, dev string }{d.podTarget(pod, "pvc-raw"), "/dev/xvda", loopDevice(t, 64*mib)}
@@ -38,8 +36,8 @@ func TestMicroVMRawBlock(t *testing.T) {
 
 	// A pattern written on the host, to be read in the guest through the read-only volume.
 	hostPattern := filepath.Join(t.TempDir(), "host-pattern")
-	mustRun(t, "dd", "if=/dev/urandom", "of="+hostPattern, "bs=4096", "count=64", "status=none")
-	mustRun(t, "dd", "if="+hostPattern, "of="+ro.dev, "bs=4096", "seek=7", "conv=fsync", "status=none")
+	harness.Run(t, "dd", "if=/dev/urandom", "of="+hostPattern, "bs=4096", "count=64", "status=none")
+	harness.Run(t, "dd", "if="+hostPattern, "of="+ro.dev, "bs=4096", "seek=7", "conv=fsync", "status=none")
 	hostSum := md5Of(t, hostPattern)
 
 	// A filesystem field on a raw block volume is refused, naming it.
@@ -51,18 +49,13 @@ func TestMicroVMRawBlock(t *testing.T) {
 		{"--target-path", rw.target, "--device", rw.dev, "--volume-mode", "block"},
 		{"--target-path", ro.target, "--device", ro.dev, "--volume-mode", "block", "--read-only"},
 	} {
-		if _, errOut, code := d.crustctl(append([]string{"stage"}, args...)...); code != 0 {
-			t.Fatalf("stage %v: exit %d: %s", args, code, errOut)
-		}
+		d.crustctlOK(append([]string{"stage"}, args...)...)
 	}
 	if v := getVolume(t, d, rw.target); v.GetSpec().GetVolumeMode() != crustv1.VolumeMode_VOLUME_MODE_BLOCK ||
 		len(v.GetKataCaveats()) != 1 || !strings.Contains(v.GetKataCaveats()[0], "not projected") {
 		t.Fatalf("crustctl get: mode %v, caveats %q", v.GetSpec().GetVolumeMode(), v.GetKataCaveats())
 	}
-	wide, errOut, code := d.crustctl("ls", "-o", "wide")
-	if code != 0 {
-		t.Fatalf("ls -o wide: exit %d: %s", code, errOut)
-	}
+	wide := d.crustctlOK("ls", "-o", "wide")
 	for _, target := range []string{rw.target, ro.target} {
 		if f := fieldsOfLine(wide, target); !slices.Contains(f, "block") || !strings.Contains(strings.Join(f, " "), "not projected") {
 			t.Errorf("ls -o wide does not show %s as block with its caveat:\n%s", target, wide)
@@ -98,7 +91,7 @@ func TestMicroVMRawBlock(t *testing.T) {
 		"dd if=/tmp/p of="+rw.guest+" bs=4096 seek=100 conv=fsync 2>/dev/null && md5sum /tmp/p")
 	guestSum := strings.Fields(out)[0]
 	onHost := filepath.Join(t.TempDir(), "read-back")
-	mustRun(t, "dd", "if="+rw.dev, "of="+onHost, "bs=4096", "skip=100", "count=256", "iflag=direct", "status=none")
+	harness.Run(t, "dd", "if="+rw.dev, "of="+onHost, "bs=4096", "skip=100", "count=256", "iflag=direct", "status=none")
 	if got := md5Of(t, onHost); got != guestSum {
 		t.Fatalf("the host reads %s from the loop device where the guest wrote %s", got, guestSum)
 	}
@@ -113,7 +106,7 @@ func TestMicroVMRawBlock(t *testing.T) {
 		t.Logf("write to the read-only raw volume refused: %s", strings.TrimSpace(errOut))
 	}
 	check := filepath.Join(t.TempDir(), "ro-check")
-	mustRun(t, "dd", "if="+ro.dev, "of="+check, "bs=4096", "skip=7", "count=64", "iflag=direct", "status=none")
+	harness.Run(t, "dd", "if="+ro.dev, "of="+check, "bs=4096", "skip=7", "count=64", "iflag=direct", "status=none")
 	if got := md5Of(t, check); got != hostSum {
 		t.Fatalf("the read-only volume's data changed: %s, want %s", got, hostSum)
 	}
@@ -121,10 +114,7 @@ func TestMicroVMRawBlock(t *testing.T) {
 	// Stats: one bytes entry, the device's size; nothing used or available on a raw device.
 	wantStats := func(size int64) {
 		t.Helper()
-		out, errOut, code := d.crustctl("stats", rw.target, "-o", "json")
-		if code != 0 {
-			t.Fatalf("stats: exit %d: %s", code, errOut)
-		}
+		out := d.crustctlOK("stats", rw.target, "-o", "json")
 		var r crustv1.GetVolumeStatsResponse
 		if err := protojson.Unmarshal([]byte(out), &r); err != nil {
 			t.Fatal(err)
@@ -141,7 +131,7 @@ func TestMicroVMRawBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	t0 := time.Now()
-	out, errOut, code = d.crustctl("expand", rw.target, "--size", strconv.FormatInt(128*mib, 10), "-o", "json")
+	out, errOut, code := d.crustctl("expand", rw.target, "--size", strconv.FormatInt(128*mib, 10), "-o", "json")
 	if code != 0 {
 		t.Fatalf("expand: exit %d: %s", code, errOut)
 	}

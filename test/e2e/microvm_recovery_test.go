@@ -16,15 +16,12 @@ import (
 // (handler.ExitVMDied) that it released the claims and did not restart the VM, releases the claim in
 // crustd, and leaves no socket and no process behind. One VM boot (TCG).
 func TestMicroVMQemuKilled(t *testing.T) {
-	assets := harness.GuestAssets(t, binDir)
-	d := newDaemon(t)
+	d, assets := newMicroVMDaemon(t)
 	stateDir := t.TempDir()
 	const name = "e2e-qemu-killed"
 	target := d.podTarget("7a0c9e0a-0000-4000-8000-00000000e2e7", "pvc-q")
 	dev := loopDevice(t, 64<<20)
-	if _, errOut, code := d.crustctl("stage", "--target-path", target, "--device", dev, "--fs-type", "ext4", "--create-filesystem"); code != 0 {
-		t.Fatalf("stage: exit %d: %s", code, errOut)
-	}
+	d.crustctlOK("stage", "--target-path", target, "--device", dev, "--fs-type", "ext4", "--create-filesystem")
 	m := startMicroVM(t, d, assets, stateDir, name, target+":/data")
 	if err := <-m.WaitMountedAsync("/data"); err != nil {
 		t.Fatal(err)

@@ -27,9 +27,7 @@ import (
 //   - a volume that asks for encryption (encryptionKey) is refused by crust-microvm, which does not
 //     encrypt, and released; its key is in no log line.
 func TestMicroVMSharing(t *testing.T) {
-	const mib = int64(1) << 20
-	assets := harness.GuestAssets(t, binDir)
-	d := newDaemon(t)
+	d, assets := newMicroVMDaemon(t)
 	stateDir := t.TempDir()
 	const name = "e2e-share"
 	pod := "3c9e0f1a-0000-4000-8000-00000000e2e6"
@@ -37,20 +35,14 @@ func TestMicroVMSharing(t *testing.T) {
 	shared, sharedDev := d.podTarget(pod, "pvc-shared"), loopDevice(t, 64*mib)
 	ro1, ro2, rw3 := d.podTarget(pod, "pvc-ro-1"), d.podTarget(pod, "pvc-ro-2"), d.podTarget(pod, "pvc-rw-3")
 	roDev := loopDevice(t, 32*mib)
-	seed := t.TempDir()
-	if err := os.WriteFile(filepath.Join(seed, "hello"), []byte("from the host\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	mustRun(t, "mkfs.ext4", "-q", "-F", "-d", seed, roDev)
+	mkfsHello(t, roDev)
 	for _, args := range [][]string{
 		{"--target-path", shared, "--device", sharedDev, "--fs-type", "ext4", "--create-filesystem"},
 		{"--target-path", ro1, "--device", roDev, "--fs-type", "ext4", "--read-only"},
 		{"--target-path", ro2, "--device", roDev, "--fs-type", "ext4", "--read-only"},
 		{"--target-path", rw3, "--device", roDev, "--fs-type", "ext4"},
 	} {
-		if _, errOut, code := d.crustctl(append([]string{"stage"}, args...)...); code != 0 {
-			t.Fatalf("stage %v: exit %d: %s", args, code, errOut)
-		}
+		d.crustctlOK(append([]string{"stage"}, args...)...)
 	}
 
 	// And a volume that asks for encryption, which crust-microvm cannot honour: refused, never in the clear.
@@ -158,8 +150,8 @@ func TestMicroVMSharing(t *testing.T) {
 		t.Errorf("the shared volume was not unmounted and detached cleanly:\n%s", m.Log())
 	}
 	dir := t.TempDir()
-	mustRun(t, "mount", "-o", "ro", sharedDev, dir)
-	defer mustRun(t, "umount", dir)
+	harness.Run(t, "mount", "-o", "ro", sharedDev, dir)
+	defer harness.Run(t, "umount", dir)
 	out, err := os.ReadFile(filepath.Join(dir, "f"))
 	if got := fmt.Sprintf("%x", md5.Sum(out)); err != nil || got != sum {
 		t.Errorf("the file written in the guest, on the host: md5 %s (%v), the guest wrote %s", got, err, sum)

@@ -29,9 +29,7 @@ import (
 // afterwards, the data written in the guest is on the devices and crustctl stats (measured in the guest,
 // forwarded by crustd) match the host's statfs of the same filesystems within one block.
 func TestMicroVMHandler(t *testing.T) {
-	const mib = int64(1) << 20
-	assets := harness.GuestAssets(t, binDir)
-	d := newDaemon(t)
+	d, assets := newMicroVMDaemon(t)
 	stateDir := t.TempDir()
 	const name = "e2e-microvm"
 
@@ -43,19 +41,12 @@ func TestMicroVMHandler(t *testing.T) {
 	xfs := vol{target: d.podTarget("3c9e0f1a-0000-4000-8000-00000000e2e1", "pvc-xfs"), guest: "/data/xfs", fsType: "xfs", size: 512 * mib}
 	ro := vol{target: d.podTarget("3c9e0f1a-0000-4000-8000-00000000e2e1", "pvc-ro"), guest: "/data/ro", fsType: "ext4", size: 32 * mib}
 	ext.dev, xfs.dev, ro.dev = loopDevice(t, ext.size), loopDevice(t, xfs.size), loopDevice(t, ro.size)
-	mustRun(t, "mkfs.ext4", "-q", "-F", ext.dev)
-	seed := t.TempDir()
-	if err := os.WriteFile(filepath.Join(seed, "hello"), []byte("from the host\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	mustRun(t, "mkfs.ext4", "-q", "-F", "-d", seed, ro.dev)
+	harness.Run(t, "mkfs.ext4", "-q", "-F", ext.dev)
+	mkfsHello(t, ro.dev)
 
 	stage := func(v vol, extra ...string) {
 		t.Helper()
-		args := append([]string{"stage", "--target-path", v.target, "--device", v.dev, "--fs-type", v.fsType}, extra...)
-		if _, errOut, code := d.crustctl(args...); code != 0 {
-			t.Fatalf("stage %s: exit %d: %s", v.target, code, errOut)
-		}
+		d.crustctlOK(append([]string{"stage", "--target-path", v.target, "--device", v.dev, "--fs-type", v.fsType}, extra...)...)
 	}
 	stage(xfs, "--create-filesystem", "--fs-group", "3000")
 	stage(ro, "--read-only", "--fs-group", "2000")
@@ -240,8 +231,7 @@ func TestMicroVMHandler(t *testing.T) {
 // TestMicroVMSignalWhileBooting sends SIGTERM to `crust-microvm run` while its VM boots, as a runtime
 // stopping a sandbox that is still starting would: it exits 0 and leaves no QEMU and no socket.
 func TestMicroVMSignalWhileBooting(t *testing.T) {
-	assets := harness.GuestAssets(t, binDir)
-	d := newDaemon(t)
+	d, assets := newMicroVMDaemon(t)
 	stateDir := t.TempDir()
 	dir := filepath.Join(stateDir, "e2e-boot")
 	var log strings.Builder
@@ -273,6 +263,25 @@ func TestMicroVMSignalWhileBooting(t *testing.T) {
 	for _, p := range sandboxProcesses(dir) {
 		t.Errorf("a process still uses the sandbox's state: %s", p)
 	}
+}
+
+// newMicroVMDaemon returns a crustd of the test's own, started with extra flags, and the guest assets
+// for crust-microvm (GuestAssets, made first: the test is skipped before crustd starts when the guest
+// kernel cannot be fetched).
+func newMicroVMDaemon(t *testing.T, extra ...string) (*daemon, string) {
+	t.Helper()
+	assets := harness.GuestAssets(t, binDir)
+	return newDaemon(t, extra...), assets
+}
+
+// mkfsHello makes an ext4 filesystem on dev holding one file, hello, that says "from the host\n".
+func mkfsHello(t *testing.T, dev string) {
+	t.Helper()
+	seed := t.TempDir()
+	if err := os.WriteFile(filepath.Join(seed, "hello"), []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	harness.Run(t, "mkfs.ext4", "-q", "-F", "-d", seed, dev)
 }
 
 // startMicroVM starts `crust-microvm run` (TCG) for d's socket and waits until exec reaches its guest.
@@ -310,12 +319,27 @@ func statsOf(t *testing.T, d *daemon, target string) usage {
 	if r.GetVolumeCondition().GetAbnormal() {
 		t.Errorf("%s is abnormal: %s", target, r.GetVolumeCondition().GetMessage())
 	}
+	return usageOf(r.GetUsage(), crustv1.VolumeUsage_UNIT_BYTES, crustv1.VolumeUsage_UNIT_INODES)
+}
+
+// usageEntry is one entry of a stats answer, crust's or CSI's: its unit and its three counts.
+type usageEntry[U comparable] interface {
+	GetUnit() U
+	GetTotal() int64
+	GetUsed() int64
+	GetAvailable() int64
+}
+
+// usageOf reads a stats answer's entries: the one of unit bytes gives total, used and available, the one
+// of unit inodes gives inodes and inodesUsed; an entry of another unit is passed over, and a missing
+// one leaves its fields 0.
+func usageOf[U comparable, E usageEntry[U]](entries []E, bytes, inodes U) usage {
 	var u usage
-	for _, x := range r.GetUsage() {
+	for _, x := range entries {
 		switch x.GetUnit() {
-		case crustv1.VolumeUsage_UNIT_BYTES:
+		case bytes:
 			u.total, u.used, u.available = x.GetTotal(), x.GetUsed(), x.GetAvailable()
-		case crustv1.VolumeUsage_UNIT_INODES:
+		case inodes:
 			u.inodes, u.inodesUsed = x.GetTotal(), x.GetUsed()
 		}
 	}
@@ -324,10 +348,7 @@ func statsOf(t *testing.T, d *daemon, target string) usage {
 
 func getVolume(t *testing.T, d *daemon, target string) *crustv1.Volume {
 	t.Helper()
-	out, errOut, code := d.crustctl("get", target, "-o", "json")
-	if code != 0 {
-		t.Fatalf("get %s: exit %d: %s", target, code, errOut)
-	}
+	out := d.crustctlOK("get", target, "-o", "json")
 	var v crustv1.Volume
 	if err := protojson.Unmarshal([]byte(out), &v); err != nil {
 		t.Fatalf("get output: %v\n%s", err, out)
@@ -375,11 +396,4 @@ func backingFile(t *testing.T, dev string) string {
 		t.Fatalf("losetup --list %s: %v", dev, err)
 	}
 	return strings.TrimSpace(string(out))
-}
-
-func mustRun(t *testing.T, name string, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
 }

@@ -27,15 +27,8 @@ import (
 // with tokens that walk every descriptor once, and crustctl ls lists them all.
 func TestListVolumesAtScale(t *testing.T) {
 	const pods, perPod = 25_000, 4
-	root := filepath.Join(t.TempDir(), "big")
-	if err := os.Mkdir(root, 0o700); err != nil {
-		t.Fatal(err)
-	}
 	// State and kubelet tree on tmpfs: writing 100,000 records is then quick.
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1g,mode=0700", "crust-scale", root).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("umount", root).Run() })
+	root := tmpfsDir(t, "crust-scale", "1g")
 	kubelet, state := filepath.Join(root, "kubelet"), filepath.Join(root, "state")
 	dev := loopDevice(t, 16<<20)
 	var st unix.Stat_t

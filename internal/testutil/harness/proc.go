@@ -3,7 +3,9 @@
 // CSI answer, exec reaching the guest agent) raced against the process's exit, so that a binary that
 // crashes at start fails the test at once with its log; it waits on conditions with a bound (Poll,
 // Eventually), never on a fixed time; and it makes kubelet-shaped target paths and the guest assets. The e2e tier runs the binaries on the host; the cluster tier runs
-// crust-microvm inside the test node's mount namespace, through a command prefix (nsenter).
+// crust-microvm inside the test node's mount namespace, through a command prefix (nsenter). It also
+// holds the small pieces several tiers share (common.go): a root-only TestMain, a command that must
+// succeed, a short temp directory for sockets, a gRPC server on a socket, a locked buffer.
 package harness
 
 import (

@@ -47,14 +47,7 @@ func TestRegistration(t *testing.T) {
 
 	// The driver comes up after the registrar: its lateness is what is under test.
 	time.Sleep(50 * time.Millisecond)
-	dl, err := net.Listen("unix", driverSock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ds := grpc.NewServer()
-	csi.RegisterIdentityServer(ds, identity{})
-	go func() { _ = ds.Serve(dl) }()
-	defer ds.Stop()
+	ds := harness.ServeGRPC(t, driverSock, func(s *grpc.Server) { csi.RegisterIdentityServer(s, identity{}) })
 
 	regSock := filepath.Join(regDir, "test.crust.dev-reg.sock")
 	harness.Eventually(t, 10*time.Second, "the registration socket", func() bool {
