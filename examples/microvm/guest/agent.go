@@ -66,15 +66,11 @@ func (a *agent) Grow(ctx context.Context, r *agentv1.GrowRequest) (*agentv1.Grow
 	return a.vols.grow(ctx, r)
 }
 
-// Shutdown answers, then unmounts every volume, syncs and powers the VM off.
+// Shutdown unmounts every volume and syncs, then answers; the host stops the VM.
 func (a *agent) Shutdown(context.Context, *agentv1.ShutdownRequest) (*agentv1.ShutdownResponse, error) {
-	go func() {
-		// Let the answer reach the host first.
-		time.Sleep(100 * time.Millisecond)
-		a.vols.unmountAll()
-		logger.Printf("powering off")
-		PowerOff()
-	}()
+	a.vols.unmountAll()
+	unix.Sync()
+	logger.Printf("volumes unmounted and synced; the host stops the VM")
 	return &agentv1.ShutdownResponse{}, nil
 }
 

@@ -493,10 +493,10 @@ func (v *VM) ConsoleLog() string { return v.cfg.path("console.log") }
 // Pid is QEMU's process id.
 func (v *VM) Pid() int { return v.cmd.Process.Pid }
 
-// Stop shuts the VM down: it asks the agent to power off (the guest unmounts
-// its volumes and syncs), then QEMU to quit, then kills it, each step only if
-// the previous one did not end QEMU in time or before ctx ended. It removes
-// the sockets. Calling it again returns the first call's result.
+// Stop shuts the VM down: it asks the agent to unmount and sync the guest's
+// volumes, then QEMU to quit, and kills QEMU if it has not exited in time or
+// ctx ends first. It removes the sockets. Calling it again returns the first
+// call's result.
 func (v *VM) Stop(ctx context.Context) error {
 	v.stop.Do(func() { v.stopErr = v.shutdown(ctx) })
 	return v.stopErr
@@ -521,10 +521,12 @@ func (v *VM) shutdown(ctx context.Context) error {
 	default:
 	}
 	if !exited && ctx.Err() == nil {
-		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := v.agent.Shutdown(sctx, &agentv1.ShutdownRequest{})
+		// The agent answers once every volume is unmounted and synced (or cannot answer: then the
+		// guest's page cache may be lost, as with a power cut); either way QEMU is told to quit, which
+		// flushes its disks.
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, _ = v.agent.Shutdown(sctx, &agentv1.ShutdownRequest{})
 		cancel()
-		exited = err == nil && wait(10*time.Second)
 	}
 	if !exited && ctx.Err() == nil {
 		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
