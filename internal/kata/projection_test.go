@@ -14,6 +14,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"google.golang.org/protobuf/proto"
 
+	"crust.dev/crust/internal/testutil/katatest"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/errdefs"
 	katafmt "crust.dev/crust/pkg/kata"
@@ -187,7 +188,7 @@ func TestWriteKeepsSandboxesAndIsIdempotent(t *testing.T) {
 	if err := p.Write(v); err != nil {
 		t.Fatal(err)
 	}
-	if err := katafmt.RecordSandbox(p.Dir(), target, "sandbox-1"); err != nil {
+	if err := katatest.RecordSandbox(p.Dir(), target, "sandbox-1"); err != nil {
 		t.Fatal(err)
 	}
 	name := filepath.Join(p.Dir(), katafmt.VolumeDirName(target), katafmt.MountInfoFileName)
@@ -238,7 +239,7 @@ func TestOnlyKataFilesEverAppear(t *testing.T) {
 		}
 	}()
 
-	if err := katafmt.RecordSandbox(p.Dir(), target, "sb"); err != nil {
+	if err := katatest.RecordSandbox(p.Dir(), target, "sb"); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 50 {
@@ -287,7 +288,7 @@ func TestRemove(t *testing.T) {
 	if err := p.Write(volume(nil)); err != nil {
 		t.Fatal(err)
 	}
-	if err := katafmt.RecordSandbox(p.Dir(), target, "sb"); err != nil {
+	if err := katatest.RecordSandbox(p.Dir(), target, "sb"); err != nil {
 		t.Fatal(err)
 	}
 	for range 2 {
@@ -312,7 +313,7 @@ func TestSandboxIDs(t *testing.T) {
 		t.Fatalf("SandboxIDs = %v, %v, %v", ids, bad, err)
 	}
 	for _, id := range []string{"b", "a"} {
-		if err := katafmt.RecordSandbox(p.Dir(), target, id); err != nil {
+		if err := katatest.RecordSandbox(p.Dir(), target, id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -358,14 +359,14 @@ func TestSync(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := katafmt.RecordSandbox(p.Dir(), "/t/changed", "sb-changed"); err != nil {
+	if err := katatest.RecordSandbox(p.Dir(), "/t/changed", "sb-changed"); err != nil {
 		t.Fatal(err)
 	}
 	// Projected by a crustd of an earlier boot, with a Kata sandbox.
 	if err := katafmt.Add(p.Dir(), "/t/dropped", `{"volume-type":"directvol","device":"/dev/x","fstype":"ext4"}`); err != nil {
 		t.Fatal(err)
 	}
-	if err := katafmt.RecordSandbox(p.Dir(), "/t/dropped", "sb-dropped"); err != nil {
+	if err := katatest.RecordSandbox(p.Dir(), "/t/dropped", "sb-dropped"); err != nil {
 		t.Fatal(err)
 	}
 	// Added by someone else with kata-runtime direct-volume add.

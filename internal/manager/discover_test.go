@@ -205,7 +205,7 @@ func TestDiscoverNothing(t *testing.T) {
 	}
 	t.Run("a sandbox-id file", func(t *testing.T) {
 		n.cri.Set(critest.Sandbox("sb-a", "pod-0", true))
-		if err := katafmt.RecordSandbox(n.kataDir, n.tp, "sb-b"); err != nil {
+		if err := katatest.RecordSandbox(n.kataDir, n.tp, "sb-b"); err != nil {
 			t.Fatal(err)
 		}
 		before := n.cri.Calls()

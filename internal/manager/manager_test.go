@@ -19,6 +19,7 @@ import (
 	"crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/store"
 	"crust.dev/crust/internal/testutil"
+	"crust.dev/crust/internal/testutil/katatest"
 	"crust.dev/crust/internal/validate"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/errdefs"
@@ -336,7 +337,7 @@ func TestKataSandboxFileIsAClaim(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	e.stage(e.spec(0, 0))
-	if err := katafmt.RecordSandbox(e.kataDir, e.target(0), "katasb"); err != nil {
+	if err := katatest.RecordSandbox(e.kataDir, e.target(0), "katasb"); err != nil {
 		t.Fatal(err)
 	}
 	v, err := e.m.Get(ctx, e.target(0))
@@ -555,7 +556,7 @@ func TestReleaseKataClaim(t *testing.T) {
 	ctx := context.Background()
 	e.stage(e.spec(0, 0))
 	tp := e.target(0)
-	if err := katafmt.RecordSandbox(e.kataDir, tp, "katasb"); err != nil {
+	if err := katatest.RecordSandbox(e.kataDir, tp, "katasb"); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.m.Release(ctx, tp, "other", false); !errors.Is(err, errdefs.ErrFailedPrecondition) {
@@ -616,7 +617,7 @@ func TestOneWriterPerDevice(t *testing.T) {
 		}, "ok"},
 		{"and a read-write third", func() error { return claim(11, "sb3") }, "failed precondition"},
 		{"a Kata claim holds the device", func() error {
-			if err := katafmt.RecordSandbox(e.kataDir, e.target(7), "katasb"); err != nil {
+			if err := katatest.RecordSandbox(e.kataDir, e.target(7), "katasb"); err != nil {
 				return err
 			}
 			return claim(8, "sb2")

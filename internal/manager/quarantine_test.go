@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"crust.dev/crust/internal/problems"
+	"crust.dev/crust/internal/testutil/katatest"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/errdefs"
 	katafmt "crust.dev/crust/pkg/kata"
@@ -253,7 +254,7 @@ func TestNonUTF8SandboxFileIsNoClaim(t *testing.T) {
 	if c := v.GetClaim(); c != nil {
 		t.Fatalf("claim %q from a file that no Kata shim writes", c.GetSandboxId())
 	}
-	if err := katafmt.RecordSandbox(e.kataDir, e.target(0), "katasb"); err != nil {
+	if err := katatest.RecordSandbox(e.kataDir, e.target(0), "katasb"); err != nil {
 		t.Fatal(err)
 	}
 	for _, v := range e.m.List(ctx) {

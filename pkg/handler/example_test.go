@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"crust.dev/crust/pkg/handler"
@@ -21,7 +22,9 @@ func ExampleWatchKataDir() {
 	defer cancel()
 	steps := []func(){
 		func() { _ = kata.Add(dir, target, `{"volume-type":"block","device":"/dev/loop3","fstype":"xfs"}`) },
-		func() { _ = kata.RecordSandbox(dir, target, "sandbox-1") },
+		func() { // sandbox-1 starts to use it: a Kata shim records that with an empty file named after it
+			_ = os.WriteFile(filepath.Join(dir, kata.VolumeDirName(target), "sandbox-1"), nil, 0o600)
+		},
 		func() { _ = kata.Remove(dir, target) },
 		cancel,
 	}

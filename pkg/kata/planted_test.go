@@ -39,7 +39,6 @@ func TestPlantedLinks(t *testing.T) {
 	add := func(e env) error { return Add(e.dir, testPath, testInfo) }
 	get := func(e env) error { _, err := Get(e.dir, testPath); return err }
 	ids := func(e env) error { _, err := SandboxIDs(e.dir, testPath); return err }
-	record := func(e env) error { return RecordSandbox(e.dir, testPath, "sb1") }
 	forget := func(e env) error { return ForgetSandbox(e.dir, testPath, "sb-outside") }
 
 	cases := []struct {
@@ -50,11 +49,9 @@ func TestPlantedLinks(t *testing.T) {
 		{"Add through a link at the volume directory", linkVolume, add},
 		{"Get through a link at the volume directory (a link in the middle of the path)", linkVolume, get},
 		{"SandboxIDs through a link at the volume directory", linkVolume, ids},
-		{"RecordSandbox through a link at the volume directory", linkVolume, record},
 		{"ForgetSandbox through a link at the volume directory", linkVolume, forget},
 		{"Add over a link at mountInfo.json", linkMountInfo, add},
 		{"Get of a link at mountInfo.json", linkMountInfo, get},
-		{"RecordSandbox beside a link at mountInfo.json", linkMountInfo, record},
 		{"Add over a regular file at the volume directory", fileAtVolume, add},
 		{"Get of a regular file at the volume directory", fileAtVolume, get},
 		{"SandboxIDs of a regular file at the volume directory", fileAtVolume, ids},

@@ -77,7 +77,8 @@ func mustJSON(t *testing.T, v any) string {
 	return string(b)
 }
 
-// TestVectorsWrite: Add (and RecordSandbox) lay down exactly the directory and files Kata does.
+// TestVectorsWrite: Add lays down exactly the directory and files Kata does, and keeps the sandbox file a
+// shim recorded when it adds again.
 func TestVectorsWrite(t *testing.T) {
 	for _, v := range katatest.Load(t) {
 		t.Run(v.Dir, func(t *testing.T) {
@@ -95,7 +96,7 @@ func TestVectorsWrite(t *testing.T) {
 				}
 			}
 			if v.SandboxID != "" {
-				if err := RecordSandbox(dir, v.VolumePath, v.SandboxID); err != nil {
+				if err := katatest.RecordSandbox(dir, v.VolumePath, v.SandboxID); err != nil {
 					t.Fatal(err)
 				}
 				// Adding again keeps the sandbox file.

@@ -28,7 +28,7 @@ const (
 var (
 	// ErrNotFound is returned for a volume that has no mountInfo.json (or, for SandboxIDs, no directory).
 	ErrNotFound = errdefs.ErrNotFound
-	// ErrInvalidSandboxID is returned by RecordSandbox for an id that cannot be a file name.
+	// ErrInvalidSandboxID is returned by ForgetSandbox for an id that cannot be a file name.
 	ErrInvalidSandboxID = errors.New("invalid sandbox id")
 	// ErrForeignEntry is wrapped, with the path, by the error for an entry that is not what the format
 	// puts at its place: a symbolic link anywhere (the direct-volume directory itself included), a
@@ -159,14 +159,6 @@ func readVolume[T any](dir, volumePath string, read func(*Dir, string) (T, error
 		return err
 	})
 	return v, err
-}
-
-// RecordSandbox records that sandboxID uses volumePath under dir; see Dir.RecordSandbox.
-func RecordSandbox(dir, volumePath, sandboxID string) error {
-	if err := errors.Join(checkVolumePath(volumePath), checkSandboxID(sandboxID)); err != nil {
-		return err
-	}
-	return withDir(dir, false, notFound(volumePath), func(d *Dir) error { return d.RecordSandbox(volumePath, sandboxID) })
 }
 
 // ForgetSandbox removes the record that sandboxID uses volumePath under dir; see Dir.ForgetSandbox.
@@ -302,36 +294,6 @@ func readVolumeDir[T any](d *Dir, volumePath string, read func(vol *safedir.Dir)
 	}
 	defer func() { _ = vol.Close() }() // read-only
 	return read(vol)
-}
-
-// RecordSandbox records that sandboxID uses volumePath the way a Kata shim does, by creating an empty file
-// named sandboxID (mode 0600) in the volume directory. It is for tests and stand-in shims. The volume must
-// have a mountInfo.json (ErrNotFound otherwise; ErrForeignEntry when it or the directory is not of its
-// kind) and sandboxID must be a plain file name other than mountInfo.json (ErrInvalidSandboxID
-// otherwise). Recording the same id again is not an error.
-func (d *Dir) RecordSandbox(volumePath, sandboxID string) error {
-	if err := errors.Join(checkVolumePath(volumePath), checkSandboxID(sandboxID)); err != nil {
-		return err
-	}
-	vol, err := d.openVolume(volumePath)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = vol.Close() }()
-	fi, err := vol.Lstat(MountInfoFileName)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return notFound(volumePath)
-	case err != nil:
-		return err
-	case !fi.Mode().IsRegular():
-		return foreignKind(vol.Join(MountInfoFileName), fi)
-	}
-	f, err := vol.OpenFile(sandboxID, os.O_WRONLY|os.O_CREATE, fileMode)
-	if err != nil {
-		return foreign(err)
-	}
-	return errors.Join(f.Close(), vol.Sync())
 }
 
 // ForgetSandbox removes the sandbox-id file sandboxID from the volume directory of volumePath, as Kata

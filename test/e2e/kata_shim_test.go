@@ -37,7 +37,7 @@ func TestKataShimBridge(t *testing.T) {
 	}
 
 	const sandbox = "8e7d9f3a1b2c4d5e"
-	if err := kata.RecordSandbox(d.kata, target, sandbox); err != nil {
+	if err := katatest.RecordSandbox(d.kata, target, sandbox); err != nil {
 		t.Fatal(err)
 	}
 	shim := (&katatest.Shim{Stats: func(device string) (*katatest.VolumeStats, error) {

@@ -72,7 +72,7 @@ func TestVectors(t *testing.T) {
 		t.Run(v.Dir, func(t *testing.T) {
 			mustRun(t, "--kata-dir", dir, "add", "--volume-path", v.VolumePath, "--mount-info", katatest.Input[kata.MountInfo](t, v))
 			if v.SandboxID != "" {
-				if err := kata.RecordSandbox(dir, v.VolumePath, v.SandboxID); err != nil {
+				if err := katatest.RecordSandbox(dir, v.VolumePath, v.SandboxID); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -174,7 +174,7 @@ func assertFiles(t *testing.T, volDir string, files map[string]string) {
 func TestAddKeepsSandboxes(t *testing.T) {
 	dir := t.TempDir()
 	mustRun(t, "add", "--kata-dir", dir, "--volume-path", "/v", "--mount-info", `{"device":"/dev/a"}`)
-	if err := kata.RecordSandbox(dir, "/v", "sb"); err != nil {
+	if err := katatest.RecordSandbox(dir, "/v", "sb"); err != nil {
 		t.Fatal(err)
 	}
 	mustRun(t, "add", "--kata-dir", dir, "--volume-path", "/v", "--mount-info", `{"device":"/dev/b"}`)

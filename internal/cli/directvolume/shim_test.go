@@ -20,7 +20,7 @@ func TestStatsAndResize(t *testing.T) {
 	mustRun(t, "add", "--kata-dir", dir, "--volume-path", vol, "--mount-info",
 		`{"volume-type":"directvol","device":"/dev/mapper/vg-lv 1","fstype":"ext4"}`)
 	for _, id := range []string{"sb-b", "sb-a"} { // Kata takes the first in name order
-		if err := kata.RecordSandbox(dir, vol, id); err != nil {
+		if err := katatest.RecordSandbox(dir, vol, id); err != nil {
 			t.Fatal(err)
 		}
 	}
