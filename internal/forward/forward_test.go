@@ -48,11 +48,7 @@ func handlerVolume(endpoint, sandbox string) *crustv1.Volume {
 // serveHandler serves the test's handler on a unix socket at sock until the test ends.
 func serveHandler(t *testing.T, sock string) {
 	t.Helper()
-	l := testutil.Listen(t, sock)
-	srv := grpc.NewServer()
-	crustv1.RegisterRuntimeHandlerServiceServer(srv, handler{})
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(srv.Stop)
+	testutil.ServeGRPC(t, sock, func(s *grpc.Server) { crustv1.RegisterRuntimeHandlerServiceServer(s, handler{}) })
 }
 
 // TestHandler: the gRPC path keeps working next to the Kata one.

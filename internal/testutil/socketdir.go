@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"google.golang.org/grpc"
 )
 
 // SocketDir returns a new directory with a short name, removed when the test ends, for unix sockets:
@@ -32,4 +34,17 @@ func Listen(t testing.TB, path string) net.Listener {
 	}
 	t.Cleanup(func() { _ = l.Close() })
 	return l
+}
+
+// ServeGRPC serves, on the unix socket at path (see Listen) until the test ends, a gRPC server with the
+// services register puts on it. It returns the server, which the test may stop earlier (Stop is safe to
+// call again at cleanup).
+func ServeGRPC(t testing.TB, path string, register func(*grpc.Server)) *grpc.Server {
+	t.Helper()
+	l := Listen(t, path)
+	srv := grpc.NewServer()
+	register(srv)
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+	return srv
 }

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"crust.dev/crust/internal/testutil/harness"
+	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/pkg/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -186,7 +186,7 @@ func (f *fakeDriver) NodeExpandVolume(_ context.Context, r *csi.NodeExpandVolume
 func serve(t *testing.T, f *fakeDriver) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "csi.sock")
-	harness.ServeGRPC(t, sock, func(s *grpc.Server) {
+	testutil.ServeGRPC(t, sock, func(s *grpc.Server) {
 		csi.RegisterIdentityServer(s, f)
 		csi.RegisterControllerServer(s, f)
 		csi.RegisterNodeServer(s, f)

@@ -42,6 +42,7 @@ import (
 
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
+	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/internal/testutil/sandbox"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
@@ -145,7 +146,7 @@ func compare(t *testing.T, base, got outcome, exceptions map[string]string) {
 // runSanity sets up a node for one mode and runs csi-sanity against it.
 func runSanity(t *testing.T, mode string) outcome {
 	t.Helper()
-	dir := harness.ShortTempDir(t, "csiproxy-sanity")
+	dir := testutil.SocketDir(t)
 	kubelet := filepath.Join(dir, "kubelet")
 	if err := os.MkdirAll(kubelet, 0o750); err != nil {
 		t.Fatal(err)

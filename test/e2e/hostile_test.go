@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/protowire"
 
+	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/harness"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/kata"
@@ -141,7 +142,7 @@ func newHostileEnv(t *testing.T, d *daemon) *hostileEnv {
 	}
 	// sandbox sb-a's handler: alive (health), implementing nothing else
 	hsock := filepath.Join(d.root, "handler-a.sock")
-	harness.ServeGRPC(t, hsock, func(srv *grpc.Server) {
+	testutil.ServeGRPC(t, hsock, func(srv *grpc.Server) {
 		healthpb.RegisterHealthServer(srv, health.NewServer())
 		crustv1.RegisterRuntimeHandlerServiceServer(srv, crustv1.UnimplementedRuntimeHandlerServiceServer{})
 	})

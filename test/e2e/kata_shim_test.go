@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/internal/testutil/harness"
+	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/katatest"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/kata"
@@ -25,7 +25,7 @@ import (
 // resize as Unimplemented, and a shim gone is Unavailable.
 func TestKataShimBridge(t *testing.T) {
 	// Short, because a unix socket path must fit in 107 bytes.
-	root := harness.ShortTempDir(t, "ke")
+	root := testutil.SocketDir(t)
 	goDir, rsDir := filepath.Join(root, "sbs"), filepath.Join(root, "kata")
 	shimDirs := goDir + "," + rsDir
 

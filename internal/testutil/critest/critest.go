@@ -51,11 +51,8 @@ func Sandbox(id, podUID string, ready bool) *runtimeapi.PodSandbox {
 // Start serves on socket (its directory is made) until the end of the test, and returns s.
 func (s *Server) Start(t testing.TB, socket string) *Server {
 	t.Helper()
-	l := testutil.Listen(t, socket)
 	s.socket = socket
-	s.srv = grpc.NewServer()
-	runtimeapi.RegisterRuntimeServiceServer(s.srv, s)
-	go func() { _ = s.srv.Serve(l) }()
+	s.srv = testutil.ServeGRPC(t, socket, func(g *grpc.Server) { runtimeapi.RegisterRuntimeServiceServer(g, s) })
 	t.Cleanup(s.Stop)
 	return s
 }

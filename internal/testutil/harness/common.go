@@ -3,15 +3,12 @@ package harness
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
-
-	"google.golang.org/grpc"
 )
 
 // RootMain is the TestMain of a tier that needs root. Run by any other user it prints
@@ -34,35 +31,6 @@ func Run(t testing.TB, name string, args ...string) string {
 		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 	}
 	return strings.TrimSpace(string(out))
-}
-
-// ShortTempDir makes a new directory directly under the system's temp directory, its name prefix and a
-// few random characters, and removes it with what it holds at cleanup. Unlike t.TempDir, whose path
-// carries the test's name, it leaves room for unix socket paths, which must fit in 107 bytes.
-func ShortTempDir(t testing.TB, prefix string) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
-}
-
-// ServeGRPC listens on the unix socket path socket and serves there, until the test ends, a gRPC server
-// with the services register puts on it. It returns the server, which the test may stop earlier (Stop
-// is safe to call again at cleanup); failing to listen fails the test.
-func ServeGRPC(t testing.TB, socket string, register func(*grpc.Server)) *grpc.Server {
-	t.Helper()
-	l, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	register(srv)
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(srv.Stop)
-	return srv
 }
 
 // SyncBuffer is a bytes.Buffer that one goroutine (a child process's output copier, a log handler)

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/harness"
 )
 
@@ -47,7 +48,7 @@ func TestRegistration(t *testing.T) {
 
 	// The driver comes up after the registrar: its lateness is what is under test.
 	time.Sleep(50 * time.Millisecond)
-	ds := harness.ServeGRPC(t, driverSock, func(s *grpc.Server) { csi.RegisterIdentityServer(s, identity{}) })
+	ds := testutil.ServeGRPC(t, driverSock, func(s *grpc.Server) { csi.RegisterIdentityServer(s, identity{}) })
 
 	regSock := filepath.Join(regDir, "test.crust.dev-reg.sock")
 	harness.Eventually(t, 10*time.Second, "the registration socket", func() bool {
