@@ -13,8 +13,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-
-	"crust.dev/crust/internal/metrics"
 )
 
 // logMessage renders a message for the log with its secrets stripped.
@@ -41,10 +39,10 @@ var quietMethods = map[string]bool{
 	csi.Node_NodeGetVolumeStats_FullMethodName:        true,
 }
 
-// unaryLog is the one place typed calls are logged and counted, and where their errors become gRPC
+// unaryLog is the one place typed calls are logged, and where their errors become gRPC
 // statuses (errdefs.ToGRPC): method, code and duration at Info (failures at Warn), and the request and
 // response, secrets stripped, at Debug.
-func unaryLog(log *slog.Logger, m *metrics.Metrics) grpc.UnaryServerInterceptor {
+func unaryLog(log *slog.Logger) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		start := time.Now()
 		if log.Enabled(ctx, slog.LevelDebug) {
@@ -54,7 +52,6 @@ func unaryLog(log *slog.Logger, m *metrics.Metrics) grpc.UnaryServerInterceptor 
 		err = errdefs.ToGRPC(err)
 		st := status.Convert(err)
 		elapsed := time.Since(start)
-		m.ObserveRPC(info.FullMethod, st.Code().String(), elapsed)
 		attrs := []any{"method", info.FullMethod, "code", st.Code().String(), "duration", elapsed}
 		switch {
 		case err != nil:
@@ -73,15 +70,14 @@ func unaryLog(log *slog.Logger, m *metrics.Metrics) grpc.UnaryServerInterceptor 
 	}
 }
 
-// streamLog logs and counts raw-forwarded calls, and makes their errors gRPC statuses: method, code and
+// streamLog logs raw-forwarded calls, and makes their errors gRPC statuses: method, code and
 // duration only, never their bodies.
-func streamLog(log *slog.Logger, m *metrics.Metrics) grpc.StreamServerInterceptor {
+func streamLog(log *slog.Logger) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		start := time.Now()
 		err := errdefs.ToGRPC(h(srv, ss))
 		st := status.Convert(err)
 		elapsed := time.Since(start)
-		m.ObserveRPC(info.FullMethod, st.Code().String(), elapsed)
 		attrs := []any{"method", info.FullMethod, "code", st.Code().String(), "duration", elapsed, "forwarded", "raw"}
 		if err != nil {
 			log.Warn("call failed", append(attrs, "message", st.Message())...)

@@ -65,8 +65,8 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	_, body := get("/metrics")
 	for _, want := range []string{
-		`crust_rpc_requests_total{code="OK",method="/csi.v1.Identity/GetPluginInfo"} 3`,
-		`crust_rpc_requests_total{code="Unimplemented",method="/csi.v1.Controller/ControllerGetCapabilities"} 1`,
+		`grpc_server_handled_total{grpc_code="OK",grpc_method="GetPluginInfo",grpc_service="csi.v1.Identity",grpc_type="unary"} 3`,
+		`grpc_server_handled_total{grpc_code="Unimplemented",grpc_method="ControllerGetCapabilities",grpc_service="csi.v1.Controller",grpc_type="bidi_stream"} 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)

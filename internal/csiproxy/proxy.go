@@ -202,13 +202,13 @@ func (p *Proxy) Close() {
 }
 
 // NewServer returns a gRPC server serving the proxy: Identity and Node typed, everything else forwarded
-// raw, all of it through the logging interceptors.
+// raw, all of it through the counting and logging interceptors.
 func (p *Proxy) NewServer() *grpc.Server {
 	s := grpc.NewServer(
 		grpc.ForceServerCodecV2(p.codec),
 		grpc.UnknownServiceHandler(p.forwardUnknown),
-		grpc.ChainUnaryInterceptor(unaryLog(p.log, p.metrics)),
-		grpc.ChainStreamInterceptor(streamLog(p.log, p.metrics)),
+		grpc.ChainUnaryInterceptor(p.metrics.UnaryServerInterceptor(), unaryLog(p.log)),
+		grpc.ChainStreamInterceptor(p.metrics.StreamServerInterceptor(), streamLog(p.log)),
 	)
 	csi.RegisterIdentityServer(s, p)
 	if p.cfg.Controller {

@@ -66,13 +66,21 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	ic := &interceptors{policy: cfg.Policy, metrics: cfg.Metrics, log: cfg.Log, codec: newRequestCodec()}
+	ic := &interceptors{policy: cfg.Policy, log: cfg.Log, codec: newRequestCodec()}
+	var counting struct { // first in the chains, so that they count the code the caller is sent
+		unary  []grpc.UnaryServerInterceptor
+		stream []grpc.StreamServerInterceptor
+	}
+	if cfg.Metrics != nil {
+		counting.unary = append(counting.unary, cfg.Metrics.UnaryServerInterceptor())
+		counting.stream = append(counting.stream, cfg.Metrics.StreamServerInterceptor())
+	}
 	g := grpc.NewServer(
 		grpc.Creds(peercred.New()),
 		grpc.ForceServerCodecV2(ic.codec),
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
-		grpc.ChainUnaryInterceptor(ic.unary),
-		grpc.ChainStreamInterceptor(ic.stream),
+		grpc.ChainUnaryInterceptor(append(counting.unary, ic.unary)...),
+		grpc.ChainStreamInterceptor(append(counting.stream, ic.stream)...),
 	)
 	out := answers(cfg.Annotators)
 	crustv1.RegisterVolumeServiceServer(g, &volumes{m: cfg.Manager, out: out})
@@ -94,10 +102,9 @@ func (s *Server) SetServing(serving bool) {
 }
 
 type interceptors struct {
-	policy  peercred.Policy
-	metrics *metrics.Metrics
-	log     *slog.Logger
-	codec   *requestCodec
+	policy peercred.Policy
+	log    *slog.Logger
+	codec  *requestCodec
 }
 
 func (ic *interceptors) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
@@ -148,14 +155,11 @@ func (ic *interceptors) authorise(ctx context.Context, method string) error {
 	return nil
 }
 
-// done logs and counts one finished call. Requests are logged at debug level only, with secret metadata
+// done logs one finished call. Requests are logged at debug level only, with secret metadata
 // values redacted; the info line carries the method, target, code and duration.
 func (ic *interceptors) done(ctx context.Context, method string, req any, err error, start time.Time) {
 	code := status.Code(err)
 	elapsed := time.Since(start)
-	if ic.metrics != nil {
-		ic.metrics.ObserveRPC(method, code.String(), elapsed)
-	}
 	if strings.HasPrefix(method, "/grpc.health.v1.Health/") && err == nil {
 		return
 	}

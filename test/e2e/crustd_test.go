@@ -272,7 +272,7 @@ func TestMetricsAndHealth(t *testing.T) {
 	}
 	_, body := harness.HTTPGet(t, addr, "/metrics")
 	for _, want := range []string{
-		`crust_rpc_requests_total{code="NotFound",method="/crust.v1.VolumeService/GetVolume"} 1`,
+		`grpc_server_handled_total{grpc_code="NotFound",grpc_method="GetVolume",grpc_service="crust.v1.VolumeService",grpc_type="unary"} 1`,
 		`crust_volumes{state="staged"} 0`,
 	} {
 		if !strings.Contains(body, want) {
