@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -274,9 +276,11 @@ func (e *env) stateRecords() []string {
 
 // TestFinalErrorUndoes: when a deferred publish fails with a final code (crustd refuses the fs type),
 // kubelet will not unpublish, so the proxy undoes the driver's raw block publish and its record itself.
+// The failure is counted.
 func TestFinalErrorUndoes(t *testing.T) {
 	e := newEnv(t)
-	node := csi.NewNodeClient(startProxy(t, e.config(), e.log))
+	p, cc := runProxy(t, e.config(), e.log, Deps{})
+	node := csi.NewNodeClient(cc)
 	ctx := context.Background()
 	vol := e.createVolume("pvc-refused", 64<<20, true)
 	staging, target := e.staging("pv-refused"), e.target("0e0e0e0e-0000-4000-8000-0000000000c1", "pv-refused")
@@ -295,6 +299,13 @@ func TestFinalErrorUndoes(t *testing.T) {
 	}
 	if _, err := os.Stat(target); !os.IsNotExist(err) {
 		t.Fatalf("target left after a refused publish: %v", err)
+	}
+	if err := promtestutil.GatherAndCompare(p.metrics.Registry, strings.NewReader(`
+# HELP crust_csi_proxy_publish_failures_total NodePublishVolume calls crust-csi-proxy deferred or mounted on the host that failed, by mode (deferred, host); each is also a VolumeDeferralFailed event on the pod.
+# TYPE crust_csi_proxy_publish_failures_total counter
+crust_csi_proxy_publish_failures_total{mode="deferred"} 1
+`), "crust_csi_proxy_publish_failures_total"); err != nil {
+		t.Errorf("the failed deferral is not counted: %v", err)
 	}
 	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging}); err != nil {
 		t.Fatal(err)

@@ -163,6 +163,7 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 	resp, err := p.publish(ctx, r, rec, volCtx)
 	switch {
 	case err != nil:
+		p.metrics.PublishFailed(string(rec.Mode))
 		verb := "deferring it to the pod's sandbox"
 		if rec.Mode == ModeHost {
 			verb = "mounting it on the host"

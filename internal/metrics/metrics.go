@@ -33,6 +33,8 @@ type Metrics struct {
 	ready    atomic.Bool
 	gc       prometheus.Counter
 	decided  *prometheus.CounterVec
+	failed   *prometheus.CounterVec
+	hostStat *prometheus.CounterVec
 }
 
 // New returns a registry with the RPC metrics, crust_build_info and the Go and process collectors.
@@ -54,6 +56,14 @@ func New() *Metrics {
 		Name: "crust_csi_proxy_publish_decisions_total",
 		Help: "NodePublishVolume calls of volumes that ask for deferral, as crust-csi-proxy decided them, by decision (pass-through, defer, host-mount) and volume_mode (filesystem, block).",
 	}, []string{"decision", "volume_mode"})
+	m.failed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "crust_csi_proxy_publish_failures_total",
+		Help: "NodePublishVolume calls crust-csi-proxy deferred or mounted on the host that failed, by mode (deferred, host); each is also a VolumeDeferralFailed event on the pod.",
+	}, []string{"mode"})
+	m.hostStat = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "crust_stats_from_host_total",
+		Help: "Volume stats crustd answered from the host, because no sandbox had claimed the volume yet (the total only), by volume_mode (filesystem, block).",
+	}, []string{"volume_mode"})
 	bi := version.Get()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "crust_build_info",
@@ -61,7 +71,7 @@ func New() *Metrics {
 		ConstLabels: prometheus.Labels{"version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion},
 	})
 	build.Set(1)
-	m.Registry.MustRegister(m.grpc, m.gone, m.gc, m.decided, build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.Registry.MustRegister(m.grpc, m.gone, m.gc, m.decided, m.failed, m.hostStat, build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -85,6 +95,14 @@ func (m *Metrics) HandlerGone(why string) { m.gone.WithLabelValues(why).Inc() }
 func (m *Metrics) PublishDecision(decision, volumeMode string) {
 	m.decided.WithLabelValues(decision, volumeMode).Inc()
 }
+
+// PublishFailed counts one publish the proxy deferred (mode "deferred") or mounted on the host ("host")
+// that failed.
+func (m *Metrics) PublishFailed(mode string) { m.failed.WithLabelValues(mode).Inc() }
+
+// StatsFromHost counts one stats answer crustd gave from the host for a volume of volumeMode
+// ("filesystem" or "block") that no sandbox claims.
+func (m *Metrics) StatsFromHost(volumeMode string) { m.hostStat.WithLabelValues(volumeMode).Inc() }
 
 // CollectedGarbage counts n descriptors of deleted pods unstaged by the collector.
 func (m *Metrics) CollectedGarbage(n int) { m.gc.Add(float64(n)) }

@@ -83,7 +83,7 @@ func New(cfg Config) *Server {
 		grpc.ChainStreamInterceptor(append(counting.stream, ic.stream)...),
 	)
 	out := answers(cfg.Annotators)
-	crustv1.RegisterVolumeServiceServer(g, &volumes{m: cfg.Manager, out: out})
+	crustv1.RegisterVolumeServiceServer(g, &volumes{m: cfg.Manager, out: out, metrics: cfg.Metrics})
 	crustv1.RegisterRuntimeServiceServer(g, &runtime{m: cfg.Manager, out: out})
 	h := health.NewServer()
 	healthpb.RegisterHealthServer(g, h)

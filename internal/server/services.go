@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/internal/manager"
+	"crust.dev/crust/internal/metrics"
 	"crust.dev/crust/internal/peercred"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/errdefs"
@@ -46,8 +47,9 @@ func event(ev *crustv1.WatchVolumesResponse, out func(*crustv1.Volume) *crustv1.
 // volumes serves VolumeService for CSI node plugins.
 type volumes struct {
 	crustv1.UnimplementedVolumeServiceServer
-	m   *manager.Manager
-	out func(*crustv1.Volume) *crustv1.Volume // see answers
+	m       *manager.Manager
+	out     func(*crustv1.Volume) *crustv1.Volume // see answers
+	metrics *metrics.Metrics                      // nil: not counted
 }
 
 func (s *volumes) StageVolume(ctx context.Context, r *crustv1.StageVolumeRequest) (*crustv1.StageVolumeResponse, error) {
@@ -112,6 +114,14 @@ func (s *volumes) GetVolumeStats(ctx context.Context, r *crustv1.GetVolumeStatsR
 	resp, err := s.m.Stats(ctx, r.GetVolumeTargetPath())
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
+	}
+	if s.metrics != nil {
+		switch resp.GetVolumeCondition().GetMessage() { // the answers Stats gives from the host
+		case manager.NotMountedMessage:
+			s.metrics.StatsFromHost("filesystem")
+		case manager.NotAttachedRawMessage:
+			s.metrics.StatsFromHost("block")
+		}
 	}
 	return resp, nil
 }

@@ -258,13 +258,18 @@ func checkProjection(t *testing.T, kataDir string, vols []*crustv1.Volume) {
 	}
 }
 
-// TestMetricsAndHealth checks the HTTP endpoint: readiness, and RPCs counted by method and code.
+// TestMetricsAndHealth checks the HTTP endpoint: readiness, RPCs counted by service, method and code,
+// the volumes by state, and stats answered from the host.
 func TestMetricsAndHealth(t *testing.T) {
 	addr := freeAddr(t)
 	d := newDaemon(t, "--http-addr", addr)
 	if _, _, code := d.crustctl("get", d.podTarget("p", "nope")); code != 1 {
 		t.Fatal("get of an unknown volume succeeded")
 	}
+	// One volume staged and asked for stats: no sandbox claims it, so crustd answers from the host.
+	target := d.podTarget("p", "pv")
+	d.crustctlOK("stage", "--target-path", target, "--device", loopDevice(t, 16<<20), "--fs-type", "xfs")
+	d.crustctlOK("stats", target)
 	for _, p := range []string{"/healthz", "/readyz"} {
 		if code, body := harness.HTTPGet(t, addr, p); code != 200 {
 			t.Fatalf("%s: %d %s", p, code, body)
@@ -273,7 +278,9 @@ func TestMetricsAndHealth(t *testing.T) {
 	_, body := harness.HTTPGet(t, addr, "/metrics")
 	for _, want := range []string{
 		`grpc_server_handled_total{grpc_code="NotFound",grpc_method="GetVolume",grpc_service="crust.v1.VolumeService",grpc_type="unary"} 1`,
-		`crust_volumes{state="staged"} 0`,
+		`crust_volumes{state="staged"} 1`,
+		`crust_volumes{state="claimed"} 0`,
+		`crust_stats_from_host_total{volume_mode="filesystem"} 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Fatalf("/metrics lacks %q", want)
