@@ -50,12 +50,11 @@ func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeReque
 	if _, err := checkIOLimits(volCtx); err != nil {
 		return nil, err
 	}
-	unlock, err := p.lock(ctx, path)
+	prev, unlock, err := p.lockRecord(ctx, KindStage, path)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	prev := p.journal.Get(KindStage, path)
 	rec := &Record{Kind: KindStage, Path: path, VolumeID: r.GetVolumeId(), Mode: ModeBlockStage}
 	if err := p.put(rec, PhaseStaging); err != nil {
 		return nil, err
@@ -84,12 +83,11 @@ func (p *Proxy) NodeUnstageVolume(ctx context.Context, r *csi.NodeUnstageVolumeR
 	if path == "" || r.GetVolumeId() == "" || p.journal.Get(KindStage, path) == nil {
 		return p.node.NodeUnstageVolume(outgoing(ctx), r)
 	}
-	unlock, err := p.lock(ctx, path)
+	rec, unlock, err := p.lockRecord(ctx, KindStage, path)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	rec := p.journal.Get(KindStage, path)
 	if rec == nil {
 		return p.node.NodeUnstageVolume(outgoing(ctx), r)
 	}
@@ -125,12 +123,11 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 	if _, err := checkIOLimits(volCtx); err != nil {
 		return nil, err
 	}
-	unlock, err := p.lock(ctx, target)
+	rec, unlock, err := p.lockRecord(ctx, KindPublish, target)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	rec := p.journal.Get(KindPublish, target)
 	why := "" // set when this call decides
 	if rec == nil {
 		stage := p.journal.Get(KindStage, r.GetStagingTargetPath())
@@ -446,12 +443,11 @@ func (p *Proxy) NodeUnpublishVolume(ctx context.Context, r *csi.NodeUnpublishVol
 	if r.GetVolumeId() == "" || target == "" || p.journal.Get(KindPublish, target) == nil {
 		return p.node.NodeUnpublishVolume(outgoing(ctx), r)
 	}
-	unlock, err := p.lock(ctx, target)
+	rec, unlock, err := p.lockRecord(ctx, KindPublish, target)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	rec := p.journal.Get(KindPublish, target)
 	if rec == nil {
 		return p.node.NodeUnpublishVolume(outgoing(ctx), r)
 	}

@@ -333,6 +333,17 @@ func (p *Proxy) lock(ctx context.Context, path string) (func(), error) {
 	return unlock, nil
 }
 
+// lockRecord takes path's lock, or fails with ABORTED, and returns path's record of kind k as the journal
+// holds it under that lock (nil when none). The caller calls unlock when done, whether or not there is a
+// record.
+func (p *Proxy) lockRecord(ctx context.Context, k Kind, path string) (rec *Record, unlock func(), err error) {
+	unlock, err = p.lock(ctx, path)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p.journal.Get(k, path), unlock, nil
+}
+
 // put records r at phase ph.
 func (p *Proxy) put(r *Record, ph Phase) error {
 	r.Phase = ph

@@ -60,8 +60,8 @@ func mountFlags(field string, flags []string, readOnly bool, allowed map[string]
 		if f == "" {
 			return errdefs.Field(ff, "is empty")
 		}
-		if len(f) > maxMountFlagLen {
-			return errdefs.Field(ff, "is %d bytes long; at most %d", len(f), maxMountFlagLen)
+		if err := maxLen(ff, f, maxMountFlagLen); err != nil {
+			return err
 		}
 		if !utf8.ValidString(f) {
 			return errdefs.Field(ff, "is not valid UTF-8")
@@ -97,8 +97,8 @@ func mountFlags(field string, flags []string, readOnly bool, allowed map[string]
 }
 
 func volumeID(field, id string) error {
-	if len(id) > maxVolumeIDLen {
-		return errdefs.Field(field, "is %d bytes long; at most %d", len(id), maxVolumeIDLen)
+	if err := maxLen(field, id, maxVolumeIDLen); err != nil {
+		return err
 	}
 	return printable(field, id)
 }
@@ -121,8 +121,8 @@ func csiDriver(field, name string) error {
 	if name == "" {
 		return nil
 	}
-	if len(name) > maxCSIDriverLen {
-		return errdefs.Field(field, "is %d bytes long; at most %d", len(name), maxCSIDriverLen)
+	if err := maxLen(field, name, maxCSIDriverLen); err != nil {
+		return err
 	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]
@@ -136,8 +136,8 @@ func csiDriver(field, name string) error {
 
 // podUID accepts an empty uid or up to 36 characters of [0-9a-f-], the form of a Kubernetes UID.
 func podUID(field, uid string) error {
-	if len(uid) > maxPodUIDLen {
-		return errdefs.Field(field, "is %d bytes long; at most %d", len(uid), maxPodUIDLen)
+	if err := maxLen(field, uid, maxPodUIDLen); err != nil {
+		return err
 	}
 	for i := 0; i < len(uid); i++ {
 		c := uid[i]
@@ -200,6 +200,22 @@ func (v *Validator) allowedKeys() []string {
 	return keys
 }
 
+// required refuses s, the value of field, when it is empty or longer than n bytes.
+func required(field, s string, n int) error {
+	if s == "" {
+		return errdefs.Field(field, "is required")
+	}
+	return maxLen(field, s, n)
+}
+
+// maxLen refuses s, the value of field, when it is longer than n bytes.
+func maxLen(field, s string, n int) error {
+	if len(s) > n {
+		return errdefs.Field(field, "is %d bytes long; at most %d", len(s), n)
+	}
+	return nil
+}
+
 func alnum(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
 }
@@ -215,11 +231,10 @@ func truncate(s string, n int) string {
 // characters of [A-Za-z0-9._-], not beginning with '.', and not "mountInfo.json". A refusal is a
 // *errdefs.FieldError naming field.
 func SandboxID(field, id string) error {
+	if err := required(field, id, maxSandboxIDLen); err != nil {
+		return err
+	}
 	switch {
-	case id == "":
-		return errdefs.Field(field, "is required")
-	case len(id) > maxSandboxIDLen:
-		return errdefs.Field(field, "is %d bytes long; at most %d", len(id), maxSandboxIDLen)
 	case id[0] == '.':
 		return errdefs.Field(field, "%q begins with '.'", id)
 	case id == "mountInfo.json":

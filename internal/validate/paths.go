@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"unicode"
-	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
@@ -45,19 +43,14 @@ func pathString(field, p string) error {
 // absPathString is pathString without the cleanliness and component rules (for backing paths, which
 // are resolved anyway).
 func absPathString(field, p string) error {
-	switch {
-	case p == "":
-		return errdefs.Field(field, "is required")
-	case len(p) > maxPathLen:
-		return errdefs.Field(field, "is %d bytes long; at most %d", len(p), maxPathLen)
-	case strings.IndexByte(p, 0) >= 0:
-		return errdefs.Field(field, "contains a NUL byte")
-	case !utf8.ValidString(p):
-		return errdefs.Field(field, "is not valid UTF-8")
+	if err := required(field, p, maxPathLen); err != nil {
+		return err
 	}
-	if i := strings.IndexFunc(p, unicode.IsControl); i >= 0 {
-		r, _ := utf8.DecodeRuneInString(p[i:])
-		return errdefs.Field(field, "contains the control character %q", r)
+	if strings.IndexByte(p, 0) >= 0 {
+		return errdefs.Field(field, "contains a NUL byte")
+	}
+	if err := printable(field, p); err != nil {
+		return err
 	}
 	if !filepath.IsAbs(p) {
 		return errdefs.Field(field, "%q is not absolute", p)
