@@ -395,12 +395,20 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 // else takes the volume's lock (tryLock: Aborted while another call works on id). A request that is wrong
 // in itself so gets its own error whether or not the volume is busy.
 func (d *Driver) lockChecked(id string, checks ...error) (unlock func(), err error) {
-	for _, err := range checks {
-		if err != nil {
-			return nil, err
-		}
+	if err := firstError(checks...); err != nil {
+		return nil, err
 	}
 	return d.busy.tryLock(id)
+}
+
+// firstError returns the first non-nil of errs (a request's checks, evaluated by the caller), or nil.
+func firstError(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkStaged refuses (FailedPrecondition) to publish a mount volume without a staging path, unless it is
