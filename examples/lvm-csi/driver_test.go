@@ -63,6 +63,14 @@ func startDriver(t *testing.T, vg *lvmtest.VG, cfg csidriver.Config) csiClients 
 	return csiClients{csi.NewIdentityClient(conn), csi.NewControllerClient(conn), csi.NewNodeClient(conn)}
 }
 
+// startOnVG starts a driver (see startDriver) on a new volume group of size bytes (see lvmtest.New) and
+// returns both.
+func startOnVG(t *testing.T, size int64, cfg csidriver.Config) (csiClients, *lvmtest.VG) {
+	t.Helper()
+	vg := lvmtest.New(t, size)
+	return startDriver(t, vg, cfg), vg
+}
+
 func testLogger(*testing.T) *slog.Logger {
 	if testing.Verbose() {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -320,8 +328,7 @@ func TestDeferral(t *testing.T) {
 // Without deferral a mount volume is formatted, mounted, given the fsGroup, measured and grown online on
 // the host; a publish with other parameters is AlreadyExists; and a volume in use cannot be deleted.
 func TestHostMount(t *testing.T) {
-	vg := lvmtest.New(t, 2<<30)
-	d := startDriver(t, vg, csidriver.Config{})
+	d, _ := startOnVG(t, 2<<30, csidriver.Config{})
 	ctx := ctxT(t)
 	cv, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-host", CapacityRange: &csi.CapacityRange{RequiredBytes: 320 << 20},
 		VolumeCapabilities: []*csi.VolumeCapability{mountCap("xfs", "")}, Parameters: map[string]string{volume.DeferKey: "true"}})
@@ -400,8 +407,7 @@ func TestHostMount(t *testing.T) {
 
 // Capacity ranges are honoured in whole extents, names are idempotent, and each refusal has its code.
 func TestControllerRules(t *testing.T) {
-	vg := lvmtest.New(t, 1<<30)
-	d := startDriver(t, vg, csidriver.Config{})
+	d, vg := startOnVG(t, 1<<30, csidriver.Config{})
 	ctx := ctxT(t)
 	caps := []*csi.VolumeCapability{mountCap("", "")}
 	create := func(name string, req, lim int64) (*csi.Volume, error) {
