@@ -26,9 +26,9 @@ import (
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/daemon"
+	"crust.dev/crust/internal/testutil/sandbox"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/pkg/handler"
 )
 
 // csiClients are the three services over the driver's socket.
@@ -253,16 +253,7 @@ func TestDeferral(t *testing.T) {
 	}
 
 	h := &fixedHandler{capacity: 300 << 20}
-	stop, endpoint, err := handler.ServeHandler(filepath.Join(t.TempDir(), "h.sock"), h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	rt, err := handler.Dial(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = rt.Close() }()
+	rt, endpoint, _ := sandbox.Serve(t, socket, filepath.Join(t.TempDir(), "h.sock"), h)
 	if _, err := rt.Claim(ctx, target, "sandbox-1", endpoint); err != nil {
 		t.Fatal(err)
 	}
