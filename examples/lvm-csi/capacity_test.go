@@ -6,14 +6,12 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	csidriver "crust.dev/crust/examples/lvm-csi"
-	"crust.dev/crust/examples/lvm-csi/lvmtest"
 )
 
 // With capacity tracking on, the node is the topology of the driver and of its volumes, and GetCapacity
 // follows the volume group's free space; another node's segment has none.
 func TestCapacity(t *testing.T) {
-	vg := lvmtest.New(t, 1<<30)
-	d := startDriver(t, vg, csidriver.Config{Capacity: true, NodeID: "node-a"})
+	d, _ := startOnVG(t, 1<<30, csidriver.Config{Capacity: true, NodeID: "node-a"})
 	ctx := ctxT(t)
 	free := func(node string) int64 {
 		t.Helper()

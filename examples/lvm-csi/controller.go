@@ -91,10 +91,7 @@ func (d *Driver) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 // CreateVolume makes a linear logical volume for req.name, or returns the one made earlier for it when its
 // capacity fits req's range (AlreadyExists when it does not).
 func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
-	if err := required("name", req.GetName()); err != nil {
-		return nil, err
-	}
-	if err := requiredCapabilities(req.GetVolumeCapabilities()); err != nil {
+	if err := firstError(required("name", req.GetName()), requiredCapabilities(req.GetVolumeCapabilities())); err != nil {
 		return nil, err
 	}
 	for i, c := range req.GetVolumeCapabilities() {
@@ -278,10 +275,7 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 // ValidateVolumeCapabilities confirms the capabilities when every one is supported, and says which is not
 // otherwise.
 func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
-	if err := required("volume_id", req.GetVolumeId()); err != nil {
-		return nil, err
-	}
-	if err := requiredCapabilities(req.GetVolumeCapabilities()); err != nil {
+	if err := firstError(required("volume_id", req.GetVolumeId()), requiredCapabilities(req.GetVolumeCapabilities())); err != nil {
 		return nil, err
 	}
 	for i, c := range req.GetVolumeCapabilities() {

@@ -26,9 +26,9 @@ import (
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/daemon"
+	"crust.dev/crust/internal/testutil/sandbox"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/pkg/handler"
 )
 
 // csiClients are the three services over the driver's socket.
@@ -61,6 +61,14 @@ func startDriver(t *testing.T, vg *lvmtest.VG, cfg csidriver.Config) csiClients 
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return csiClients{csi.NewIdentityClient(conn), csi.NewControllerClient(conn), csi.NewNodeClient(conn)}
+}
+
+// startOnVG starts a driver (see startDriver) on a new volume group of size bytes (see lvmtest.New) and
+// returns both.
+func startOnVG(t *testing.T, size int64, cfg csidriver.Config) (csiClients, *lvmtest.VG) {
+	t.Helper()
+	vg := lvmtest.New(t, size)
+	return startDriver(t, vg, cfg), vg
 }
 
 func testLogger(*testing.T) *slog.Logger {
@@ -245,16 +253,7 @@ func TestDeferral(t *testing.T) {
 	}
 
 	h := &fixedHandler{capacity: 300 << 20}
-	stop, endpoint, err := handler.ServeHandler(filepath.Join(t.TempDir(), "h.sock"), h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	rt, err := handler.Dial(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = rt.Close() }()
+	rt, endpoint, _ := sandbox.Serve(t, socket, filepath.Join(t.TempDir(), "h.sock"), h)
 	if _, err := rt.Claim(ctx, target, "sandbox-1", endpoint); err != nil {
 		t.Fatal(err)
 	}
@@ -320,8 +319,7 @@ func TestDeferral(t *testing.T) {
 // Without deferral a mount volume is formatted, mounted, given the fsGroup, measured and grown online on
 // the host; a publish with other parameters is AlreadyExists; and a volume in use cannot be deleted.
 func TestHostMount(t *testing.T) {
-	vg := lvmtest.New(t, 2<<30)
-	d := startDriver(t, vg, csidriver.Config{})
+	d, _ := startOnVG(t, 2<<30, csidriver.Config{})
 	ctx := ctxT(t)
 	cv, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-host", CapacityRange: &csi.CapacityRange{RequiredBytes: 320 << 20},
 		VolumeCapabilities: []*csi.VolumeCapability{mountCap("xfs", "")}, Parameters: map[string]string{volume.DeferKey: "true"}})
@@ -400,8 +398,7 @@ func TestHostMount(t *testing.T) {
 
 // Capacity ranges are honoured in whole extents, names are idempotent, and each refusal has its code.
 func TestControllerRules(t *testing.T) {
-	vg := lvmtest.New(t, 1<<30)
-	d := startDriver(t, vg, csidriver.Config{})
+	d, vg := startOnVG(t, 1<<30, csidriver.Config{})
 	ctx := ctxT(t)
 	caps := []*csi.VolumeCapability{mountCap("", "")}
 	create := func(name string, req, lim int64) (*csi.Volume, error) {

@@ -11,15 +11,13 @@ import (
 	"google.golang.org/grpc/codes"
 
 	csidriver "crust.dev/crust/examples/lvm-csi"
-	"crust.dev/crust/examples/lvm-csi/lvmtest"
 )
 
 // An inline ephemeral volume is made at its first publish with the size its attributes ask, mounted
 // without a staging path (mount) or bound as a device (block), answers stats under kubelet's id, and is
 // gone from the volume group after unpublish. A bad size is refused and makes nothing.
 func TestInlineEphemeral(t *testing.T) {
-	vg := lvmtest.New(t, 2<<30)
-	d := startDriver(t, vg, csidriver.Config{})
+	d, vg := startOnVG(t, 2<<30, csidriver.Config{})
 	ctx := ctxT(t)
 	for i, tc := range []struct {
 		name string
@@ -84,8 +82,7 @@ func TestInlineEphemeral(t *testing.T) {
 // and a volume created for filesystem use is not staged or published as a raw block device; one
 // created as block is.
 func TestRealDriverSwitches(t *testing.T) {
-	vg := lvmtest.New(t, 1<<30)
-	d := startDriver(t, vg, csidriver.Config{NoVolumeContext: true, StrictAccessType: true})
+	d, _ := startOnVG(t, 1<<30, csidriver.Config{NoVolumeContext: true, StrictAccessType: true})
 	ctx := ctxT(t)
 	create := func(name string, c *csi.VolumeCapability) string {
 		t.Helper()

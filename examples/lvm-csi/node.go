@@ -61,28 +61,17 @@ func (d *Driver) held(ctx context.Context, path string) (bool, error) {
 	return d.crust.Holds(ctx, path)
 }
 
-// checkAccessType refuses, with Config.StrictAccessType, a block capability for a volume created for
-// filesystem use only.
-func (d *Driver) checkAccessType(ctx context.Context, id string, c *csi.VolumeCapability) error {
-	if !d.cfg.StrictAccessType || c.GetBlock() == nil {
-		return nil
-	}
-	lv, err := d.lookup(ctx, id)
-	if err != nil {
-		return err
-	}
-	if lv.HasTag(filesystemTag) {
-		return status.Errorf(codes.InvalidArgument,
-			"volume_capability: volume %s was created for filesystem use; it is not published as a raw block device", id)
-	}
-	return nil
-}
-
-// device returns the active device of a volume, activating it when needed.
-func (d *Driver) device(ctx context.Context, id string) (string, error) {
+// device returns the active device of a volume, activating it when needed. With Config.StrictAccessType it
+// refuses (InvalidArgument) a block capability c for a volume created for filesystem use only; c may be
+// nil, for a call that names no capability.
+func (d *Driver) device(ctx context.Context, id string, c *csi.VolumeCapability) (string, error) {
 	lv, err := d.lookup(ctx, id)
 	if err != nil {
 		return "", err
+	}
+	if d.cfg.StrictAccessType && c.GetBlock() != nil && lv.HasTag(filesystemTag) {
+		return "", status.Errorf(codes.InvalidArgument,
+			"volume_capability: volume %s was created for filesystem use; it is not published as a raw block device", id)
 	}
 	dev, err := d.act.activate(ctx, lv, false)
 	if err != nil {
@@ -102,10 +91,7 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		return nil, err
 	}
 	defer unlock()
-	if err := d.checkAccessType(ctx, id, c); err != nil {
-		return nil, err
-	}
-	dev, err := d.device(ctx, id)
+	dev, err := d.device(ctx, id, c)
 	if err != nil {
 		return nil, err
 	}
@@ -159,24 +145,18 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 			return nil, err
 		}
 	}
-	if err := d.checkAccessType(ctx, id, c); err != nil {
-		return nil, err
-	}
-	dev, err := d.device(ctx, id)
+	dev, err := d.device(ctx, id, c)
 	if err != nil {
 		return nil, err
 	}
 	ro := req.GetReadonly() || c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
 
 	if d.deferred(req.GetVolumeContext(), c) {
-		created, err := mkdir(target)
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "target_path: %v", err)
-		}
-		resp, err := d.crust.Publish(ctx, req, dev, client.CreateFilesystem(), client.DefaultFSType(d.cfg.DefaultFSType))
-		if err != nil && created {
-			_ = os.Remove(target)
-		}
+		var resp *csi.NodePublishVolumeResponse
+		err := intoTarget(target, func() (err error) {
+			resp, err = d.crust.Publish(ctx, req, dev, client.CreateFilesystem(), client.DefaultFSType(d.cfg.DefaultFSType))
+			return err
+		})
 		return resp, err
 	}
 
@@ -196,21 +176,36 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	} else if ok {
 		return &csi.NodePublishVolumeResponse{}, nil
 	}
+	if err := intoTarget(target, func() error { return d.bind(staging, target, ro) }); err != nil {
+		return nil, err
+	}
+	return d.giveMountGroup(target, c, ro)
+}
+
+// intoTarget makes the target path (a directory) when it is missing and runs put, which mounts something
+// there; when put fails, a target intoTarget made is removed again. It returns put's error.
+func intoTarget(target string, put func() error) error {
 	created, err := mkdir(target)
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "target_path: %v", err)
+		return status.Errorf(codes.Internal, "target_path: %v", err)
 	}
+	err = put()
+	if err != nil && created {
+		_ = os.Remove(target)
+	}
+	return err
+}
+
+// bind bind-mounts src at target, read-only when ro.
+func (d *Driver) bind(src, target string, ro bool) error {
 	opts := []string{"bind"}
 	if ro {
 		opts = append(opts, "ro")
 	}
-	if err := d.mounter.Mount(staging, target, "", opts); err != nil {
-		if created {
-			_ = os.Remove(target)
-		}
-		return nil, status.Errorf(codes.Internal, "bind %s at %s: %v", staging, target, err)
+	if err := d.mounter.Mount(src, target, "", opts); err != nil {
+		return status.Errorf(codes.Internal, "bind %s at %s: %v", src, target, err)
 	}
-	return d.giveMountGroup(target, c, ro)
+	return nil
 }
 
 // formatAndMount formats dev when it holds no filesystem and mounts it at path with the capability's
@@ -265,13 +260,9 @@ func (d *Driver) publishBlock(dev, target string, ro bool) (*csi.NodePublishVolu
 		return nil, status.Errorf(codes.Internal, "target_path: %v", err)
 	}
 	_ = f.Close()
-	opts := []string{"bind"}
-	if ro {
-		opts = append(opts, "ro")
-	}
-	if err := d.mounter.Mount(dev, target, "", opts); err != nil {
+	if err := d.bind(dev, target, ro); err != nil {
 		_ = os.Remove(target)
-		return nil, status.Errorf(codes.Internal, "bind %s at %s: %v", dev, target, err)
+		return nil, err
 	}
 	return &csi.NodePublishVolumeResponse{}, nil
 }
@@ -311,14 +302,7 @@ func (d *Driver) publishEphemeralMount(dev, target string, c *csi.VolumeCapabili
 	} else if ok {
 		return &csi.NodePublishVolumeResponse{}, nil
 	}
-	created, err := mkdir(target)
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "target_path: %v", err)
-	}
-	if err := d.formatAndMount(dev, target, c, ro); err != nil {
-		if created {
-			_ = os.Remove(target)
-		}
+	if err := intoTarget(target, func() error { return d.formatAndMount(dev, target, c, ro) }); err != nil {
 		return nil, err
 	}
 	return d.giveMountGroup(target, c, ro)
@@ -332,7 +316,7 @@ func (d *Driver) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	if err := required("volume_id", id, "volume_path", path); err != nil {
 		return nil, err
 	}
-	dev, err := d.device(ctx, id)
+	dev, err := d.device(ctx, id, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -411,12 +395,20 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 // else takes the volume's lock (tryLock: Aborted while another call works on id). A request that is wrong
 // in itself so gets its own error whether or not the volume is busy.
 func (d *Driver) lockChecked(id string, checks ...error) (unlock func(), err error) {
-	for _, err := range checks {
-		if err != nil {
-			return nil, err
-		}
+	if err := firstError(checks...); err != nil {
+		return nil, err
 	}
 	return d.busy.tryLock(id)
+}
+
+// firstError returns the first non-nil of errs (a request's checks, evaluated by the caller), or nil.
+func firstError(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkStaged refuses (FailedPrecondition) to publish a mount volume without a staging path, unless it is

@@ -23,9 +23,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"crust.dev/crust/internal/testutil/sandbox"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/pkg/handler"
 	"crust.dev/crust/pkg/version"
 )
 
@@ -349,16 +349,7 @@ func TestStatsHealthExpandForwarded(t *testing.T) {
 	}
 
 	h := &fixedHandler{capacity: 16 << 20}
-	stop, endpoint, err := handler.ServeHandler(filepath.Join(t.TempDir(), "h.sock"), h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	rt, err := handler.Dial(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = rt.Close() }()
+	rt, endpoint, stop := sandbox.Serve(t, socket, filepath.Join(t.TempDir(), "h.sock"), h)
 	if _, err := rt.Claim(ctx, tp, "sandbox-1", endpoint); err != nil {
 		t.Fatal(err)
 	}

@@ -7,12 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/internal/disktest"
+	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/pkg/errdefs"
 )
 
@@ -22,18 +22,7 @@ const statxDAX = 0x00200000
 // guestStatxAttributes returns a file's statx attributes in the guest, read with xfs_io.
 func guestStatxAttributes(t *testing.T, v *VM, path string) uint64 {
 	t.Helper()
-	out := execOK(t, v, "xfs_io", "-r", "-c", "statx -r", path)
-	for _, line := range strings.Split(out, "\n") {
-		if val, ok := strings.CutPrefix(line, "stat.attributes = "); ok {
-			n, err := strconv.ParseUint(val, 0, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("no stat.attributes in xfs_io's statx output:\n%s", out)
-	return 0
+	return harness.StatxAttributes(t, execOK(t, v, "xfs_io", "-r", "-c", "statx -r", path))
 }
 
 // pmemFile makes a sparse file of size bytes and, unless fsType is "", a filesystem on it made on the host
@@ -149,7 +138,7 @@ func TestPmemInGuest(t *testing.T) {
 
 	// ext4 with 1 KiB blocks cannot be mounted with DAX, and the agent says why.
 	small := pmemFile(t, 16<<20, "", "")
-	run(t, "mkfs.ext4", "-q", "-b", "1024", small)
+	harness.Run(t, "mkfs.ext4", "-q", "-b", "1024", small)
 	sp, err := v.AttachPmem(ctx, "vol-1k", small, false)
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
+	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/pkg/errdefs"
 )
 
@@ -62,7 +63,7 @@ func TestRawBlockInGuest(t *testing.T) {
 	if err := os.Truncate(dev.file, 48*mib); err != nil {
 		t.Fatal(err)
 	}
-	run(t, "losetup", "--set-capacity", dev.path)
+	harness.Run(t, "losetup", "--set-capacity", dev.path)
 	if err := v.ResizeBlock(ctx, "vol-raw", 48*mib); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"crust.dev/crust/internal/testutil/harness"
 )
 
 // The QMP arguments name the disk's device and its own group, and give QEMU every rate (zero: none).
@@ -59,7 +61,7 @@ func queryBlock(t *testing.T, v *VM, id string) *blockInfo {
 func TestIOLimits(t *testing.T) {
 	ctx, v := tcgGuest(t, 3*time.Minute)
 	limited, plain := loopDevice(t, 256*mib), loopDevice(t, 16*mib)
-	run(t, "dd", "if=/dev/urandom", "of="+limited.path, "bs=1M", "count=8", "oflag=direct", "status=none") // for the discard to free
+	harness.Run(t, "dd", "if=/dev/urandom", "of="+limited.path, "bs=1M", "count=8", "oflag=direct", "status=none") // for the discard to free
 	lim := IOLimits{TotalIOPS: 50, WriteBytesPerSecond: mib}
 
 	if err := v.AttachBlock(ctx, "vol-lim", limited.path, false, WithIOLimits(lim)); err != nil {
@@ -114,7 +116,7 @@ func TestIOLimits(t *testing.T) {
 	if b-a > 30 {
 		t.Errorf("the discard took %.2f s: it was charged to the write limit", b-a)
 	}
-	if blocks := run(t, "stat", "-c", "%b", limited.file); blocks != "0" {
+	if blocks := harness.Run(t, "stat", "-c", "%b", limited.file); blocks != "0" {
 		t.Errorf("the backing file still holds %s blocks: the discard did not reach the host", blocks)
 	}
 	for _, id := range []string{"vol-lim", "vol-plain"} {

@@ -17,6 +17,7 @@ import (
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/initramfs"
 	"crust.dev/crust/examples/microvm/internal/disktest"
+	"crust.dev/crust/internal/testutil/harness"
 )
 
 // The tests here boot real QEMU guests (TCG) with the kernel and tools
@@ -91,23 +92,14 @@ func guestImages(t *testing.T) (kernel, initrd string) {
 	return built.Kernel, builtRD
 }
 
-func run(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
 // loop is a loop device on a sparse file.
 type loop struct{ path, file string }
 
 // detach detaches the loop device and checks that none is left on its file.
 func (l loop) detach(t *testing.T) {
 	t.Helper()
-	run(t, "losetup", "-d", l.path)
-	if left := run(t, "losetup", "-j", l.file); left != "" {
+	harness.Run(t, "losetup", "-d", l.path)
+	if left := harness.Run(t, "losetup", "-j", l.file); left != "" {
 		t.Errorf("loop device left on %s: %s", l.file, left)
 	}
 }
@@ -118,7 +110,7 @@ func (l loop) detach(t *testing.T) {
 func loopDevice(t *testing.T, size int64, mkfs ...string) loop {
 	t.Helper()
 	file := disktest.Image(t, size, mkfs...)
-	dev := run(t, "losetup", "--find", "--show", file)
+	dev := harness.Run(t, "losetup", "--find", "--show", file)
 	t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
 	return loop{path: dev, file: file}
 }
@@ -287,7 +279,7 @@ func TestVolumesInGuest(t *testing.T) {
 		if err := os.Truncate(g.dev.file, 2*g.size); err != nil {
 			t.Fatal(err)
 		}
-		run(t, "losetup", "-c", g.dev.path)
+		harness.Run(t, "losetup", "-c", g.dev.path)
 		if err := v.ResizeBlock(ctx, g.id, 2*g.size); err != nil {
 			t.Fatal(err)
 		}

@@ -1,7 +1,8 @@
 // Package sandbox stands in for a microVM runtime handler in crust-csi-proxy's tests: it claims deferred
 // volumes from crustd, "mounts them in the guest" (on the host, in a private directory; the tests need no
 // VM), formatting a blank device first when the descriptor allows, and answers crustd's stats and online
-// expansion from that mount, as a handler answers from inside its VM.
+// expansion from that mount, as a handler answers from inside its VM. Serve gives a test's own handler
+// (one that answers from fixed numbers, say) the same socket and connection to crustd.
 package sandbox
 
 import (
@@ -43,17 +44,11 @@ func New(t testing.TB, crustSock, id string) *Sandbox {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	s := &Sandbox{t: t, id: id, dir: dir, mounts: map[string]string{},
 		mounter: mount.NewSafeFormatAndMount(mount.New(""), utilexec.New()), resizer: mount.NewResizeFs(utilexec.New())}
-	stop, ep, err := handler.ServeHandler(filepath.Join(dir, "handler.sock"), s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.endpoint = ep
-	if s.rt, err = handler.Dial(crustSock); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
+	s.rt, s.endpoint, _ = Serve(t, crustSock, filepath.Join(dir, "handler.sock"), s)
+	t.Cleanup(func() { // before Serve's clean-up: releasing needs the connection
 		s.mu.Lock()
 		targets := make([]string, 0, len(s.mounts))
 		for tp := range s.mounts {
@@ -63,11 +58,27 @@ func New(t testing.TB, crustSock, id string) *Sandbox {
 		for _, tp := range targets {
 			s.Stop(tp)
 		}
-		stop()
-		_ = s.rt.Close()
-		_ = os.RemoveAll(dir)
 	})
 	return s
+}
+
+// Serve serves h as a sandbox's runtime handler on the unix socket sock and connects to crustd at
+// crustSock. It returns the connection and h's endpoint, to claim volumes with (rt.Claim(ctx, target,
+// sandboxID, endpoint)) and release them, and stop, which stops the handler for a test that wants it gone
+// earlier. The handler stops (again, harmlessly) and the connection closes at cleanup.
+func Serve(t testing.TB, crustSock, sock string, h crustv1.RuntimeHandlerServiceServer) (rt *handler.Client, endpoint string, stop func()) {
+	t.Helper()
+	stop, endpoint, err := handler.ServeHandler(sock, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	rt, err = handler.Dial(crustSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rt.Close() })
+	return rt, endpoint, stop
 }
 
 // Start claims the volume at target, as the sandbox starting does, and mounts it; it returns the guest
