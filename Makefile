@@ -8,6 +8,7 @@ OUT     := $(CURDIR)/_output
 # The tools have go.mod files of their own, which -modfile names; workspace mode (go.work) refuses -modfile.
 BUF     := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/buf/go.mod buf
 LINT    := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/lint/go.mod golangci-lint
+PROMTOOL := GOWORK=off GOFLAGS=-tags=remove_all_sd $(GO) tool -modfile=$(CURDIR)/tools/promtool/go.mod promtool
 # The Go modules, tied by go.work: crust, the two reference implementations, and the tests.
 MODULES := . examples/lvm-csi examples/microvm test
 # Every package of every module, as go.work lets one command name them from the root.
@@ -77,8 +78,16 @@ lint: ## buf lint and format, golangci-lint and go vet of every module
 	$(BUF) format --diff --exit-code
 	@set -e; for m in $(MODULES); do echo "== lint $$m"; (cd $$m && $(LINT) run ./... && $(GO) vet ./...); done
 
+.PHONY: test-rules
+test-rules: ## promtool test rules on the shipped alerts (deploy/monitoring)
+	@mkdir -p _output/monitoring
+	$(GO) run ./hack/promrules deploy/monitoring/prometheusrule.yaml _output/monitoring/rules.yaml
+	cp deploy/monitoring/rules.test.yaml _output/monitoring/
+	$(PROMTOOL) check rules _output/monitoring/rules.yaml
+	$(PROMTOOL) test rules _output/monitoring/rules.test.yaml
+
 .PHONY: test
-test: deps build guest ## Run every test tier (unit, root on loop devices, e2e, csi-sanity, the real cluster); does its own set-up
+test: deps build guest test-rules ## Run every test tier (unit, root on loop devices, e2e, csi-sanity, the real cluster) and the alert rules' tests; does its own set-up
 	@# One package at a time: the VM, LVM and csi-sanity tiers each want both cores, and csi-sanity's
 	@# per-call deadlines are not made for a machine shared with a booting guest.
 	@set -e; for m in $(MODULES); do echo "== test $$m"; (cd $$m && $(GOTEST) -p 1 ./...); done

@@ -1,10 +1,16 @@
 package metrics
 
 import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
 )
 
 // A claimed volume is counted once, under claimed, so that sum(crust_volumes) is the number held.
@@ -19,5 +25,61 @@ crust_volumes{state="staged"} 3
 `
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "crust_volumes"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The dashboard, the alerts and the alerts' tests in deploy/monitoring name only metrics crustd and the
+// proxy export.
+func TestShippedQueriesNameExportedMetrics(t *testing.T) {
+	m := New()
+	m.VolumeGauges(func() (int, int) { return 1, 0 })
+	m.QuarantineGauge(func() map[string]int { return map[string]int{"corrupt_record": 0} })
+	m.HandlerGone("process_exited")
+	m.PublishDecision("defer", "filesystem")
+	m.PublishFailed("deferred")
+	m.StatsFromHost("filesystem")
+	m.CollectedGarbage(1)
+	call := func(context.Context, any) (any, error) { return nil, nil }
+	if _, err := m.UnaryServerInterceptor()(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/crust.v1.VolumeService/GetVolume"}, call); err != nil {
+		t.Fatal(err)
+	}
+	families, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, f := range families {
+		exported[f.GetName()] = true
+	}
+	name := regexp.MustCompile(`\b(?:crust|grpc_server|process|go)_[a-z_]+\b`)
+	for _, file := range []string{"dashboard.json", "prometheusrule.yaml", "rules.test.yaml"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "monitoring", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if file == "rules.test.yaml" { // its input series; what it expects is the alerts' text
+			var series []byte
+			for _, line := range bytes.Split(b, []byte("\n")) {
+				if bytes.Contains(line, []byte("series:")) {
+					series = append(append(series, line...), '\n')
+				}
+			}
+			b = series
+		}
+		found := 0
+		for _, at := range name.FindAllIndex(b, -1) {
+			if before := string(b[max(0, at[0]-2):at[0]]); strings.HasSuffix(before, `"`) || strings.HasSuffix(before, "=") || before == ": " {
+				continue // a label's value, such as why="process_exited"
+			}
+			found++
+			n := string(b[at[0]:at[1]])
+			family := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(n, "_bucket"), "_sum"), "_count")
+			if !exported[family] {
+				t.Errorf("%s names %s, which crust does not export", file, n)
+			}
+		}
+		if found == 0 {
+			t.Errorf("%s names no metric", file)
+		}
 	}
 }
