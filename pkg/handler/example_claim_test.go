@@ -17,7 +17,7 @@ type guest struct {
 	crustv1.UnimplementedRuntimeHandlerServiceServer
 }
 
-func (guest) GetVolumeStats(_ context.Context, r *crustv1.RuntimeHandlerServiceGetVolumeStatsRequest) (*crustv1.RuntimeHandlerServiceGetVolumeStatsResponse, error) {
+func (guest) GetVolumeStats(context.Context, *crustv1.RuntimeHandlerServiceGetVolumeStatsRequest) (*crustv1.RuntimeHandlerServiceGetVolumeStatsResponse, error) {
 	return &crustv1.RuntimeHandlerServiceGetVolumeStatsResponse{Usage: []*crustv1.VolumeUsage{
 		{Unit: crustv1.VolumeUsage_UNIT_BYTES, Total: 60 << 20, Used: 12 << 20, Available: 48 << 20},
 	}}, nil
