@@ -43,12 +43,16 @@ build: ## Build every binary of every module into bin/
 	$(GO) build -ldflags "$(GOLDFLAGS)" -o $(BIN)/ ./cmd/... ./examples/lvm-csi/cmd/... ./examples/microvm/cmd/... ./test/cluster/cmd/...
 
 .PHONY: images
-images: ## Build the OCI image archives (crustd, the CSI proxy, the reference driver, the registrar, the sidecars, busybox, pause) into _output/images
+images: ## Build crust's own image archives (crustd, the CSI proxy, the reference driver) into _output/images; builds no Kubernetes
+	$(GO) run ./hack/images -out $(OUT)/images -version $(VERSION) crustd crust-csi-proxy crust-lvm-csi
+
+.PHONY: test-images
+test-images: ## Build every image the cluster tier runs: crust's, the test registrar, the CSI sidecars (Kubernetes built from source), busybox, pause
 	hack/cluster/build.sh
 	$(GO) run ./hack/images -out $(OUT)/images -k8s-bin $(OUT)/k8s/bin -version $(VERSION)
 
 .PHONY: cluster-up
-cluster-up: deps images ## Start a real single-node Kubernetes with crust deployed from deploy/; prints the kubeconfig's path
+cluster-up: deps test-images ## Start a real single-node Kubernetes with crust deployed from deploy/; prints the kubeconfig's path
 	hack/cluster/up.sh
 
 .PHONY: cluster-down

@@ -3,7 +3,7 @@
 # hack/cluster/build.sh made: etcd, containerd, runc and the CNI plugins from Debian; kube-apiserver,
 # kube-controller-manager, kube-scheduler and kubelet from k8s.io/kubernetes. Everything listens on
 # loopback addresses (lib.sh: the API server on the kubernetes Service's 127.100.0.1:443, the rest on
-# 127.0.0.1, ports overridable) and lives under $RUN. It imports the images `make images` built
+# 127.0.0.1, ports overridable) and lives under $RUN. It imports the images `make test-images` built
 # into containerd, applies deploy/ and deploy/examples with `kubectl apply -k` through an overlay that
 # changes only image names, and exits 0 once the node is Ready, crustd runs and the example driver is
 # registered. The last line it prints is the kubeconfig's path.
@@ -16,9 +16,9 @@ source "$(dirname "$0")/lib.sh"
 
 [ "$(id -u)" = 0 ] || die "run as root"
 for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
-	[ -x "$K8S_BIN/$b" ] || die "$K8S_BIN/$b missing: run hack/cluster/build.sh (make images does)"
+	[ -x "$K8S_BIN/$b" ] || die "$K8S_BIN/$b missing: run hack/cluster/build.sh (make test-images does)"
 done
-[ -f "$IMAGES/images.txt" ] || die "$IMAGES/images.txt missing: run make images"
+[ -f "$IMAGES/images.txt" ] || die "$IMAGES/images.txt missing: run make test-images"
 for b in etcd containerd ctr runc openssl nsenter unshare losetup lvm curl; do
 	command -v "$b" >/dev/null || die "$b not found: install the packages in the Makefile's CLUSTER_PKGS"
 done
