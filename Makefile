@@ -32,7 +32,11 @@ help: ## Show this help
 
 .PHONY: deps
 deps: ## Install the Debian packages the tests need (as root; skipped when present)
-	@missing=$$(for p in $(DEB_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	@# A containerd or runc that did not come from Debian (containerd.io, a release tarball) is used as it
+	@# is: installing Debian's package would replace or shadow it.
+	@missing=$$(for p in $(DEB_PKGS); do \
+		case $$p in containerd|runc) command -v $$p >/dev/null && continue;; esac; \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing:" $$missing; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
