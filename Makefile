@@ -46,9 +46,14 @@ deps: ## Install the Debian packages the tests need (as root; skipped when prese
 build: ## Build every binary of every module into bin/
 	$(GO) build -ldflags "$(GOLDFLAGS)" -o $(BIN)/ ./cmd/... ./examples/lvm-csi/cmd/... ./examples/microvm/cmd/... ./test/cluster/cmd/...
 
+# The repository and tag of crust's images, as deploy/ names them (crustd's DaemonSet is the reference).
+IMAGE_REPO ?= $(shell sed -n 's|^ *image: *\(.*\)/crustd:.*|\1|p' deploy/crustd/daemonset.yaml)
+IMAGE_TAG  ?= $(shell sed -n 's|^ *image: *.*/crustd:\(.*\)|\1|p' deploy/crustd/daemonset.yaml)
+
 .PHONY: images
-images: ## Build crust's own image archives (crustd, the CSI proxy, the reference driver) into _output/images; builds no Kubernetes
-	$(GO) run ./hack/images -out $(OUT)/images -version $(VERSION) crustd crust-csi-proxy crust-lvm-csi
+images: ## Build crust's own images (crustd, the CSI proxy, the reference driver) as deploy/ names them, into _output/images; builds no Kubernetes
+	$(GO) run ./hack/images -out $(OUT)/images -repo $(IMAGE_REPO) -tag $(IMAGE_TAG) -version $(VERSION) \
+		crustd crust-csi-proxy crust-lvm-csi
 
 .PHONY: test-images
 test-images: ## Build every image the cluster tier runs: crust's, the test registrar, the CSI sidecars (Kubernetes built from source), busybox, pause

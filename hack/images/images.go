@@ -28,8 +28,8 @@ var mountTools = []string{
 // spec is one image: its archive's short name, its reference and how its filesystem is made.
 type spec struct {
 	short      string
-	repo       string // reference without the tag
-	tag        string // fixed tag; empty means the -tag flag
+	repo       string // reference without the tag; for crust's own images, the name under -repo
+	tag        string // fixed tag; empty means the -tag flag (crust's own images)
 	entrypoint []string
 	fill       func(b *builder, t *fsTree) error
 }
@@ -50,14 +50,14 @@ func sigStorage(bin, version string) spec {
 // specs are the images, in the order they are built.
 var specs = []spec{
 	{
-		short: "crustd", repo: "localhost/crust/crustd",
+		short: "crustd", repo: "crustd",
 		entrypoint: []string{"/usr/local/bin/crustd"},
 		fill: func(b *builder, t *fsTree) error {
 			return b.goBinaries(t, "/usr/local/bin", "./cmd/crustd", "./cmd/crustctl")
 		},
 	},
 	{
-		short: "crust-csi-proxy", repo: "localhost/crust/crust-csi-proxy",
+		short: "crust-csi-proxy", repo: "crust-csi-proxy",
 		entrypoint: []string{"/usr/local/bin/crust-csi-proxy"},
 		fill: func(b *builder, t *fsTree) error {
 			if err := b.goBinaries(t, "/usr/local/bin", "./cmd/crust-csi-proxy"); err != nil {
@@ -67,7 +67,7 @@ var specs = []spec{
 		},
 	},
 	{
-		short: "crust-lvm-csi", repo: "localhost/crust/crust-lvm-csi",
+		short: "crust-lvm-csi", repo: "crust-lvm-csi",
 		entrypoint: []string{"/usr/local/bin/crust-lvm-csi"},
 		fill: func(b *builder, t *fsTree) error {
 			if err := b.goBinaries(t, "/usr/local/bin", "./examples/lvm-csi/cmd/crust-lvm-csi"); err != nil {
@@ -77,7 +77,7 @@ var specs = []spec{
 		},
 	},
 	{
-		short: "csi-registrar", repo: "localhost/crust/csi-registrar",
+		short: "csi-registrar", repo: "csi-registrar",
 		entrypoint: []string{"/usr/local/bin/crust-test-registrar"},
 		fill: func(b *builder, t *fsTree) error {
 			return b.goBinaries(t, "/usr/local/bin", "./test/cluster/cmd/crust-test-registrar")
@@ -101,12 +101,12 @@ var specs = []spec{
 	},
 }
 
-// ref returns the image's reference, with tag for crust's own images.
-func (s *spec) ref(tag string) string {
+// ref returns the image's reference: for crust's own images (no fixed tag), repo/NAME:tag.
+func (s *spec) ref(repo, tag string) string {
 	if s.tag != "" {
-		tag = s.tag
+		return s.repo + ":" + s.tag
 	}
-	return s.repo + ":" + tag
+	return repo + "/" + s.repo + ":" + tag
 }
 
 // builder holds what building the images needs.

@@ -119,6 +119,16 @@ func TestImages(t *testing.T) {
 				}
 			},
 		},
+		{ // one of crust's own images: named under -repo, tagged -tag, as deploy/ names them
+			short: "crustd", ref: "crust/crustd:test", entrypoint: []string{"/usr/local/bin/crustd"},
+			check: func(t *testing.T, files map[string]node) {
+				for _, bin := range []string{"usr/local/bin/crustd", "usr/local/bin/crustctl"} {
+					if f, ok := files[bin]; !ok || f.hdr.Typeflag != tar.TypeReg || f.hdr.Mode&0o111 == 0 {
+						t.Fatalf("/%s is not an executable file: %+v", bin, f.hdr)
+					}
+				}
+			},
+		},
 		{
 			short: "pause", ref: "localhost/pause:3.10", entrypoint: []string{"/pause"},
 			check: func(t *testing.T, files map[string]node) {
@@ -141,7 +151,7 @@ func TestImages(t *testing.T) {
 				t.Fatal(err)
 			}
 			out := t.TempDir()
-			if err := run(out, "test", t.TempDir(), "", sel); err != nil {
+			if err := run(out, "crust", "test", t.TempDir(), "", sel); err != nil {
 				t.Fatal(err)
 			}
 			list, err := os.ReadFile(filepath.Join(out, "images.txt"))

@@ -1,7 +1,7 @@
 // Command images builds crust's container images and the few it needs from elsewhere as image
 // archives, with go-containerregistry and without a registry or Docker:
 //
-//	go run ./hack/images [-out _output/images] [-tag dev] [-version V] [-k8s-bin _output/k8s/bin] [SHORT...]
+//	go run ./hack/images [-out _output/images] [-repo localhost/crust] [-tag dev] [-version V] [-k8s-bin _output/k8s/bin] [SHORT...]
 //
 // It promises, for each image (all of them, or the short names given):
 //
@@ -20,12 +20,12 @@
 // file name in OUT. It prints "REF ARCHIVE SIZE MiB" per image, and exits non-zero, naming the images
 // that failed, when any did (the others are still written and listed).
 //
-// The images (TAG is -tag):
+// The images (REPO is -repo, TAG is -tag; `make images` gives the repository and tag deploy/ names):
 //
-//	crustd           localhost/crust/crustd:TAG                /usr/local/bin/crustd, crustctl
-//	crust-csi-proxy  localhost/crust/crust-csi-proxy:TAG       /usr/local/bin/crust-csi-proxy, the mount tools
-//	crust-lvm-csi    localhost/crust/crust-lvm-csi:TAG         /usr/local/bin/crust-lvm-csi, the mount tools, lvm
-//	csi-registrar    localhost/crust/csi-registrar:TAG         /usr/local/bin/crust-test-registrar
+//	crustd           REPO/crustd:TAG                           /usr/local/bin/crustd, crustctl
+//	crust-csi-proxy  REPO/crust-csi-proxy:TAG                  /usr/local/bin/crust-csi-proxy, the mount tools
+//	crust-lvm-csi    REPO/crust-lvm-csi:TAG                    /usr/local/bin/crust-lvm-csi, the mount tools, lvm
+//	csi-registrar    REPO/csi-registrar:TAG                    /usr/local/bin/crust-test-registrar
 //	csi-provisioner  localhost/sig-storage/csi-provisioner:v5.3.0  /csi-provisioner from -k8s-bin
 //	csi-resizer      localhost/sig-storage/csi-resizer:v1.14.0     /csi-resizer from -k8s-bin
 //	busybox          localhost/busybox:latest                  /bin/busybox (busybox-static), /bin/APPLET links
@@ -45,6 +45,7 @@ import (
 
 func main() {
 	out := flag.String("out", "_output/images", "directory to write the archives and images.txt to")
+	repo := flag.String("repo", "localhost/crust", "repository prefix of crust's own images")
 	tag := flag.String("tag", "dev", "tag of crust's own images")
 	version := flag.String("version", "", `version stamped into crust's binaries (pkg/version); "" leaves them "devel" with their VCS revision`)
 	k8sBin := flag.String("k8s-bin", "_output/k8s/bin", "directory with the csi-provisioner and csi-resizer binaries")
@@ -58,7 +59,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "images:", err)
 		os.Exit(2)
 	}
-	if err := run(*out, *tag, *k8sBin, *version, selected); err != nil {
+	if err := run(*out, *repo, *tag, *k8sBin, *version, selected); err != nil {
 		fmt.Fprintln(os.Stderr, "images:", err)
 		os.Exit(1)
 	}
@@ -96,7 +97,7 @@ func selectSpecs(names []string) ([]*spec, error) {
 }
 
 // run builds the selected images into out and writes out/images.txt listing those that succeeded.
-func run(out, tag, k8sBin, version string, selected []*spec) error {
+func run(out, repo, tag, k8sBin, version string, selected []*spec) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
@@ -107,7 +108,7 @@ func run(out, tag, k8sBin, version string, selected []*spec) error {
 	defer func() { _ = os.RemoveAll(b.work) }()
 	var list, failed []string
 	for _, s := range selected {
-		ref := s.ref(tag)
+		ref := s.ref(repo, tag)
 		file := filepath.Join(out, s.short+".tar")
 		if err := b.build(s, ref, file); err != nil {
 			fmt.Fprintf(os.Stderr, "images: %s (%s): %v\n", s.short, ref, err)
