@@ -1,7 +1,7 @@
 // Package metrics holds the Prometheus metrics of crustd and crust-csi-proxy and their HTTP endpoint:
 // /metrics, /healthz (the process is alive) and /readyz (state loaded and the API socket serving).
 //
-// Metric names are a contract for dashboards and alerts; they are listed in the README. Served gRPC
+// Metric names are a contract for dashboards and alerts; docs/operators.md lists them. Served gRPC
 // calls are counted under the names and labels every gRPC service uses (go-grpc-middleware's:
 // grpc_server_handled_total{grpc_type,grpc_service,grpc_method,grpc_code}, grpc_server_handling_seconds
 // and the rest), so that existing gRPC dashboards and alerts apply.
