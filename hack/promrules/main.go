@@ -34,7 +34,7 @@ func run(args []string) error {
 			Groups []any `json:"groups"`
 		} `json:"spec"`
 	}
-	if err := yaml.UnmarshalStrict(in, &m); err != nil && m.Kind == "" {
+	if err := yaml.Unmarshal(in, &m); err != nil {
 		return fmt.Errorf("%s: %w", args[0], err)
 	}
 	if m.Kind != "PrometheusRule" || len(m.Spec.Groups) == 0 {
