@@ -138,11 +138,17 @@ test-cluster: ## Cluster tier: a real single-node Kubernetes with crust deployed
 BENCH_OPS ?= 7
 
 .PHONY: bench
-bench: deps build guest ## Run the benchmarks (side-by-side comparisons print ratios); BENCH_OPS=N ops per VM benchmark
+bench: deps build guest ## Run the benchmarks into bench/results/*.json and print one table of every figure with its target; BENCH_OPS=N ops per VM benchmark
 	hack/guest/fetch-kernel.sh --with-9p $(GUEST)
 	$(GO) run ./examples/microvm/hack/mkinitramfs -assets $(GUEST) -flavour generic -agent $(GUEST)/crust-guest
-	$(GOTEST) -run='^$$' -bench=. -benchmem $$($(GO) list $(ALLPKGS) | grep -v '/test/bench$$')
-	$(GOTEST) -run='^$$' -bench=. -benchtime=$(BENCH_OPS)x ./test/bench
+	mkdir -p bench/results
+	CRUST_BENCH_RESULTS=$(CURDIR)/bench/results $(GOTEST) -run='^$$' -bench=. -benchmem $$($(GO) list $(ALLPKGS) | grep -v '/test/bench$$')
+	CRUST_BENCH_RESULTS=$(CURDIR)/bench/results $(GOTEST) -run='^$$' -bench=. -benchtime=$(BENCH_OPS)x ./test/bench
+	$(GO) run ./hack/benchtable bench/results
+
+.PHONY: bench-table
+bench-table: ## Print the table of the last make bench's figures (bench/results)
+	$(GO) run ./hack/benchtable bench/results
 
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME each (default 10s)

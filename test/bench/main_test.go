@@ -41,12 +41,17 @@ import (
 
 	"crust.dev/crust/examples/microvm/initramfs"
 	"crust.dev/crust/examples/microvm/vm"
+	"crust.dev/crust/internal/testutil/benchfig"
 	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/pkg/client"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if err := benchfig.WriteResults("vm", "crust.dev/crust/test/bench"); err != nil {
+		fmt.Fprintln(os.Stderr, "writing the results:", err)
+		code = 1
+	}
 	if build.dir != "" {
 		_ = os.RemoveAll(build.dir)
 	}

@@ -1,0 +1,131 @@
+// Command benchtable prints the figures of crust's benchmark results (internal/testutil/benchfig) as one
+// table, each with its spread, its target and whether the target holds; with -benchfmt it writes them in
+// the Go benchmark format instead, one line a sample, for benchstat to compare two runs:
+//
+//	go run ./hack/benchtable bench/results
+//	go run ./hack/benchtable -benchfmt bench/results > new.txt && benchstat old.txt new.txt
+//
+// It exits 1 when a figure misses its target and -strict is given.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"crust.dev/crust/internal/testutil/benchfig"
+)
+
+func main() {
+	benchfmt := flag.Bool("benchfmt", false, "write the samples in the Go benchmark format, for benchstat")
+	strict := flag.Bool("strict", false, "exit 1 when a figure misses its target")
+	flag.Usage = func() {
+		fmt.Fprintln(flag.CommandLine.Output(), "usage: benchtable [-benchfmt] [-strict] DIR|FILE.json...")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	figs, err := load(flag.Args())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchtable:", err)
+		os.Exit(2)
+	}
+	if *benchfmt {
+		err = writeBenchfmt(os.Stdout, figs)
+	} else {
+		err = writeTable(os.Stdout, figs)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchtable:", err)
+		os.Exit(2)
+	}
+	if *strict && slices.ContainsFunc(figs, func(f benchfig.Figure) bool { return f.Holds != nil && !*f.Holds }) {
+		os.Exit(1)
+	}
+}
+
+// load reads the results files named, a directory meaning every *.json in it, and returns their figures
+// sorted by name.
+func load(args []string) ([]benchfig.Figure, error) {
+	if len(args) == 0 {
+		return nil, fmt.Errorf("no results named (a directory or .json files)")
+	}
+	var files []string
+	for _, a := range args {
+		if st, err := os.Stat(a); err == nil && st.IsDir() {
+			m, err := filepath.Glob(filepath.Join(a, "*.json"))
+			if err != nil {
+				return nil, err
+			}
+			files = append(files, m...)
+			continue
+		}
+		files = append(files, a)
+	}
+	var figs []benchfig.Figure
+	for _, f := range files {
+		r, err := benchfig.ReadResults(f)
+		if err != nil {
+			return nil, err
+		}
+		figs = append(figs, r.Figures...)
+	}
+	if len(figs) == 0 {
+		return nil, fmt.Errorf("no figures in %s", strings.Join(args, " "))
+	}
+	slices.SortFunc(figs, func(a, b benchfig.Figure) int { return strings.Compare(a.Name, b.Name) })
+	return figs, nil
+}
+
+func writeTable(w io.Writer, figs []benchfig.Figure) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "FIGURE\tMEDIAN\tSPREAD (MIN–MAX, N)\tTARGET\tHOLDS\tWHAT")
+	missed := 0
+	for _, f := range figs {
+		target, holds := "as measured", "-"
+		if f.Target != nil {
+			target = f.Target.String() + " " + f.Unit
+			holds = "yes"
+			if !*f.Holds {
+				holds = "NO"
+				missed++
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s %s\t%s–%s, %d\t%s\t%s\t%s\n", f.Name, benchfig.Format(f.Median), f.Unit,
+			benchfig.Format(f.Min), benchfig.Format(f.Max), len(f.Samples), target, holds, f.About)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "%d figures, %d with a target, %d missed\n", len(figs),
+		len(figs)-countNoTarget(figs), missed)
+	return err
+}
+
+func countNoTarget(figs []benchfig.Figure) int {
+	n := 0
+	for _, f := range figs {
+		if f.Target == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// writeBenchfmt writes one benchmark line a sample: the figure's area as the benchmark name, its metric
+// unit as the unit, so that benchstat groups the samples of one figure.
+func writeBenchfmt(w io.Writer, figs []benchfig.Figure) error {
+	for _, f := range figs {
+		area, _, _ := strings.Cut(f.Name, "/")
+		for _, s := range f.Samples {
+			if _, err := fmt.Fprintf(w, "Benchmark%s 1 %g %s\n", strings.ToUpper(area[:1])+area[1:], s, benchfig.MetricUnit(f)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
