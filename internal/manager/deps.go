@@ -32,8 +32,9 @@ type Validator interface {
 	// Volume checks a spec to stage and returns the descriptor it makes: the normalised spec, the
 	// resolved backing path and the device number (the stage time is the manager's).
 	Volume(spec *crustv1.VolumeSpec) (*crustv1.Volume, error)
-	// TargetPath checks a volume target path named by field.
-	TargetPath(field, target string) error
+	// TargetName checks a volume target path named by field as the name of a descriptor to look up,
+	// without touching the filesystem (Volume checked the path of every descriptor held).
+	TargetName(field, target string) error
 	// SameDevice says why v's backing path no longer leads to the device staged, or nil.
 	SameDevice(v *crustv1.Volume) error
 	// SandboxID checks a sandbox id named by field.

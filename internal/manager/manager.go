@@ -173,7 +173,7 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 // may refuse it: the descriptor is kept then). An unknown target is not an error; the subscribers are
 // told of it all the same.
 func (m *Manager) Unstage(ctx context.Context, target string) error {
-	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
+	if err := m.cfg.Validator.TargetName("volume_target_path", target); err != nil {
 		return err
 	}
 	unlock, err := m.locks.Lock(ctx, target)
@@ -214,7 +214,7 @@ func (m *Manager) Get(_ context.Context, target string) (*crustv1.Volume, error)
 
 // stored is Get.
 func (m *Manager) stored(target string) (*crustv1.Volume, error) {
-	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
+	if err := m.cfg.Validator.TargetName("volume_target_path", target); err != nil {
 		return nil, err
 	}
 	v := m.get(target)
@@ -267,7 +267,7 @@ func (m *Manager) ListPage(_ context.Context, after string, maxEntries, maxBytes
 // (ErrFailedPrecondition otherwise), and one writer per device holds (see oneWriter).
 func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string) (*crustv1.Volume, error) {
 	if err := errors.Join(
-		m.cfg.Validator.TargetPath("volume_target_path", target),
+		m.cfg.Validator.TargetName("volume_target_path", target),
 		m.cfg.Validator.SandboxID("sandbox_id", sandboxID),
 		m.cfg.Validator.HandlerEndpoint("handler_endpoint", endpoint),
 	); err != nil {
@@ -283,7 +283,7 @@ func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string)
 // the same sandbox's included, is ErrFailedPrecondition. c is recorded as given, with the claim time set.
 func (m *Manager) ClaimFound(ctx context.Context, target string, c *crustv1.Claim) (*crustv1.Volume, error) {
 	if err := errors.Join(
-		m.cfg.Validator.TargetPath("volume_target_path", target),
+		m.cfg.Validator.TargetName("volume_target_path", target),
 		m.cfg.Validator.SandboxID("claim.sandbox_id", c.GetSandboxId()),
 	); err != nil {
 		return nil, err
@@ -340,7 +340,7 @@ func (m *Manager) claim(ctx context.Context, target string, c *crustv1.Claim, fo
 // unclaimed volume is not an error; another sandbox's claim is ErrFailedPrecondition unless force is
 // set, which releases any claim. Watchers get EVENT_TYPE_RELEASED with the claim ended.
 func (m *Manager) Release(ctx context.Context, target, sandboxID string, force bool) error {
-	if err := m.cfg.Validator.TargetPath("volume_target_path", target); err != nil {
+	if err := m.cfg.Validator.TargetName("volume_target_path", target); err != nil {
 		return err
 	}
 	if !force || sandboxID != "" {

@@ -19,7 +19,7 @@ type anySpec struct{}
 func (anySpec) Volume(s *crustv1.VolumeSpec) (*crustv1.Volume, error) {
 	return &crustv1.Volume{Spec: proto.CloneOf(s), DeviceNumber: &crustv1.DeviceNumber{Major: 7}}, nil
 }
-func (anySpec) TargetPath(string, string) error            { return nil }
+func (anySpec) TargetName(string, string) error            { return nil }
 func (anySpec) SameDevice(*crustv1.Volume) error           { return nil }
 func (anySpec) SandboxID(string, string) error             { return nil }
 func (anySpec) HandlerEndpoint(string, string) error       { return nil }

@@ -64,6 +64,33 @@ func (v *Validator) under(p string) (rel string, ok bool) {
 	return rel, ok && rel != ""
 }
 
+// TargetName checks a target path that names a descriptor to look up: TargetPath's string rules and that
+// it lies strictly under the kubelet root, without touching the filesystem. That is all a lookup needs:
+// the path of every descriptor held was checked whole (TargetPath) when it was staged, and a name that
+// passes here but names nothing held is simply not found. A refusal is a *errdefs.FieldError naming
+// field.
+func (v *Validator) TargetName(field, p string) error {
+	if err := pathString(field, p); err != nil {
+		return err
+	}
+	if _, ok := v.under(p); !ok {
+		return v.notUnder(field, p)
+	}
+	return nil
+}
+
+// notUnder is the refusal of a path p that does not lie strictly under the kubelet root.
+func (v *Validator) notUnder(field, p string) error {
+	if p == v.root {
+		return errdefs.Field(field, "%q is the kubelet root itself; a target path lies below it", p)
+	}
+	if v.realRoot != v.root && (p == v.realRoot || strings.HasPrefix(p, v.realRoot+"/")) {
+		return errdefs.Field(field, "%q is not under the kubelet root %s (it is under %s, which the kubelet "+
+			"root resolves to; name target paths under %s)", p, v.root, v.realRoot, v.root)
+	}
+	return errdefs.Field(field, "%q is not under the kubelet root %s", p, v.root)
+}
+
 // TargetPath checks a volume target path: it is non-empty, at most 4096 bytes, valid UTF-8 without NUL
 // or control characters, absolute, clean (filepath.Clean leaves it unchanged), strictly under the
 // kubelet root in its configured form, and no component below the kubelet root is a symlink, or (except
@@ -75,14 +102,7 @@ func (v *Validator) TargetPath(field, p string) error {
 	}
 	rel, ok := v.under(p)
 	if !ok {
-		if p == v.root {
-			return errdefs.Field(field, "%q is the kubelet root itself; a target path lies below it", p)
-		}
-		if v.realRoot != v.root && (p == v.realRoot || strings.HasPrefix(p, v.realRoot+"/")) {
-			return errdefs.Field(field, "%q is not under the kubelet root %s (it is under %s, which the kubelet "+
-				"root resolves to; name target paths under %s)", p, v.root, v.realRoot, v.root)
-		}
-		return errdefs.Field(field, "%q is not under the kubelet root %s", p, v.root)
+		return v.notUnder(field, p)
 	}
 
 	comps := strings.Split(rel, "/")

@@ -238,6 +238,13 @@ func TestValidate(t *testing.T) {
 			reason: "afile is not a directory"},
 		{name: "TargetPath names the given field", run: plain(func() error { return e.v.TargetPath("volume_target_path", "x") }),
 			field: "volume_target_path", reason: "is not absolute"},
+		// A lookup checks the name only: a path through a symlink names nothing held (it was refused at
+		// stage), and is not refused.
+		{name: "TargetName: a path through a symlink is a name", run: plain(func() error { return e.v.TargetName(tp, e.csi+"/link/mount") })},
+		{name: "TargetName: outside the kubelet root", run: plain(func() error { return e.v.TargetName(tp, "/etc/kubelet/pods/x") }),
+			field: tp, reason: "is not under the kubelet root"},
+		{name: "TargetName: the string rules", run: plain(func() error { return e.v.TargetName(tp, e.root+"/pods/../x") }),
+			field: tp, reason: "not clean"},
 
 		// ---- refused: volume type
 		{name: "type unknown", run: spec(backing(e.blk, 99)), field: vt, reason: "99 is not a known volume type"},
