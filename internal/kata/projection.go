@@ -33,8 +33,10 @@
 // Why "directvol": Kata's Go runtime does not read volume-type at all, while runtime-rs takes a block
 // device or a raw image file only with volume-type "directvol" and refuses any other value for them.
 //
-// Writes are atomic and durable (see crust.dev/crust/pkg/kata): after a crash each volume directory holds
-// either the old mountInfo.json or the new one.
+// Writes are atomic (see crust.dev/crust/pkg/kata): a reader finds either the old mountInfo.json or the
+// new one, never a part. They are not fsynced, since the store is the commit point and Sync rebuilds the
+// projection from it at every start (after a reboot, every volume directory of a dropped record is
+// removed); removals are durable, so that a volume unstaged before a crash does not come back.
 package kata
 
 import (
@@ -67,7 +69,8 @@ func New(dir string) (*Projection, error) {
 	if dir == "" {
 		return &Projection{}, nil
 	}
-	d, err := katafmt.OpenDir(dir)
+	// The projection is rebuilt from the store at every start (Sync), so its writes need not be durable.
+	d, err := katafmt.OpenDir(dir, katafmt.WithoutSync())
 	if errors.Is(err, safedir.ErrInsecure) || errors.Is(err, katafmt.ErrForeignEntry) {
 		return nil, fmt.Errorf("kata directory: %w: %w", err, errdefs.ErrFailedPrecondition)
 	}

@@ -20,7 +20,8 @@
 //
 // Add, Remove, Get and SandboxIDs behave like `kata-runtime direct-volume` and Kata's runtime on the same
 // files, with two differences that only make them safer: writes are atomic and durable (Kata writes in
-// place), and input is checked before anything is created (Kata creates the volume directory first).
+// place; a Dir opened WithoutSync keeps them atomic only, for a writer that rebuilds the directory after
+// a crash), and input is checked before anything is created (Kata creates the volume directory first).
 //
 // ShimClient speaks the other half of the format: the direct-volume part of a Kata shim's management API
 // (HTTP over a unix socket per sandbox), to ask the sandbox that uses a volume for its stats or to resize

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 
 	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/safedir"
@@ -53,22 +54,36 @@ type Volume struct {
 // volume paths; calls for one volume path must be serialised by the caller.
 type Dir struct {
 	d *safedir.Dir
+	// durable says whether writes are fsynced (see WithoutSync).
+	durable bool
+
+	mu  sync.Mutex
+	tmp *safedir.Dir // the temporary directory, opened on first use and kept; see tempDir
 }
+
+// Option changes how a Dir writes.
+type Option func(*Dir)
+
+// WithoutSync makes Add's writes atomic but not durable: a reader sees a volume's old mount info or its
+// new one, never a part, but a crash of the machine may take a write back. It is for a writer that
+// rebuilds the directory after a crash from durable state of its own (crustd's projection does at every
+// start, from its store). Removals stay durable: a removal taken back would leave a volume nothing holds.
+func WithoutSync() Option { return func(d *Dir) { d.durable = false } }
 
 // OpenDir opens the direct-volume directory at path, creating it (mode 0700, as Kata does) when missing.
 // It fails with ErrForeignEntry when a symbolic link is at path's place, and with an error wrapping
 // safedir.ErrInsecure when another user owns the directory or may write in it: such a user could plant
 // entries, so nothing is done there. A directory that others may read (Kata makes it 0700; kubelet's
 // DirectoryOrCreate makes 0755) is accepted: each volume directory is 0700 and each mountInfo.json 0600.
-func OpenDir(path string) (*Dir, error) {
+func OpenDir(path string, opts ...Option) (*Dir, error) {
 	if err := os.MkdirAll(path, dirMode); err != nil {
 		return nil, err
 	}
-	return openDir(path)
+	return openDir(path, opts...)
 }
 
 // openDir opens the existing direct-volume directory at path and checks its owner and mode.
-func openDir(path string) (*Dir, error) {
+func openDir(path string, opts ...Option) (*Dir, error) {
 	d, err := safedir.Open(path)
 	if err != nil {
 		return nil, foreign(err)
@@ -77,14 +92,27 @@ func openDir(path string) (*Dir, error) {
 		_ = d.Close()
 		return nil, err
 	}
-	return &Dir{d: d}, nil
+	dir := &Dir{d: d, durable: true}
+	for _, o := range opts {
+		o(dir)
+	}
+	return dir, nil
 }
 
 // Path returns the path the directory was opened at.
 func (d *Dir) Path() string { return d.d.Path() }
 
 // Close closes the directory.
-func (d *Dir) Close() error { return d.d.Close() }
+func (d *Dir) Close() error {
+	d.mu.Lock()
+	tmp := d.tmp
+	d.tmp = nil
+	d.mu.Unlock()
+	if tmp != nil {
+		_ = tmp.Close() // read-only descriptor of a directory: nothing to lose
+	}
+	return d.d.Close()
+}
 
 // withDir opens the direct-volume directory at path (creating it when create), runs fn on it and closes
 // it. A directory that does not exist, when not created, returns missing.
@@ -210,35 +238,17 @@ func (d *Dir) Remove(volumePath string) error {
 	if err := checkVolumePath(volumePath); err != nil {
 		return err
 	}
-	name := VolumeDirName(volumePath)
-	if _, err := d.d.Lstat(name); errors.Is(err, fs.ErrNotExist) {
-		return nil
-	} else if err != nil {
-		return err
-	}
-	tmp, err := d.tempDir()
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tmp.Close() }()
-	trash, err := tmp.MkdirTemp("remove-")
-	if err != nil {
-		return err
-	}
-	trashDir, err := tmp.OpenDir(trash)
-	if err != nil {
-		return err
-	}
-	err = d.d.Rename(name, trashDir, "volume")
-	_ = trashDir.Close()
-	if err != nil {
-		_ = tmp.RemoveAll(trash)
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil // removed meanwhile
+	return d.inTemp(func(tmp *safedir.Dir) error {
+		trash := safedir.TempName("remove-")
+		name := VolumeDirName(volumePath)
+		if err := d.d.RenameNoReplace(name, tmp, trash); err != nil {
+			if _, lerr := d.d.Lstat(name); errors.Is(err, fs.ErrNotExist) && errors.Is(lerr, fs.ErrNotExist) {
+				return nil // not there, or removed meanwhile
+			}
+			return err // the temporary directory may be gone: inTemp tries again
 		}
-		return err
-	}
-	return errors.Join(d.d.Sync(), tmp.RemoveAll(trash))
+		return errors.Join(d.d.Sync(), tmp.RemoveAll(trash))
+	})
 }
 
 // Get returns the mount info of volumePath, decoded as Kata decodes it. It fails with ErrNotFound when
@@ -359,6 +369,7 @@ func (d *Dir) List() ([]Volume, error) {
 // removed, never followed). Call it when nothing else writes to the directory (at start-up): an Add or
 // Remove running meanwhile may fail.
 func (d *Dir) CleanTemp() error {
+	d.dropTemp()
 	return errors.Join(d.d.RemoveAll(TempDirName), d.d.Sync())
 }
 
@@ -375,52 +386,65 @@ func checkAdd(volumePath, mountInfo string) error {
 // directory is built in the temporary directory and renamed into place whole; in an existing one only the
 // file is replaced, so the sandbox-id files stay.
 func (d *Dir) writeMountInfo(name string, data []byte) error {
-	tmp, err := d.tempDir()
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tmp.Close() }()
 	vol, err := d.d.OpenDir(name)
 	if err == nil {
 		defer func() { _ = vol.Close() }()
-		return replaceMountInfo(vol, tmp, data)
+		return d.inTemp(func(tmp *safedir.Dir) error { return d.replaceMountInfo(vol, tmp, data) })
 	}
 	if !errors.Is(err, fs.ErrNotExist) {
 		return foreign(err)
 	}
-
-	staging, err := tmp.MkdirTemp("add-") // mode 0700, as Kata makes volume directories
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tmp.RemoveAll(staging) }() // finds nothing after the rename
-	stage, err := tmp.OpenDir(staging)
-	if err != nil {
-		return err
-	}
-	err = stage.WriteFile(MountInfoFileName, data, fileMode, tmp) // fsyncs the file and the staging directory
-	_ = stage.Close()
-	if err != nil {
-		return err
-	}
-	if err := tmp.RenameNoReplace(staging, d.d, name); err != nil {
-		if !errors.Is(err, fs.ErrExist) {
+	return d.inTemp(func(tmp *safedir.Dir) error {
+		staging, stage, err := tmp.MkdirTemp("add-") // mode 0700, as Kata makes volume directories
+		if err != nil {
 			return err
 		}
-		// Someone created the volume directory meanwhile.
-		vol, err := d.d.OpenDir(name)
+		defer func() { _ = tmp.RemoveAll(staging) }() // finds nothing after the rename
+		// The staging directory is unseen until it is renamed into place, so the file is written in it
+		// directly.
+		err = writeNew(stage, MountInfoFileName, data, d.durable)
+		_ = stage.Close()
 		if err != nil {
-			return foreign(err)
+			return err
 		}
-		defer func() { _ = vol.Close() }()
-		return replaceMountInfo(vol, tmp, data)
+		if err := tmp.RenameNoReplace(staging, d.d, name); err != nil {
+			if !errors.Is(err, fs.ErrExist) {
+				return err
+			}
+			// Someone created the volume directory meanwhile.
+			vol, err := d.d.OpenDir(name)
+			if err != nil {
+				return foreign(err)
+			}
+			defer func() { _ = vol.Close() }()
+			return d.replaceMountInfo(vol, tmp, data)
+		}
+		if !d.durable {
+			return nil
+		}
+		return d.d.Sync()
+	})
+}
+
+// writeNew creates the file name in dir with data, fsyncing it and dir when durable.
+func writeNew(dir *safedir.Dir, name string, data []byte, durable bool) error {
+	f, err := dir.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, fileMode)
+	if err != nil {
+		return err
 	}
-	return d.d.Sync()
+	_, err = f.Write(data)
+	if err == nil && durable {
+		err = f.Sync()
+	}
+	if err = errors.Join(err, f.Close()); err != nil || !durable {
+		return err
+	}
+	return dir.Sync()
 }
 
 // replaceMountInfo atomically replaces the mountInfo.json of the volume directory vol with data,
 // preparing the new file in tmp. It leaves a file that already holds data with mode 0600 untouched.
-func replaceMountInfo(vol, tmp *safedir.Dir, data []byte) error {
+func (d *Dir) replaceMountInfo(vol, tmp *safedir.Dir, data []byte) error {
 	fi, err := vol.Lstat(MountInfoFileName)
 	switch {
 	case err == nil && !fi.Mode().IsRegular():
@@ -431,6 +455,9 @@ func replaceMountInfo(vol, tmp *safedir.Dir, data []byte) error {
 		}
 	case err != nil && !errors.Is(err, fs.ErrNotExist):
 		return err
+	}
+	if !d.durable {
+		return foreign(vol.WriteFileAtomic(MountInfoFileName, data, fileMode, tmp))
 	}
 	// Fsyncs the new file, renames it over the old one and fsyncs the volume directory.
 	return foreign(vol.WriteFile(MountInfoFileName, data, fileMode, tmp))
@@ -449,11 +476,34 @@ func (d *Dir) openVolume(volumePath string) (*safedir.Dir, error) {
 	return vol, nil
 }
 
-// tempDir opens the temporary directory, creating it when missing.
+// inTemp runs fn with the temporary directory (see tempDir). When fn fails, the directory may be gone (an
+// operator cleared it): fn runs once more with the directory opened anew, and that answer stands.
+func (d *Dir) inTemp(fn func(tmp *safedir.Dir) error) error {
+	tmp, err := d.tempDir()
+	if err != nil {
+		return err
+	}
+	if err = fn(tmp); err == nil {
+		return nil
+	}
+	d.dropTemp()
+	if tmp, err = d.tempDir(); err != nil {
+		return err
+	}
+	return fn(tmp)
+}
+
+// tempDir returns the temporary directory, opened on first use, created when missing, and kept until
+// dropTemp; callers do not close it.
 //
 // The name is this package's own, so whatever else stands there (a planted link or file) is removed,
 // itself and never what it points to, and the directory made anew: a planted entry cannot stop writes.
 func (d *Dir) tempDir() (*safedir.Dir, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.tmp != nil {
+		return d.tmp, nil
+	}
 	tmp, err := d.d.EnsureDir(TempDirName, dirMode)
 	if errors.Is(err, safedir.ErrWrongType) {
 		if rerr := d.d.RemoveAll(TempDirName); rerr != nil {
@@ -464,7 +514,16 @@ func (d *Dir) tempDir() (*safedir.Dir, error) {
 	if err != nil {
 		return nil, foreign(err)
 	}
+	d.tmp = tmp
 	return tmp, nil
+}
+
+// dropTemp forgets the kept temporary directory; the next tempDir opens it anew. A call in flight that
+// uses the old one keeps its descriptor: it is closed by the garbage collector, not here.
+func (d *Dir) dropTemp() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.tmp = nil
 }
 
 func notFound(volumePath string) error {

@@ -322,3 +322,49 @@ func TestForgetSandbox(t *testing.T) {
 		t.Fatalf("the descriptor went with the sandbox id: %v", err)
 	}
 }
+
+// An opened Dir keeps its temporary directory between calls; one that somebody removed, or replaced with
+// a file, is made anew, and the calls succeed as if nothing had happened. The same holds with
+// WithoutSync, whose writes are the same files.
+func TestKeptTempDirGoneMeanwhile(t *testing.T) {
+	for _, opts := range [][]Option{nil, {WithoutSync()}} {
+		dir := t.TempDir()
+		d, err := OpenDir(dir, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmp := filepath.Join(dir, TempDirName)
+		steps := []func(){
+			func() {}, // the first call makes it
+			func() { _ = os.RemoveAll(tmp) },
+			func() { _ = os.RemoveAll(tmp); _ = os.WriteFile(tmp, nil, 0o600) },
+		}
+		for i, damage := range steps {
+			damage()
+			p := testPath + string(rune('a'+i))
+			if err := d.Add(p, testInfo); err != nil {
+				t.Fatalf("step %d, with options %d: Add: %v", i, len(opts), err)
+			}
+			if mi, err := Get(dir, p); err != nil || mi.Device != "/dev/loop0" {
+				t.Fatalf("step %d: Get = %+v, %v", i, mi, err)
+			}
+			damage()
+			if err := d.Add(p, strings.Replace(testInfo, "loop0", "loop1", 1)); err != nil {
+				t.Fatalf("step %d: Add over an existing volume: %v", i, err)
+			}
+			if mi, err := Get(dir, p); err != nil || mi.Device != "/dev/loop1" {
+				t.Fatalf("step %d: Get after the second Add = %+v, %v", i, mi, err)
+			}
+			damage()
+			if err := d.Remove(p); err != nil {
+				t.Fatalf("step %d: Remove: %v", i, err)
+			}
+			if _, err := Get(dir, p); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("step %d: Get after Remove = %v", i, err)
+			}
+		}
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -47,6 +48,7 @@ const resolve = unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH | unix.RESOLVE_N
 type Dir struct {
 	f    *os.File
 	path string // for messages only
+	sync syncGroup
 }
 
 // Open opens the existing directory at path. The last element of path must not be a symbolic link.
@@ -106,12 +108,49 @@ func (d *Dir) Join(name string) string { return filepath.Join(d.path, name) }
 // Close closes the directory.
 func (d *Dir) Close() error { return d.f.Close() }
 
-// Sync makes the creations, renames and removals of entries durable (fsync of the directory).
+// Sync makes the creations, renames and removals of entries made before it was called durable: it
+// returns once an fsync of the directory that began after the call has ended, with that fsync's error.
+// Calls that overlap share fsyncs (a group commit): while one runs, every call that comes waits for the
+// next, which one of them runs for all, so N concurrent writers pay about two fsyncs, not N.
 func (d *Dir) Sync() error {
-	if err := d.f.Sync(); err != nil {
-		return pathErr("sync", d.path, err, false)
+	g := &d.sync
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	need := g.started + 1 // the first fsync to begin from now on
+	for g.finished < need {
+		if g.running {
+			if g.done == nil {
+				g.done = sync.NewCond(&g.mu)
+			}
+			g.done.Wait()
+			continue
+		}
+		g.running = true
+		g.started++
+		gen := g.started
+		g.mu.Unlock()
+		err := d.f.Sync()
+		g.mu.Lock()
+		g.running = false
+		g.finished, g.err = gen, err
+		if g.done != nil {
+			g.done.Broadcast()
+		}
+	}
+	// g.err is that of the latest fsync to end, which began after this call did whatever its generation.
+	if g.err != nil {
+		return pathErr("sync", d.path, g.err, false)
 	}
 	return nil
+}
+
+// syncGroup is the state of a Dir's group commit (see Sync).
+type syncGroup struct {
+	mu                sync.Mutex
+	done              *sync.Cond // signalled when an fsync ends; made on first wait
+	started, finished uint64     // generations of fsyncs begun and of the latest one ended
+	running           bool
+	err               error // of the latest fsync to end
 }
 
 // CheckOwned fails with ErrInsecure, naming the path, the owner and the mode, unless the directory is
@@ -141,18 +180,31 @@ func (d *Dir) OpenDir(name string) (*Dir, error) {
 // Mkdir creates the subdirectory name with mode perm, whatever the umask. An existing entry is an error
 // wrapping fs.ErrExist.
 func (d *Dir) Mkdir(name string, perm fs.FileMode) error {
-	if err := checkName(name); err != nil {
+	sub, err := d.MkdirOpen(name, perm)
+	if err != nil {
 		return err
 	}
+	return sub.Close()
+}
+
+// MkdirOpen is Mkdir returning the new directory, opened.
+func (d *Dir) MkdirOpen(name string, perm fs.FileMode) (*Dir, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	if err := unix.Mkdirat(d.fd(), name, 0o700); err != nil {
-		return pathErr("mkdir", d.Join(name), err, false)
+		return nil, pathErr("mkdir", d.Join(name), err, false)
 	}
 	// Mkdirat is subject to the umask; the mode is set on the directory opened without following links.
 	sub, err := d.OpenDir(name)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return errors.Join(sub.chmod(perm), sub.Close())
+	if err := sub.chmod(perm); err != nil {
+		_ = sub.Close()
+		return nil, err
+	}
+	return sub, nil
 }
 
 func (d *Dir) chmod(perm fs.FileMode) error {
@@ -178,15 +230,23 @@ func (d *Dir) EnsureDir(name string, perm fs.FileMode) (*Dir, error) {
 	return sub, nil
 }
 
-// MkdirTemp creates a new subdirectory, mode 0700, whose name starts with prefix, and returns its name.
-func (d *Dir) MkdirTemp(prefix string) (string, error) {
+// MkdirTemp creates a new subdirectory, mode 0700, whose name starts with prefix, and returns its name and
+// the directory, opened.
+func (d *Dir) MkdirTemp(prefix string) (string, *Dir, error) {
 	for {
-		name := prefix + randomSuffix()
-		err := d.Mkdir(name, 0o700)
+		name := TempName(prefix)
+		sub, err := d.MkdirOpen(name, 0o700)
 		if !errors.Is(err, fs.ErrExist) {
-			return name, err
+			return name, sub, err
 		}
 	}
+}
+
+// TempName returns prefix followed by 16 random hex digits: a name no other call returns.
+func TempName(prefix string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails on Linux
+	return prefix + hex.EncodeToString(b[:])
 }
 
 // OpenFile opens the regular file name with flag (os.O_RDONLY, os.O_WRONLY|os.O_CREATE, ...); a file
@@ -242,6 +302,17 @@ func (d *Dir) ReadFile(name string, limit int64) ([]byte, error) {
 // happens, name holds its old content or data. A link at name is replaced, never written through; a
 // directory at name is ErrWrongType.
 func (d *Dir) WriteFile(name string, data []byte, perm fs.FileMode, tmp *Dir) error {
+	return d.writeFile(name, data, perm, tmp, true)
+}
+
+// WriteFileAtomic is WriteFile without its fsyncs: the replacement is atomic (a reader sees the old
+// content or the new, never a part) but not durable (a crash of the machine may take it back). It is for
+// a file its writer rebuilds after a crash from durable state of its own.
+func (d *Dir) WriteFileAtomic(name string, data []byte, perm fs.FileMode, tmp *Dir) error {
+	return d.writeFile(name, data, perm, tmp, false)
+}
+
+func (d *Dir) writeFile(name string, data []byte, perm fs.FileMode, tmp *Dir, durable bool) error {
 	if err := checkName(name); err != nil {
 		return err
 	}
@@ -251,7 +322,7 @@ func (d *Dir) WriteFile(name string, data []byte, perm fs.FileMode, tmp *Dir) er
 		err     error
 	)
 	for {
-		tmpName = "w-" + randomSuffix()
+		tmpName = TempName("w-")
 		f, err = tmp.OpenFile(tmpName, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
 		if !errors.Is(err, fs.ErrExist) {
 			break
@@ -261,7 +332,7 @@ func (d *Dir) WriteFile(name string, data []byte, perm fs.FileMode, tmp *Dir) er
 		return err
 	}
 	_, err = f.Write(data)
-	if err == nil {
+	if err == nil && durable {
 		err = f.Sync()
 	}
 	if err = errors.Join(err, f.Close()); err == nil {
@@ -270,6 +341,9 @@ func (d *Dir) WriteFile(name string, data []byte, perm fs.FileMode, tmp *Dir) er
 	if err != nil {
 		_ = tmp.Remove(tmpName)
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	return d.Sync()
 }
@@ -454,12 +528,6 @@ func Kind(mode fs.FileMode) string {
 		return "a device node"
 	}
 	return "an entry of unknown kind"
-}
-
-func randomSuffix() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:]) // never fails on Linux
-	return hex.EncodeToString(b[:])
 }
 
 // fileInfo is an fs.FileInfo from fstatat; Sys returns the *unix.Stat_t.

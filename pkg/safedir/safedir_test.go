@@ -2,9 +2,11 @@ package safedir_test
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -201,12 +203,52 @@ func TestWriteFile(t *testing.T) {
 	if names, _ := tmp.Names(); len(names) != 0 {
 		t.Fatalf("tmp holds %v", names)
 	}
-	name, err := tmp.MkdirTemp("x-")
+	name, sub, err := tmp.MkdirTemp("x-")
 	must(t, err)
+	must(t, sub.WriteFileAtomic("in", []byte("in"), 0o600, tmp)) // MkdirTemp's directory is open
+	must(t, sub.Close())
 	must(t, tmp.RenameNoReplace(name, d, "tmp2"))
-	name, err = tmp.MkdirTemp("x-")
+	if data, err := os.ReadFile(d.Join("tmp2/in")); err != nil || string(data) != "in" {
+		t.Fatalf("the file written in MkdirTemp's directory: %q, %v", data, err)
+	}
+	name, sub, err = tmp.MkdirTemp("x-")
 	must(t, err)
+	must(t, sub.Close())
 	if err := tmp.RenameNoReplace(name, d, "tmp2"); !errors.Is(err, fs.ErrExist) {
 		t.Fatalf("RenameNoReplace onto an existing name: %v", err)
+	}
+}
+
+// Overlapping Syncs of one directory share fsyncs, and every one of them returns only after an fsync that
+// began after it was called: each writer's rename is durable when its Sync returns nil. An fsync that
+// fails fails every call waiting on it.
+func TestSyncConcurrent(t *testing.T) {
+	d, err := safedir.Open(t.TempDir())
+	must(t, err)
+	tmp, err := d.EnsureDir("tmp", 0o700)
+	must(t, err)
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := range 64 {
+		wg.Go(func() {
+			errs <- d.WriteFile(fmt.Sprintf("f%d", i), []byte("x"), 0o600, tmp) // renames, then Syncs d
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		must(t, err)
+	}
+	names, err := d.Names()
+	must(t, err)
+	if len(names) != 65 { // 64 files and tmp
+		t.Fatalf("%d entries, want 65", len(names))
+	}
+	must(t, tmp.Close())
+	must(t, d.Close())
+	for range 2 {
+		if err := d.Sync(); err == nil {
+			t.Fatal("Sync of a closed directory succeeded")
+		}
 	}
 }
