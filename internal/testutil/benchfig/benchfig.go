@@ -141,7 +141,11 @@ func Format(v float64) string {
 	case a >= 1000 || a == math.Trunc(a) && a >= 100:
 		return fmt.Sprintf("%.0f", v)
 	default:
-		return strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.3g", v), "0"), ".")
+		s := fmt.Sprintf("%.3g", v)
+		if strings.Contains(s, ".") && !strings.Contains(s, "e") {
+			s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+		}
+		return s
 	}
 }
 

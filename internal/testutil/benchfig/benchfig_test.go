@@ -56,7 +56,7 @@ func TestWriteReadResults(t *testing.T) {
 }
 
 func TestFormat(t *testing.T) {
-	for v, want := range map[float64]string{0.0912: "0.0912", 1.5: "1.5", 2: "2", 18.04: "18", 1370: "1370", 250: "250"} {
+	for v, want := range map[float64]string{0.0912: "0.0912", 1.5: "1.5", 2: "2", 18.04: "18", 1370: "1370", 250: "250", 50: "50", 0.35: "0.35", 2.5: "2.5"} {
 		if got := Format(v); got != want {
 			t.Errorf("Format(%v) = %q, want %q", v, got, want)
 		}

@@ -1,0 +1,97 @@
+package control
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"crust.dev/crust/internal/testutil/benchfig"
+	"crust.dev/crust/internal/testutil/sandbox"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/client"
+)
+
+// forwardCalls is how many calls of each kind a round of BenchmarkForward makes.
+const forwardCalls = 300
+
+// fixedHandler answers stats and expansion from constants, so that a call to it costs one round trip.
+type fixedHandler struct {
+	crustv1.UnimplementedRuntimeHandlerServiceServer
+}
+
+func (fixedHandler) GetVolumeStats(context.Context, *crustv1.RuntimeHandlerServiceGetVolumeStatsRequest) (*crustv1.RuntimeHandlerServiceGetVolumeStatsResponse, error) {
+	return &crustv1.RuntimeHandlerServiceGetVolumeStatsResponse{Usage: []*crustv1.VolumeUsage{
+		{Unit: crustv1.VolumeUsage_UNIT_BYTES, Total: 64 << 20, Used: 1 << 20, Available: 63 << 20},
+	}}, nil
+}
+
+func (fixedHandler) ExpandVolume(_ context.Context, r *crustv1.RuntimeHandlerServiceExpandVolumeRequest) (*crustv1.RuntimeHandlerServiceExpandVolumeResponse, error) {
+	return &crustv1.RuntimeHandlerServiceExpandVolumeResponse{CapacityBytes: r.GetRequiredBytes()}, nil
+}
+
+// BenchmarkForward measures what crustd adds to a claimed volume's stats and expansion, which it forwards
+// to the runtime handler that claimed the volume: per round, the call on crustd's socket, the same call
+// straight to the handler's socket (one unary round trip on a unix socket, the handler answering from
+// constants), alternating. Figures, per-round ratios of crustd's added time (through crustd minus
+// straight) over the straight call: control/stats-added-vs-rtt and control/expand-added-vs-rtt, at most
+// 1.3 each.
+func BenchmarkForward(b *testing.B) {
+	ctx := context.Background()
+	tmpfs := dirOn(b, tmpfsMagic, "tmpfs")
+	e := startEnv(b, tmpfs+"/state", tmpfs+"/kata", 1)
+	spec := e.specs[0]
+	target := spec.GetVolumeTargetPath()
+	e.stage(ctx, b, spec)
+	rt, endpoint, _ := sandbox.Serve(b, e.d.Socket, filepath.Join(e.d.Root, "run", "handler.sock"), fixedHandler{})
+	if _, err := rt.Claim(ctx, target, "bench-sandbox", endpoint); err != nil {
+		b.Fatal(err)
+	}
+	hconn, err := client.DialUnix(endpoint)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = hconn.Close() })
+	direct := crustv1.NewRuntimeHandlerServiceClient(hconn)
+
+	viaStats := func(int) {
+		if _, err := e.vols.GetVolumeStats(ctx, &crustv1.GetVolumeStatsRequest{VolumeTargetPath: target}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	directStats := func(int) {
+		if _, err := direct.GetVolumeStats(ctx, &crustv1.RuntimeHandlerServiceGetVolumeStatsRequest{VolumeTargetPath: target, SandboxId: "bench-sandbox"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	viaExpand := func(int) {
+		if _, err := e.vols.ExpandVolume(ctx, &crustv1.ExpandVolumeRequest{VolumeTargetPath: target, RequiredBytes: 64 << 20}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	directExpand := func(int) {
+		if _, err := direct.ExpandVolume(ctx, &crustv1.RuntimeHandlerServiceExpandVolumeRequest{VolumeTargetPath: target,
+			SandboxId: "bench-sandbox", RequiredBytes: 64 << 20, DeviceBytes: 64 << 20}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var stats, expand, rtt []float64
+	round := 0
+	for b.Loop() {
+		first := round%2 == 0
+		round++
+		v, d := sideBySide(first, func() time.Duration { return timeEach(forwardCalls, viaStats) },
+			func() time.Duration { return timeEach(forwardCalls, directStats) })
+		stats, rtt = append(stats, ratio(v-d, d)), append(rtt, us(d))
+		v, d = sideBySide(first, func() time.Duration { return timeEach(forwardCalls, viaExpand) },
+			func() time.Duration { return timeEach(forwardCalls, directExpand) })
+		expand = append(expand, ratio(v-d, d))
+	}
+	b.StopTimer()
+	benchfig.Record(b, benchfig.Figure{Name: "control/stats-added-vs-rtt", Unit: "x", Samples: stats, Target: benchfig.AtMost(1.3),
+		About: "(GetVolumeStats on crustd, forwarded to the handler) minus (the same straight to the handler) / the straight call"})
+	benchfig.Record(b, benchfig.Figure{Name: "control/expand-added-vs-rtt", Unit: "x", Samples: expand, Target: benchfig.AtMost(1.3),
+		About: "(ExpandVolume on crustd, forwarded to the handler) minus (the same straight to the handler) / the straight call"})
+	benchfig.Record(b, benchfig.Figure{Name: "control/unary-rtt", Unit: "us", Samples: rtt,
+		About: "one unary round trip on a unix socket: GetVolumeStats straight to a handler answering from constants"})
+}
