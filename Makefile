@@ -136,13 +136,16 @@ test-cluster: ## Cluster tier: a real single-node Kubernetes with crust deployed
 
 # Ops per VM benchmark (test/bench): each op takes seconds under TCG, so they run a fixed count.
 BENCH_OPS ?= 7
+# Rounds per control-path benchmark (test/bench/control): each round measures crust and its floor side by side.
+BENCH_ROUNDS ?= 9
 
 .PHONY: bench
 bench: deps build guest ## Run the benchmarks into bench/results/*.json and print one table of every figure with its target; BENCH_OPS=N ops per VM benchmark
 	hack/guest/fetch-kernel.sh --with-9p $(GUEST)
 	$(GO) run ./examples/microvm/hack/mkinitramfs -assets $(GUEST) -flavour generic -agent $(GUEST)/crust-guest
 	mkdir -p bench/results
-	CRUST_BENCH_RESULTS=$(CURDIR)/bench/results $(GOTEST) -run='^$$' -bench=. -benchmem $$($(GO) list $(ALLPKGS) | grep -v '/test/bench$$')
+	CRUST_BENCH_RESULTS=$(CURDIR)/bench/results $(GOTEST) -run='^$$' -bench=. -benchmem $$($(GO) list $(ALLPKGS) | grep -v '/test/bench')
+	CRUST_BENCH_RESULTS=$(CURDIR)/bench/results $(GOTEST) -run='^$$' -bench=. -benchtime=$(BENCH_ROUNDS)x ./test/bench/control
 	CRUST_BENCH_RESULTS=$(CURDIR)/bench/results $(GOTEST) -run='^$$' -bench=. -benchtime=$(BENCH_OPS)x ./test/bench
 	$(GO) run ./hack/benchtable bench/results
 

@@ -88,6 +88,7 @@ func Defaults() Config {
 
 // Run serves until ctx ends, then stops gracefully. It returns an error when start-up fails.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	start := time.Now()
 	v, err := validate.New(validate.Config{
 		KubeletDir: cfg.KubeletDir, DeviceAllow: cfg.DeviceAllow, DeviceAllowKinds: cfg.DeviceAllowKinds,
 		AllowFileBacked: cfg.AllowFileBacked, MetadataKeys: cfg.MetadataKeys, AllowMountOptions: cfg.AllowMountOptions,
@@ -167,7 +168,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer stopHTTP()
 	srv.SetServing(true)
 	met.SetReady(true)
-	log.Info("serving", "socket", cfg.Socket, "http", cfg.HTTPAddr)
+	log.Info("serving", "socket", cfg.Socket, "http", cfg.HTTPAddr, "start_took", time.Since(start))
 
 	hw := handlerwatch.New(handlerwatch.Config{Manager: m, Grace: cfg.HandlerGrace, Released: met.HandlerGone, Sandboxes: sandboxes,
 		Discover: discover, Log: log})

@@ -35,6 +35,7 @@ import (
 
 	"crust.dev/crust/pkg/volume"
 
+	"github.com/google/btree"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -73,6 +74,7 @@ type Manager struct {
 
 	mu       sync.RWMutex
 	vols     map[string]*crustv1.Volume // by target path; values are never mutated, only replaced
+	order    *btree.BTreeG[string]      // the keys of vols, in order, for ListPage
 	rev      uint64
 	watchers map[*Watcher]struct{}
 
@@ -94,10 +96,12 @@ func Open(cfg Config, loaded Loaded) (*Manager, error) {
 		log:      cfg.Log,
 		locks:    keylock.New(cfg.LockWait),
 		vols:     map[string]*crustv1.Volume{},
+		order:    btree.NewOrderedG[string](32),
 		watchers: map[*Watcher]struct{}{},
 	}
 	for _, v := range loaded.Volumes {
 		m.vols[v.GetSpec().GetVolumeTargetPath()] = v
+		m.order.ReplaceOrInsert(v.GetSpec().GetVolumeTargetPath())
 	}
 	for _, s := range cfg.Subscribers {
 		s.Load(loaded.Volumes, loaded.Dropped)
@@ -235,20 +239,21 @@ func (m *Manager) List(ctx context.Context) []*crustv1.Volume {
 // descriptors (zero or less: no limit), and whether more follow. The claim source is asked for the page
 // only.
 func (m *Manager) ListPage(_ context.Context, after string, maxEntries, maxBytes int) ([]*crustv1.Volume, bool) {
+	// The candidates are taken in order under the read lock, one more than the page may hold so that
+	// "more" is known; the claim source is asked, and sizes taken, outside it.
+	var cands []*crustv1.Volume
 	m.mu.RLock()
-	rest := make([]*crustv1.Volume, 0, len(m.vols))
-	for t, v := range m.vols {
-		if t > after {
-			rest = append(rest, v)
+	m.order.AscendGreaterOrEqual(after, func(t string) bool {
+		if t == after {
+			return true
 		}
-	}
-	m.mu.RUnlock()
-	slices.SortFunc(rest, func(a, b *crustv1.Volume) int {
-		return strings.Compare(a.GetSpec().GetVolumeTargetPath(), b.GetSpec().GetVolumeTargetPath())
+		cands = append(cands, m.vols[t])
+		return maxEntries <= 0 || len(cands) <= maxEntries
 	})
-	page := make([]*crustv1.Volume, 0, min(len(rest), max(maxEntries, 0)))
+	m.mu.RUnlock()
+	page := make([]*crustv1.Volume, 0, len(cands))
 	size := 0
-	for _, v := range rest {
+	for _, v := range cands {
 		v = m.withFoundClaim(v)
 		n := proto.Size(v)
 		if (maxEntries > 0 && len(page) == maxEntries) || (maxBytes > 0 && len(page) > 0 && size+n > maxBytes) {
@@ -687,8 +692,10 @@ func (m *Manager) commitEvent(target string, v *crustv1.Volume, ev *crustv1.Watc
 	defer m.mu.Unlock()
 	if v == nil {
 		delete(m.vols, target)
+		m.order.Delete(target)
 	} else {
 		m.vols[target] = v
+		m.order.ReplaceOrInsert(target)
 	}
 	m.rev++
 	ev.Revision = m.rev

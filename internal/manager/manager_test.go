@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -661,5 +662,61 @@ func TestOneWriterPerDeviceRace(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+// ListPage pages through the descriptors in target path order: each page holds at most maxEntries, and
+// at least one however small maxBytes is; "more" is set exactly when descriptors follow; a page starts
+// strictly after the given target, so that no descriptor is seen twice, even when the one named was
+// unstaged between pages.
+func TestListPage(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	var want []string
+	for i := range 25 {
+		s := e.spec(i, i%2)
+		e.stage(s)
+		want = append(want, s.GetVolumeTargetPath())
+	}
+	slices.Sort(want)
+	for _, tc := range []struct {
+		name                 string
+		maxEntries, maxBytes int
+		pages                []int
+	}{
+		{"no limits", 0, 0, []int{25}},
+		{"7 a page", 7, 0, []int{7, 7, 7, 4}},
+		{"exactly 25", 25, 0, []int{25}},
+		{"one byte a page", 0, 1, slices.Repeat([]int{1}, 25)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			var sizes []int
+			after := ""
+			for {
+				page, more := e.m.ListPage(ctx, after, tc.maxEntries, tc.maxBytes)
+				sizes = append(sizes, len(page))
+				for _, v := range page {
+					got = append(got, v.GetSpec().GetVolumeTargetPath())
+				}
+				if !more {
+					break
+				}
+				after = got[len(got)-1]
+			}
+			if !slices.Equal(got, want) || !slices.Equal(sizes, tc.pages) {
+				t.Fatalf("pages of %v listed %d descriptors in order %t; want %v", sizes, len(got), slices.IsSorted(got), tc.pages)
+			}
+		})
+	}
+	// The last target of a page is unstaged before the next page is asked for.
+	page, more := e.m.ListPage(ctx, "", 10, 0)
+	last := page[len(page)-1].GetSpec().GetVolumeTargetPath()
+	if err := e.m.Unstage(ctx, last); err != nil || !more {
+		t.Fatalf("unstage %s: %v (more %t)", last, err, more)
+	}
+	next, _ := e.m.ListPage(ctx, last, 0, 0)
+	if len(next) != 15 || next[0].GetSpec().GetVolumeTargetPath() != want[10] {
+		t.Fatalf("after an unstaged target: %d descriptors from %s; want 15 from %s", len(next), next[0].GetSpec().GetVolumeTargetPath(), want[10])
 	}
 }
