@@ -128,6 +128,7 @@ func OpenJournal(dir, bootID string, log *slog.Logger) (Journal, error) {
 
 func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 	s := &state{block: filepath.Join(dir, "block"), idx: map[string]*Record{}}
+	var mu sync.Mutex // the check runs on several goroutines
 	check := func(l recordfile.Loaded) (bool, error) {
 		r, err := decodePayload(l.Payload)
 		if err != nil {
@@ -141,7 +142,9 @@ func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 			log.Info("state: record of an earlier boot; its mounts are gone, the next call on the path redoes or undoes it",
 				"kind", r.Kind, "path", r.Path, "phase", r.Phase)
 		}
+		mu.Lock()
 		s.idx[key] = r
+		mu.Unlock()
 		return false, nil
 	}
 	d, report, err := recordfile.Open(dir, recordfile.Options{

@@ -43,9 +43,13 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"runtime"
 	"slices"
 	"strconv"
+	"sync"
 	"unicode/utf8"
+
+	"golang.org/x/sync/errgroup"
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/errdefs"
@@ -202,10 +206,13 @@ func (p *Projection) Sync(keep []*crustv1.Volume, drop []string) (failed map[str
 	if cerr := p.dir.CleanTemp(); cerr != nil {
 		err = fmt.Errorf("clean the kata temporary directory: %w", cerr)
 	}
+	var mu sync.Mutex
 	note := func(target string, werr error) {
 		if werr == nil {
 			return
 		}
+		mu.Lock()
+		defer mu.Unlock()
 		if failed == nil {
 			failed = map[string]error{}
 		}
@@ -214,13 +221,20 @@ func (p *Projection) Sync(keep []*crustv1.Volume, drop []string) (failed map[str
 	kept := make(map[string]bool, len(keep))
 	for _, v := range keep {
 		kept[v.GetSpec().GetVolumeTargetPath()] = true
-		note(v.GetSpec().GetVolumeTargetPath(), p.Write(v))
+	}
+	// Targets are distinct, so they are written on as many goroutines as there are CPUs: a start over
+	// thousands of descriptors is bound by this work.
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for _, v := range keep {
+		g.Go(func() error { note(v.GetSpec().GetVolumeTargetPath(), p.Write(v)); return nil })
 	}
 	for _, target := range drop {
 		if !kept[target] {
-			note(target, p.Remove(target))
+			g.Go(func() error { note(target, p.Remove(target)); return nil })
 		}
 	}
+	_ = g.Wait() // failures are in failed
 	return failed, err
 }
 

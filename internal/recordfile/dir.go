@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"runtime"
 	"slices"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"crust.dev/crust/internal/dirlock"
 	"crust.dev/crust/pkg/errdefs"
@@ -45,7 +48,8 @@ type Loaded struct {
 // Check decides what Open does with a record whose envelope is valid: it returns an error saying what is
 // wrong for a record to move aside as damaged (the user's payload does not decode, or the file name does
 // not match it), drop=true for a record to delete, and drop=false with a nil error for a record to keep.
-// A check keeps what it needs of the records it keeps.
+// A check keeps what it needs of the records it keeps. Open calls it from several goroutines at once,
+// each time for another record.
 type Check func(Loaded) (drop bool, err error)
 
 // Report is what Open changed.
@@ -123,35 +127,61 @@ func Open(dir string, opt Options, check Check) (_ *Dir, _ *Report, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	// Every entry is classified before any is acted on; entries are read, verified and checked on as many
+	// goroutines as there are CPUs (a start over thousands of records is bound by that work), and the
+	// verdicts are then taken in name order.
+	type verdict struct {
+		damage string // why the entry is moved aside; "" when it is not
+		drop   bool
+		err    error // stops Open
+	}
+	verdicts := make([]verdict, len(entries))
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for i, name := range entries {
+		g.Go(func() error {
+			v := &verdicts[i]
+			data, err := Read(d.records, name)
+			switch {
+			case errors.Is(err, safedir.ErrWrongType): // a link or a directory: damage, never read through
+				v.damage = err.Error()
+				return nil
+			case err != nil:
+				v.err = fmt.Errorf("read %s: %w", d.records.Join(name), err)
+				return nil
+			}
+			boot, payload, err := Decode(data, opt.Version, opt.Field)
+			switch {
+			case errors.Is(err, ErrNewerVersion):
+				v.err = fmt.Errorf("%s: %w; refusing to load anything so that a downgrade loses nothing: %w",
+					d.records.Join(name), err, errdefs.ErrFailedPrecondition)
+				return nil
+			case err != nil:
+				v.damage = err.Error()
+				return nil
+			}
+			drop, err := check(Loaded{Name: name, BootID: boot, Payload: payload})
+			if err != nil {
+				v.damage = err.Error()
+			}
+			v.drop = drop && err == nil
+			return nil
+		})
+	}
+	_ = g.Wait() // the verdicts hold the errors
 	type damaged struct{ name, reason string }
 	var (
 		report Report
 		bad    []damaged
 	)
-	for _, name := range entries {
-		data, err := Read(d.records, name)
+	for i, v := range verdicts {
 		switch {
-		case errors.Is(err, safedir.ErrWrongType): // a link or a directory: damage, never read through
-			bad = append(bad, damaged{name, err.Error()})
-			continue
-		case err != nil:
-			return nil, nil, fmt.Errorf("read %s: %w", d.records.Join(name), err)
-		}
-		boot, payload, err := Decode(data, opt.Version, opt.Field)
-		switch {
-		case errors.Is(err, ErrNewerVersion):
-			return nil, nil, fmt.Errorf("%s: %w; refusing to load anything so that a downgrade loses nothing: %w",
-				d.records.Join(name), err, errdefs.ErrFailedPrecondition)
-		case err != nil:
-			bad = append(bad, damaged{name, err.Error()})
-			continue
-		}
-		drop, err := check(Loaded{Name: name, BootID: boot, Payload: payload})
-		switch {
-		case err != nil:
-			bad = append(bad, damaged{name, err.Error()})
-		case drop:
-			report.Dropped = append(report.Dropped, name)
+		case v.err != nil:
+			return nil, nil, v.err
+		case v.damage != "":
+			bad = append(bad, damaged{entries[i], v.damage})
+		case v.drop:
+			report.Dropped = append(report.Dropped, entries[i])
 		}
 	}
 	for _, name := range report.Dropped {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"crust.dev/crust/internal/dirlock"
@@ -47,8 +48,11 @@ func TestOpenClassifies(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen := map[string]string{}
+	var mu sync.Mutex // Open checks records on several goroutines
 	d, report, err := Open(dir, opt, func(l Loaded) (bool, error) {
+		mu.Lock()
 		seen[l.Name] = string(l.Payload)
+		mu.Unlock()
 		switch l.Name {
 		case "drop":
 			return true, nil

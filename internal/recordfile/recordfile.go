@@ -51,6 +51,7 @@
 package recordfile
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -102,6 +103,19 @@ func Decode(data []byte, version int, field string) (bootID string, payload []by
 	if len(data) > MaxSize {
 		return "", nil, fmt.Errorf("record is %d bytes, more than %d", len(data), MaxSize)
 	}
+	if bootID, payload, sum, ok := cutWritten(data, version, field); ok {
+		// The layout Encode writes, read without a JSON parse of the envelope (a start reads thousands);
+		// the payload must still be one JSON value, as the general path would have found.
+		got := sha256.Sum256(payload)
+		if hex.EncodeToString(got[:]) == sum && json.Valid(payload) {
+			return bootID, payload, nil
+		}
+	}
+	return decodeJSON(data, version, field)
+}
+
+// decodeJSON is Decode for a record in any layout JSON allows.
+func decodeJSON(data []byte, version int, field string) (bootID string, payload []byte, err error) {
 	// The version first, alone, so that a newer format is recognised even if the rest of its envelope
 	// would not parse as this one.
 	var head struct {
@@ -136,6 +150,32 @@ func Decode(data []byte, version int, field string) (bootID string, payload []by
 		return "", nil, fmt.Errorf("checksum mismatch: recorded %q, payload has %q", sumHex, got)
 	}
 	return bootID, payload, nil
+}
+
+// cutWritten splits data laid out exactly as Encode writes it for version and field into its boot id,
+// payload and recorded checksum; ok is false for anything else (other member order, white space,
+// escapes in the boot id), which Decode then reads as JSON.
+func cutWritten(data []byte, version int, field string) (bootID string, payload []byte, sum string, ok bool) {
+	rest, ok := bytes.CutPrefix(data, fmt.Appendf(nil, `{"version":%d,"bootId":"`, version))
+	if !ok {
+		return "", nil, "", false
+	}
+	id, rest, ok := bytes.Cut(rest, []byte(`","sha256":"`))
+	if !ok || len(id) == 0 || bytes.ContainsAny(id, "\\\"") || len(rest) < sha256.Size*2 {
+		return "", nil, "", false
+	}
+	sumHex, rest := rest[:sha256.Size*2], rest[sha256.Size*2:]
+	name, err := json.Marshal(field)
+	if err != nil {
+		return "", nil, "", false
+	}
+	if rest, ok = bytes.CutPrefix(rest, append(append([]byte(`",`), name...), ':')); !ok {
+		return "", nil, "", false
+	}
+	if payload, ok = bytes.CutSuffix(rest, []byte("}\n")); !ok || len(payload) == 0 {
+		return "", nil, "", false
+	}
+	return string(id), payload, string(sumHex), true
 }
 
 // Write puts data at name in dir atomically and durably, preparing it in tmp (same filesystem), never

@@ -82,16 +82,25 @@ func TestWriteIsAtomicWithTheTempElsewhere(t *testing.T) {
 	}
 }
 
-// FuzzDecode: any bytes decode or are refused without a panic, and what is accepted re-encodes to a
-// record that decodes to the same boot id and payload.
+// FuzzDecode: any bytes decode or are refused without a panic, the same as a JSON parse of the whole
+// record decides (the fast path for Encode's own layout agrees with it), and what is accepted re-encodes
+// to a record that decodes to the same boot id and payload.
 func FuzzDecode(f *testing.F) {
 	good, _ := Encode(1, "b", "p", []byte(`{"x":1}`))
 	f.Add(good)
 	f.Add([]byte(`{"version":2}`))
 	f.Add([]byte(`{"version":1,"bootId":"b","sha256":"00","p":1}`))
 	f.Add([]byte(`[]`))
+	spaced, _ := Encode(1, "b", "p", []byte(`{"x": [1, 2]}`))
+	f.Add(spaced)
+	f.Add(append(bytes.TrimSuffix(good, []byte("}\n")), []byte(`,"p":2}`+"\n")...)) // a second payload member
+	f.Add(bytes.Replace(good, []byte(`"b"`), []byte(`"\u0062"`), 1))                // an escaped boot id
 	f.Fuzz(func(t *testing.T, data []byte) {
 		boot, payload, err := Decode(data, 1, "p")
+		jb, jp, jerr := decodeJSON(data, 1, "p")
+		if (err == nil) != (jerr == nil) || boot != jb || !bytes.Equal(payload, jp) {
+			t.Fatalf("Decode(%q) = %q, %q, %v; the JSON parse says %q, %q, %v", data, boot, payload, err, jb, jp, jerr)
+		}
 		if err != nil {
 			return
 		}

@@ -81,6 +81,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -121,7 +122,10 @@ func Open(dir, bootID string, log *slog.Logger) (*Store, *LoadReport, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	var report LoadReport
+	var (
+		report LoadReport
+		mu     sync.Mutex // the check runs on several goroutines
+	)
 	check := func(l recordfile.Loaded) (bool, error) {
 		v, err := decodeVolume(l.Payload)
 		if err != nil {
@@ -131,6 +135,8 @@ func Open(dir, bootID string, log *slog.Logger) (*Store, *LoadReport, error) {
 		if want := keyOf(target) + ".json"; l.Name != want {
 			return false, fmt.Errorf("file name does not match target path %q (want %s)", target, want)
 		}
+		mu.Lock()
+		defer mu.Unlock()
 		if l.BootID != bootID {
 			log.Info("store: dropping a record of another boot", "target", target, "bootId", l.BootID)
 			report.Dropped = append(report.Dropped, target)
