@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -25,10 +26,29 @@ import (
 )
 
 const (
-	deployDir = ".."           // deploy/, the kustomize tree: the source
-	chartDir  = "crust"        // the chart rendered from it
-	namespace = "crust-system" // deploy/kustomization.yaml's namespace, and the test's release namespace
+	deployDir    = ".."    // deploy/, the kustomize tree: the source
+	chartDir     = "crust" // the chart rendered from it
+	postRenderer = "csi-proxy-post-renderer.sh"
+	namespace    = "crust-system" // deploy/kustomization.yaml's namespace, and the test's release namespace
 )
+
+// asKustomize makes this test binary act as `kustomize build DIR` when the post-renderer calls it
+// (CRUST_KUSTOMIZE), so that the post-renderer runs with the same kustomize as the rest of the test and
+// needs no kubectl.
+const asKustomize = "CRUST_HELM_TEST_AS_KUSTOMIZE"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(asKustomize) == "1" {
+		out, err := kustomizeBuild(os.Args[len(os.Args)-1])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Stdout.Write(out)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 
 // The chart's intended differences from deploy/: everything else must be equal, object for object and
 // field for field.
@@ -181,6 +201,96 @@ func TestChartValues(t *testing.T) {
 		if paths[name] != want || mounts[name] != want {
 			t.Errorf("volume %s: host path %s, mounted at %s; want both %s", name, paths[name], mounts[name], want)
 		}
+	}
+}
+
+// TestPostRendererIsTheOverlay installs, with Helm and the post-renderer, a chart that knows nothing of
+// crust (the example LVM driver as kustomize renders it without the proxy, less the label
+// crust.dev/csi-proxy and the namespaces, as a driver's chart would render it) and checks that the result
+// is what the kustomize overlay deploy/examples makes of the same driver: the proxy added to the node
+// DaemonSet and the controller Deployment, its RBAC and ConfigMap, the driver's socket moved.
+func TestPostRendererIsTheOverlay(t *testing.T) {
+	examples := filepath.Join(deployDir, "examples")
+	driver, err := kustomizeBuild(filepath.Join(examples, "lvm-driver"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plain []string
+	for _, doc := range splitDocs(t, driver) {
+		var o map[string]any
+		if err := yaml.Unmarshal(doc, &o); err != nil {
+			t.Fatal(err)
+		}
+		meta := o["metadata"].(map[string]any)
+		delete(meta, "namespace")
+		if labels, ok := meta["labels"].(map[string]any); ok {
+			delete(labels, "crust.dev/csi-proxy")
+		}
+		b, err := yaml.Marshal(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain = append(plain, string(b))
+	}
+	driverChart := &chart.Chart{
+		Metadata:  &chart.Metadata{APIVersion: chart.APIVersionV2, Name: "some-driver", Version: "1.0.0"},
+		Templates: []*chart.File{{Name: "templates/driver.yaml", Data: []byte(strings.Join(plain, "---\n"))}},
+	}
+
+	overlay, err := kustomizeBuild(examples)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := decode(t, overlay)
+	// The overlay's own resources, not the driver's nor the proxy's: the post-renderer is not given them.
+	k, err := os.ReadFile(filepath.Join(examples, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kust struct{ Resources []string }
+	if err := yaml.Unmarshal(k, &kust); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range kust.Resources {
+		if !strings.HasSuffix(r, ".yaml") {
+			continue // a directory: the driver
+		}
+		b, err := os.ReadFile(filepath.Join(examples, r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range decode(t, b) {
+			delete(want, k)
+		}
+	}
+
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kustomizers := map[string]string{"krusty": self}
+	if _, err := exec.LookPath("kubectl"); err == nil {
+		kustomizers["kubectl"] = "kubectl kustomize" // the default where kustomize is not installed
+	}
+	for name, command := range kustomizers {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv("CRUST_KUSTOMIZE", command)
+			t.Setenv(asKustomize, map[bool]string{true: "1"}[name == "krusty"])
+			pr, err := postrender.NewExec("./"+postRenderer,
+				"--namespace=crust-lvm-csi",
+				"--daemonset=crust-lvm-csi-node",
+				"--deployment=crust-lvm-csi-controller",
+				"--patch="+filepath.Join(examples, "driver-socket.yaml"),
+				"--patch="+filepath.Join(examples, "proxy-config.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := decode(t, install(t, driverChart, "crust-lvm-csi", nil, pr))
+			compare(t, "kustomize "+inRepo(examples)+" (its own resources aside)", want, "helm install with "+postRenderer, got)
+		})
+	}
+	if kustomizers["kubectl"] == "" {
+		t.Log("kubectl not found: the post-renderer ran with this test's kustomize only")
 	}
 }
 
