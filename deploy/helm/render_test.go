@@ -40,11 +40,13 @@ const asKustomize = "CRUST_HELM_TEST_AS_KUSTOMIZE"
 func TestMain(m *testing.M) {
 	if os.Getenv(asKustomize) == "1" {
 		out, err := kustomizeBuild(os.Args[len(os.Args)-1])
+		if err == nil {
+			_, err = os.Stdout.Write(out)
+		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
-		os.Stdout.Write(out)
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
