@@ -90,6 +90,7 @@ lint: ## buf lint and format, golangci-lint and go vet of every module
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
 	@set -e; for m in $(MODULES); do echo "== lint $$m"; (cd $$m && $(LINT) run ./... && $(GO) vet ./...); done
+	@echo "== lint deploy/helm"; cd deploy/helm && GOWORK=off $(LINT) run ./... && GOWORK=off $(GO) vet ./...
 
 .PHONY: test-rules
 test-rules: ## promtool test rules on the shipped alerts (deploy/monitoring)
@@ -99,8 +100,14 @@ test-rules: ## promtool test rules on the shipped alerts (deploy/monitoring)
 	$(PROMTOOL) check rules _output/monitoring/rules.yaml
 	$(PROMTOOL) test rules _output/monitoring/rules.test.yaml
 
+# deploy/helm is a Go module of its own, outside go.work, so that Helm's and kustomize's dependencies stay
+# out of crust's module (it also pins a helm command: deploy/helm/README.md).
+.PHONY: test-helm
+test-helm: ## The Helm chart (deploy/helm) renders what deploy/ does, and its CSI proxy post-renderer what deploy/examples does; seconds once built
+	cd deploy/helm && GOWORK=off $(GOTEST) ./...
+
 .PHONY: test
-test: deps build guest test-rules ## Run every test tier (unit, root on loop devices, e2e, csi-sanity, the real cluster) and the alert rules' tests; does its own set-up
+test: deps build guest test-rules test-helm ## Run every test tier (unit, root on loop devices, e2e, csi-sanity, the real cluster), the alert rules' tests and the Helm chart's; does its own set-up
 	@# One package at a time: the VM, LVM and csi-sanity tiers each want both cores, and csi-sanity's
 	@# per-call deadlines are not made for a machine shared with a booting guest.
 	@set -e; for m in $(MODULES); do echo "== test $$m"; (cd $$m && $(GOTEST) -p 1 ./...); done

@@ -1,0 +1,30 @@
+{{/*
+crust.labels: the labels every object of the chart carries in its metadata, beyond those of its source in
+deploy/: which chart made it, and that Helm manages it. Pod templates and selectors do not get them (a
+selector cannot change, and a new chart version must not restart pods by itself).
+*/}}
+{{- define "crust.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/*
+crust.httpHost: the address crustd's HTTP server binds: the node's loopback, or the node's IP from the
+NODE_IP variable (metrics.listenOnNodeIP).
+*/}}
+{{- define "crust.httpHost" -}}
+{{- if .Values.metrics.listenOnNodeIP -}}$(NODE_IP){{- else -}}127.0.0.1{{- end -}}
+{{- end -}}
+
+{{/*
+crust.monitoringObject: one object of deploy/monitoring, read as it is from files/ (a verbatim copy that
+render_test.go checks), placed in the release's namespace and given crust.labels. The argument is a list:
+the root context and the file's name.
+*/}}
+{{- define "crust.monitoringObject" -}}
+{{- $root := index . 0 -}}
+{{- $obj := $root.Files.Get (printf "files/%s" (index . 1)) | fromYaml -}}
+{{- $_ := set $obj.metadata "namespace" $root.Release.Namespace -}}
+{{- $_ := set $obj.metadata "labels" (merge (dict) (include "crust.labels" $root | fromYaml) ($obj.metadata.labels | default dict)) -}}
+{{ toYaml $obj }}
+{{- end -}}

@@ -1,0 +1,429 @@
+package helm
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/postrender"
+	appsv1 "k8s.io/api/apps/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	deployDir    = ".."    // deploy/, the kustomize tree: the source
+	chartDir     = "crust" // the chart rendered from it
+	postRenderer = "csi-proxy-post-renderer.sh"
+	namespace    = "crust-system" // deploy/kustomization.yaml's namespace, and the test's release namespace
+)
+
+// asKustomize makes this test binary act as `kustomize build DIR` when the post-renderer calls it
+// (CRUST_KUSTOMIZE), so that the post-renderer runs with the same kustomize as the rest of the test and
+// needs no kubectl.
+const asKustomize = "CRUST_HELM_TEST_AS_KUSTOMIZE"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(asKustomize) == "1" {
+		out, err := kustomizeBuild(os.Args[len(os.Args)-1])
+		if err == nil {
+			_, err = os.Stdout.Write(out)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// The chart's intended differences from deploy/: everything else must be equal, object for object and
+// field for field.
+var (
+	// helmLabels are the labels the chart adds to the metadata of each of its objects (templates/
+	// _helpers.tpl, crust.labels); deploy/ has none of them.
+	helmLabels = map[string]string{
+		"helm.sh/chart":                "crust-0.1.0",
+		"app.kubernetes.io/managed-by": "Helm",
+	}
+	// onlyKustomize are the objects of deploy/ that the chart does not render: the namespace, which a
+	// release must find in place (Helm records the release in it first) and which needs its Pod Security
+	// labels (README.md here).
+	onlyKustomize = []string{"Namespace/" + namespace}
+)
+
+// TestChartRendersDeploy is the single-source rule: the chart with its default values renders what
+// `kubectl kustomize deploy/` does, and with monitoring.enabled what deploy/ and deploy/monitoring do
+// together, but for the differences listed above.
+func TestChartRendersDeploy(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		values map[string]any
+		trees  []string
+	}{
+		{"defaults", nil, []string{deployDir}},
+		{"monitoring", map[string]any{"monitoring": map[string]any{"enabled": true}},
+			[]string{deployDir, filepath.Join(deployDir, "monitoring")}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			want := map[string]map[string]any{}
+			for _, tree := range c.trees {
+				out, err := kustomizeBuild(tree)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for k, o := range decode(t, out) {
+					want[k] = o
+				}
+			}
+			for _, k := range onlyKustomize {
+				if want[k] == nil {
+					t.Errorf("%s is listed as only in deploy/, but deploy/ does not render it", k)
+				}
+				delete(want, k)
+			}
+			got := decode(t, helmTemplate(t, c.values))
+			for k, o := range got {
+				dropHelmLabels(t, k, o)
+			}
+			var names []string
+			for _, tree := range c.trees {
+				names = append(names, inRepo(tree))
+			}
+			compare(t, "kustomize "+strings.Join(names, " + "), want, "helm template "+inRepo(chartDir), got)
+		})
+	}
+}
+
+// The chart reads deploy/monitoring's files from files/ (a chart reaches no file outside its directory):
+// they must be copies of deploy/monitoring's, byte for byte, comments included.
+func TestChartMonitoringFilesAreDeploys(t *testing.T) {
+	entries, err := os.ReadDir(filepath.Join(chartDir, "files"))
+	if err != nil || len(entries) == 0 {
+		t.Fatalf("no files in %s/files: %v", chartDir, err)
+	}
+	for _, e := range entries {
+		copied, err := os.ReadFile(filepath.Join(chartDir, "files", e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		source, err := os.ReadFile(filepath.Join(deployDir, "monitoring", e.Name()))
+		if err != nil {
+			t.Errorf("%s/files/%s has no source in deploy/monitoring: %v", chartDir, e.Name(), err)
+			continue
+		}
+		if !bytes.Equal(copied, source) {
+			t.Errorf("%s/files/%s differs from deploy/monitoring/%s: copy it again (cp deploy/monitoring/%[2]s deploy/helm/%[1]s/files/)",
+				chartDir, e.Name(), e.Name())
+		}
+	}
+}
+
+// The values other than the defaults reach every field they promise to, and the DaemonSet they render is
+// still a valid one (decoded strictly).
+func TestChartValues(t *testing.T) {
+	out := helmTemplate(t, map[string]any{
+		"image":      map[string]any{"repository": "registry.example.com/crust/crustd", "tag": "v9.9.9", "pullPolicy": "Always"},
+		"kubeletDir": "/data/kubelet",
+		"kataDir":    "/run/kata/dv",
+		"log":        map[string]any{"level": "debug"},
+		"metrics":    map[string]any{"port": 19809, "listenOnNodeIP": true},
+		"extraArgs":  []any{"--device-allow-kind=loop,dm"},
+		"resources":  map[string]any{"limits": map[string]any{"memory": "256Mi"}},
+	})
+	var ds *appsv1.DaemonSet
+	for _, doc := range splitDocs(t, out) {
+		var head struct{ Kind string }
+		if err := yaml.Unmarshal(doc, &head); err != nil {
+			t.Fatal(err)
+		}
+		if head.Kind == "DaemonSet" {
+			ds = &appsv1.DaemonSet{}
+			if err := yaml.UnmarshalStrict(doc, ds); err != nil {
+				t.Fatalf("DaemonSet: %v", err)
+			}
+		}
+	}
+	if ds == nil {
+		t.Fatalf("no DaemonSet in\n%s", out)
+	}
+	c := ds.Spec.Template.Spec.Containers[0]
+	args := strings.Join(c.Args, " ")
+	for _, want := range []string{"--kubelet-dir=/data/kubelet", "--kata-dir=/run/kata/dv", "--log-level=debug",
+		"--http-addr=$(NODE_IP):19809", "--device-allow-kind=loop,dm"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args %q lack %s", args, want)
+		}
+	}
+	if c.Image != "registry.example.com/crust/crustd:v9.9.9" || c.ImagePullPolicy != "Always" {
+		t.Errorf("image %s, pull policy %s", c.Image, c.ImagePullPolicy)
+	}
+	if len(c.Env) != 1 || c.Env[0].Name != "NODE_IP" || c.Env[0].ValueFrom.FieldRef.FieldPath != "status.hostIP" {
+		t.Errorf("env %+v: want NODE_IP from status.hostIP", c.Env)
+	}
+	for _, p := range []struct{ host, port string }{
+		{c.LivenessProbe.HTTPGet.Host, c.LivenessProbe.HTTPGet.Port.String()},
+		{c.ReadinessProbe.HTTPGet.Host, c.ReadinessProbe.HTTPGet.Port.String()},
+	} {
+		if p.host != "" || p.port != "19809" { // the pod's IP, which is the node's
+			t.Errorf("probe to %q:%s, want the pod's IP and 19809", p.host, p.port)
+		}
+	}
+	if c.Ports[0].ContainerPort != 19809 {
+		t.Errorf("port %d", c.Ports[0].ContainerPort)
+	}
+	// Helm merges a map of values into the default's: the requests stay.
+	if c.Resources.Limits.Memory().String() != "256Mi" || c.Resources.Requests.Cpu().String() != "5m" {
+		t.Errorf("resources %v: want the limit of the values and the default's requests", c.Resources)
+	}
+	paths := map[string]string{}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		paths[v.Name] = v.HostPath.Path
+	}
+	mounts := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.Name] = m.MountPath
+	}
+	for name, want := range map[string]string{"kubelet": "/data/kubelet", "kata-direct-volumes": "/run/kata/dv"} {
+		if paths[name] != want || mounts[name] != want {
+			t.Errorf("volume %s: host path %s, mounted at %s; want both %s", name, paths[name], mounts[name], want)
+		}
+	}
+}
+
+// TestPostRendererIsTheOverlay installs, with Helm and the post-renderer, a chart that knows nothing of
+// crust (the example LVM driver as kustomize renders it without the proxy, less the label
+// crust.dev/csi-proxy and the namespaces, as a driver's chart would render it) and checks that the result
+// is what the kustomize overlay deploy/examples makes of the same driver: the proxy added to the node
+// DaemonSet and the controller Deployment, its RBAC and ConfigMap, the driver's socket moved.
+func TestPostRendererIsTheOverlay(t *testing.T) {
+	examples := filepath.Join(deployDir, "examples")
+	driver, err := kustomizeBuild(filepath.Join(examples, "lvm-driver"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plain []string
+	for _, doc := range splitDocs(t, driver) {
+		var o map[string]any
+		if err := yaml.Unmarshal(doc, &o); err != nil {
+			t.Fatal(err)
+		}
+		meta := o["metadata"].(map[string]any)
+		delete(meta, "namespace")
+		if labels, ok := meta["labels"].(map[string]any); ok {
+			delete(labels, "crust.dev/csi-proxy")
+		}
+		b, err := yaml.Marshal(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain = append(plain, string(b))
+	}
+	driverChart := &chart.Chart{
+		Metadata:  &chart.Metadata{APIVersion: chart.APIVersionV2, Name: "some-driver", Version: "1.0.0"},
+		Templates: []*chart.File{{Name: "templates/driver.yaml", Data: []byte(strings.Join(plain, "---\n"))}},
+	}
+
+	overlay, err := kustomizeBuild(examples)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := decode(t, overlay)
+	// The overlay's own resources, not the driver's nor the proxy's: the post-renderer is not given them.
+	k, err := os.ReadFile(filepath.Join(examples, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kust struct{ Resources []string }
+	if err := yaml.Unmarshal(k, &kust); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range kust.Resources {
+		if !strings.HasSuffix(r, ".yaml") {
+			continue // a directory: the driver
+		}
+		b, err := os.ReadFile(filepath.Join(examples, r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range decode(t, b) {
+			delete(want, k)
+		}
+	}
+
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kustomizers := map[string]string{"krusty": self}
+	if _, err := exec.LookPath("kubectl"); err == nil {
+		kustomizers["kubectl"] = "kubectl kustomize" // the default where kustomize is not installed
+	}
+	for name, command := range kustomizers {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv("CRUST_KUSTOMIZE", command)
+			t.Setenv(asKustomize, map[bool]string{true: "1"}[name == "krusty"])
+			pr, err := postrender.NewExec("./"+postRenderer,
+				"--namespace=crust-lvm-csi",
+				"--daemonset=crust-lvm-csi-node",
+				"--deployment=crust-lvm-csi-controller",
+				"--patch="+filepath.Join(examples, "driver-socket.yaml"),
+				"--patch="+filepath.Join(examples, "proxy-config.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := decode(t, install(t, driverChart, "crust-lvm-csi", nil, pr))
+			compare(t, "kustomize "+inRepo(examples)+" (its own resources aside)", want, "helm install with "+postRenderer, got)
+		})
+	}
+	if kustomizers["kubectl"] == "" {
+		t.Log("kubectl not found: the post-renderer ran with this test's kustomize only")
+	}
+}
+
+// inRepo names a path of this directory as from the repository's root (deploy/...), for messages.
+func inRepo(p string) string {
+	return filepath.ToSlash(filepath.Join("deploy", "helm", p))
+}
+
+// kustomizeBuild is `kustomize build dir` with kustomize's default options (kubectl kustomize's too).
+func kustomizeBuild(dir string) ([]byte, error) {
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		return nil, fmt.Errorf("kustomize build %s: %w", dir, err)
+	}
+	return m.AsYaml()
+}
+
+// helmTemplate is `helm template crust deploy/helm/crust -n crust-system` with values.
+func helmTemplate(t *testing.T, values map[string]any) []byte {
+	t.Helper()
+	c, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return install(t, c, namespace, values, nil)
+}
+
+// install renders c as `helm template` (or `helm install --dry-run`, which gives the same manifest)
+// would, in namespace, post-rendered by pr when it is not nil.
+func install(t *testing.T, c *chart.Chart, namespace string, values map[string]any, pr postrender.PostRenderer) []byte {
+	t.Helper()
+	i := action.NewInstall(&action.Configuration{Log: t.Logf})
+	i.DryRun, i.ClientOnly, i.Replace = true, true, true
+	i.ReleaseName, i.Namespace = c.Name(), namespace
+	i.PostRenderer = pr
+	rel, err := i.Run(c, values)
+	if err != nil {
+		t.Fatalf("helm template %s: %v", c.Name(), err)
+	}
+	return []byte(rel.Manifest)
+}
+
+// splitDocs splits a stream of YAML documents, dropping the empty ones.
+func splitDocs(t *testing.T, stream []byte) [][]byte {
+	t.Helper()
+	var docs [][]byte
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(stream)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return docs
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(bytes.TrimSpace(doc)) > 0 && string(bytes.TrimSpace(doc)) != "---" {
+			docs = append(docs, doc)
+		}
+	}
+}
+
+// decode reads a stream of YAML documents into objects keyed KIND/NAMESPACE/NAME (KIND/NAME for those
+// without a namespace). A key met twice fails the test.
+func decode(t *testing.T, stream []byte) map[string]map[string]any {
+	t.Helper()
+	objs := map[string]map[string]any{}
+	for _, doc := range splitDocs(t, stream) {
+		var o map[string]any
+		if err := yaml.Unmarshal(doc, &o); err != nil {
+			t.Fatalf("%v in\n%s", err, doc)
+		}
+		if o == nil {
+			continue // comments only
+		}
+		meta, _ := o["metadata"].(map[string]any)
+		key := fmt.Sprint(o["kind"], "/", meta["name"])
+		if ns, ok := meta["namespace"]; ok {
+			key = fmt.Sprint(o["kind"], "/", ns, "/", meta["name"])
+		}
+		if objs[key] != nil {
+			t.Fatalf("%s twice", key)
+		}
+		objs[key] = o
+	}
+	return objs
+}
+
+// dropHelmLabels removes helmLabels from o's metadata, failing the test when one is missing or other.
+func dropHelmLabels(t *testing.T, key string, o map[string]any) {
+	t.Helper()
+	meta := o["metadata"].(map[string]any)
+	labels, _ := meta["labels"].(map[string]any)
+	for l, v := range helmLabels {
+		if labels[l] != v {
+			t.Errorf("%s: label %s is %v, want %s", key, l, labels[l], v)
+		}
+		delete(labels, l)
+	}
+	if len(labels) == 0 {
+		delete(meta, "labels")
+	}
+}
+
+// compare fails the test for each object that is not in both sets, or differs between them.
+func compare(t *testing.T, wantName string, want map[string]map[string]any, gotName string, got map[string]map[string]any) {
+	t.Helper()
+	keys := map[string]bool{}
+	for k := range want {
+		keys[k] = true
+	}
+	for k := range got {
+		keys[k] = true
+	}
+	sorted := make([]string, 0, len(keys))
+	for k := range keys {
+		sorted = append(sorted, k)
+	}
+	sort.Strings(sorted)
+	for _, k := range sorted {
+		switch {
+		case got[k] == nil:
+			t.Errorf("%s: in %s, not in %s", k, wantName, gotName)
+		case want[k] == nil:
+			t.Errorf("%s: in %s, not in %s", k, gotName, wantName)
+		default:
+			if d := cmp.Diff(want[k], got[k]); d != "" {
+				t.Errorf("%s differs (-%s +%s):\n%s", k, wantName, gotName, d)
+			}
+		}
+	}
+	if len(sorted) == 0 {
+		t.Errorf("no objects in %s nor in %s", wantName, gotName)
+	}
+}
