@@ -21,38 +21,41 @@ import (
 	"crust.dev/crust/internal/testutil/benchfig"
 )
 
-func main() {
-	benchfmt := flag.Bool("benchfmt", false, "write the samples in the Go benchmark format, for benchstat")
-	strict := flag.Bool("strict", false, "exit 1 when a figure misses its target")
-	flag.Usage = func() {
-		fmt.Fprintln(flag.CommandLine.Output(), "usage: benchtable [-benchfmt] [-strict] DIR|FILE.json...")
-		flag.PrintDefaults()
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// run is the command with its arguments; it returns the exit code: 2 for bad usage or unreadable
+// results, 1 for a missed target under -strict.
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("benchtable", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	benchfmt := fs.Bool("benchfmt", false, "write the samples in the Go benchmark format, for benchstat")
+	strict := fs.Bool("strict", false, "exit 1 when a figure misses its target")
+	if fs.Parse(args) != nil {
+		return 2
 	}
-	flag.Parse()
-	figs, err := load(flag.Args())
+	figs, err := load(fs.Args())
+	if err == nil {
+		write := writeTable
+		if *benchfmt {
+			write = writeBenchfmt
+		}
+		err = write(stdout, figs)
+	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "benchtable:", err)
-		os.Exit(2)
-	}
-	if *benchfmt {
-		err = writeBenchfmt(os.Stdout, figs)
-	} else {
-		err = writeTable(os.Stdout, figs)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "benchtable:", err)
-		os.Exit(2)
+		fmt.Fprintln(stderr, "benchtable:", err)
+		return 2
 	}
 	if *strict && slices.ContainsFunc(figs, func(f benchfig.Figure) bool { return f.Holds != nil && !*f.Holds }) {
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 // load reads the results files named, a directory meaning every *.json in it, and returns their figures
 // sorted by name.
 func load(args []string) ([]benchfig.Figure, error) {
 	if len(args) == 0 {
-		return nil, fmt.Errorf("no results named (a directory or .json files)")
+		return nil, fmt.Errorf("no results named: usage: benchtable [-benchfmt] [-strict] DIR|FILE.json...")
 	}
 	var files []string
 	for _, a := range args {

@@ -45,6 +45,13 @@ func TestTableAndBenchfmt(t *testing.T) {
 	if _, err := load([]string{filepath.Join(dir, "missing.json")}); err == nil {
 		t.Error("a missing file loaded")
 	}
+	var out, errs bytes.Buffer
+	if code := run([]string{"-strict", dir}, &out, &errs); code != 1 || !strings.Contains(out.String(), "1 missed") {
+		t.Errorf("-strict with a missed target: exit %d, output %q %q", code, out.String(), errs.String())
+	}
+	if code := run(nil, &out, &errs); code != 2 || !strings.Contains(errs.String(), "usage") {
+		t.Errorf("no arguments: exit %d, %q", code, errs.String())
+	}
 	if err := os.WriteFile(filepath.Join(dir, "other.json"), []byte(`{"version":99}`), 0o644); err != nil {
 		t.Fatal(err)
 	}

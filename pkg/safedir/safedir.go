@@ -196,6 +196,11 @@ func (d *Dir) MkdirOpen(name string, perm fs.FileMode) (*Dir, error) {
 		return nil, pathErr("mkdir", d.Join(name), err, false)
 	}
 	// Mkdirat is subject to the umask; the mode is set on the directory opened without following links.
+	return d.openMode(name, perm)
+}
+
+// openMode opens the subdirectory name and gives it mode perm.
+func (d *Dir) openMode(name string, perm fs.FileMode) (*Dir, error) {
 	sub, err := d.OpenDir(name)
 	if err != nil {
 		return nil, err
@@ -216,18 +221,11 @@ func (d *Dir) chmod(perm fs.FileMode) error {
 
 // EnsureDir opens the subdirectory name, creating it when missing, and gives it mode perm.
 func (d *Dir) EnsureDir(name string, perm fs.FileMode) (*Dir, error) {
-	if err := d.Mkdir(name, perm); err != nil && !errors.Is(err, fs.ErrExist) {
-		return nil, err
+	sub, err := d.MkdirOpen(name, perm)
+	if !errors.Is(err, fs.ErrExist) {
+		return sub, err
 	}
-	sub, err := d.OpenDir(name)
-	if err != nil {
-		return nil, err
-	}
-	if err := sub.chmod(perm); err != nil {
-		_ = sub.Close()
-		return nil, err
-	}
-	return sub, nil
+	return d.openMode(name, perm)
 }
 
 // MkdirTemp creates a new subdirectory, mode 0700, whose name starts with prefix, and returns its name and

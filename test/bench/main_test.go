@@ -47,11 +47,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if err := benchfig.WriteResults("vm", "crust.dev/crust/test/bench"); err != nil {
-		fmt.Fprintln(os.Stderr, "writing the results:", err)
-		code = 1
-	}
+	code := benchfig.RunMain(m, "vm", "crust.dev/crust/test/bench")
 	if build.dir != "" {
 		_ = os.RemoveAll(build.dir)
 	}

@@ -176,6 +176,18 @@ func WriteResults(name, pkg string) error {
 	return os.WriteFile(filepath.Join(dir, name+".json"), append(data, '\n'), 0o644)
 }
 
+// RunMain runs a benchmark package's tests and benchmarks (m.Run) and writes what they recorded as the
+// results file name of package pkg (WriteResults), and returns the exit code for os.Exit: m.Run's, or 1
+// when the results cannot be written.
+func RunMain(m *testing.M, name, pkg string) int {
+	code := m.Run()
+	if err := WriteResults(name, pkg); err != nil {
+		fmt.Fprintln(os.Stderr, "writing the results:", err)
+		return 1
+	}
+	return code
+}
+
 // ReadResults reads a results file, refusing another format version.
 func ReadResults(path string) (*Results, error) {
 	data, err := os.ReadFile(path)

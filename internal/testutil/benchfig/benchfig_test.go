@@ -6,27 +6,28 @@ import (
 )
 
 func TestRecord(t *testing.T) {
-	for _, tc := range []struct {
-		name              string
-		samples           []float64
-		target            *Target
-		median, min, max  float64
-		holds, withTarget bool
+	type want struct {
+		median, min, max float64
+		holds            *bool // nil: no target
+	}
+	yes, no := true, false
+	cases := map[string]struct {
+		samples []float64
+		target  *Target
+		want    want
 	}{
-		{"odd", []float64{3, 1, 2}, AtMost(2), 2, 1, 3, true, true},
-		{"even", []float64{4, 1, 3, 2}, AtMost(2), 2.5, 1, 4, false, true},
-		{"at least", []float64{0.3, 0.4, 0.5}, AtLeast(0.35), 0.4, 0.3, 0.5, true, true},
-		{"as measured", []float64{7}, nil, 7, 7, 7, false, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			f := Record(t, Figure{Name: "test/" + tc.name, Unit: "x", Samples: tc.samples, Target: tc.target})
-			if f.Median != tc.median || f.Min != tc.min || f.Max != tc.max {
-				t.Errorf("median, min, max = %v, %v, %v; want %v, %v, %v", f.Median, f.Min, f.Max, tc.median, tc.min, tc.max)
-			}
-			if (f.Holds != nil) != tc.withTarget || (f.Holds != nil && *f.Holds != tc.holds) {
-				t.Errorf("holds = %v, want %v (target %v)", f.Holds, tc.holds, tc.withTarget)
-			}
-		})
+		"odd":         {[]float64{3, 1, 2}, AtMost(2), want{2, 1, 3, &yes}},
+		"even":        {[]float64{4, 1, 3, 2}, AtMost(2), want{2.5, 1, 4, &no}},
+		"at least":    {[]float64{0.3, 0.4, 0.5}, AtLeast(0.35), want{0.4, 0.3, 0.5, &yes}},
+		"as measured": {[]float64{7}, nil, want{7, 7, 7, nil}},
+	}
+	for name, c := range cases {
+		f := Record(t, Figure{Name: "test/" + name, Unit: "x", Samples: c.samples, Target: c.target})
+		got := want{f.Median, f.Min, f.Max, f.Holds}
+		if got.median != c.want.median || got.min != c.want.min || got.max != c.want.max ||
+			(got.holds == nil) != (c.want.holds == nil) || (got.holds != nil && *got.holds != *c.want.holds) {
+			t.Errorf("%s: recorded %+v, want %+v", name, got, c.want)
+		}
 	}
 }
 

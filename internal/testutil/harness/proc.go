@@ -143,6 +143,20 @@ func (p *Proc) Exited() <-chan struct{} { return p.exited }
 // Pid is the process's pid.
 func (p *Proc) Pid() int { return p.cmd.Process.Pid }
 
+// RSSKiB is the process's resident memory (VmRSS of /proc/PID/status), in KiB.
+func (p *Proc) RSSKiB() (int, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid()))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(data)) {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			return strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", p.Pid())
+}
+
 // Kill ends the process with SIGKILL, as a crash would, and waits until it is gone. A process not
 // running is left alone.
 func (p *Proc) Kill() {

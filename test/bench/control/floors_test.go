@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	katafmt "crust.dev/crust/pkg/kata"
 )
 
 // kataLib does, in process, what Kata's direct-volume library (the Go package a driver links, as Azure's
@@ -21,22 +22,13 @@ import (
 // That is the cost a driver pays without crust: no daemon, no durability, no checks of the device.
 type kataLib struct{ root string }
 
-// kataMountInfo is the part of Kata's MountInfo a driver fills in.
-type kataMountInfo struct {
-	VolumeType string            `json:"volume-type"`
-	Device     string            `json:"device"`
-	FsType     string            `json:"fstype"`
-	Metadata   map[string]string `json:"metadata,omitempty"`
-	Options    []string          `json:"options,omitempty"`
-}
-
 func (k kataLib) volumeDir(volumePath string) string {
 	return filepath.Join(k.root, base64.URLEncoding.EncodeToString([]byte(volumePath)))
 }
 
 // pair adds and removes the volume of spec, as a driver would at publish and unpublish.
 func (k kataLib) pair(b *testing.B, spec *crustv1.VolumeSpec) {
-	mi, err := json.Marshal(kataMountInfo{VolumeType: "directvol", Device: spec.GetVolumeBackingPath(), FsType: spec.GetFsType()})
+	mi, err := json.Marshal(katafmt.MountInfo{VolumeType: katafmt.VolumeTypeDirect, Device: spec.GetVolumeBackingPath(), FsType: spec.GetFsType()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -61,7 +53,7 @@ func (k kataLib) add(volumePath, mountInfo string) error {
 	case !st.IsDir():
 		return fmt.Errorf("%s is not a directory", dir)
 	}
-	var check kataMountInfo
+	var check katafmt.MountInfo
 	if err := json.Unmarshal([]byte(mountInfo), &check); err != nil {
 		return err
 	}

@@ -21,7 +21,6 @@
 package control
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -29,10 +28,5 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if err := benchfig.WriteResults("control", "crust.dev/crust/test/bench/control"); err != nil {
-		fmt.Fprintln(os.Stderr, "writing the results:", err)
-		code = 1
-	}
-	os.Exit(code)
+	os.Exit(benchfig.RunMain(m, "control", "crust.dev/crust/test/bench/control"))
 }

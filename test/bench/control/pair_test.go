@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/internal/testutil/benchfig"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	katafmt "crust.dev/crust/pkg/kata"
 )
 
 // Pairs per round of each side.
@@ -94,24 +94,15 @@ func BenchmarkPair(b *testing.B) {
 		ext4Scale = append(ext4Scale, ratio(one, eight))
 	}
 	b.StopTimer()
-	benchfig.Record(b, benchfig.Figure{Name: "control/pair-vs-kata-lib", Unit: "x", Samples: vsLib, Target: benchfig.AtMost(4),
-		About: "StageVolume+UnstageVolume over crustd's socket (store and Kata dir on tmpfs) / Kata's direct-volume add+remove in process on tmpfs"})
-	benchfig.Record(b, benchfig.Figure{Name: "control/pair-tmpfs", Unit: "us", Samples: pairUs,
-		About: "mean time of a StageVolume+UnstageVolume pair, store and Kata dir on tmpfs"})
-	benchfig.Record(b, benchfig.Figure{Name: "control/kata-lib-pair-tmpfs", Unit: "us", Samples: libUs,
-		About: "mean time of Kata's direct-volume add+remove in process on tmpfs"})
-	benchfig.Record(b, benchfig.Figure{Name: "control/durable-floor-pair-ext4", Unit: "us", Samples: floorUs,
-		About: "mean time of the durable-write floor's pair on ext4"})
-	benchfig.Record(b, benchfig.Figure{Name: "control/pair-vs-durable-floor", Unit: "x", Samples: vsFloor, Target: benchfig.AtMost(2.5),
-		About: "the pair with crustd's store on ext4 / temp file, fsync, rename, dir fsync; unlink, dir fsync on that ext4"})
-	benchfig.Record(b, benchfig.Figure{Name: "control/cli-vs-pair", Unit: "x", Samples: cli, Target: benchfig.AtLeast(50),
-		About: "a crustctl direct-volume add and remove process per operation / the pair over crustd's socket (tmpfs)"})
-	benchfig.Record(b, benchfig.Figure{Name: "control/throughput-8-vs-kata-lib", Unit: "x", Samples: tp8, Target: benchfig.AtLeast(0.35),
-		About: "pairs a second from 8 concurrent clients / the Kata library's from 8 goroutines (tmpfs)"})
-	benchfig.Record(b, benchfig.Figure{Name: "control/throughput-32-vs-kata-lib", Unit: "x", Samples: tp32, Target: benchfig.AtLeast(0.35),
-		About: "pairs a second from 32 concurrent clients / the Kata library's from 32 goroutines (tmpfs)"})
-	benchfig.Record(b, benchfig.Figure{Name: "control/throughput-8-vs-1-ext4", Unit: "x", Samples: ext4Scale,
-		About: "pairs a second from 8 concurrent clients / from 1, crustd's store on ext4 (directory fsyncs shared)"})
+	record(b, "control/pair-vs-kata-lib", vsLib)
+	record(b, "control/pair-tmpfs", pairUs)
+	record(b, "control/kata-lib-pair-tmpfs", libUs)
+	record(b, "control/durable-floor-pair-ext4", floorUs)
+	record(b, "control/pair-vs-durable-floor", vsFloor)
+	record(b, "control/cli-vs-pair", cli)
+	record(b, "control/throughput-8-vs-kata-lib", tp8)
+	record(b, "control/throughput-32-vs-kata-lib", tp32)
+	record(b, "control/throughput-8-vs-1-ext4", ext4Scale)
 }
 
 // sideBySide runs crust and other, crust first when crustFirst, and returns their times.
@@ -142,7 +133,7 @@ func concurrently(n, total int, op func(i int)) time.Duration {
 
 // cliPair adds and removes the volume of spec with one crustctl direct-volume process each.
 func cliPair(b *testing.B, kataDir string, spec *crustv1.VolumeSpec) {
-	mi, err := json.Marshal(kataMountInfo{VolumeType: "directvol", Device: spec.GetVolumeBackingPath(), FsType: spec.GetFsType()})
+	mi, err := json.Marshal(katafmt.MountInfo{VolumeType: katafmt.VolumeTypeDirect, Device: spec.GetVolumeBackingPath(), FsType: spec.GetFsType()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -6,13 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"crust.dev/crust/internal/testutil/benchfig"
 	"crust.dev/crust/internal/testutil/harness"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
@@ -59,7 +56,11 @@ func BenchmarkScale(b *testing.B) {
 		p50 = append(p50, ratio(loaded, none))
 
 		// Memory as it stands after serving the round's calls, before the restart starts afresh.
-		rss = append(rss, rssMiB(b, held.d.Pid()))
+		kb, err := held.d.RSSKiB()
+		if err != nil {
+			b.Fatal(err)
+		}
+		rss = append(rss, float64(kb)/1024)
 		held.d.Restart()
 		took, err := time.ParseDuration(harness.LogValue(held.d.Log(), "serving", "start_took"))
 		if err != nil {
@@ -76,14 +77,10 @@ func BenchmarkScale(b *testing.B) {
 		list = append(list, ratio(hundredK/scaleListed, tenK/scaleHeld))
 	}
 	b.StopTimer()
-	benchfig.Record(b, benchfig.Figure{Name: "scale/pair-p50-10k-vs-0", Unit: "x", Samples: p50, Target: benchfig.AtMost(1.1),
-		About: "median StageVolume+UnstageVolume with 10,000 descriptors held / with none"})
-	benchfig.Record(b, benchfig.Figure{Name: "scale/rss-10k", Unit: "MiB", Samples: rss, Target: benchfig.AtMost(48),
-		About: "crustd's resident memory holding 10,000 descriptors, after the round's calls"})
-	benchfig.Record(b, benchfig.Figure{Name: "scale/restart-10k", Unit: "s", Samples: restart, Target: benchfig.AtMost(0.3),
-		About: "crustd's start over 10,000 records to serving (its start_took)"})
-	benchfig.Record(b, benchfig.Figure{Name: "scale/list-per-item-100k-vs-10k", Unit: "x", Samples: list, Target: benchfig.AtMost(1.2),
-		About: "time per descriptor listing 100,000 (every ListVolumes page) / listing 10,000"})
+	record(b, "scale/pair-p50-10k-vs-0", p50)
+	record(b, "scale/rss-10k", rss)
+	record(b, "scale/restart-10k", restart)
+	record(b, "scale/list-per-item-100k-vs-10k", list)
 }
 
 // stageMany stages n more descriptors on e, of targets of their own and one shared image file, from 8
@@ -154,24 +151,4 @@ func (e *env) listAll(ctx context.Context, b *testing.B, want int) time.Duration
 		b.Fatalf("listed %d descriptors, want %d", n, want)
 	}
 	return took
-}
-
-// rssMiB is the resident memory of process pid in MiB (VmRSS).
-func rssMiB(b *testing.B, pid int) float64 {
-	b.Helper()
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		b.Fatal(err)
-	}
-	for line := range strings.Lines(string(data)) {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(rest), " kB"))
-			if err != nil {
-				b.Fatalf("VmRSS line %q: %v", line, err)
-			}
-			return float64(kb) / 1024
-		}
-	}
-	b.Fatalf("no VmRSS in /proc/%d/status", pid)
-	return 0
 }

@@ -1,0 +1,55 @@
+package control
+
+import (
+	"testing"
+
+	"crust.dev/crust/internal/testutil/benchfig"
+)
+
+// figures are the figures this package records, by name: what each compares, in its unit, and the target
+// its median must reach (none: reported as measured). docs/performance.md explains them.
+var figures = map[string]benchfig.Figure{
+	"control/pair-vs-kata-lib": {Unit: "x", Target: benchfig.AtMost(4),
+		About: "StageVolume+UnstageVolume over crustd's socket (store and Kata dir on tmpfs) / Kata's direct-volume add+remove in process on tmpfs"},
+	"control/pair-tmpfs": {Unit: "us",
+		About: "mean time of a StageVolume+UnstageVolume pair, store and Kata dir on tmpfs"},
+	"control/kata-lib-pair-tmpfs": {Unit: "us",
+		About: "mean time of Kata's direct-volume add+remove in process on tmpfs"},
+	"control/durable-floor-pair-ext4": {Unit: "us",
+		About: "mean time of the durable-write floor's pair on ext4"},
+	"control/pair-vs-durable-floor": {Unit: "x", Target: benchfig.AtMost(2.5),
+		About: "the pair with crustd's store on ext4 / temp file, fsync, rename, dir fsync; unlink, dir fsync on that ext4"},
+	"control/cli-vs-pair": {Unit: "x", Target: benchfig.AtLeast(50),
+		About: "a crustctl direct-volume add and remove process per operation / the pair over crustd's socket (tmpfs)"},
+	"control/throughput-8-vs-kata-lib": {Unit: "x", Target: benchfig.AtLeast(0.35),
+		About: "pairs a second from 8 concurrent clients / the Kata library's from 8 goroutines (tmpfs)"},
+	"control/throughput-32-vs-kata-lib": {Unit: "x", Target: benchfig.AtLeast(0.35),
+		About: "pairs a second from 32 concurrent clients / the Kata library's from 32 goroutines (tmpfs)"},
+	"control/throughput-8-vs-1-ext4": {Unit: "x",
+		About: "pairs a second from 8 concurrent clients / from 1, crustd's store on ext4 (directory fsyncs shared)"},
+	"control/stats-added-vs-rtt": {Unit: "x", Target: benchfig.AtMost(1.3),
+		About: "(GetVolumeStats on crustd, forwarded to the handler) minus (the same straight to the handler) / the straight call"},
+	"control/expand-added-vs-rtt": {Unit: "x", Target: benchfig.AtMost(1.3),
+		About: "(ExpandVolume on crustd, forwarded to the handler) minus (the same straight to the handler) / the straight call"},
+	"control/unary-rtt": {Unit: "us",
+		About: "one unary round trip on a unix socket: GetVolumeStats straight to a handler answering from constants"},
+	"scale/pair-p50-10k-vs-0": {Unit: "x", Target: benchfig.AtMost(1.1),
+		About: "median StageVolume+UnstageVolume with 10,000 descriptors held / with none"},
+	"scale/rss-10k": {Unit: "MiB", Target: benchfig.AtMost(48),
+		About: "crustd's resident memory holding 10,000 descriptors, after the round's calls"},
+	"scale/restart-10k": {Unit: "s", Target: benchfig.AtMost(0.3),
+		About: "crustd's start over 10,000 records to serving (its start_took)"},
+	"scale/list-per-item-100k-vs-10k": {Unit: "x", Target: benchfig.AtMost(1.2),
+		About: "time per descriptor listing 100,000 (every ListVolumes page) / listing 10,000"},
+}
+
+// record records samples as the figure name of the table above.
+func record(b *testing.B, name string, samples []float64) {
+	b.Helper()
+	f, ok := figures[name]
+	if !ok {
+		b.Fatalf("figure %s is not in the table", name)
+	}
+	f.Name, f.Samples = name, samples
+	benchfig.Record(b, f)
+}
