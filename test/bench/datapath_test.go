@@ -112,8 +112,10 @@ type dpPath struct {
 // Each op is a round of every workload on every path, the paths' order rotating from round to round.
 // Every figure is recorded with benchfig, one sample per round: the ratios blk/virtiofs and blk/9p of
 // each workload's rate (and blk-hostcache/virtiofs with the host's cache), with the target of at least 5×
-// virtio-fs on small files, random reads and SQLite commits, and the rates of every path and ceiling as
-// measured. ns/op is suppressed.
+// virtio-fs on small files, random reads and SQLite commits; for those workloads the ratios of the two
+// ceilings to virtio-fs ("-host-vs-virtiofs", "-guest-tmpfs-vs-virtiofs"), the most any guest path could
+// reach against virtio-fs on this host and under this emulation; and the rates of every path and ceiling
+// as measured. ns/op is suppressed.
 //
 // Under TCG every guest instruction is emulated: the guest's filesystem, block layer and page-cache
 // copies cost tens of times what they do natively, while the host's side of each path (QEMU's block
@@ -293,7 +295,7 @@ func BenchmarkDataPath(b *testing.B) {
 	if fioErr != nil {
 		b.Logf("random 4 KiB I/O not measured: %v (Debian package fio; make deps installs it)", fioErr)
 	}
-	r.record(blk, blkc, virtiofs, ninep)
+	r.record(blk, blkc, virtiofs, ninep, tmpfs, host)
 
 	// What the shares wrote is on the host's filesystem.
 	for _, d := range []string{"virtiofs", "9p"} {
@@ -460,6 +462,10 @@ func (r *dpRun) fio(p *dpPath, keep func(workload, unit string, v float64)) {
 			Write struct{ IOPS float64 } `json:"write"`
 		} `json:"jobs"`
 	}
+	// fio may print notes before its JSON.
+	if i := strings.IndexByte(out, '{'); i > 0 {
+		out = out[i:]
+	}
 	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Jobs) != len(dpFioJobs) {
 		r.b.Fatalf("fio on %s: bad output %q: %v", p.name, out, err)
 	}
@@ -483,12 +489,13 @@ var dpTargets = map[string]bool{
 }
 
 // record records every figure: for each workload the per-round ratios of blk to each share (without the
-// host's cache, then with it), then the rates of every path and ceiling.
-func (r *dpRun) record(blk, blkc, virtiofs, ninep *dpPath) {
+// host's cache, then with it); for the workloads with a target, the ratios of the ceilings to virtio-fs,
+// which bound what any guest path can reach against it; then the rates of every path and ceiling.
+func (r *dpRun) record(blk, blkc, virtiofs, ninep, tmpfs, host *dpPath) {
 	r.b.Helper()
 	for _, w := range r.order {
 		rates := r.rates[w]
-		ratio := func(num, den, suffix, about string) {
+		ratio := func(num, den, name, about string, target bool) {
 			n, d := rates[num], rates[den]
 			if len(n) == 0 || len(n) != len(d) {
 				return
@@ -497,18 +504,23 @@ func (r *dpRun) record(blk, blkc, virtiofs, ninep *dpPath) {
 			for i := range n {
 				s[i] = n[i] / d[i]
 			}
-			f := benchfig.Figure{Name: "datapath/" + w + "-blk-vs-" + suffix, Unit: "x", About: about, Samples: s}
-			if dpTargets[w] && strings.HasPrefix(suffix, "virtiofs") {
+			f := benchfig.Figure{Name: "datapath/" + w + "-" + name, Unit: "x", About: w + ": " + about, Samples: s}
+			if target {
 				f.Target = benchfig.AtLeast(5)
 			}
 			benchfig.Record(r.b, f)
 		}
-		ratio(blk.name, virtiofs.name, "virtiofs", w+": virtio-blk volume (crust) over a virtio-fs share (Kata's default), host page cache in neither")
-		ratio(blk.name, ninep.name, "9p", w+": virtio-blk volume (crust) over a 9p share, host page cache in neither")
-		ratio(blkc.name, virtiofs.name+"-hostcache", "virtiofs-hostcache", w+": virtio-blk volume over a virtio-fs share, host page cache in both")
-		if _, ok := rates[virtiofs.name+"-hostcache"]; !ok {
+		vfsWarm := virtiofs.name + "-hostcache"
+		if _, ok := rates[vfsWarm]; !ok {
 			// A write: the shares are measured once, with the host's cache as they always have it.
-			ratio(blkc.name, virtiofs.name, "virtiofs-hostcache", w+": virtio-blk volume over a virtio-fs share, host page cache in both")
+			vfsWarm = virtiofs.name
+		}
+		ratio(blk.name, virtiofs.name, "blk-vs-virtiofs", "virtio-blk volume (crust) over a virtio-fs share (Kata's default), host page cache in neither", dpTargets[w])
+		ratio(blk.name, ninep.name, "blk-vs-9p", "virtio-blk volume (crust) over a 9p share (Kata's options), host page cache in neither", false)
+		ratio(blkc.name, vfsWarm, "blk-vs-virtiofs-hostcache", "virtio-blk volume over a virtio-fs share, host page cache in both", dpTargets[w])
+		if dpTargets[w] {
+			ratio(host.name, virtiofs.name, "host-vs-virtiofs", "the host's own rate over virtio-fs's: about the most a guest path could gain on this host", false)
+			ratio(tmpfs.name, virtiofs.name, "guest-tmpfs-vs-virtiofs", "the guest's tmpfs over virtio-fs: the most the emulated guest allows", false)
 		}
 	}
 	for _, w := range r.order {
