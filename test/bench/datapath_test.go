@@ -121,11 +121,14 @@ type dpPath struct {
 // copies cost tens of times what they do natively, while the host's side of each path (QEMU's block
 // backend, virtiofsd, the 9p server) runs at host speed. That favours the shares, whose work is mostly on
 // the host (ext4 runs there), over blk, whose ext4 runs in the emulated guest: the tmpfs ceiling shows
-// how much of a figure is the emulated CPU. With KVM the guest's own work runs at native speed and each
-// path costs its exits: one or a few per virtio-blk request, against a FUSE round trip per metadata
-// operation on virtio-fs (lookups, getattr, create, fsync each go to virtiofsd and back) and a 9P round
-// trip per call; the small-file and SQLite ratios should grow, and sequential throughput of every path
-// rise towards the device's.
+// how much of a figure is the emulated CPU. Creates with fsync and SQLite commits are bound by the host
+// storage's flush on every path (a guest fsync ends as one on the host, whichever way it goes): the host
+// ceiling shows how far any guest path could get ahead of virtio-fs there. With KVM the guest's own work
+// runs at native speed and each path costs its exits: one or a few per virtio-blk request, against a FUSE
+// round trip per metadata operation on virtio-fs (lookups, getattr, create, fsync each go to virtiofsd
+// and back) and a 9P message per 8 KiB on 9p; the cold-tree and random-read ratios should grow, the
+// synced ones stay bound by the flush unless the storage acknowledges flushes at once, and sequential
+// throughput of every path rise towards the device's (docs/performance-datapath.md has the figures).
 func BenchmarkDataPath(b *testing.B) {
 	needVMs(b)
 	virtiofsd, err := vm.FindVirtioFSD()
