@@ -39,6 +39,8 @@ type Result struct {
 	Unit string `json:"unit"`
 	// Seconds is how long the work took.
 	Seconds float64 `json:"seconds"`
+	// PerSecond is Ops over Seconds (files/s, tx/s...), for whoever reads the output.
+	PerSecond float64 `json:"per_second"`
 }
 
 // Rate is Ops per second.
@@ -95,6 +97,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	r.Workload = args[0]
+	r.PerSecond = r.Rate()
 	if err := json.NewEncoder(stdout).Encode(r); err != nil {
 		fmt.Fprintln(stderr, "dataload:", err)
 		return 1
