@@ -113,17 +113,17 @@ type dpPath struct {
 // Every figure is recorded with benchfig, one sample per round: the ratios blk/virtiofs and blk/9p of
 // each workload's rate (and blk-hostcache/virtiofs with the host's cache), with the target of at least 5×
 // virtio-fs on small files, random reads and SQLite commits; for those workloads the ratios of the two
-// ceilings to virtio-fs ("-host-vs-virtiofs", "-guest-tmpfs-vs-virtiofs"), the most any guest path could
-// reach against virtio-fs on this host and under this emulation; and the rates of every path and ceiling
+// ceilings to virtio-fs ("-host-vs-virtiofs", "-guest-tmpfs-vs-virtiofs"), about the most any guest path
+// could reach against virtio-fs on this host's storage and under this emulation; and the rates of every path and ceiling
 // as measured. ns/op is suppressed.
 //
 // Under TCG every guest instruction is emulated: the guest's filesystem, block layer and page-cache
 // copies cost tens of times what they do natively, while the host's side of each path (QEMU's block
 // backend, virtiofsd, the 9p server) runs at host speed. That favours the shares, whose work is mostly on
 // the host (ext4 runs there), over blk, whose ext4 runs in the emulated guest: the tmpfs ceiling shows
-// how much of a figure is the emulated CPU. Creates with fsync and SQLite commits are bound by the host
-// storage's flush on every path (a guest fsync ends as one on the host, whichever way it goes): the host
-// ceiling shows how far any guest path could get ahead of virtio-fs there. With KVM the guest's own work
+// how much of a figure is the emulated CPU. Creates with fsync and SQLite commits carry every flush out
+// of the emulated guest to the host's storage and back on every path (a guest fsync ends as one on the
+// host, whichever way it goes): the host ceiling shows what that storage allows. With KVM the guest's own work
 // runs at native speed and each path costs its exits: one or a few per virtio-blk request, against a FUSE
 // round trip per metadata operation on virtio-fs (lookups, getattr, create, fsync each go to virtiofsd
 // and back) and a 9P message per 8 KiB on 9p; the cold-tree and random-read ratios should grow, the
