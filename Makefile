@@ -23,7 +23,7 @@ GOLDFLAGS := -X crust.dev/crust/pkg/version.version=$(VERSION)
 export CRUST_GUEST_ASSETS := $(GUEST)
 # Debian packages the tests and the demo use (installed only when missing); the second line is the
 # real-cluster tier's: etcd, containerd, runc and the CNI plugins run the test node.
-DEB_PKGS := e2fsprogs xfsprogs btrfs-progs lvm2 util-linux kmod cpio busybox-static qemu-system-x86 \
+DEB_PKGS := e2fsprogs xfsprogs btrfs-progs lvm2 util-linux kmod cpio busybox-static qemu-system-x86 fio \
 	etcd-server containerd runc containernetworking-plugins openssl bc curl iproute2
 
 .PHONY: help

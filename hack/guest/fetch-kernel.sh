@@ -18,7 +18,7 @@
 #                               its applet links, mkfs.ext4, resize2fs, e2fsck,
 #                               mkfs.xfs, xfs_growfs, xfs_io (statx, timed I/O), blkid and their libraries
 #   OUTDIR/generic/...          with --with-9p: linux-image-amd64's kernel, laid out
-#                               like cloud/, with the 9p modules as well
+#                               like cloud/, with the 9p and virtio-fs modules as well
 set -euo pipefail
 
 with_9p=false
@@ -234,6 +234,6 @@ guest_modules=(virtio_pci virtio_blk virtio_console xfs ext4 nd_pmem virtio_pmem
 kernel linux-image-cloud-amd64 "$out/cloud" "${guest_modules[@]}"
 tools
 if $with_9p; then
-	kernel linux-image-amd64 "$out/generic" "${guest_modules[@]}" 9pnet_virtio 9p
+	kernel linux-image-amd64 "$out/generic" "${guest_modules[@]}" 9pnet_virtio 9p virtiofs
 fi
 log "assets are in $out"

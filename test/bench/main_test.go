@@ -12,11 +12,17 @@
 //     persistent-memory volume attached as virtio-pmem and mounted with DAX, against a copy of the same
 //     image attached as a virtio-blk disk; the ratios are what DAX gains (under TCG; its doc comment says
 //     what KVM would change).
+//   - BenchmarkDataPath: small files, sequential and random I/O (fio) and SQLite commits in one guest
+//     (generic kernel) on a volume attached as crust attaches it (virtio-blk), against a virtio-fs share
+//     in Kata's default cache mode and a 9p share of the same filesystem, with the host's page cache in
+//     neither path and in both, and the same workloads on the host and on the guest's tmpfs as ceilings;
+//     the ratios blk/virtiofs have a target of 5 on small files, random reads and SQLite commits.
 //
 // They boot QEMU guests, need root (loop devices, mounts), and skip with the reason when not root or when
 // QEMU or the guest assets (hack/guest/fetch-kernel.sh --with-9p into CRUST_GUEST_ASSETS, else
-// _output/guest) are missing. They build crustd, crust-guest and the guests' initramfs from this tree
-// themselves. The guests run under TCG, as everywhere in crust's tests (KVM guests hang on the machines
+// _output/guest) are missing; BenchmarkDataPath also without virtiofsd (qemu-system-common), and its fio
+// figures without fio (Debian package fio). They build crustd, crust-guest and the guests' initramfs
+// from this tree themselves. The guests run under TCG, as everywhere in crust's tests (KVM guests hang on the machines
 // crust is developed on); CRUST_BENCH_ACCEL=kvm or auto asks for KVM where it works. Each op takes up to
 // seconds, so run them with a fixed count:
 //
@@ -31,7 +37,9 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -54,14 +62,16 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// build holds what is built once per process: crustd and the guest initramfs of each flavour.
+// build holds what is built once per process: crustd, crust-guest, the guest initramfs of each flavour
+// (and set of extra files), and the programs the benchmarks run in guests.
 var build struct {
 	once   sync.Once
 	dir    string
 	err    error
 	crustd string
 	mu     sync.Mutex
-	guests map[string]guestImages // by flavour
+	guests map[string]guestImages // by flavour and extra files' label
+	progs  map[string]string      // by package: the static binary
 }
 
 // guestImages are a kernel and an initramfs with this tree's crust-guest, and a directory laid out as
@@ -107,29 +117,59 @@ func buildBinaries(b *testing.B) {
 		if build.err != nil {
 			return
 		}
-		root := moduleRoot()
-		for _, c := range []*exec.Cmd{
-			exec.Command("go", "build", "-o", build.dir+"/", "crust.dev/crust/cmd/crustd"),
-			exec.Command("go", "build", "-o", build.dir+"/", "crust.dev/crust/examples/microvm/cmd/crust-guest"),
-		} {
-			c.Dir = root
-			c.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := c.CombinedOutput(); err != nil {
-				build.err = fmt.Errorf("%s: %v\n%s", strings.Join(c.Args, " "), err, out)
+		for _, pkg := range []string{"crust.dev/crust/cmd/crustd", "crust.dev/crust/examples/microvm/cmd/crust-guest"} {
+			if build.err = goBuild(pkg, build.dir); build.err != nil {
 				return
 			}
 		}
 		build.crustd = filepath.Join(build.dir, "crustd")
 		build.guests = map[string]guestImages{}
+		build.progs = map[string]string{}
 	})
 	if build.err != nil {
 		b.Fatal(build.err)
 	}
 }
 
-// guest returns the images of flavour ("cloud", or "generic" for 9p), skipping b when the kernel assets
-// are missing.
+// goBuild builds the main package pkg of this repository statically (CGO_ENABLED=0) into dir.
+func goBuild(pkg, dir string) error {
+	c := exec.Command("go", "build", "-o", dir+"/", pkg)
+	c.Dir = moduleRoot()
+	c.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := c.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s: %v\n%s", strings.Join(c.Args, " "), err, out)
+	}
+	return nil
+}
+
+// program returns the static binary of the main package pkg of this repository, built once.
+func program(b *testing.B, pkg string) string {
+	b.Helper()
+	buildBinaries(b)
+	build.mu.Lock()
+	defer build.mu.Unlock()
+	if p, ok := build.progs[pkg]; ok {
+		return p
+	}
+	dir := filepath.Join(build.dir, "prog-"+strconv.Itoa(len(build.progs)))
+	if err := goBuild(pkg, dir); err != nil {
+		b.Fatal(err)
+	}
+	p := filepath.Join(dir, path.Base(pkg))
+	build.progs[pkg] = p
+	return p
+}
+
+// guest returns the images of flavour ("cloud", or "generic" for 9p and virtio-fs), skipping b when the
+// kernel assets are missing.
 func guest(b *testing.B, flavour string) guestImages {
+	b.Helper()
+	return guestWith(b, flavour, "", nil)
+}
+
+// guestWith is guest with files added to the initramfs (initramfs.Guest.Files); label names the set of
+// files, distinct among the sets a process uses.
+func guestWith(b *testing.B, flavour, label string, files []initramfs.File) guestImages {
 	b.Helper()
 	needVMs(b)
 	src := assetsDir()
@@ -144,22 +184,26 @@ func guest(b *testing.B, flavour string) guestImages {
 	buildBinaries(b)
 	build.mu.Lock()
 	defer build.mu.Unlock()
-	if g, ok := build.guests[flavour]; ok {
+	key := flavour
+	if label != "" {
+		key += "-" + label
+	}
+	if g, ok := build.guests[key]; ok {
 		return g
 	}
-	dir := filepath.Join(build.dir, "assets-"+flavour)
+	dir := filepath.Join(build.dir, "assets-"+key)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		b.Fatal(err)
 	}
 	g := guestImages{kernel: a.Kernel, initrd: filepath.Join(dir, "initramfs-"+flavour+".cpio.gz"), assets: dir}
-	err = initramfs.Guest{Agent: filepath.Join(build.dir, "crust-guest"), Modules: a.Modules, Tools: a.Tools}.WriteFile(g.initrd)
+	err = initramfs.Guest{Agent: filepath.Join(build.dir, "crust-guest"), Modules: a.Modules, Tools: a.Tools, Files: files}.WriteFile(g.initrd)
 	if err != nil {
 		b.Fatal(err)
 	}
 	if err := os.Symlink(filepath.Join(src, flavour), filepath.Join(dir, flavour)); err != nil {
 		b.Fatal(err)
 	}
-	build.guests[flavour] = g
+	build.guests[key] = g
 	return g
 }
 

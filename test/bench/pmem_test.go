@@ -12,7 +12,6 @@ import (
 
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/vm"
-	"crust.dev/crust/internal/testutil/harness"
 )
 
 const (
@@ -61,15 +60,7 @@ func BenchmarkPmemDAX(b *testing.B) {
 	g := guest(b, "cloud")
 	work := b.TempDir()
 	seed := filepath.Join(work, "seed.img")
-	f, err := os.Create(seed)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := f.Truncate(pmemImage); err != nil {
-		b.Fatal(err)
-	}
-	_ = f.Close()
-	harness.Run(b, "mkfs.ext4", "-q", "-F", "-b", "4096", seed) // DAX needs blocks of a page
+	makeImage(b, seed, pmemImage) // 4 KiB blocks: DAX needs blocks of a page
 	daxFile, blkFile := filepath.Join(work, "dax.img"), filepath.Join(work, "blk.img")
 	copyFile(b, seed, daxFile)
 	copyFile(b, seed, blkFile)

@@ -73,6 +73,20 @@ type Guest struct {
 	Modules []string
 	// Tools is a directory tree merged into the root (may be empty).
 	Tools string
+	// Files are more host files added after Tools (a benchmark's programs,
+	// from Executable). One whose name the archive already holds is left out:
+	// the tools' shared libraries are the host's, as a program's are.
+	Files []File
+}
+
+// File is a host file added to the guest.
+type File struct {
+	// Name is its path in the guest.
+	Name string
+	// Source is the host file, symlinks followed.
+	Source string
+	// Mode is its permission bits.
+	Mode fs.FileMode
 }
 
 // Write writes the guest's initramfs to w.
@@ -115,6 +129,16 @@ func (g Guest) Write(w io.Writer) error {
 	}
 	if g.Tools != "" {
 		if err := a.CopyTree(g.Tools); err != nil {
+			return err
+		}
+	}
+	for _, f := range g.Files {
+		if n, err := clean(f.Name); err != nil {
+			return err
+		} else if a.seen[n] {
+			continue
+		}
+		if err := a.CopyFile(f.Name, f.Mode, f.Source); err != nil {
 			return err
 		}
 	}

@@ -150,7 +150,9 @@ func TestGuestFromAssets(t *testing.T) {
 		t.Fatalf("assets = %+v", a)
 	}
 	out := filepath.Join(dir, "initramfs.cpio.gz")
-	if err := (Guest{Agent: agent, Modules: a.Modules, Tools: a.Tools}).WriteFile(out); err != nil {
+	extra := write(t, filepath.Join(dir, "fio"), "fio", 0o700)
+	files := []File{{Name: "/usr/bin/fio", Source: extra, Mode: 0o755}, {Name: "/bin/busybox", Source: extra, Mode: 0o755}}
+	if err := (Guest{Agent: agent, Modules: a.Modules, Tools: a.Tools, Files: files}).WriteFile(out); err != nil {
 		t.Fatal(err)
 	}
 	archive, err := os.ReadFile(out)
@@ -164,7 +166,8 @@ func TestGuestFromAssets(t *testing.T) {
 		mods + "/virtio.ko":          {mode: cpio.TypeReg | 0o644, data: "m1"},
 		mods + "/virtio_blk.ko":      {mode: cpio.TypeReg | 0o644, data: "m2"},
 		agentproto.ModuleList[1:]:    {mode: cpio.TypeReg | 0o644, data: "virtio.ko\nvirtio_blk.ko\n"},
-		"bin/busybox":                {mode: cpio.TypeReg | 0o755, data: "bb"},
+		"bin/busybox":                {mode: cpio.TypeReg | 0o755, data: "bb"}, // a File does not replace a tool
+		"usr/bin/fio":                {mode: cpio.TypeReg | 0o755, data: "fio"},
 		"bin/sh":                     {mode: cpio.TypeSymlink | 0o777, data: "/bin/busybox"},
 		"lib64/ld-linux-x86-64.so.2": {mode: cpio.TypeReg | 0o755, data: "ld"},
 		"dev":                        {mode: cpio.TypeDir | 0o755},

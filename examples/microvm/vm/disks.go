@@ -54,10 +54,11 @@ func (v *VM) AttachBlock(ctx context.Context, id, hostPath string, readOnly bool
 	v.mu.Lock()
 	if d, ok := v.disks[id]; ok {
 		v.mu.Unlock()
-		if d.path == hostPath && d.readOnly == readOnly && d.limits == o.limits {
+		if d.path == hostPath && d.readOnly == readOnly && d.opts == o {
 			return nil
 		}
-		return fmt.Errorf("vm: disk %s is already attached from %s (read-only %v, I/O limits %+v)", id, d.path, d.readOnly, d.limits)
+		return fmt.Errorf("vm: disk %s is already attached from %s (read-only %v, I/O limits %+v, host cache %v)", id, d.path,
+			d.readOnly, d.opts.limits, d.opts.hostCache)
 	}
 	port, err := v.reservePort(id)
 	v.mu.Unlock()
@@ -72,8 +73,8 @@ func (v *VM) AttachBlock(ctx context.Context, id, hostPath string, readOnly bool
 		"node-name": node,
 		"filename":  hostPath,
 		"read-only": readOnly,
-		// O_DIRECT: the guest has its own page cache.
-		"cache":   map[string]any{"direct": true, "no-flush": false},
+		// O_DIRECT unless WithHostCache: the guest has its own page cache.
+		"cache":   map[string]any{"direct": !o.hostCache, "no-flush": false},
 		"discard": "unmap",
 	}, nil)
 	if err != nil {
@@ -93,7 +94,7 @@ func (v *VM) AttachBlock(ctx context.Context, id, hostPath string, readOnly bool
 		return fmt.Errorf("vm: attaching %s: %w", id, err)
 	}
 	v.mu.Lock()
-	v.disks[id] = &disk{port: port, path: hostPath, readOnly: readOnly, limits: o.limits}
+	v.disks[id] = &disk{port: port, path: hostPath, readOnly: readOnly, opts: o}
 	v.mu.Unlock()
 	if err := v.throttle(ctx, id, o.limits); err != nil {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoDetachTimeout)

@@ -8,9 +8,10 @@
 // mounts with DAX; those cannot be unplugged and stay until the VM stops
 // (QEMU 7.2 refuses to unplug virtio memory devices; an emulated NVDIMM,
 // which needs converting to fsdax inside the guest, is not used: see
-// AttachPmem). It can also share host directories over virtio-9p (Config.Shares),
-// which the guest mounts itself; crust does not use them for volumes, they are
-// there to compare the two data paths (test/bench).
+// AttachPmem). It can also share host directories over virtio-9p (Config.Shares)
+// and virtio-fs (Config.FSShares, each served by a virtiofsd the VM runs), which
+// the guest mounts itself; crust does not use them for volumes, they are there
+// to compare the data paths (test/bench).
 //
 // A VM's files (sockets, console log, QEMU's own log) live in its StateDir.
 // Stop leaves no process and no socket behind; the logs stay for debugging.
@@ -89,6 +90,12 @@ type Config struct {
 	//	mount -t 9p -o trans=virtio,version=9p2000.L TAG DIR
 	// which needs a kernel with 9p (the generic flavour of the guest assets).
 	Shares []Share
+	// FSShares are host directories exported to the guest over virtio-fs, one
+	// virtiofsd and vhost-user-fs-pci device each, present from boot (see
+	// FSShare). With any, the guest's memory is a shared memfd.
+	FSShares []FSShare
+	// VirtioFSD is the virtiofsd binary for FSShares; "" means FindVirtioFSD.
+	VirtioFSD string
 }
 
 // Share is a host directory exported to the guest over virtio-9p (QEMU's
@@ -154,6 +161,9 @@ func (c *Config) setDefaults() error {
 	if err := c.checkShares(); err != nil {
 		return err
 	}
+	if err := c.checkFSShares(); err != nil {
+		return err
+	}
 	// sun_path holds 108 bytes with its terminating NUL.
 	if n := len(filepath.Join(c.StateDir, "agent.sock")); n > 107 {
 		return fmt.Errorf("vm: StateDir %s is too long for a unix socket path (%d bytes)", c.StateDir, n)
@@ -167,29 +177,39 @@ func (c *Config) checkShares() error {
 	shares := make([]Share, 0, len(c.Shares))
 	tags := map[string]bool{}
 	for _, sh := range c.Shares {
-		if !validTag.MatchString(sh.Tag) {
-			return fmt.Errorf("vm: share tag %q: want a letter or digit, then up to 30 letters, digits, '.', '_', '-'", sh.Tag)
-		}
-		if tags[sh.Tag] {
-			return fmt.Errorf("vm: share tag %q given twice", sh.Tag)
-		}
-		tags[sh.Tag] = true
-		abs, err := filepath.Abs(sh.Path)
+		abs, err := checkShare(tags, sh.Tag, sh.Path)
 		if err != nil {
-			return fmt.Errorf("vm: share %s: %w", sh.Tag, err)
-		}
-		fi, err := os.Stat(abs)
-		if err != nil {
-			return fmt.Errorf("vm: share %s: %w", sh.Tag, err)
-		}
-		if !fi.IsDir() {
-			return fmt.Errorf("vm: share %s: %s is not a directory", sh.Tag, abs)
+			return err
 		}
 		sh.Path = abs
 		shares = append(shares, sh)
 	}
 	c.Shares = shares
 	return nil
+}
+
+// checkShare validates a share's tag, distinct from those in tags (to which it
+// adds it), and its directory, whose absolute path it returns.
+func checkShare(tags map[string]bool, tag, dir string) (string, error) {
+	if !validTag.MatchString(tag) {
+		return "", fmt.Errorf("vm: share tag %q: want a letter or digit, then up to 30 letters, digits, '.', '_', '-'", tag)
+	}
+	if tags[tag] {
+		return "", fmt.Errorf("vm: share tag %q given twice", tag)
+	}
+	tags[tag] = true
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("vm: share %s: %w", tag, err)
+	}
+	fi, err := os.Stat(abs)
+	if err != nil {
+		return "", fmt.Errorf("vm: share %s: %w", tag, err)
+	}
+	if !fi.IsDir() {
+		return "", fmt.Errorf("vm: share %s: %s is not a directory", tag, abs)
+	}
+	return abs, nil
 }
 
 // BootInfo tells how a VM came up.
@@ -213,6 +233,8 @@ type VM struct {
 	done  chan struct{} // closed when QEMU has exited
 	qmp   *qmp.Client
 	agent *agentproto.Client
+	// fsDaemons are the virtiofsd processes of Config.FSShares, in order.
+	fsDaemons []*fsDaemon
 
 	mu      sync.Mutex
 	ports   []string         // hot-plug root port i holds device ports[i] ("" when free)
@@ -227,7 +249,7 @@ type disk struct {
 	port     int
 	path     string
 	readOnly bool
-	limits   IOLimits
+	opts     attachOptions
 }
 
 // Start boots a VM and returns once its agent answers, or with an error
@@ -331,7 +353,7 @@ func (c *Config) args(accel Accel) []string {
 		args = append(args, "-fsdev", fsdev,
 			"-device", fmt.Sprintf("virtio-9p-pci,id=%s%d,fsdev=%s%d,mount_tag=%s", sharePrefix, i, fsdevPrefix, i, sh.Tag))
 	}
-	return args
+	return append(args, c.fsShareArgs()...)
 }
 
 // boot runs one attempt with one accelerator.
@@ -353,6 +375,11 @@ func boot(ctx context.Context, cfg Config, accel Accel, timeout time.Duration) (
 		disks: make(map[string]*disk),
 		pmems: make(map[string]*pmem),
 	}
+	// The virtio-fs daemons listen before QEMU starts, which connects to them at once.
+	if v.fsDaemons, err = startFSDaemons(&cfg, timeout); err != nil {
+		_ = logf.Close()
+		return nil, err
+	}
 	v.cmd = exec.Command(cfg.QEMU, cfg.args(accel)...)
 	v.cmd.Stdout, v.cmd.Stderr = logf, logf
 	v.cmd.SysProcAttr = &syscall.SysProcAttr{
@@ -366,6 +393,7 @@ func boot(ctx context.Context, cfg Config, accel Accel, timeout time.Duration) (
 	start := time.Now()
 	if err := v.cmd.Start(); err != nil {
 		_ = logf.Close()
+		stopFSDaemons(v.fsDaemons)
 		return nil, fmt.Errorf("vm: starting %s: %w", cfg.QEMU, err)
 	}
 	go func() {
@@ -430,7 +458,11 @@ func dialRetry[T any](ctx context.Context, exited <-chan struct{}, dial func(con
 // logTails returns the ends of QEMU's and the console's logs for an error.
 func (v *VM) logTails() string {
 	var b strings.Builder
-	for _, name := range []string{"qemu.log", "console.log"} {
+	names := []string{"qemu.log", "console.log"}
+	for i := range v.cfg.FSShares {
+		names = append(names, fmt.Sprintf(vfsLogName, i))
+	}
+	for _, name := range names {
 		data, err := os.ReadFile(v.cfg.path(name))
 		if err != nil || len(strings.TrimSpace(string(data))) == 0 {
 			continue
@@ -448,6 +480,7 @@ func (v *VM) kill() {
 		_ = v.cmd.Process.Kill()
 	}
 	<-v.done
+	stopFSDaemons(v.fsDaemons) // they exit by themselves once QEMU is gone
 	v.closeClients()
 	cleanSockets(&v.cfg)
 }
@@ -464,6 +497,9 @@ func (v *VM) closeClients() {
 func cleanSockets(cfg *Config) {
 	for _, s := range []string{"qmp.sock", "agent.sock"} {
 		_ = os.Remove(cfg.path(s))
+	}
+	for i := range cfg.FSShares {
+		_ = os.Remove(cfg.path(fmt.Sprintf(vfsSocketName, i)))
 	}
 }
 

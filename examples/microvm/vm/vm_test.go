@@ -505,3 +505,53 @@ func TestShares(t *testing.T) {
 		}
 	}
 }
+
+// TestFSShares checks the QEMU and virtiofsd arguments of virtio-fs shares and the refusal of bad ones,
+// without booting a VM.
+func TestFSShares(t *testing.T) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, "img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	share := filepath.Join(dir, "share")
+	if err := os.Mkdir(share, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := func(shares ...FSShare) Config {
+		return Config{Kernel: img, Initramfs: img, StateDir: filepath.Join(dir, "state"), VirtioFSD: "/bin/true",
+			Shares: []Share{{Tag: "nine", Path: share}}, FSShares: shares}
+	}
+	c := cfg(FSShare{Tag: "vfs", Path: share, DaemonArgs: []string{"--thread-pool-size=1"}})
+	if err := c.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(c.args(AccelTCG), " ")
+	sock := filepath.Join(c.StateDir, "vfs0.sock")
+	for _, want := range []string{
+		"-object memory-backend-memfd,id=crust-ram,size=512M,share=on -numa node,memdev=crust-ram",
+		"-chardev socket,id=crust-vfs0,path=" + sock + " -device vhost-user-fs-pci,id=crust-vfsdev0,chardev=crust-vfs0,tag=vfs,queue-size=1024",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("args lack %q:\n%s", want, got)
+		}
+	}
+	if d := strings.Join(c.virtiofsdArgs(0), " "); d != "--socket-path="+sock+" -o source="+share+" -o cache=auto --thread-pool-size=1" {
+		t.Errorf("virtiofsd args = %s", d)
+	}
+	if c := cfg(); c.setDefaults() != nil || strings.Contains(strings.Join(c.args(AccelTCG), " "), "memfd") {
+		t.Error("a VM without virtio-fs shares has shared memory")
+	}
+	for name, bad := range map[string][]FSShare{
+		"empty tag":   {{Tag: "", Path: share}},
+		"9p's tag":    {{Tag: "nine", Path: share}},
+		"twice":       {{Tag: "x", Path: share}, {Tag: "x", Path: dir}},
+		"cache":       {{Tag: "x", Path: share, Cache: "metadata"}},
+		"missing dir": {{Tag: "x", Path: filepath.Join(dir, "nope")}},
+		"not a dir":   {{Tag: "x", Path: img}},
+	} {
+		if c := cfg(bad...); c.setDefaults() == nil {
+			t.Errorf("%s: accepted %+v", name, bad)
+		}
+	}
+}
