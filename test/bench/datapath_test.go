@@ -128,7 +128,7 @@ type dpPath struct {
 // round trip per metadata operation on virtio-fs (lookups, getattr, create, fsync each go to virtiofsd
 // and back) and a 9P message per 8 KiB on 9p; the cold-tree and random-read ratios should grow, the
 // synced ones stay bound by the flush unless the storage acknowledges flushes at once, and sequential
-// throughput of every path rise towards the device's (docs/performance-datapath.md has the figures).
+// throughput of every path rise towards the device's (docs/performance.md, "Data path", has the figures).
 func BenchmarkDataPath(b *testing.B) {
 	needVMs(b)
 	virtiofsd, err := vm.FindVirtioFSD()
