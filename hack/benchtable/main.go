@@ -55,7 +55,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 // sorted by name.
 func load(args []string) ([]benchfig.Figure, error) {
 	if len(args) == 0 {
-		return nil, fmt.Errorf("no results named: usage: benchtable [-benchfmt] [-strict] DIR|FILE.json...")
+		return nil, fmt.Errorf("no results named (usage: benchtable [-benchfmt] [-strict] DIR|FILE.json)")
 	}
 	var files []string
 	for _, a := range args {
