@@ -4,6 +4,7 @@
 //
 //	go run ./hack/benchtable bench/results
 //	go run ./hack/benchtable -benchfmt bench/results > new.txt && benchstat old.txt new.txt
+//	go run ./hack/benchtable -plot datapath/ bench/results > docs/performance-datapath.svg
 //
 // It exits 1 when a figure misses its target and -strict is given.
 package main
@@ -30,14 +31,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	benchfmt := fs.Bool("benchfmt", false, "write the samples in the Go benchmark format, for benchstat")
 	strict := fs.Bool("strict", false, "exit 1 when a figure misses its target")
+	plot := fs.String("plot", "", "draw the ratio figures whose names start with this prefix as an SVG chart, instead of the table")
 	if fs.Parse(args) != nil {
 		return 2
 	}
 	figs, err := load(fs.Args())
 	if err == nil {
 		write := writeTable
-		if *benchfmt {
+		switch {
+		case *benchfmt:
 			write = writeBenchfmt
+		case *plot != "":
+			write = func(w io.Writer, figs []benchfig.Figure) error { return writePlot(w, figs, *plot) }
 		}
 		err = write(stdout, figs)
 	}

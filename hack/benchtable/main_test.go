@@ -49,6 +49,11 @@ func TestTableAndBenchfmt(t *testing.T) {
 	if code := run([]string{"-strict", dir}, &out, &errs); code != 1 || !strings.Contains(out.String(), "1 missed") {
 		t.Errorf("-strict with a missed target: exit %d, output %q %q", code, out.String(), errs.String())
 	}
+	out.Reset()
+	if code := run([]string{"-plot", "control/", dir}, &out, &errs); code != 0 || !strings.Contains(out.String(), "<svg") ||
+		!strings.Contains(out.String(), "pair-vs-x") || strings.Contains(out.String(), "rss") {
+		t.Errorf("-plot control/: exit %d, %q", code, out.String())
+	}
 	if code := run(nil, &out, &errs); code != 2 || !strings.Contains(errs.String(), "usage") {
 		t.Errorf("no arguments: exit %d, %q", code, errs.String())
 	}
