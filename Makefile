@@ -151,7 +151,7 @@ bench: deps build guest ## Run the benchmarks into bench/results/*.json and prin
 	hack/guest/fetch-kernel.sh --with-9p $(GUEST)
 	$(GO) run ./examples/microvm/hack/mkinitramfs -assets $(GUEST) -flavour generic -agent $(GUEST)/crust-guest
 	mkdir -p bench/results
-	CRUST_BENCH_RESULTS=$(CURDIR)/bench/results $(GOTEST) -run='^$$' -bench=. -benchmem $$($(GO) list $(ALLPKGS) | grep -v '/test/bench')
+	CRUST_BENCH_RESULTS=$(CURDIR)/bench/results $(GOTEST) -run='^$$' -bench=. -benchmem $$($(GO) list $(ALLPKGS) | grep -v 'crust.dev/crust/test/')
 	CRUST_BENCH_RESULTS=$(CURDIR)/bench/results $(GOTEST) -run='^$$' -bench=. -benchtime=$(BENCH_ROUNDS)x ./test/bench/control
 	CRUST_BENCH_RESULTS=$(CURDIR)/bench/results $(GOTEST) -run='^$$' -bench=. -benchtime=$(BENCH_OPS)x ./test/bench
 	$(GO) run ./hack/benchtable bench/results

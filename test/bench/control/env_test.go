@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -77,9 +78,10 @@ func dirOn(b *testing.B, magic int64, name string) string {
 // env is a crustd process whose state directory and Kata directory are where the benchmark says, with
 // volumes ready to stage.
 type env struct {
-	d     *harness.Crustd
-	vols  crustv1.VolumeServiceClient
-	specs []*crustv1.VolumeSpec
+	d      *harness.Crustd
+	vols   crustv1.VolumeServiceClient
+	health healthpb.HealthClient // crustd's health service: an empty round trip to crustd
+	specs  []*crustv1.VolumeSpec
 }
 
 // startEnv starts crustd with its store in stateDir and its Kata projection in kataDir, and makes n
@@ -97,7 +99,7 @@ func startEnv(b *testing.B, stateDir, kataDir string, n int, extra ...string) *e
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = conn.Close() })
-	e.vols = crustv1.NewVolumeServiceClient(conn)
+	e.vols, e.health = crustv1.NewVolumeServiceClient(conn), healthpb.NewHealthClient(conn)
 	e.specs = e.makeVolumes(b, images, "pv", n)
 	return e
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	katafmt "crust.dev/crust/pkg/kata"
 )
@@ -51,7 +53,7 @@ func BenchmarkPair(b *testing.B) {
 		e.stage(ctx, b, spec)
 		e.unstage(ctx, b, spec)
 	}
-	var vsLib, vsFloor, cli, tp8, tp32, pairUs, libUs, floorUs, ext4Scale []float64
+	var vsLib, vsFloor, cli, tp8, tp32, pairUs, libUs, floorUs, ext4Scale, crustdRTT, vsRTT []float64
 	round := 0
 	for b.Loop() {
 		first := round%2 == 0
@@ -60,6 +62,13 @@ func BenchmarkPair(b *testing.B) {
 			func() time.Duration { return timeEach(tmpfsPairs, func(i int) { crustPair(fast, fast.specs[i]) }) },
 			func() time.Duration { return timeEach(tmpfsPairs, func(i int) { lib.pair(b, fast.specs[i]) }) })
 		vsLib, pairUs, libUs = append(vsLib, ratio(c, k)), append(pairUs, us(c)), append(libUs, us(k))
+		// The floor of any daemon: two empty round trips to crustd's process, measured just after.
+		rtt := timeEach(tmpfsPairs, func(int) {
+			if _, err := fast.health.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+				b.Fatal(err)
+			}
+		})
+		crustdRTT, vsRTT = append(crustdRTT, us(rtt)), append(vsRTT, ratio(c, 2*rtt))
 		c, f := sideBySide(first,
 			func() time.Duration { return timeEach(ext4Pairs, func(i int) { crustPair(durable, durable.specs[i]) }) },
 			func() time.Duration { return timeEach(ext4Pairs, func(i int) { floor.pair(b, i) }) })
@@ -96,6 +105,8 @@ func BenchmarkPair(b *testing.B) {
 	b.StopTimer()
 	record(b, "control/pair-vs-kata-lib", vsLib)
 	record(b, "control/pair-tmpfs", pairUs)
+	record(b, "control/crustd-rtt", crustdRTT)
+	record(b, "control/pair-vs-2-crustd-rtt", vsRTT)
 	record(b, "control/kata-lib-pair-tmpfs", libUs)
 	record(b, "control/durable-floor-pair-ext4", floorUs)
 	record(b, "control/pair-vs-durable-floor", vsFloor)
