@@ -143,7 +143,8 @@ func Open(dir string, opt Options, check Check) (_ *Dir, _ *Report, err error) {
 			v := &verdicts[i]
 			data, err := Read(d.records, name)
 			switch {
-			case errors.Is(err, safedir.ErrWrongType): // a link or a directory: damage, never read through
+			case errors.Is(err, safedir.ErrWrongType), errors.Is(err, safedir.ErrTooLarge):
+				// a link, a directory or a huge file: damage, never read through or loaded whole
 				v.damage = err.Error()
 				return nil
 			case err != nil:

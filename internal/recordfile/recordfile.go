@@ -57,7 +57,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 
@@ -184,16 +183,11 @@ func Write(dir, tmp *safedir.Dir, name string, data []byte) error {
 	return dir.WriteFile(name, data, 0o600, tmp)
 }
 
-// Read returns the content of the record file name in dir, reading at most one byte past MaxSize so that
-// a huge file is never loaded whole (Decode then refuses it). A symbolic link or anything but a regular
-// file at name is an error wrapping safedir.ErrWrongType, and is not read through.
+// Read returns the content of the record file name in dir. A file larger than MaxSize is an error
+// wrapping safedir.ErrTooLarge, and is never loaded whole; a symbolic link or anything but a regular file
+// at name is an error wrapping safedir.ErrWrongType, and is not read through.
 func Read(dir *safedir.Dir, name string) ([]byte, error) {
-	f, err := dir.OpenFile(name, os.O_RDONLY, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = f.Close() }() // read-only: nothing to lose
-	return io.ReadAll(io.LimitReader(f, MaxSize+1))
+	return dir.ReadFile(name, MaxSize)
 }
 
 // bootIDPath is where the kernel publishes the id of the running boot.

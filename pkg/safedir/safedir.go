@@ -20,7 +20,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -37,6 +36,8 @@ var (
 	// symbolic link, a non-directory where a directory is needed, a directory or a special file where a
 	// regular file is needed.
 	ErrWrongType = errors.New("unexpected kind of entry")
+	// ErrTooLarge is wrapped by ReadFile's error for a file larger than the limit it was given.
+	ErrTooLarge = errors.New("file too large")
 	// ErrInsecure is wrapped by CheckOwned's error for a directory that another user owns or may write in.
 	ErrInsecure = errors.New("owned or writable by another user")
 )
@@ -278,21 +279,43 @@ func (d *Dir) OpenFile(name string, flag int, perm fs.FileMode) (*os.File, error
 	return f, nil
 }
 
-// ReadFile returns the content of the regular file name, failing when it holds more than limit bytes.
+// ReadFile returns the content of the regular file name, failing with an error wrapping ErrTooLarge when
+// it holds more than limit bytes (of which it reads at most limit+1). Anything but a regular file is
+// refused with ErrWrongType before a byte is read (a FIFO does not block the open).
 func (d *Dir) ReadFile(name string, limit int64) ([]byte, error) {
-	f, err := d.OpenFile(name, os.O_RDONLY, 0)
+	fd, err := d.openat("open", name, unix.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = f.Close() }() // read-only: nothing to lose
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
+	defer func() { _ = unix.Close(fd) }() // read-only: nothing to lose
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, pathErr("stat", d.Join(name), err, false)
 	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("read %s: more than %d bytes", d.Join(name), limit)
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("open %s: %w: %s", d.Join(name), ErrWrongType, Kind((&fileInfo{st: st}).Mode()))
 	}
-	return b, nil
+	// A regular file ignores O_NONBLOCK, and a read of one is short only at its end: one read of a buffer
+	// larger than the file takes it whole and says that nothing follows.
+	buf := make([]byte, min(st.Size, limit)+1)
+	n := 0
+	for n < len(buf) {
+		m, err := unix.Read(fd, buf[n:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, pathErr("read", d.Join(name), err, false)
+		}
+		if m == 0 {
+			break
+		}
+		n += m
+	}
+	if int64(n) > limit {
+		return nil, fmt.Errorf("read %s: %w: more than %d bytes", d.Join(name), ErrTooLarge, limit)
+	}
+	return buf[:n], nil
 }
 
 // WriteFile puts data at name atomically and durably, with mode perm: it writes a new file in tmp (a
