@@ -160,6 +160,10 @@ bench: deps build guest ## Run the benchmarks into bench/results/*.json and prin
 bench-table: ## Print the table of the last make bench's figures (bench/results)
 	$(GO) run ./hack/benchtable bench/results
 
+.PHONY: bench-plot
+bench-plot: ## Draw the data-path figures of the last make bench into docs/performance-datapath.svg
+	$(GO) run ./hack/benchtable -plot datapath/ bench/results > docs/performance-datapath.svg
+
 .PHONY: fuzz
 fuzz: ## Run every fuzz target for FUZZTIME each (default 10s)
 	@for pkg in $$($(GO) list $(ALLPKGS)); do \
