@@ -460,18 +460,25 @@ func TestAutoAccel(t *testing.T) {
 	}
 }
 
-// TestShares checks the QEMU arguments of 9p shares and the refusal of bad
-// ones, without booting a VM.
-func TestShares(t *testing.T) {
-	dir := t.TempDir()
-	img := filepath.Join(dir, "img")
+// shareFixture makes a temporary directory holding an empty file, img, to stand for the kernel and the
+// initramfs, and a directory named share to share.
+func shareFixture(t *testing.T, name string) (dir, img, share string) {
+	t.Helper()
+	dir = t.TempDir()
+	img, share = filepath.Join(dir, "img"), filepath.Join(dir, name)
 	if err := os.WriteFile(img, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	share := filepath.Join(dir, "a,b")
 	if err := os.Mkdir(share, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	return dir, img, share
+}
+
+// TestShares checks the QEMU arguments of 9p shares and the refusal of bad
+// ones, without booting a VM.
+func TestShares(t *testing.T) {
+	dir, img, share := shareFixture(t, "a,b")
 	cfg := func(shares ...Share) Config {
 		return Config{Kernel: img, Initramfs: img, StateDir: filepath.Join(dir, "state"), Shares: shares}
 	}
@@ -509,15 +516,7 @@ func TestShares(t *testing.T) {
 // TestFSShares checks the QEMU and virtiofsd arguments of virtio-fs shares and the refusal of bad ones,
 // without booting a VM.
 func TestFSShares(t *testing.T) {
-	dir := t.TempDir()
-	img := filepath.Join(dir, "img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	share := filepath.Join(dir, "share")
-	if err := os.Mkdir(share, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir, img, share := shareFixture(t, "share")
 	cfg := func(shares ...FSShare) Config {
 		return Config{Kernel: img, Initramfs: img, StateDir: filepath.Join(dir, "state"), VirtioFSD: "/bin/true",
 			Shares: []Share{{Tag: "nine", Path: share}}, FSShares: shares}
