@@ -476,15 +476,16 @@ func (d *Dir) openVolume(volumePath string) (*safedir.Dir, error) {
 	return vol, nil
 }
 
-// inTemp runs fn with the temporary directory (see tempDir). When fn fails, the directory may be gone (an
-// operator cleared it): fn runs once more with the directory opened anew, and that answer stands.
+// inTemp runs fn with the temporary directory (see tempDir). When fn fails because something is not
+// there, the directory may be gone (an operator cleared it): fn runs once more with the directory opened
+// anew, and that answer stands. Any other failure (a failed fsync among them) is fn's answer.
 func (d *Dir) inTemp(fn func(tmp *safedir.Dir) error) error {
 	tmp, err := d.tempDir()
 	if err != nil {
 		return err
 	}
-	if err = fn(tmp); err == nil {
-		return nil
+	if err = fn(tmp); !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
 	d.dropTemp()
 	if tmp, err = d.tempDir(); err != nil {
