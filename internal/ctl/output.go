@@ -43,10 +43,32 @@ func (g *globals) print(w io.Writer, def string, m proto.Message, rows func(*tab
 type table struct {
 	w    *tabwriter.Writer
 	wide bool
+	// nodes makes node the first column of every row, under the header NODE, and writes the header once
+	// however many nodes' answers the table shows (kubectl crust, PrintNodes).
+	nodes  bool
+	node   string
+	headed bool
 }
 
-func (t *table) header(cols ...string) { t.row(cols...) }
-func (t *table) row(cols ...string)    { fmt.Fprintln(t.w, strings.Join(cols, "\t")) }
+func (t *table) header(cols ...string) {
+	if t.nodes {
+		if t.headed {
+			return
+		}
+		t.headed = true
+		cols = append([]string{"NODE"}, cols...)
+	}
+	t.write(cols)
+}
+
+func (t *table) row(cols ...string) {
+	if t.nodes && len(cols) > 0 {
+		cols = append([]string{t.node}, cols...)
+	}
+	t.write(cols)
+}
+
+func (t *table) write(cols []string) { fmt.Fprintln(t.w, strings.Join(cols, "\t")) }
 
 // volumeRow is volumeRows of the one volume v.
 func volumeRow(t *table, v *crustv1.Volume) { volumeRows(t, v) }
