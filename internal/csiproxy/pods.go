@@ -15,6 +15,8 @@ import (
 	listersstoragev1 "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"crust.dev/crust/pkg/version"
 )
 
 // informerPods is a PodSource and a ClassSource backed by informers: pods bound to one node (field
@@ -164,7 +166,7 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
 	}
-	cfg.UserAgent = "crust-csi-proxy"
+	cfg.UserAgent = "crust-csi-proxy/" + version.Get().Version
 	cfg.Timeout = 30 * time.Second
 	return kubernetes.NewForConfig(cfg)
 }
