@@ -36,7 +36,7 @@ type cluster struct {
 	node       string
 	nsPID      int // holds the node's mount namespace
 	cs         *kubernetes.Clientset
-	binDir     string // crust-microvm, built from this tree
+	binDir     string // crust-microvm and kubectl-crust, built from this tree
 }
 
 var (
@@ -95,7 +95,7 @@ func runMain(m *testing.M) (code int) {
 		return 1
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	build := exec.Command("go", "build", "-o", dir+"/", "crust.dev/crust/examples/microvm/cmd/crust-microvm")
+	build := exec.Command("go", "build", "-o", dir+"/", "crust.dev/crust/examples/microvm/cmd/crust-microvm", "crust.dev/crust/cmd/kubectl-crust")
 	build.Dir, build.Stdout, build.Stderr = root, os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Println("cluster: build:", err)

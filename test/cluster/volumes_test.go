@@ -98,11 +98,7 @@ func TestDeferredVolumeLifecycle(t *testing.T) {
 	statsSeen("after the first write")
 
 	// crustd's pod deleted: the DaemonSet starts another, which finds the descriptor and the claim.
-	crustdPods, err := c.cs.CoreV1().Pods("crust-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=crustd"})
-	if err != nil || len(crustdPods.Items) != 1 {
-		t.Fatalf("crustd pods: %v, %v", crustdPods, err)
-	}
-	c.deletePod(t, "crust-system", crustdPods.Items[0].Name)
+	c.deletePod(t, "crust-system", c.crustdPod(t).Name)
 	c.kubectlOK(t, "-n", "crust-system", "rollout", "status", "daemonset/crustd", "--timeout=2m")
 	if got := c.podVolumes(t, uid); len(got) != 1 || got[0].GetClaim().GetSandboxId() != sandbox {
 		t.Fatalf("after crustd's restart: %v", got)
