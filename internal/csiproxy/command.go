@@ -35,6 +35,7 @@ func NewCommand() *cobra.Command {
 	f.DurationVar(&cfg.PodWait, "pod-wait", cfg.PodWait, "how long a publish waits for its pod to appear in the cache before UNAVAILABLE")
 	f.DurationVar(&cfg.LockWait, "lock-wait", cfg.LockWait, "how long a call waits for another on the same path before ABORTED")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", "", `address for /metrics, /healthz and /readyz, such as 127.0.0.1:9810 ("" disables)`)
+	cfg.MetricsSecure.AddFlags(f)
 	_ = cmd.MarkFlagRequired("csi-address")
 	_ = cmd.MarkFlagRequired("driver-address")
 	return cmd

@@ -51,6 +51,8 @@ type Config struct {
 	LockWait time.Duration
 	// HTTPAddr serves /metrics, /healthz and /readyz; "" serves nothing.
 	HTTPAddr string
+	// MetricsSecure is the authenticated /metrics endpoint (off by default).
+	MetricsSecure metrics.Secure
 }
 
 // DefaultStateDir lies under kubelet's root on purpose: a containerised driver sees (and mounts with
@@ -241,9 +243,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) error {
 		return fmt.Errorf("listen on --csi-address %s: %w", cfg.CSIAddress, err)
 	}
 	srv := p.NewServer()
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- srv.Serve(lis) }()
-	stopHTTP, err := p.metrics.Serve(cfg.HTTPAddr, errc)
+	stopHTTP, err := p.metrics.Serve(cfg.HTTPAddr, cfg.MetricsSecure, log, errc)
 	if err != nil {
 		srv.Stop()
 		return err

@@ -51,8 +51,10 @@ type Config struct {
 	AllowUIDs         []uint32
 	AllowGIDs         []uint32
 	HTTPAddr          string // "" disables metrics and health over HTTP
-	LockWait          time.Duration
-	GCInterval        time.Duration
+	// MetricsSecure is the authenticated /metrics endpoint (off by default).
+	MetricsSecure metrics.Secure
+	LockWait      time.Duration
+	GCInterval    time.Duration
 	// HandlerGrace is how long a runtime handler's endpoint may refuse before its claims are released;
 	// 0 disables the release (see handlerwatch).
 	HandlerGrace time.Duration
@@ -157,10 +159,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Socket, err)
 	}
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- srv.GRPC.Serve(lis) }()
 
-	stopHTTP, err := met.Serve(cfg.HTTPAddr, errc)
+	stopHTTP, err := met.Serve(cfg.HTTPAddr, cfg.MetricsSecure, log, errc)
 	if err != nil {
 		srv.GRPC.Stop()
 		return err
@@ -168,7 +170,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer stopHTTP()
 	srv.SetServing(true)
 	met.SetReady(true)
-	log.Info("serving", "socket", cfg.Socket, "http", cfg.HTTPAddr, "start_took", time.Since(start))
+	log.Info("serving", "socket", cfg.Socket, "http", cfg.HTTPAddr, "metrics_secure", cfg.MetricsSecure.Addr, "start_took", time.Since(start))
 
 	hw := handlerwatch.New(handlerwatch.Config{Manager: m, Grace: cfg.HandlerGrace, Released: met.HandlerGone, Sandboxes: sandboxes,
 		Discover: discover, Log: log})
@@ -244,6 +246,7 @@ func NewCommand() *cobra.Command {
 	f.UintSliceVar(&uids, "allow-uid", []uint{0}, "peer uid allowed to call (repeatable)")
 	f.UintSliceVar(&gids, "allow-gid", nil, "peer gid allowed to call (repeatable)")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, `address for /metrics, /healthz, /readyz ("" disables)`)
+	cfg.MetricsSecure.AddFlags(f)
 	f.DurationVar(&cfg.LockWait, "lock-wait", cfg.LockWait, "how long a call waits for another on the same target before ABORTED")
 	f.DurationVar(&cfg.GCInterval, "gc-interval", cfg.GCInterval, "how often descriptors of deleted pods are collected")
 	f.DurationVar(&cfg.HandlerGrace, "handler-grace", cfg.HandlerGrace,

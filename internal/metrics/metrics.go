@@ -8,9 +8,12 @@
 package metrics
 
 import (
+	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -20,8 +23,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
+	certutil "k8s.io/client-go/util/cert"
 
+	"crust.dev/crust/internal/metrics/guard"
 	"crust.dev/crust/pkg/version"
 )
 
@@ -166,17 +172,101 @@ func (m *Metrics) Handler() http.Handler {
 	return mux
 }
 
-// Serve listens on addr and serves Handler until stop is called; a serving error after the start goes to
-// errc. An empty addr serves nothing and returns a stop that does nothing.
-func (m *Metrics) Serve(addr string, errc chan<- error) (stop func(), err error) {
+// Serve serves Handler on addr (--http-addr), and /metrics as secure says, until stop is called; a
+// serving error after the start goes to errc, one at most from each. An empty address serves nothing
+// there.
+func (m *Metrics) Serve(addr string, secure Secure, log *slog.Logger, errc chan<- error) (stop func(), err error) {
+	stopSecure, err := m.serveSecure(secure, log, errc)
+	if err != nil {
+		return nil, err
+	}
 	if addr == "" {
-		return func() {}, nil
+		return stopSecure, nil
 	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
+		stopSecure()
 		return nil, fmt.Errorf("listen on --http-addr %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	stopHTTP := serve(l, &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 5 * time.Second}, errc)
+	return func() { stopHTTP(); stopSecure() }, nil
+}
+
+// Secure is the authenticated endpoint: /metrics alone, over TLS, each request let through by a guard
+// (internal/metrics/guard) that asks the API server who is asking and whether they may.
+type Secure struct {
+	Addr              string // "" serves nothing
+	CertFile, KeyFile string // the server's certificate and key; "": a self-signed pair made at start
+	// API is where the guard asks; nil: the API server of the pod's service account.
+	API *guard.APIServer
+}
+
+// AddFlags registers --metrics-secure-addr, --metrics-tls-cert-file and --metrics-tls-key-file.
+func (s *Secure) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&s.Addr, "metrics-secure-addr", "", "address for /metrics over TLS, for bearer tokens the API server accepts and allows "+
+		"`get` on the non-resource URL /metrics (such as $(NODE_IP):9443; \"\" disables; needs a service account that may create "+
+		"TokenReviews and SubjectAccessReviews)")
+	fs.StringVar(&s.CertFile, "metrics-tls-cert-file", "", "certificate of --metrics-secure-addr (default: a self-signed one made at start)")
+	fs.StringVar(&s.KeyFile, "metrics-tls-key-file", "", "key of --metrics-tls-cert-file")
+}
+
+// serveSecure serves /metrics as s says until stop is called.
+func (m *Metrics) serveSecure(s Secure, log *slog.Logger, errc chan<- error) (stop func(), err error) {
+	if s.Addr == "" {
+		return func() {}, nil
+	}
+	srv, err := m.secureServer(s, log)
+	if err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", s.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on --metrics-secure-addr %s: %w", s.Addr, err)
+	}
+	return serve(tls.NewListener(l, srv.TLSConfig), srv, errc), nil
+}
+
+// secureServer is the server of s: its handler serves /metrics behind the guard, and its TLSConfig holds
+// the certificate.
+func (m *Metrics) secureServer(s Secure, log *slog.Logger) (*http.Server, error) {
+	host, _, err := net.SplitHostPort(s.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-secure-addr %s: %w", s.Addr, err)
+	}
+	var pair tls.Certificate
+	if s.CertFile != "" || s.KeyFile != "" {
+		pair, err = tls.LoadX509KeyPair(s.CertFile, s.KeyFile)
+	} else {
+		var crt, key []byte
+		if crt, key, err = certutil.GenerateSelfSignedCertKey(cmp.Or(host, "localhost"), nil, nil); err == nil {
+			pair, err = tls.X509KeyPair(crt, key)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-secure-addr's certificate: %w", err)
+	}
+	api := s.API
+	if api == nil {
+		in, err := guard.InCluster()
+		if err != nil {
+			return nil, fmt.Errorf("--metrics-secure-addr: %w", err)
+		}
+		api = &in
+	}
+	g, err := guard.New(*api, log)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-secure-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", g.Wrap(promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})))
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+		// Failed handshakes (scanners, plain HTTP) are noise at info.
+		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}}, nil
+}
+
+// serve runs srv on l until the returned stop is called.
+func serve(l net.Listener, srv *http.Server, errc chan<- error) (stop func()) {
 	go func() {
 		if err := srv.Serve(l); !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("http: %w", err)
@@ -186,5 +276,5 @@ func (m *Metrics) Serve(addr string, errc chan<- error) (stop func(), err error)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
-	}, nil
+	}
 }

@@ -3,11 +3,19 @@ package metrics
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	certutil "k8s.io/client-go/util/cert"
+
+	"crust.dev/crust/internal/metrics/guard"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
@@ -80,6 +88,60 @@ func TestShippedQueriesNameExportedMetrics(t *testing.T) {
 		}
 		if found == 0 {
 			t.Errorf("%s names no metric", file)
+		}
+	}
+}
+
+// The secure endpoint serves /metrics alone, over TLS, and only through the guard: without a token it is
+// a 401 before any question to the API server (here one that cannot be reached).
+func TestSecureEndpoint(t *testing.T) {
+	dir := t.TempDir()
+	crt, _, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(ca, crt, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	api := &guard.APIServer{URL: "https://127.0.0.1:1", CAFile: ca, TokenFile: filepath.Join(dir, "token")}
+	m := New()
+	srv, err := m.secureServer(Secure{Addr: "127.0.0.1:0", API: api}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	stop := serve(tls.NewListener(l, srv.TLSConfig), srv, errc)
+	defer stop()
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a self-signed certificate
+	for path, want := range map[string]int{"/metrics": http.StatusUnauthorized, "/healthz": http.StatusNotFound, "/readyz": http.StatusNotFound} {
+		resp, err := client.Get("https://" + l.Addr().String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
+		}
+		if resp.TLS == nil || len(resp.TLS.PeerCertificates) == 0 || resp.TLS.PeerCertificates[0].Subject.CommonName == "" {
+			t.Errorf("GET %s: not served with a certificate", path)
+		}
+	}
+	if resp, err := http.Get("http://" + l.Addr().String() + "/metrics"); err == nil {
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("plain HTTP to the secure endpoint: %d, want 400", resp.StatusCode)
+		}
+	}
+
+	// A certificate and key that cannot be loaded, or an address with no port, is refused, naming the flag.
+	for _, s := range []Secure{{Addr: "127.0.0.1:0", CertFile: filepath.Join(dir, "none.crt"), KeyFile: filepath.Join(dir, "none.key"), API: api}, {Addr: "127.0.0.1", API: api}} {
+		if _, err := m.secureServer(s, slog.Default()); err == nil || !strings.Contains(err.Error(), "--metrics-") {
+			t.Errorf("secureServer(%+v): %v, want an error naming the flag", s, err)
 		}
 	}
 }
