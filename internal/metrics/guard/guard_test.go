@@ -63,6 +63,13 @@ func (a *apiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// change makes a change to what the API server answers.
+func (a *apiServer) change(f func()) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	f()
+}
+
 func (a *apiServer) count(path string) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -137,9 +144,7 @@ func TestGuard(t *testing.T) {
 	}
 	// A denial is kept 30 s, a permission 5 min: after 31 s only the denied user is asked about again
 	// (and every token, whose answers last a minute, is not).
-	api.mu.Lock()
-	api.readers["system:serviceaccount:default:nobody"] = true
-	api.mu.Unlock()
+	api.change(func() { api.readers["system:serviceaccount:default:nobody"] = true })
 	now = now.Add(31 * time.Second)
 	if code := get("Bearer nobody"); code != http.StatusOK {
 		t.Errorf("a permission granted after a denial: %d once the denial expired", code)
@@ -150,9 +155,7 @@ func TestGuard(t *testing.T) {
 	}
 
 	// A rotated service-account token is used at the next review.
-	api.mu.Lock()
-	api.caller = "rotated"
-	api.mu.Unlock()
+	api.change(func() { api.caller = "rotated" })
 	if err := os.WriteFile(tokenFile, []byte("rotated"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -162,18 +165,12 @@ func TestGuard(t *testing.T) {
 	}
 
 	// An access review that fails is a 500, and is not cached.
-	api.mu.Lock()
-	api.sarFails = true
-	api.mu.Unlock()
 	now = now.Add(10 * time.Minute)
-	if code := get("Bearer prom"); code != http.StatusInternalServerError {
-		t.Errorf("with the access review failing: %d, want 500", code)
-	}
-	api.mu.Lock()
-	api.sarFails = false
-	api.mu.Unlock()
-	if code := get("Bearer prom"); code != http.StatusOK {
-		t.Errorf("once the access review works again: %d", code)
+	for _, fails := range []bool{true, false} {
+		api.change(func() { api.sarFails = fails })
+		if code, want := get("Bearer prom"), map[bool]int{true: http.StatusInternalServerError, false: http.StatusOK}[fails]; code != want {
+			t.Errorf("with the access review failing %v: %d, want %d", fails, code, want)
+		}
 	}
 }
 
