@@ -79,6 +79,8 @@ func TestChartRendersDeploy(t *testing.T) {
 		{"defaults", nil, []string{deployDir}},
 		{"monitoring", map[string]any{"monitoring": map[string]any{"enabled": true}},
 			[]string{deployDir, filepath.Join(deployDir, "monitoring")}},
+		{"metrics-auth", map[string]any{"metrics": map[string]any{"secure": map[string]any{"enabled": true}}},
+			[]string{withComponent(t, deployDir, filepath.Join(deployDir, "metrics-auth"))}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			want := map[string]map[string]any{}
@@ -108,6 +110,28 @@ func TestChartRendersDeploy(t *testing.T) {
 			compare(t, "kustomize "+strings.Join(names, " + "), want, "helm template "+inRepo(chartDir), got)
 		})
 	}
+}
+
+// withComponent returns a kustomization of base with component, as an operator writes one.
+func withComponent(t *testing.T, base, component string) string {
+	t.Helper()
+	dir := t.TempDir()
+	rel := func(p string) string {
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := filepath.Rel(dir, abs) // kustomize takes only relative paths to other kustomizations
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	k := fmt.Sprintf("resources: [%s]\ncomponents: [%s]\n", rel(base), rel(component))
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // The chart reads deploy/monitoring's files from files/ (a chart reaches no file outside its directory):
