@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -58,10 +60,7 @@ func TestDeferredAndHostMount(t *testing.T) {
 			Spec: corev1.PodSpec{NodeName: "n1", RuntimeClassName: &kataClass}},
 		&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: kataClass}, Handler: "kata-qemu"},
 	)
-	cfg := e.config()
-	cfg.MicroVMHandlers, cfg.NodeName = []string{"kata-qemu"}, "n1"
-	_, cc := runProxy(t, cfg, e.log, Deps{Clientset: cs})
-	node := csi.NewNodeClient(cc)
+	node := nodeProxy(t, e, cs)
 	ctx := context.Background()
 
 	vol := e.createVolume("pvc-both", 320<<20, true)
@@ -337,4 +336,75 @@ func waitEvent(t *testing.T, cs kubernetes.Interface, name, reason, want string)
 		return
 	}
 	t.Fatalf("no event %s on pod %s with %q; events: %v", reason, name, want, seen)
+}
+
+// nodeProxy runs a node proxy in front of e's driver and crustd, on node n1, with kata-qemu a microVM
+// handler and pods and RuntimeClasses from cs.
+func nodeProxy(t *testing.T, e *env, cs *fake.Clientset) csi.NodeClient {
+	t.Helper()
+	cfg := e.config()
+	cfg.MicroVMHandlers, cfg.NodeName = []string{"kata-qemu"}, "n1"
+	_, cc := runProxy(t, cfg, e.log, Deps{Clientset: cs})
+	return csi.NewNodeClient(cc)
+}
+
+// TestHostMountGrowsOffline: a volume expanded while no pod used it (the controller grew the device) is
+// mounted on the host with its ext4 already grown to the device, before any NodeExpandVolume; kubelet's
+// NodeExpandVolume after the mount then has nothing left to do. That is what makes offline expansion
+// work on a node that does not give CAP_SYS_RESOURCE, which growing a mounted ext4 needs.
+func TestHostMountGrowsOffline(t *testing.T) {
+	e := newEnv(t)
+	const uid = "0e0e0e0e-0000-4000-8000-000000000003"
+	cs := fake.NewClientset(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: uid}, Spec: corev1.PodSpec{NodeName: "n1"}})
+	node := nodeProxy(t, e, cs)
+	ctx := context.Background()
+
+	vol := e.createVolume("pvc-grow", 64<<20, true)
+	staging, target := e.staging("pv-grow"), e.target(uid, "pv-grow")
+	capability := mountCapMode("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		VolumeCapability: capability, VolumeContext: vol.GetVolumeContext()}); err != nil {
+		t.Fatal(err)
+	}
+	pub := &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging, TargetPath: target,
+		VolumeCapability: capability, VolumeContext: podContext(vol, "ns", "web", uid)}
+	total := func() int64 {
+		t.Helper()
+		var st unix.Statfs_t
+		if err := unix.Statfs(target, &st); err != nil {
+			t.Fatal(err)
+		}
+		return int64(st.Blocks) * st.Bsize
+	}
+	if _, err := node.NodePublishVolume(ctx, pub); err != nil {
+		t.Fatal(err)
+	}
+	if got := total(); got > 64<<20 {
+		t.Errorf("a 64 MiB volume's filesystem is %d bytes", got)
+	}
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol.GetVolumeId(),
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 192 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodePublishVolume(ctx, pub); err != nil {
+		t.Fatal(err)
+	}
+	// ext4 keeps some blocks for its own metadata: well over the old size is what matters.
+	if got := total(); got < 160<<20 {
+		t.Errorf("after an offline expansion to 192 MiB, the filesystem mounted is %d bytes: not grown at mount", got)
+	}
+	exp, err := node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: vol.GetVolumeId(), VolumePath: target,
+		StagingTargetPath: staging, VolumeCapability: capability, CapacityRange: &csi.CapacityRange{RequiredBytes: 192 << 20}})
+	if err != nil || exp.GetCapacityBytes() < 192<<20 {
+		t.Errorf("NodeExpandVolume after the mount: %v, %v", exp, err)
+	}
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
 }

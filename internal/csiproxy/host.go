@@ -8,20 +8,29 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"k8s.io/mount-utils"
+	utilexec "k8s.io/utils/exec"
 
 	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/fsgroup"
+	"crust.dev/crust/pkg/volume"
 )
 
 // hostMount formats rec.Device when it holds no filesystem and mounts it on the target path, unless the
 // target already is a mount point; with gid it then gives the group the volume as kubelet does for fsGroup.
-// The mount is nodev and nosuid unless the flags say dev or suid (a StorageClass's mountOptions).
+// An ext2/3/4 filesystem smaller than its device (the volume was expanded while no pod used it) is grown
+// to the device before it is mounted (growOffline). The mount is nodev and nosuid unless the flags say
+// dev or suid (a StorageClass's mountOptions).
 func (p *Proxy) hostMount(rec *Record, flags []string, gid *int64) error {
 	notMnt, err := p.mounter.IsLikelyNotMountPoint(rec.Path)
 	if err != nil {
 		return errdefs.Errorf(errdefs.ErrInternal, "check target path: %v", err)
 	}
 	if notMnt {
+		if !rec.ReadOnly {
+			if err := p.growOffline(rec.Device); err != nil {
+				return err
+			}
+		}
 		opts := append([]string(nil), flags...)
 		for _, o := range []string{"dev", "suid"} {
 			if !slices.Contains(flags, o) && !slices.Contains(flags, "no"+o) {
@@ -39,6 +48,45 @@ func (p *Proxy) hostMount(rec *Record, flags []string, gid *int64) error {
 		if err := fsgroup.Apply(rec.Path, int(*gid), fsgroup.Always); err != nil {
 			return errdefs.Errorf(errdefs.ErrInternal, "apply fsGroup %d: %v", *gid, err)
 		}
+	}
+	return nil
+}
+
+// growOffline grows an ext2/3/4 filesystem on dev, which is not mounted, to fill dev; any other
+// filesystem, or none, or one that fills its device already, is left alone. Offline growth needs no
+// privilege beyond writing the device, while growing a mounted ext4 asks the kernel for
+// CAP_SYS_RESOURCE, which a node may not give its pods: so after an offline expansion, kubelet's
+// NodeExpandVolume that follows the mount finds nothing left to do. (xfs grows only mounted, and needs no
+// such capability.)
+func (p *Proxy) growOffline(dev string) error {
+	format, err := p.mounter.GetDiskFormat(dev)
+	if err != nil {
+		return errdefs.Errorf(errdefs.ErrInternal, "filesystem on %s: %v", dev, err)
+	}
+	if format != "ext2" && format != "ext3" && format != "ext4" {
+		return nil
+	}
+	fsBytes, block, err := volume.FilesystemBytes(dev, format)
+	if err != nil {
+		return errdefs.Errorf(errdefs.ErrInternal, "size of the filesystem: %v", err)
+	}
+	size, err := deviceSize(dev)
+	if err != nil {
+		return errdefs.Errorf(errdefs.ErrInternal, "%v", err)
+	}
+	if uint64(size) <= fsBytes+block {
+		return nil
+	}
+	// resize2fs insists on a forced check of an unmounted filesystem first; -p repairs only what is safe
+	// to repair without asking, and exits 1 when it did.
+	if out, err := p.mounter.Exec.Command("e2fsck", "-f", "-p", dev).CombinedOutput(); err != nil {
+		var exit utilexec.ExitError
+		if !errors.As(err, &exit) || exit.ExitStatus() != 1 {
+			return errdefs.Errorf(errdefs.ErrInternal, "check %s before growing it: %v: %s", dev, err, out)
+		}
+	}
+	if out, err := p.mounter.Exec.Command("resize2fs", dev).CombinedOutput(); err != nil {
+		return errdefs.Errorf(errdefs.ErrInternal, "grow the filesystem on %s: %v: %s", dev, err, out)
 	}
 	return nil
 }

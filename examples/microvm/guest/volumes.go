@@ -175,7 +175,7 @@ func (v *volumes) mount(ctx context.Context, args *agentv1.MountRequest) (*agent
 	growable := !args.ReadOnly && !res.Formatted
 	if growable {
 		var err error
-		if fsBytes, block, err = filesystemBytes(dev, args.FsType); err != nil {
+		if fsBytes, block, err = crustvolume.FilesystemBytes(dev, args.FsType); err != nil {
 			growable = false // the mount below says what the disk holds
 		}
 	}
@@ -211,7 +211,7 @@ func (v *volumes) mount(ctx context.Context, args *agentv1.MountRequest) (*agent
 func (v *volumes) mountFailure(ctx context.Context, dev string, args *agentv1.MountRequest, err error) error {
 	if args.PmemAddress != 0 && errors.Is(err, unix.EINVAL) {
 		// DAX maps file data page by page: a filesystem whose blocks are not a page refuses it.
-		if _, block, berr := filesystemBytes(dev, args.FsType); berr == nil && block != uint64(os.Getpagesize()) {
+		if _, block, berr := crustvolume.FilesystemBytes(dev, args.FsType); berr == nil && block != uint64(os.Getpagesize()) {
 			return agentproto.Errorf(errdefs.ErrFailedPrecondition, "mount %s on %s with DAX: its %s has %d-byte "+
 				"blocks, and DAX needs blocks of a page (%d bytes): make it with 4 KiB blocks (mkfs.ext4 -b 4096)",
 				dev, args.Target, args.FsType, block, os.Getpagesize())
