@@ -103,6 +103,13 @@ func (m *extentMap) activate(ctx context.Context, lv *lvm.LV, fresh bool) (strin
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.loops[lv.Name]; ok {
+		// Active already, perhaps since before another process (the controller) extended the volume:
+		// the device must show the volume's size now, as a device-mapper device would.
+		if f := m.vols[lv.Name]; f.sizeNow() != lv.Size {
+			if err := m.refreshLocked(ctx, lv); err != nil {
+				return "", err
+			}
+		}
 		return m.path(lv.Name), nil
 	}
 	exts, err := m.extents(ctx, lv)
@@ -179,6 +186,11 @@ func (m *extentMap) extents(ctx context.Context, lv *lvm.LV) ([]extent, error) {
 func (m *extentMap) refresh(ctx context.Context, lv *lvm.LV) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	return m.refreshLocked(ctx, lv)
+}
+
+// refreshLocked is refresh with m.mu held.
+func (m *extentMap) refreshLocked(ctx context.Context, lv *lvm.LV) error {
 	f, ok := m.vols[lv.Name]
 	if !ok {
 		return nil
@@ -276,6 +288,13 @@ var (
 	_ fs.NodeFlusher   = (*lvFile)(nil)
 	_ fs.NodeSetattrer = (*lvFile)(nil)
 )
+
+// sizeNow is the size the file shows.
+func (f *lvFile) sizeNow() int64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.size
+}
 
 func (f *lvFile) set(exts []extent, size int64) {
 	f.mu.Lock()

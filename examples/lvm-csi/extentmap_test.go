@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"crust.dev/crust/examples/lvm-csi/internal/lvm"
@@ -119,6 +121,19 @@ func TestExtentMapFragmentedVolume(t *testing.T) {
 		t.Fatal("the device's tail differs from the extents on the physical volume")
 	}
 	_ = f.Close()
+
+	// Extended by another process (the controller's) while active: activating it again shows the new size,
+	// as a device-mapper device does once lvextend returns.
+	if _, err := r.Run(ctx, "lvextend", "-L", "440m", vg.Name+"/a"); err != nil {
+		t.Fatal(err)
+	}
+	lv, _ = r.LV(ctx, vg.Name, "a")
+	if again, err := m.activate(ctx, lv, false); err != nil || again != dev {
+		t.Fatalf("activate again: %s, %v; want %s", again, err, dev)
+	}
+	if out, err := exec.Command("blockdev", "--getsize64", dev).Output(); err != nil || strings.TrimSpace(string(out)) != strconv.Itoa(440<<20) {
+		t.Fatalf("after lvextend and activate, %s is %s bytes (%v), want %d", dev, out, err, 440<<20)
+	}
 	if err := m.deactivate(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
