@@ -56,8 +56,8 @@ images: ## Build crust's own images (crustd, the CSI proxy, the reference driver
 		crustd crust-csi-proxy crust-lvm-csi
 
 .PHONY: test-images
-test-images: ## Build every image the cluster tier runs: crust's, the test registrar, the CSI sidecars (Kubernetes built from source), busybox, pause
-	hack/cluster/build.sh
+test-images: ## Build every image the cluster tier runs: crust's, the test registrar, the CSI sidecars (Kubernetes built from source), busybox, pause, the storage e2e suite's; and e2e.test
+	hack/cluster/build.sh --e2e
 	$(GO) run ./hack/images -out $(OUT)/images -k8s-bin $(OUT)/k8s/bin -version $(VERSION)
 
 .PHONY: cluster-up
@@ -140,6 +140,10 @@ test-sanity: deps ## csi-sanity tier: the reference driver, crustd and the CSI p
 .PHONY: test-cluster
 test-cluster: ## Cluster tier: a real single-node Kubernetes with crust deployed by make cluster-up (root; takes the machine)
 	$(GOTEST) -p 1 $(TIER_CLUSTER)
+
+.PHONY: conformance
+conformance: deps ## Kubernetes' storage e2e suite, every External Storage spec of e2e.test, against the example driver behind the proxy on ext4 and xfs (root; takes the machine; the cluster tier runs CI's subset)
+	CRUST_CONFORMANCE=all $(GOTEST) -p 1 -timeout 5h -v -run '^TestExternalStorage$$' $(TIER_CLUSTER)
 
 # Ops per VM benchmark (test/bench): each op takes seconds under TCG, so they run a fixed count.
 BENCH_OPS ?= 7

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the Kubernetes node and control-plane binaries, kubectl, the CSI sidecars and crictl from the Go
-# module proxy into $OUT/bin (default _output/k8s/bin). Each binary is built once: a binary that exists
+# Builds the Kubernetes node and control-plane binaries, kubectl, agnhost (the e2e test image's binary),
+# the CSI sidecars and crictl from the Go module proxy into $OUT/bin (default _output/k8s/bin); with
+# --e2e also e2e.test, Kubernetes' end-to-end suite. Each binary is built once: a binary that exists
 # and whose version stamp matches is kept, so a second run is a no-op.
 #
 # Kubernetes' own go.mod pins every staging module at v0.0.0 and replaces it with ./staging, so it cannot
@@ -24,33 +25,66 @@ stamp() { echo "$BIN/.$1.version"; }
 fresh() { [ -x "$BIN/$1" ] && [ "$(cat "$(stamp "$1")" 2>/dev/null)" = "$2" ]; }
 mark() { echo "$2" >"$(stamp "$1")"; }
 
+# k8s_module: the directory of a throwaway consumer module that requires k8s.io/kubernetes and replaces
+# each staging module it pins at v0.0.0 with its published v0.X.Y (made once).
+k8s_module() {
+	local mod=$SRC/kubernetes-$K8S_VERSION
+	if [ ! -f "$mod/main.go" ]; then
+		mkdir -p "$mod"
+		local gomod
+		gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+		{
+			echo "module crust.dev/k8sbuild"
+			echo
+			echo "go 1.24"
+			echo
+			echo "require k8s.io/kubernetes $K8S_VERSION"
+			echo
+			# Every staging module kubernetes requires at v0.0.0, at its published version.
+			grep -E '^\s+k8s\.io/\S+ v0\.0\.0$' "$gomod" | awk -v v="v0.${K8S_VERSION#v1.}" '{print "replace " $1 " => " $1 " " v}'
+		} >"$mod/go.mod"
+		printf 'package main\n\nimport _ "k8s.io/kubernetes/cmd/kubelet/app"\n\nfunc main() {}\n' >"$mod/main.go"
+		(cd "$mod" && go mod tidy >/dev/null 2>&1 || true)
+	fi
+	echo "$mod"
+}
+
+k8s_ldflags() {
+	local minor=${K8S_VERSION#v1.}
+	minor=${minor%%.*}
+	echo "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+}
+
 build_kubernetes() {
 	local cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl) c need=0
 	for c in "${cmds[@]}"; do fresh "$c" "$K8S_VERSION" || need=1; done
 	[ "$need" = 1 ] || return 0
 	echo "building Kubernetes $K8S_VERSION (about 9 minutes on 2 cores with empty caches)"
-	local mod=$SRC/kubernetes-$K8S_VERSION minor=${K8S_VERSION#v1.}
-	minor=${minor%%.*}
-	mkdir -p "$mod"
-	local gomod
-	gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-	{
-		echo "module crust.dev/k8sbuild"
-		echo
-		echo "go 1.24"
-		echo
-		echo "require k8s.io/kubernetes $K8S_VERSION"
-		echo
-		# Every staging module kubernetes requires at v0.0.0, at its published version.
-		grep -E '^\s+k8s\.io/\S+ v0\.0\.0$' "$gomod" | awk -v v="v0.${K8S_VERSION#v1.}" '{print "replace " $1 " => " $1 " " v}'
-	} >"$mod/go.mod"
-	printf 'package main\n\nimport _ "k8s.io/kubernetes/cmd/kubelet/app"\n\nfunc main() {}\n' >"$mod/main.go"
-	local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
-	(cd "$mod" && go mod tidy >/dev/null 2>&1 || true)
-	local pkgs=()
+	local mod pkgs=()
+	mod=$(k8s_module)
 	for c in "${cmds[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
-	(cd "$mod" && go build -trimpath -ldflags "$ldflags" -o "$BIN/" "${pkgs[@]}")
+	(cd "$mod" && go build -trimpath -ldflags "$(k8s_ldflags)" -o "$BIN/" "${pkgs[@]}")
 	for c in "${cmds[@]}"; do mark "$c" "$K8S_VERSION"; done
+}
+
+# build_agnhost: Kubernetes' e2e test image's binary, from the same release, stamped with the version
+# its source names (test/images/agnhost/VERSION), which is the tag e2e.test expects of the image.
+build_agnhost() {
+	local version
+	version=$(cat "$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/test/images/agnhost/VERSION")
+	fresh agnhost "$version" && return 0
+	echo "building agnhost $version"
+	(cd "$(k8s_module)" && go build -trimpath -ldflags "-s -w" -o "$BIN/agnhost" k8s.io/kubernetes/test/images/agnhost)
+	mark agnhost "$version"
+}
+
+# build_e2e_test: e2e.test, Kubernetes' end-to-end suite, as its release builds it (about two minutes
+# once Kubernetes is built).
+build_e2e_test() {
+	fresh e2e.test "$K8S_VERSION" && return 0
+	echo "building e2e.test $K8S_VERSION"
+	(cd "$(k8s_module)" && go test -c -trimpath -ldflags "$(k8s_ldflags)" -o "$BIN/e2e.test" k8s.io/kubernetes/test/e2e)
+	mark e2e.test "$K8S_VERSION"
 }
 
 # build_copy NAME MODULE VERSION PACKAGE: builds PACKAGE of MODULE@VERSION in a writable copy.
@@ -68,6 +102,8 @@ build_copy() {
 }
 
 build_kubernetes
+build_agnhost
+[ "${1:-}" = --e2e ] && build_e2e_test
 build_copy csi-provisioner github.com/kubernetes-csi/external-provisioner/v5 "$PROVISIONER_VERSION" ./cmd/csi-provisioner
 build_copy csi-resizer github.com/kubernetes-csi/external-resizer "$RESIZER_VERSION" ./cmd/csi-resizer
 # The checksum database has no record of this cri-tools release.

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -89,7 +90,7 @@ var specs = []spec{
 		short: "busybox", repo: "localhost/busybox", tag: "latest",
 		entrypoint: []string{"/bin/sh"},
 		fill: func(_ *builder, t *fsTree) error {
-			return busybox(t, "/bin/busybox")
+			return busybox(t, "/bin/busybox", "/bin")
 		},
 	},
 	{
@@ -99,6 +100,51 @@ var specs = []spec{
 			return b.goBinaries(t, "/", "./hack/images/pause")
 		},
 	},
+	// The images Kubernetes' storage e2e suite runs (make conformance), under the names e2e.test gives
+	// them with its registries remapped to localhost (test/conformance/repo-list.yaml).
+	{
+		short: "e2e-pause", repo: "localhost/pause", tag: "3.10.1",
+		entrypoint: []string{"/pause"},
+		fill: func(b *builder, t *fsTree) error {
+			return b.goBinaries(t, "/", "./hack/images/pause")
+		},
+	},
+	{
+		// Busybox, with the host's dd: the suite writes with oflag=nocache, which busybox's dd lacks.
+		short: "e2e-busybox", repo: "localhost/e2e-test-images/busybox", tag: "1.37.0-1",
+		entrypoint: []string{"/bin/sh"},
+		fill:       func(_ *builder, t *fsTree) error { return e2eTools(t) },
+	},
+	{
+		// The suite's multi-volume tests read raw block devices with a Debian image's tools; busybox with
+		// the host's dd serves.
+		short: "e2e-dnsutils", repo: "localhost/e2e-test-images/jessie-dnsutils", tag: "1.7",
+		entrypoint: []string{"/bin/sh"},
+		fill:       func(_ *builder, t *fsTree) error { return e2eTools(t) },
+	},
+	{
+		// agnhost from the release's source, with busybox and the host's nsenter (the suite's host-exec
+		// pods enter the node's mount namespace with it).
+		short: "agnhost", repo: "localhost/e2e-test-images/agnhost", tag: "2.56",
+		entrypoint: []string{"/agnhost"},
+		fill: func(b *builder, t *fsTree) error {
+			if err := b.prebuilt(t, "agnhost", "2.56"); err != nil {
+				return err
+			}
+			return e2eTools(t)
+		},
+	},
+}
+
+// e2eHostTools are the host commands the e2e images carry instead of busybox's applets.
+var e2eHostTools = []string{"dd", "nsenter"}
+
+// e2eTools fills the tools of the e2e images: e2eHostTools, and busybox for the rest.
+func e2eTools(t *fsTree) error {
+	if err := hostTools(t, e2eHostTools...); err != nil {
+		return err
+	}
+	return busybox(t, "/bin/busybox", "/usr/bin", e2eHostTools...)
 }
 
 // ref returns the image's reference: for crust's own images (no fixed tag), repo/NAME:tag.
@@ -243,9 +289,9 @@ func hostTools(t *fsTree, names ...string) error {
 	return nil
 }
 
-// busybox adds the static busybox at src as /bin/busybox and a symlink /bin/APPLET -> busybox for each
-// applet it lists (busybox --list).
-func busybox(t *fsTree, src string) error {
+// busybox adds the static busybox at src as DIR/busybox and a symlink DIR/APPLET -> busybox for each
+// applet it lists (busybox --list), but those named in except.
+func busybox(t *fsTree, src, dir string, except ...string) error {
 	static, err := isStatic(src)
 	if err != nil {
 		return fmt.Errorf("%w (install busybox-static)", err)
@@ -261,7 +307,7 @@ func busybox(t *fsTree, src string) error {
 	if err != nil {
 		return err
 	}
-	if err := t.file("/bin/busybox", tarMode(fi.Mode()), data); err != nil {
+	if err := t.file(dir+"/busybox", tarMode(fi.Mode()), data); err != nil {
 		return err
 	}
 	out, err := exec.Command(src, "--list").Output()
@@ -273,10 +319,10 @@ func busybox(t *fsTree, src string) error {
 		return fmt.Errorf("%s --list printed no applets", src)
 	}
 	for _, a := range applets {
-		if a == "busybox" || strings.Contains(a, "/") {
+		if a == "busybox" || strings.Contains(a, "/") || slices.Contains(except, a) {
 			continue
 		}
-		if err := t.symlink("/bin/"+a, "busybox"); err != nil {
+		if err := t.symlink(dir+"/"+a, "busybox"); err != nil {
 			return err
 		}
 	}

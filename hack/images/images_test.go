@@ -130,6 +130,18 @@ func TestImages(t *testing.T) {
 			},
 		},
 		{
+			// The e2e suite's busybox: its shell is busybox, its dd the host's (oflag=nocache).
+			short: "e2e-busybox", ref: "localhost/e2e-test-images/busybox:1.37.0-1", entrypoint: []string{"/bin/sh"}, needs: "/bin/busybox",
+			check: func(t *testing.T, files map[string]node) {
+				if _, p := resolve(t, files, "/bin/sh"); p != "usr/bin/busybox" {
+					t.Errorf("/bin/sh resolves to %s, want usr/bin/busybox", p)
+				}
+				if n, p := resolve(t, files, "/bin/dd"); p != "usr/bin/dd" || n.hdr.Typeflag != tar.TypeReg {
+					t.Errorf("/bin/dd resolves to %s (%+v), want the host's dd", p, n.hdr)
+				}
+			},
+		},
+		{
 			short: "pause", ref: "localhost/pause:3.10", entrypoint: []string{"/pause"},
 			check: func(t *testing.T, files map[string]node) {
 				p, ok := files["pause"]

@@ -1,0 +1,205 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// conformanceSpecs are the External Storage specs CI runs (make test) on each filesystem: one or two of
+// each kind of flow the example driver behind the proxy serves, each a few seconds to a minute here.
+// `make conformance` (CRUST_CONFORMANCE=all) runs every External Storage spec instead.
+var conformanceSpecs = map[string][]string{
+	"ext4": {
+		"[Testpattern: Dynamic PV (default fs)] volumes should store data",
+		"[Testpattern: Dynamic PV (default fs)] fsgroupchangepolicy (Always)[LinuxOnly], pod created with an initial fsgroup, new pod fsgroup applied to volume contents",
+		"[Testpattern: Dynamic PV (default fs)] subPath should be able to unmount after the subpath directory is deleted [LinuxOnly]",
+		"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand Verify if offline PVC expansion works",
+		"[Testpattern: Dynamic PV (block volmode)] volumes should store data",
+		"[Testpattern: CSI Ephemeral-volume (default fs)] ephemeral should create read/write inline ephemeral volume",
+		"[Testpattern: Generic Ephemeral-volume (default fs) (late-binding)] ephemeral should support two pods which have the same volume definition",
+	},
+	"xfs": {
+		"[Testpattern: Dynamic PV (default fs)] volumes should store data",
+		"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand should resize volume when PVC is edited while pod is using it",
+	},
+}
+
+// TestExternalStorage runs Kubernetes' own storage e2e suite, e2e.test's External Storage tests (the way
+// CSI drivers prove themselves), against the example driver behind crust-csi-proxy with the deferring
+// StorageClass, once with ext4 and once with xfs. The pods run with the node's default runtime, so the
+// proxy formats and mounts the volumes on the host. e2e.test and the images it runs are built from the
+// cluster's Kubernetes release (make test-images), and its image names are remapped to them
+// (conformance/repo-list.yaml). Every failed spec fails the test with the suite's message; every skip
+// is logged with the suite's reason.
+func TestExternalStorage(t *testing.T) {
+	c := get(t)
+	e2e := filepath.Join(c.root, "_output", "k8s", "bin", "e2e.test")
+	if _, err := os.Stat(e2e); err != nil {
+		t.Fatalf("%v: make test-images builds it", err)
+	}
+	all := os.Getenv("CRUST_CONFORMANCE") == "all"
+	for _, fs := range []string{"ext4", "xfs"} {
+		t.Run(fs, func(t *testing.T) {
+			focus := regexp.QuoteMeta("External Storage [Driver: " + driverName + "]")
+			if !all {
+				var quoted []string
+				for _, s := range conformanceSpecs[fs] {
+					quoted = append(quoted, regexp.QuoteMeta(s))
+				}
+				focus += ".*(" + strings.Join(quoted, "|") + ")"
+			}
+			dir := t.TempDir()
+			driver := filepath.Join(dir, "driver.yaml")
+			if err := writeDriverDefinition(driver, filepath.Join(c.root, "test", "cluster", "conformance"), fs); err != nil {
+				t.Fatal(err)
+			}
+			timeout := 30 * time.Minute
+			if all {
+				timeout = 4 * time.Hour
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			report := filepath.Join(dir, "report.json")
+			cmd := exec.CommandContext(ctx, e2e, "--kubeconfig="+c.kubeconfig, "--storage.testdriver="+driver,
+				"--kube-test-repo-list="+filepath.Join(c.root, "test", "cluster", "conformance", "repo-list.yaml"),
+				"--ginkgo.focus="+focus, `--ginkgo.skip=\[Disruptive\]|\[Feature:`,
+				"--ginkgo.no-color", "--ginkgo.timeout="+timeout.String(), "--ginkgo.json-report="+report, "--report-dir="+dir)
+			cmd.Dir = dir
+			log, err := os.Create(filepath.Join(dir, "e2e.log"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = log.Close() }()
+			cmd.Stdout, cmd.Stderr = log, log
+			t0 := time.Now()
+			runErr := cmd.Run()
+			specs, err := readSpecReports(report)
+			if err != nil {
+				b, _ := os.ReadFile(log.Name())
+				t.Fatalf("e2e.test: %v; its report: %v\n%s", runErr, err, tail(b, 4000))
+			}
+			counts, run := map[string]int{}, 0
+			skips := map[string][]string{}
+			for _, s := range specs {
+				if s.State == "skipped" && s.Failure.Message == "" {
+					continue // not selected: outside the focus, or a spec of another suite
+				}
+				counts[s.State]++
+				run++
+				switch s.State {
+				case "passed":
+				case "skipped":
+					reason := firstLine(s.Failure.Message)
+					skips[reason] = append(skips[reason], s.name())
+				default:
+					t.Errorf("%s: %s: %s", s.State, s.name(), s.Failure.Message)
+				}
+			}
+			t.Logf("External Storage on %s (%s): %d passed, %d failed, %d skipped, in %s", fs, map[bool]string{true: "every spec", false: "CI's specs"}[all],
+				counts["passed"], run-counts["passed"]-counts["skipped"], counts["skipped"], time.Since(t0).Round(time.Second))
+			reasons := make([]string, 0, len(skips))
+			for r := range skips {
+				reasons = append(reasons, r)
+			}
+			slices.Sort(reasons)
+			for _, r := range reasons {
+				t.Logf("skipped %d: %s", len(skips[r]), r)
+			}
+			if !all && counts["passed"] != len(conformanceSpecs[fs]) {
+				t.Errorf("%d of CI's %d specs passed: a name in conformanceSpecs no longer matches a spec, or a spec was skipped", counts["passed"], len(conformanceSpecs[fs]))
+			}
+			if runErr != nil && !t.Failed() {
+				t.Errorf("e2e.test: %v", runErr)
+			}
+		})
+	}
+}
+
+// writeDriverDefinition writes the External Storage suite's definition of the example driver for fs:
+// the capabilities it really has behind the proxy, and deploy/examples' deferring StorageClass (for xfs,
+// conformance/storageclass-xfs.yaml, the same class with xfs).
+func writeDriverDefinition(path, dir, fs string) error {
+	class := map[string]any{"FromExistingClassName": deferClass}
+	minSize := "16Mi"
+	if fs != "ext4" {
+		class = map[string]any{"FromFile": filepath.Join(dir, "storageclass-"+fs+".yaml")}
+		minSize = "320Mi" // mkfs.xfs refuses less than 300 MB
+	}
+	def := map[string]any{
+		"StorageClass": class,
+		"DriverInfo": map[string]any{
+			"Name":               driverName,
+			"SupportedSizeRange": map[string]string{"Min": minSize, "Max": "2Gi"},
+			"SupportedFsType":    map[string]any{"": map[string]any{}},
+			"Capabilities": map[string]bool{
+				"persistence": true, "block": true, "exec": true, "fsGroup": true, "multipods": true,
+				"controllerExpansion": true, "nodeExpansion": true, "onlineExpansion": true, "offlineExpansion": true,
+				"singleNodeVolume": true, "topology": true,
+			},
+		},
+		"ClaimSize":     minSize,
+		"InlineVolumes": []map[string]any{{"Attributes": map[string]string{"size": minSize}}},
+	}
+	b, err := yaml.Marshal(def)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
+}
+
+// specReport is what the test reads of one spec in ginkgo's JSON report.
+type specReport struct {
+	ContainerHierarchyTexts []string
+	LeafNodeText            string
+	LeafNodeType            string
+	State                   string
+	Failure                 struct{ Message string }
+}
+
+func (s specReport) name() string {
+	return strings.Join(append(slices.Clone(s.ContainerHierarchyTexts), s.LeafNodeText), " ")
+}
+
+// readSpecReports returns the It specs of ginkgo's JSON report at path.
+func readSpecReports(path string) ([]specReport, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var suites []struct{ SpecReports []specReport }
+	if err := json.Unmarshal(b, &suites); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	var specs []specReport
+	for _, s := range suites {
+		for _, r := range s.SpecReports {
+			if r.LeafNodeType == "It" {
+				specs = append(specs, r)
+			}
+		}
+	}
+	return specs, nil
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(strings.TrimSpace(s), "\n")
+	return line
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
