@@ -8,8 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 
 	"crust.dev/crust/examples/lvm-csi/internal/lvm"
@@ -131,8 +129,8 @@ func TestExtentMapFragmentedVolume(t *testing.T) {
 	if again, err := m.activate(ctx, lv, false); err != nil || again != dev {
 		t.Fatalf("activate again: %s, %v; want %s", again, err, dev)
 	}
-	if out, err := exec.Command("blockdev", "--getsize64", dev).Output(); err != nil || strings.TrimSpace(string(out)) != strconv.Itoa(440<<20) {
-		t.Fatalf("after lvextend and activate, %s is %s bytes (%v), want %d", dev, out, err, 440<<20)
+	if size, err := deviceSize(dev); err != nil || size != 440<<20 {
+		t.Fatalf("after lvextend and activate, %s is %d bytes (%v), want %d", dev, size, err, 440<<20)
 	}
 	if err := m.deactivate(ctx, "a"); err != nil {
 		t.Fatal(err)

@@ -47,10 +47,7 @@ func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeReque
 		}
 		return resp, nil
 	}
-	if _, err := checkIOLimits(volCtx); err != nil {
-		return nil, err
-	}
-	prev, unlock, err := p.lockRecord(ctx, KindStage, path)
+	prev, unlock, err := p.lockToChange(ctx, KindStage, path, volCtx)
 	if err != nil {
 		return nil, err
 	}
@@ -80,28 +77,47 @@ func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeReque
 // once the driver has unstaged.
 func (p *Proxy) NodeUnstageVolume(ctx context.Context, r *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	path := r.GetStagingTargetPath()
-	if path == "" || r.GetVolumeId() == "" || p.journal.Get(KindStage, path) == nil {
-		return p.node.NodeUnstageVolume(outgoing(ctx), r)
+	forward := func() (*csi.NodeUnstageVolumeResponse, error) { return p.node.NodeUnstageVolume(outgoing(ctx), r) }
+	return undo(ctx, p, KindStage, r.GetVolumeId(), path, forward, func(rec *Record) (*csi.NodeUnstageVolumeResponse, error) {
+		if err := p.put(rec, PhaseUnstaging); err != nil {
+			return nil, err
+		}
+		resp, err := forward()
+		if err != nil {
+			return nil, err
+		}
+		if err := p.journal.Delete(KindStage, path); err != nil {
+			return nil, errdefs.Errorf(errdefs.ErrInternal, "forget stage of %s: %v", path, err)
+		}
+		return resp, nil
+	})
+}
+
+// lockToChange locks the record of kind at path for a call that may change it, once the I/O limits of
+// the volume context are found acceptable: limits crustd would refuse are refused before anything is done.
+func (p *Proxy) lockToChange(ctx context.Context, kind Kind, path string, volCtx map[string]string) (*Record, func(), error) {
+	if _, err := checkIOLimits(volCtx); err != nil {
+		return nil, nil, err
 	}
-	rec, unlock, err := p.lockRecord(ctx, KindStage, path)
+	return p.lockRecord(ctx, kind, path)
+}
+
+// undo runs fn on the record of kind at path, locked. A request that names no volume or no path, or a
+// path the proxy keeps no record of (before the lock or once it is held), is the driver's: forward.
+func undo[R any](ctx context.Context, p *Proxy, kind Kind, volumeID, path string, forward func() (R, error), fn func(*Record) (R, error)) (R, error) {
+	if volumeID == "" || path == "" || p.journal.Get(kind, path) == nil {
+		return forward()
+	}
+	rec, unlock, err := p.lockRecord(ctx, kind, path)
 	if err != nil {
-		return nil, err
+		var none R
+		return none, err
 	}
 	defer unlock()
 	if rec == nil {
-		return p.node.NodeUnstageVolume(outgoing(ctx), r)
+		return forward()
 	}
-	if err := p.put(rec, PhaseUnstaging); err != nil {
-		return nil, err
-	}
-	resp, err := p.node.NodeUnstageVolume(outgoing(ctx), r)
-	if err != nil {
-		return nil, err
-	}
-	if err := p.journal.Delete(KindStage, path); err != nil {
-		return nil, errdefs.Errorf(errdefs.ErrInternal, "forget stage of %s: %v", path, err)
-	}
-	return resp, nil
+	return fn(rec)
 }
 
 // NodePublishVolume decides (see Decide) and either forwards, or publishes deferred or host-mounted. A
@@ -120,10 +136,7 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 		((!isMount(r.GetVolumeCapability()) || !asked) && p.journal.Get(KindPublish, target) == nil) {
 		return p.forwardPublish(ctx, r)
 	}
-	if _, err := checkIOLimits(volCtx); err != nil {
-		return nil, err
-	}
-	rec, unlock, err := p.lockRecord(ctx, KindPublish, target)
+	rec, unlock, err := p.lockToChange(ctx, KindPublish, target, volCtx)
 	if err != nil {
 		return nil, err
 	}
@@ -439,25 +452,16 @@ func (p *Proxy) removeTarget(target string) error {
 
 // NodeUnpublishVolume undoes a deferred or host-mounted publish; anything else is forwarded.
 func (p *Proxy) NodeUnpublishVolume(ctx context.Context, r *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	target := r.GetTargetPath()
-	if r.GetVolumeId() == "" || target == "" || p.journal.Get(KindPublish, target) == nil {
-		return p.node.NodeUnpublishVolume(outgoing(ctx), r)
-	}
-	rec, unlock, err := p.lockRecord(ctx, KindPublish, target)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	if rec == nil {
-		return p.node.NodeUnpublishVolume(outgoing(ctx), r)
-	}
-	if err := sameVolume(rec, r.GetVolumeId()); err != nil {
-		return nil, err
-	}
-	if err := p.undoPublish(ctx, rec); err != nil {
-		return nil, err
-	}
-	return &csi.NodeUnpublishVolumeResponse{}, nil
+	forward := func() (*csi.NodeUnpublishVolumeResponse, error) { return p.node.NodeUnpublishVolume(outgoing(ctx), r) }
+	return undo(ctx, p, KindPublish, r.GetVolumeId(), r.GetTargetPath(), forward, func(rec *Record) (*csi.NodeUnpublishVolumeResponse, error) {
+		if err := sameVolume(rec, r.GetVolumeId()); err != nil {
+			return nil, err
+		}
+		if err := p.undoPublish(ctx, rec); err != nil {
+			return nil, err
+		}
+		return &csi.NodeUnpublishVolumeResponse{}, nil
+	})
 }
 
 // NodeGetVolumeStats answers a deferred volume through crustd (measured in the sandbox), a host-mounted

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -179,7 +178,7 @@ func readSpecReports(path string) ([]specReport, error) {
 	}
 	var suites []struct{ SpecReports []specReport }
 	if err := json.Unmarshal(b, &suites); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, &os.PathError{Op: "decode", Path: path, Err: err}
 	}
 	var specs []specReport
 	for _, s := range suites {

@@ -1,28 +1,18 @@
 package cluster
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"crypto/tls"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -94,133 +84,6 @@ func TestInstallMethods(t *testing.T) {
 		t.Errorf("the DaemonSet kustomize made again carries Helm's labels: %s", ds)
 	}
 	held("uninstalled and installed by kustomize again")
-}
-
-// checkSecureMetrics checks crustd's authenticated /metrics at url (metrics.secure.enabled): no token is
-// 401, the token of a service account without the permission 403, and one bound to the ClusterRole
-// crust-metrics-reader reads crust_build_info.
-func (c *cluster) checkSecureMetrics(t *testing.T, ns, url string) {
-	t.Helper()
-	ctx := ctxT(t)
-	token := func(sa string) string {
-		t.Helper()
-		if _, err := c.cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		tr, err := c.cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authnv1.TokenRequest{}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tr.Status.Token
-	}
-	scraper, nobody := token("scraper"), token("nobody")
-	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "crust-metrics-reader-" + ns},
-		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "crust-metrics-reader"},
-		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "scraper", Namespace: ns}}}
-	if _, err := c.cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = c.cs.RbacV1().ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
-	})
-	// crustd's certificate is self-signed: what a PodMonitor with insecureSkipVerify does.
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // see above
-	get := func(token string) (int, string, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return 0, "", err
-		}
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return 0, "", err
-		}
-		defer func() { _ = resp.Body.Close() }()
-		b, err := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b), err
-	}
-	for _, tc := range []struct {
-		who, token string
-		code       int
-	}{{"no token", "", http.StatusUnauthorized}, {"a service account without the permission", nobody, http.StatusForbidden},
-		{"a service account bound to crust-metrics-reader", scraper, http.StatusOK}} {
-		var body string
-		// RBAC reaches the API server's authorizer a moment after the binding is made.
-		waitFor(t, time.Minute, tc.who+" answered "+strconv.Itoa(tc.code), func() (bool, error) {
-			code, b, err := get(tc.token)
-			body = b
-			return code == tc.code, fmt.Errorf("%d %v: %.200s", code, err, b)
-		})
-		t.Logf("GET %s with %s: %d", url, tc.who, tc.code)
-		if tc.code == http.StatusOK && !strings.Contains(body, "crust_build_info{") {
-			t.Errorf("%s read no crust_build_info:\n%.500s", tc.who, body)
-		}
-	}
-}
-
-// TestKubectlPlugin runs `kubectl crust` as an operator would, kubectl finding kubectl-crust on PATH.
-func TestKubectlPlugin(t *testing.T) {
-	c, _, ns := begin(t)
-	pod := c.runPod(t, ns, podSpec("vm", true, nil, claimVolume("data", c.pvc(t, ns, "data", "64Mi").Name)))
-	vols := c.podVolumes(t, string(pod.UID))
-	if len(vols) != 1 {
-		t.Fatalf("crustd holds %d descriptors of the pod, want 1", len(vols))
-	}
-	target := vols[0].GetSpec().GetVolumeTargetPath()
-	plugin := func(args ...string) (stdout, stderr string, code int) {
-		t.Helper()
-		cmd := exec.Command(c.kubectl, append([]string{"crust"}, args...)...)
-		cmd.Env = append(os.Environ(), "PATH="+c.binDir+":"+os.Getenv("PATH"), "KUBECONFIG="+c.kubeconfig)
-		var o, e bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &o, &e
-		err := cmd.Run()
-		var exit *exec.ExitError
-		if err != nil && !errors.As(err, &exit) {
-			t.Fatalf("kubectl crust %s: %v", strings.Join(args, " "), err)
-		}
-		return o.String(), e.String(), cmd.ProcessState.ExitCode()
-	}
-	// row reports whether out has a row of the node that names target.
-	row := func(out string) bool {
-		for s := bufio.NewScanner(strings.NewReader(out)); s.Scan(); {
-			if f := strings.Fields(s.Text()); len(f) > 1 && f[0] == c.node && f[1] == target {
-				return true
-			}
-		}
-		return false
-	}
-	for _, args := range [][]string{{"ls"}, {"ls", "--node", c.node}, {"get", target}, {"get", target, "--node", c.node}} {
-		out, errs, code := plugin(args...)
-		t.Logf("kubectl crust %s:\n%s", strings.Join(args, " "), out)
-		if code != 0 || !row(out) {
-			t.Errorf("kubectl crust %s: exit %d, no row of node %s for %s:\n%s%s", strings.Join(args, " "), code, c.node, target, out, errs)
-		}
-	}
-
-	out, errs, code := plugin("ls", "-o", "json")
-	var doc struct {
-		Items []struct {
-			Node    string            `json:"node"`
-			Volumes []json.RawMessage `json:"volumes"`
-		} `json:"items"`
-	}
-	err := json.Unmarshal([]byte(out), &doc)
-	if err != nil || code != 0 || len(doc.Items) != 1 || doc.Items[0].Node != c.node || !strings.Contains(out, `"volume_target_path": "`+target+`"`) {
-		t.Errorf("kubectl crust ls -o json: exit %d, %v:\n%s%s", code, err, out, errs)
-	}
-
-	if out, errs, code := plugin("ls", "--node", "no-such-node"); code != 1 || !strings.Contains(errs, "no crustd pod on node no-such-node") {
-		t.Errorf("kubectl crust ls --node no-such-node: exit %d:\n%s%s", code, out, errs)
-	}
-	if out, errs, code := plugin("get", "/var/lib/kubelet/pods/none/volumes/kubernetes.io~csi/none/mount"); code != 1 || !strings.Contains(errs, "NotFound: no crustd holds") {
-		t.Errorf("kubectl crust get of an unknown target: exit %d:\n%s%s", code, out, errs)
-	}
-	// Other tests may leave problems for doctor to find (3); it must ask the node either way.
-	if out, errs, code := plugin("doctor"); (code != 0 && code != 3) || !strings.HasPrefix(out, c.node+" ") {
-		t.Errorf("kubectl crust doctor: exit %d:\n%s%s", code, out, errs)
-	}
 }
 
 // helm returns a runner of Helm (the version deploy/helm pins, built from its module) against the
