@@ -25,6 +25,8 @@ var conformanceSpecs = map[string][]string{
 		"[Testpattern: Dynamic PV (default fs)] subPath should be able to unmount after the subpath directory is deleted [LinuxOnly]",
 		"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand Verify if offline PVC expansion works",
 		"[Testpattern: Dynamic PV (block volmode)] volumes should store data",
+		"[Testpattern: Dynamic PV (filesystem volmode)] volumeMode should not mount / map unused volumes in a pod [LinuxOnly]",
+		"[Testpattern: Dynamic PV (block volmode)] volumeMode should not mount / map unused volumes in a pod [LinuxOnly]",
 		"[Testpattern: CSI Ephemeral-volume (default fs)] ephemeral should create read/write inline ephemeral volume",
 		"[Testpattern: Generic Ephemeral-volume (default fs) (late-binding)] ephemeral should support two pods which have the same volume definition",
 	},
@@ -126,7 +128,8 @@ func TestExternalStorage(t *testing.T) {
 }
 
 // writeDriverDefinition writes the External Storage suite's definition of the example driver for fs:
-// the capabilities it really has behind the proxy, and deploy/examples' deferring StorageClass (for xfs,
+// the capabilities it really has behind the proxy (it publishes its storage capacity, and its volumes'
+// topology), fs among its filesystem types, and deploy/examples' deferring StorageClass (for xfs,
 // conformance/storageclass-xfs.yaml, the same class with xfs).
 func writeDriverDefinition(path, dir, fs string) error {
 	class := map[string]any{"FromExistingClassName": deferClass}
@@ -140,11 +143,12 @@ func writeDriverDefinition(path, dir, fs string) error {
 		"DriverInfo": map[string]any{
 			"Name":               driverName,
 			"SupportedSizeRange": map[string]string{"Min": minSize, "Max": "2Gi"},
-			"SupportedFsType":    map[string]any{"": map[string]any{}},
+			"SupportedFsType":    map[string]any{"": map[string]any{}, fs: map[string]any{}},
+			"TopologyKeys":       []string{"topology.lvm.test.crust.dev/node"}, // the driver's TopologyKey
 			"Capabilities": map[string]bool{
 				"persistence": true, "block": true, "exec": true, "fsGroup": true, "multipods": true,
 				"controllerExpansion": true, "nodeExpansion": true, "onlineExpansion": true, "offlineExpansion": true,
-				"singleNodeVolume": true, "topology": true,
+				"singleNodeVolume": true, "topology": true, "capacity": true,
 			},
 		},
 		"ClaimSize":     minSize,
