@@ -1,5 +1,7 @@
-// Package metrics holds the Prometheus metrics of crustd and crust-csi-proxy and their HTTP endpoint:
-// /metrics, /healthz (the process is alive) and /readyz (state loaded and the API socket serving).
+// Package metrics holds the Prometheus metrics of crustd and crust-csi-proxy and their HTTP endpoints:
+// /metrics, /healthz (the process is alive) and /readyz (state loaded and the API socket serving) on
+// --http-addr; and, on --metrics-secure-addr, /metrics alone over TLS for callers the API server
+// authenticates and allows (Secure, package guard).
 //
 // Metric names are a contract for dashboards and alerts; docs/operators.md lists them. Served gRPC
 // calls are counted under the names and labels every gRPC service uses (go-grpc-middleware's:
