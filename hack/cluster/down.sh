@@ -90,9 +90,6 @@ done
 if [ -f "$RUN/sysctls.saved" ]; then
 	while IFS='=' read -r k v; do sysctl -q -w "$k=$v" >/dev/null 2>&1; done <"$RUN/sysctls.saved"
 fi
-if [ -f "$RUN/host-mounts" ]; then
-	tac "$RUN/host-mounts" | while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" || log "left $m mounted"; done
-fi
 if [ -f "$RUN/host-dirs" ]; then
 	tac "$RUN/host-dirs" | while read -r d; do rmdir "$d" 2>/dev/null || log "left $d: not empty"; done
 fi

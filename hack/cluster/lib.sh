@@ -1,13 +1,10 @@
 # Shared settings of hack/cluster/up.sh and down.sh. Everything the cluster writes lives under $RUN,
-# apart from the mount-point directories listed in $RUN/host-dirs and the host mounts in
-# $RUN/host-mounts, which down.sh removes again.
+# apart from the mount-point directories listed in $RUN/host-dirs, which down.sh removes again.
 #
 # The node runs in a mount namespace of its own (held by one `sleep` process, $RUN/pids/ns.pid): inside
 # it, /run is a fresh tmpfs and /var/lib/kubelet, /var/lib/cni and /var/log/pods are bind mounts of
 # directories under $RUN. So the node uses the standard paths that deploy/ names, while nothing it mounts
-# there is seen on the host, and everything it mounted goes away with its processes. The one exception:
-# when up.sh made the host's /var/lib/kubelet, it binds the node's over it, so that the host sees the
-# kubelet directory's files (not its mounts) as on a real node.
+# or creates there is seen on the host, and everything it mounted goes away with its processes.
 # shellcheck shell=bash
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

@@ -112,14 +112,6 @@ if [ -z "${ALREADY_UP:-}" ]; then
 		exec sleep infinity' _ "$RUN" >"$RUN/logs/ns.log" 2>&1 </dev/null &
 	wait_for 5 "the mount namespace" test -s "$RUN/pids/ns.pid"
 	log "mount namespace $(cat "$RUN/pids/ns.pid") ($(elapsed))"
-	# The host sees the node's kubelet directory at the same path (its files, not the node's mounts, which
-	# stay in the node's namespace), as on a real node: what looks at the node from the host's mount
-	# namespace, such as the storage e2e suite's host-exec pods (nsenter into PID 1's), finds the pods'
-	# directories there. Only over a directory this script made, never over a real kubelet's.
-	if grep -qx /var/lib/kubelet "$RUN/host-dirs"; then
-		mount --bind "$RUN/ns/var/lib/kubelet" /var/lib/kubelet
-		echo /var/lib/kubelet >>"$RUN/host-mounts"
-	fi
 
 	# PKI: one CA, EC P-256 leaf certificates for server and client use.
 	pki=$RUN/pki
