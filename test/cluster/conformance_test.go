@@ -25,8 +25,6 @@ var conformanceSpecs = map[string][]string{
 		"[Testpattern: Dynamic PV (default fs)] subPath should be able to unmount after the subpath directory is deleted [LinuxOnly]",
 		"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand Verify if offline PVC expansion works",
 		"[Testpattern: Dynamic PV (block volmode)] volumes should store data",
-		"[Testpattern: Dynamic PV (filesystem volmode)] volumeMode should not mount / map unused volumes in a pod [LinuxOnly]",
-		"[Testpattern: Dynamic PV (block volmode)] volumeMode should not mount / map unused volumes in a pod [LinuxOnly]",
 		"[Testpattern: CSI Ephemeral-volume (default fs)] ephemeral should create read/write inline ephemeral volume",
 		"[Testpattern: Generic Ephemeral-volume (default fs) (late-binding)] ephemeral should support two pods which have the same volume definition",
 	},
