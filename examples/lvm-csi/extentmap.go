@@ -237,7 +237,8 @@ func (m *extentMap) deactivateLocked(ctx context.Context, name string) error {
 }
 
 // close detaches every loop device (lazily for one still in use, which then fails its I/O), unmounts the
-// file system and closes the physical volumes.
+// file system and closes the physical volumes. A file system still in use is detached instead, and close
+// returns at once with an error saying so.
 func (m *extentMap) close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -253,8 +254,12 @@ func (m *extentMap) close() error {
 		}
 	}
 	if err := m.srv.Unmount(); err != nil {
-		errs = append(errs, fmt.Errorf("unmount %s: %w", m.dir, err))
+		// A volume still in use (a mount on its loop device) keeps the FUSE connection open after a lazy
+		// unmount, and its server serving, until the last user lets go, which may be never: close must
+		// not wait for it. The connection ends with this process, and the volume's user sees I/O errors.
+		errs = append(errs, fmt.Errorf("unmount %s: %w (detached; volumes in use lose their device when the driver exits)", m.dir, err))
 		_ = syscall.Unmount(m.dir, syscall.MNT_DETACH)
+		return errors.Join(errs...)
 	}
 	m.srv.Wait()
 	for _, pv := range m.pvs {
