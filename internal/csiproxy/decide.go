@@ -51,6 +51,8 @@ const ReasonRawBlock = "raw block volume (volumeMode: Block): never deferred; a 
 type Pod struct {
 	Namespace, Name, UID string
 	RuntimeClassName     string
+	// FSGroupChangePolicy is the pod's securityContext.fsGroupChangePolicy ("" when unset).
+	FSGroupChangePolicy string
 }
 
 // PodSource answers pod and RuntimeClass look-ups from a cache. Pod reports found=false for a pod it

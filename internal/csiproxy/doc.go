@@ -12,7 +12,10 @@
 // EXPAND_VOLUME and VOLUME_MOUNT_GROUP to the driver's capabilities, and for a driver without them the
 // proxy answers stats itself, expands as kubelet would without node expansion (not at all; both answer
 // NOT_FOUND for a volume_path that is missing or not absolute, as CSI says for a volume not there), and keeps
-// volume_mount_group from the driver and gives the published filesystem the group itself. Calls to any other service or method (the Controller service, when the driver serves it on the
+// volume_mount_group from the driver and gives the published filesystem the group itself. Wherever the
+// proxy gives a group (a host mount, a forwarded publish, a descriptor), it does so under the pod's
+// fsGroupChangePolicy, read from its pod cache, since kubelet sends a driver the group but not the
+// policy: OnRootMismatch when the pod asks for it, otherwise Always. Calls to any other service or method (the Controller service, when the driver serves it on the
 // same socket, and methods newer than this build) are forwarded as raw frames. Requests are logged through
 // one interceptor; fields CSI marks csi_secret, and values of secret-looking keys in volume_context,
 // publish_context and parameters (service account tokens, an encryptionKey), are replaced by
@@ -53,7 +56,7 @@
 // directory and deposits the descriptor through crustd's StageVolume (built by pkg/client's StageRequest):
 // the target path, the device, fs type from the original capability (ext4 when empty), its mount flags,
 // read-only (the request's readonly, a "ro" flag or a reader-only access mode), fsGroup from
-// volume_mount_group, the pod's info as metadata, the driver's name, create_filesystem=true. NodeUnpublishVolume
+// volume_mount_group with the pod's fsGroupChangePolicy, the pod's info as metadata, the driver's name, create_filesystem=true. NodeUnpublishVolume
 // unstages at crustd, has the driver unpublish the private path, removes it and the target directory.
 // NodeGetVolumeStats, NodeGetVolumeHealth and NodeExpandVolume of a deferred volume go to crustd
 // (GetVolumeStats, ExpandVolume), which forwards them to the runtime handler that claimed the volume; for expansion the

@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
 
 	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/internal/testutil/sandbox"
@@ -54,10 +55,12 @@ func podContext(vol *csi.Volume, ns, name, uid string) map[string]string {
 func TestDeferredAndHostMount(t *testing.T) {
 	e := newEnv(t)
 	kataClass := "kata-qemu-class"
+	onRootMismatch := &corev1.PodSecurityContext{FSGroupChangePolicy: ptr.To(corev1.FSGroupChangeOnRootMismatch)}
 	cs := fake.NewClientset(
-		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "0e0e0e0e-0000-4000-8000-000000000001"}, Spec: corev1.PodSpec{NodeName: "n1"}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "0e0e0e0e-0000-4000-8000-000000000001"},
+			Spec: corev1.PodSpec{NodeName: "n1", SecurityContext: onRootMismatch}},
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "0e0e0e0e-0000-4000-8000-000000000002"},
-			Spec: corev1.PodSpec{NodeName: "n1", RuntimeClassName: &kataClass}},
+			Spec: corev1.PodSpec{NodeName: "n1", RuntimeClassName: &kataClass, SecurityContext: onRootMismatch}},
 		&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: kataClass}, Handler: "kata-qemu"},
 	)
 	node := nodeProxy(t, e, cs)
@@ -76,14 +79,32 @@ func TestDeferredAndHostMount(t *testing.T) {
 		t.Fatalf("staged for deferral, yet the staging path is mounted: %v", m)
 	}
 
-	// 1. The runc pod: formatted and mounted on the host by the proxy, fsGroup applied.
+	// 1. The runc pod: formatted and mounted on the host by the proxy, fsGroup applied under the pod's
+	// fsGroupChangePolicy, which kubelet does not send.
 	runcTarget := e.target("0e0e0e0e-0000-4000-8000-000000000001", "pv-both")
 	pub := &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging, TargetPath: runcTarget,
 		VolumeCapability: xfsCap("2000"), VolumeContext: podContext(vol, "ns", "web", "0e0e0e0e-0000-4000-8000-000000000001")}
-	for range 2 { // the second call is a repeat and changes nothing
-		if _, err := node.NodePublishVolume(ctx, pub); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := node.NodePublishVolume(ctx, pub); err != nil {
+		t.Fatal(err)
+	}
+	var rootSt unix.Stat_t
+	if err := unix.Stat(runcTarget, &rootSt); err != nil || rootSt.Gid != 2000 || rootSt.Mode&unix.S_ISGID == 0 {
+		t.Fatalf("the volume's root after publish with fsGroup 2000: gid %d, mode %o, %v", rootSt.Gid, rootSt.Mode, err)
+	}
+	// A file of another group: with OnRootMismatch the repeat finds the root right and walks no further
+	// (with Always it would take group 2000).
+	otherGroup := filepath.Join(runcTarget, "other-group")
+	if err := os.WriteFile(otherGroup, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(otherGroup, -1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodePublishVolume(ctx, pub); err != nil { // a repeat: changes nothing
+		t.Fatal(err)
+	}
+	if err := unix.Stat(otherGroup, &rootSt); err != nil || rootSt.Gid != 1 {
+		t.Fatalf("a repeat publish of a pod with fsGroupChangePolicy OnRootMismatch walked the volume: the file's gid is %d (%v), want 1", rootSt.Gid, err)
 	}
 	if m := mountsUnder(runcTarget); len(m) != 1 {
 		t.Fatalf("runc pod's target mounts: %v, want one", m)
@@ -142,6 +163,7 @@ func TestDeferredAndHostMount(t *testing.T) {
 	}
 	spec := got.GetVolume().GetSpec()
 	if spec.GetFsType() != "xfs" || !spec.GetCreateFilesystem() || spec.GetVolumeSupplementalGroup() != 3000 ||
+		spec.GetSupplementalGroupChangePolicy() != crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH ||
 		spec.GetVolumeId() != vol.GetVolumeId() || spec.GetPodUid() != "0e0e0e0e-0000-4000-8000-000000000002" || spec.GetCsiDriver() != e.driverName ||
 		len(spec.GetMountFlags()) != 1 || spec.GetMountFlags()[0] != "noatime" || spec.GetReadOnly() {
 		t.Fatalf("descriptor %v", got.GetVolume())

@@ -16,11 +16,12 @@ import (
 )
 
 // hostMount formats rec.Device when it holds no filesystem and mounts it on the target path, unless the
-// target already is a mount point; with gid it then gives the group the volume as kubelet does for fsGroup.
+// target already is a mount point; with gid it then gives the volume the group under policy, as kubelet
+// does for fsGroup.
 // An ext2/3/4 filesystem smaller than its device (the volume was expanded while no pod used it) is grown
 // to the device before it is mounted (growOffline). The mount is nodev and nosuid unless the flags say
 // dev or suid (a StorageClass's mountOptions).
-func (p *Proxy) hostMount(rec *Record, flags []string, gid *int64) error {
+func (p *Proxy) hostMount(rec *Record, flags []string, gid *int64, policy fsgroup.Policy) error {
 	notMnt, err := p.mounter.IsLikelyNotMountPoint(rec.Path)
 	if err != nil {
 		return errdefs.Errorf(errdefs.ErrInternal, "check target path: %v", err)
@@ -45,7 +46,7 @@ func (p *Proxy) hostMount(rec *Record, flags []string, gid *int64) error {
 		}
 	}
 	if gid != nil && !rec.ReadOnly {
-		if err := fsgroup.Apply(rec.Path, int(*gid), fsgroup.Always); err != nil {
+		if err := fsgroup.Apply(rec.Path, int(*gid), policy); err != nil {
 			return errdefs.Errorf(errdefs.ErrInternal, "apply fsGroup %d: %v", *gid, err)
 		}
 	}

@@ -9,16 +9,16 @@ import (
 	"path/filepath"
 	"time"
 
-	"crust.dev/crust/pkg/errdefs"
-	"crust.dev/crust/pkg/volume"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/fsgroup"
+	"crust.dev/crust/pkg/volume"
 )
 
 // undoTimeout bounds the undo of a publish that failed with a final code.
@@ -222,7 +222,7 @@ func (p *Proxy) forwardPublish(ctx context.Context, r *csi.NodePublishVolumeRequ
 	if err != nil || client.ReadOnly(r) {
 		return resp, err
 	}
-	if err := fsgroup.Apply(r.GetTargetPath(), *gid, fsgroup.Always); err != nil {
+	if err := fsgroup.Apply(r.GetTargetPath(), *gid, p.groupPolicy(r.GetVolumeContext())); err != nil {
 		return nil, errdefs.Errorf(errdefs.ErrInternal, "apply volume_mount_group %d to %s: %v", *gid, r.GetTargetPath(), err)
 	}
 	return resp, nil
@@ -328,14 +328,14 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 	}
 	switch rec.Mode {
 	case ModeDeferred:
-		if _, err := p.crust.Publish(ctx, withVolumeContext(r, volCtx), dev, p.publishOptions(ctx)...); err != nil {
+		if _, err := p.crust.Publish(ctx, withVolumeContext(r, volCtx), dev, p.publishOptions(ctx, volCtx)...); err != nil {
 			return fail(fmt.Errorf("crustd: %w", errdefs.FromGRPC(err)))
 		}
 		if err := p.put(rec, PhaseDeposited); err != nil {
 			return fail(err)
 		}
 	case ModeHost:
-		if err := p.hostMount(rec, r.GetVolumeCapability().GetMount().GetMountFlags(), gid); err != nil {
+		if err := p.hostMount(rec, r.GetVolumeCapability().GetMount().GetMountFlags(), gid, p.groupPolicy(volCtx)); err != nil {
 			return fail(err)
 		}
 		if err := p.put(rec, PhaseMounted); err != nil {
@@ -365,9 +365,32 @@ func (p *Proxy) privatePath(target string) string {
 }
 
 // publishOptions are what the proxy asks of every descriptor it deposits, beyond what the request says:
-// a blank device is formatted in the guest, and the descriptor names the driver.
-func (p *Proxy) publishOptions(ctx context.Context) []client.PublishOption {
-	return []client.PublishOption{client.CreateFilesystem(), client.DriverName(p.driverNameFor(ctx))}
+// a blank device is formatted in the guest, the descriptor names the driver, and the fsGroup, if any, is
+// applied under the pod's policy (groupPolicy).
+func (p *Proxy) publishOptions(ctx context.Context, volCtx map[string]string) []client.PublishOption {
+	opts := []client.PublishOption{client.CreateFilesystem(), client.DriverName(p.driverNameFor(ctx))}
+	if p.groupPolicy(volCtx) == fsgroup.OnRootMismatch {
+		opts = append(opts, client.FSGroupChangePolicy(crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH))
+	}
+	return opts
+}
+
+// groupPolicy is how the fsGroup is given to a volume of the pod volCtx names (podInfoOnMount):
+// OnRootMismatch when the pod's securityContext.fsGroupChangePolicy says so, otherwise Always, Kubernetes'
+// default. kubelet leaves the group to a driver with VOLUME_MOUNT_GROUP, which the proxy announces, and
+// sends it no policy, so the proxy reads the policy from its pod cache. A pod the cache does not hold, or
+// holds under another UID, gets Always.
+func (p *Proxy) groupPolicy(volCtx map[string]string) fsgroup.Policy {
+	info := client.PodInfo(volCtx)
+	if p.pods == nil || info.Namespace == "" || info.Name == "" {
+		return fsgroup.Always
+	}
+	pod, ok := p.pods.Pod(info.Namespace, info.Name)
+	if !ok || (info.UID != "" && pod.UID != "" && info.UID != pod.UID) ||
+		pod.FSGroupChangePolicy != string(corev1.FSGroupChangeOnRootMismatch) {
+		return fsgroup.Always
+	}
+	return fsgroup.OnRootMismatch
 }
 
 // withVolumeContext returns r with volCtx as its volume context (r itself when that is already so).

@@ -51,16 +51,20 @@ func newInformerPods(ctx context.Context, cs kubernetes.Interface, nodeName stri
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
 		}))
 	podInf := podFactory.Core().V1().Pods()
-	// Keep only what Decide reads: a node runs few pods, but each full pod object is large.
+	// Keep only what Decide and groupPolicy read: a node runs few pods, but each full pod object is large.
 	if err := podInf.Informer().SetTransform(func(obj any) (any, error) {
 		p, ok := obj.(*corev1.Pod)
 		if !ok {
 			return obj, nil
 		}
-		return &corev1.Pod{
+		out := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion},
 			Spec:       corev1.PodSpec{NodeName: p.Spec.NodeName, RuntimeClassName: p.Spec.RuntimeClassName},
-		}, nil
+		}
+		if sc := p.Spec.SecurityContext; sc != nil && sc.FSGroupChangePolicy != nil {
+			out.Spec.SecurityContext = &corev1.PodSecurityContext{FSGroupChangePolicy: sc.FSGroupChangePolicy}
+		}
+		return out, nil
 	}); err != nil {
 		return nil, err
 	}
@@ -140,6 +144,9 @@ func (ip *informerPods) Pod(namespace, name string) (Pod, bool) {
 	out := Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID)}
 	if p.Spec.RuntimeClassName != nil {
 		out.RuntimeClassName = *p.Spec.RuntimeClassName
+	}
+	if sc := p.Spec.SecurityContext; sc != nil && sc.FSGroupChangePolicy != nil {
+		out.FSGroupChangePolicy = string(*sc.FSGroupChangePolicy)
 	}
 	return out, true
 }
