@@ -19,13 +19,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/daemon"
+	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/internal/testutil/sandbox"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
@@ -94,20 +94,12 @@ func crustd(t *testing.T) (socket, kubelet string) {
 	exited := make(chan struct{})
 	go func() { defer close(exited); _ = daemon.Run(ctx, cfg, testLogger(t)) }()
 	t.Cleanup(func() { cancel(); <-exited })
-	conn, err := client.Dial(socket)
-	if err != nil {
-		t.Fatal(err)
+	wctx, wcancel := harness.Context(t, time.Minute)
+	defer wcancel()
+	if err := harness.WaitServing(wctx, socket, exited); err != nil {
+		t.Fatalf("crustd not serving: %v", err)
 	}
-	defer func() { _ = conn.Close() }()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
-		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return socket, kubelet
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("crustd not serving: %v", err)
-		}
-	}
+	return socket, kubelet
 }
 
 func mountCap(fs, group string) *csi.VolumeCapability {
