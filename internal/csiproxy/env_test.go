@@ -1,7 +1,6 @@
 package csiproxy
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"log/slog"
@@ -13,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/moby/sys/mountinfo"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -241,25 +242,16 @@ func (e *env) staging(pv string) string {
 	return dir
 }
 
-// mountsUnder lists the mount points under any of dirs, from this process's mountinfo.
+// mountsUnder lists the mount points at or under any of dirs, from this process's mountinfo.
 func mountsUnder(dirs ...string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return []string{err.Error()}
-	}
-	defer func() { _ = f.Close() }()
 	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
+	for _, d := range dirs {
+		ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(d))
+		if err != nil {
+			return []string{err.Error()}
 		}
-		mp := fields[4]
-		for _, d := range dirs {
-			if mp == d || strings.HasPrefix(mp, d+"/") {
-				out = append(out, mp)
-			}
+		for _, m := range ms {
+			out = append(out, m.Mountpoint)
 		}
 	}
 	return out

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -255,21 +257,32 @@ func (c *cluster) nsPath(path string) string {
 	return filepath.Join(fmt.Sprintf("/proc/%d/root", c.nsPID), path)
 }
 
-// nsMounts lists the mount points in the node's mount namespace under prefix.
-func (c *cluster) nsMounts(t *testing.T, prefix string) []string {
+// nsMounts lists the mount points at or under dir in the node's mount namespace.
+func (c *cluster) nsMounts(t *testing.T, dir string) []string {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", c.nsPID))
+	mps, err := mountsIn(fmt.Sprintf("/proc/%d/mountinfo", c.nsPID), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mps []string
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) > 4 && strings.HasPrefix(f[4], prefix) {
-			mps = append(mps, f[4])
-		}
-	}
 	return mps
+}
+
+// mountsIn lists the mount points at or under dir in the mountinfo table at path.
+func mountsIn(path, dir string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	ms, err := mountinfo.GetMountsFromReader(f, mountinfo.PrefixFilter(filepath.Clean(dir)))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	mps := make([]string, 0, len(ms))
+	for _, m := range ms {
+		mps = append(mps, m.Mountpoint)
+	}
+	return mps, nil
 }
 
 // cri is a client of the node's container runtime (containerd's CRI), closed at the test's end.

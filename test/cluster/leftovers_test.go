@@ -84,12 +84,9 @@ func leftovers(root, run string, before hostState) []string {
 			found = append(found, "process: "+l)
 		}
 	}
-	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], run) {
-				found = append(found, "mount: "+f[4])
-			}
-		}
+	mps, _ := mountsIn("/proc/self/mountinfo", run)
+	for _, mp := range mps {
+		found = append(found, "mount: "+mp)
 	}
 	out, _ = exec.Command("losetup", "-n", "-l", "-O", "NAME,BACK-FILE").Output()
 	for _, l := range strings.Split(string(out), "\n") {

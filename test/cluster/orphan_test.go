@@ -59,7 +59,7 @@ func TestOrphanCollector(t *testing.T) {
 		return apierrors.IsNotFound(err), err
 	})
 	podDir := "/var/lib/kubelet/pods/" + uid
-	mounts := c.nsMounts(t, podDir+"/")
+	mounts := c.nsMounts(t, podDir)
 	for i := len(mounts) - 1; i >= 0; i-- {
 		c.inNode(t, "umount", mounts[i])
 	}

@@ -1,7 +1,6 @@
 package co
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -13,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/moby/sys/mountinfo"
 )
 
 // Runtime starts pods: the CRI runtime behind one runtime handler.
@@ -88,37 +89,12 @@ type mountInfo struct{ fsType, source string }
 // mountedAt reports whether path is a mount point in this process's mount namespace (the last mount
 // there, when several are stacked).
 func mountedAt(path string) (mountInfo, bool, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(filepath.Clean(path)))
+	if err != nil || len(ms) == 0 {
 		return mountInfo{}, false, err
 	}
-	defer func() { _ = f.Close() }()
-	path = filepath.Clean(path)
-	var found mountInfo
-	ok := false
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		// id parent maj:min root mountpoint options [optional...] - fstype source superoptions
-		pre, post, cut := strings.Cut(sc.Text(), " - ")
-		fields, tail := strings.Fields(pre), strings.Fields(post)
-		if !cut || len(fields) < 5 || len(tail) < 2 {
-			continue
-		}
-		if unescapeMountinfo(fields[4]) == path {
-			found, ok = mountInfo{fsType: tail[0], source: unescapeMountinfo(tail[1])}, true
-		}
-	}
-	return found, ok, sc.Err()
-}
-
-var octal = regexp.MustCompile(`\\[0-7]{3}`)
-
-func unescapeMountinfo(s string) string {
-	return octal.ReplaceAllStringFunc(s, func(e string) string {
-		n, _ := strconv.ParseUint(e[1:], 8, 8)
-		return string(rune(n))
-	})
+	last := ms[len(ms)-1]
+	return mountInfo{fsType: last.FSType, source: last.Source}, true, nil
 }
 
 // --- crust-microvm ---

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"log/slog"
@@ -13,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moby/sys/mountinfo"
 
 	"crust.dev/crust/pkg/volume"
 
@@ -454,21 +455,13 @@ func stopOnCleanup(t *testing.T, c *co.CO, rp *co.RunningPod) {
 // mountsUnder returns the mount points at or below dir.
 func mountsUnder(t *testing.T, dir string) []string {
 	t.Helper()
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = f.Close() }()
-	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 {
-			mp := strings.ReplaceAll(fields[4], `\040`, " ")
-			if mp == dir || strings.HasPrefix(mp, dir+"/") {
-				out = append(out, mp)
-			}
-		}
+	out := make([]string, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, m.Mountpoint)
 	}
 	return out
 }
