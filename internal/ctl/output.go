@@ -165,9 +165,13 @@ func writeDoc(w io.Writer, form string, m proto.Message, sep string) error {
 var outputs = map[string]bool{"": true, "table": true, "wide": true, "json": true, "yaml": true}
 
 // checkOutput refuses an -o that print would refuse, before a command starts a stream.
-func (g *globals) checkOutput() error {
-	if !outputs[g.output] {
-		return usageError(fmt.Errorf("-o: %q is not table, wide, json or yaml", g.output))
+func (g *globals) checkOutput() error { return CheckOutput(g.output) }
+
+// CheckOutput refuses, as a usage error, an -o format that crustctl (and PrintNodes) cannot print; ""
+// is the default form, the table.
+func CheckOutput(format string) error {
+	if !outputs[format] {
+		return usageError(fmt.Errorf("-o: %q is not table, wide, json or yaml", format))
 	}
 	return nil
 }

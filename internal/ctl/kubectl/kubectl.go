@@ -149,8 +149,8 @@ type answer struct {
 
 // run asks every chosen node's crustd with `crustctl -o json ARGS` and prints the answers.
 func (o *options) run(cmd *cobra.Command, args []string, fresh func() proto.Message) error {
-	if o.output != "" && !slices.Contains([]string{"table", "wide", "json", "yaml"}, o.output) {
-		return command.UsageError{Err: fmt.Errorf("-o: %q is not table, wide, json or yaml", o.output)}
+	if err := ctl.CheckOutput(o.output); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
 	defer cancel()
