@@ -230,7 +230,7 @@ tools() {
 	echo "$stamp" >"$dest/.stamp"
 }
 
-guest_modules=(virtio_pci virtio_blk virtio_console xfs ext4 nd_pmem virtio_pmem)
+guest_modules=(virtio_pci virtio_blk virtio_console virtio-rng xfs ext4 nd_pmem virtio_pmem)
 kernel linux-image-cloud-amd64 "$out/cloud" "${guest_modules[@]}"
 tools
 if $with_9p; then
