@@ -214,16 +214,24 @@ type loop struct{ dev, file string }
 // device.
 func newLoop(b *testing.B, dir string, size int64) loop {
 	b.Helper()
-	f, err := os.CreateTemp(dir, "disk-*.img")
+	file := sparseFile(b, dir, "disk-*.img", size)
+	harness.Run(b, "mkfs.ext4", "-q", "-F", file)
+	return loop{dev: harness.Run(b, "losetup", "--find", "--show", file), file: file}
+}
+
+// sparseFile makes a new sparse file of size bytes in dir, named after pattern as os.CreateTemp does,
+// and returns its path.
+func sparseFile(b *testing.B, dir, pattern string, size int64) string {
+	b.Helper()
+	f, err := os.CreateTemp(dir, pattern)
 	if err != nil {
 		b.Fatal(err)
 	}
+	defer func() { _ = f.Close() }()
 	if err := f.Truncate(size); err != nil {
 		b.Fatal(err)
 	}
-	_ = f.Close()
-	harness.Run(b, "mkfs.ext4", "-q", "-F", f.Name())
-	return loop{dev: harness.Run(b, "losetup", "--find", "--show", f.Name()), file: f.Name()}
+	return f.Name()
 }
 
 // free detaches the loop device and removes its file.
