@@ -116,6 +116,12 @@ var specs = []spec{
 		fill:       func(_ *builder, t *fsTree) error { return e2eTools(t) },
 	},
 	{
+		// The suite's exec test runs a shell script, not nginx, in its nginx image; busybox serves.
+		short: "e2e-nginx", repo: "localhost/e2e-test-images/nginx", tag: "1.14-4",
+		entrypoint: []string{"/bin/sh"},
+		fill:       func(_ *builder, t *fsTree) error { return e2eTools(t) },
+	},
+	{
 		// The suite's multi-volume tests read raw block devices with a Debian image's tools; busybox with
 		// the host's dd serves.
 		short: "e2e-dnsutils", repo: "localhost/e2e-test-images/jessie-dnsutils", tag: "1.7",
