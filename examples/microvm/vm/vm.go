@@ -78,9 +78,10 @@ type Config struct {
 	// Shares and FSShares: at most MaxHotplugPorts (232) with no shares. The
 	// guest bounds them lower: each port takes one of its interrupt vectors
 	// (about 200 a vCPU), and a guest with one vCPU boots with 192 ports but
-	// not with 232. A port costs nothing on the host until a device is
-	// plugged into it; in the guest it costs a PCI bus number, about 70 KiB
-	// of memory and about 50 ms of boot under TCG (docs/performance.md).
+	// not with 232. A port costs about 80 KiB of QEMU's memory, and in the
+	// guest a PCI bus number, about 70 KiB of memory and boot time (under
+	// TCG about 20 ms a port at 32, more a port with more): see
+	// docs/performance.md.
 	HotplugPorts int
 	// PmemMB is the guest physical address space kept for persistent-memory
 	// devices (AttachPmem), in MiB: their sizes together may not exceed it.
