@@ -17,6 +17,10 @@
 //     in Kata's default cache mode and a 9p share of the same filesystem, with the host's page cache in
 //     neither path and in both, and the same workloads on the host and on the guest's tmpfs as ceilings;
 //     the ratios blk/virtiofs have a target of 5 on small files, random reads and SQLite commits.
+//   - BenchmarkManyVolumes: 32 volumes attached (vm.AttachBlock) and mounted one after another in one
+//     guest with 32 hot-plug ports; the ratio is the 32nd volume's time over the 1st's, and one more
+//     volume must be refused with an error naming the limit. It also compares the boot of that guest
+//     with one of the default 8 ports: what the ports cost.
 //
 // They boot QEMU guests, need root (loop devices, mounts), and skip with the reason when not root or when
 // QEMU or the guest assets (hack/guest/fetch-kernel.sh --with-9p into CRUST_GUEST_ASSETS, else

@@ -82,3 +82,15 @@ func TestProcTableRun(t *testing.T) {
 		t.Fatal("missing command started")
 	}
 }
+
+func TestHeldLast(t *testing.T) {
+	files := []string{"/sys/block/vda/serial", "/sys/block/vdb/serial", "/sys/block/vdc/serial", "/sys/block/vdd/serial"}
+	got := heldLast(files, map[string]bool{"/dev/vda": true, "/dev/vdc": true, "/dev/vdz": true})
+	want := []string{"/sys/block/vdb/serial", "/sys/block/vdd/serial", "/sys/block/vda/serial", "/sys/block/vdc/serial"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("heldLast = %q, want %q", got, want)
+	}
+	if got := heldLast(files, nil); strings.Join(got, " ") != strings.Join(files, " ") {
+		t.Errorf("heldLast with none held = %q, want the files in their order", got)
+	}
+}

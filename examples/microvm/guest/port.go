@@ -123,6 +123,11 @@ func portDevice(name string) (string, bool) {
 // part whose attribute file (glob's last element) holds want, once its device node exists.
 func deviceByAttr(glob, want string) (string, bool) {
 	files, _ := filepath.Glob(glob)
+	return firstWithAttr(files, want)
+}
+
+// firstWithAttr is deviceByAttr over the attribute files files, read in their order.
+func firstWithAttr(files []string, want string) (string, bool) {
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil || strings.TrimSpace(string(b)) != want {

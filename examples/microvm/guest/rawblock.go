@@ -43,7 +43,7 @@ func (v *volumes) expose(ctx context.Context, args *agentv1.MountRequest) (*agen
 	}
 	v.op.Lock()
 	defer v.op.Unlock()
-	dev, err := waitDisk(ctx, args.Serial, wait)
+	dev, err := waitDisk(ctx, args.Serial, wait, v.held())
 	if err != nil {
 		return nil, err
 	}

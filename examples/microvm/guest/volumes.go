@@ -127,7 +127,7 @@ func (v *volumes) mount(ctx context.Context, args *agentv1.MountRequest) (*agent
 		dev, err = waitPmem(ctx, args.PmemAddress, wait)
 		data = strings.Join(append(slices.DeleteFunc(strings.Split(data, ","), func(o string) bool { return o == "" }), "dax"), ",")
 	} else {
-		dev, err = waitDisk(ctx, args.Serial, wait)
+		dev, err = waitDisk(ctx, args.Serial, wait, v.held())
 	}
 	if err != nil {
 		return nil, err
@@ -243,9 +243,10 @@ func fsAvailable(fsType string) bool {
 }
 
 // waitDisk waits up to wait for the virtio disk with the given serial and
-// returns its device node.
-func waitDisk(ctx context.Context, serial string, wait time.Duration) (string, error) {
-	return waitDevice(ctx, wait, func() (string, bool) { return findDisk(serial) },
+// returns its device node, reading the serials of the disks in held last
+// (findDisk).
+func waitDisk(ctx context.Context, serial string, wait time.Duration, held map[string]bool) (string, error) {
+	return waitDevice(ctx, wait, func() (string, bool) { return findDisk(serial, held) },
 		func() error {
 			return agentproto.Errorf(errdefs.ErrNotFound, "no disk with serial %q after %s", serial, wait)
 		})
@@ -303,7 +304,42 @@ func findPmem(addr uint64) (string, bool) {
 	return "", false
 }
 
-func findDisk(serial string) (string, bool) { return deviceByAttr("/sys/block/vd*/serial", serial) }
+// findDisk returns the device node of the virtio-blk disk whose serial is serial. Reading a disk's
+// serial is a request to the device (the driver asks it with VIRTIO_BLK_T_GET_ID, a round trip through
+// QEMU), so the disks in held (device nodes the agent has mounted or exposed, which are not the disk a
+// mount looks for unless it mounts the same one again) are read last: a mount reads about one serial
+// rather than one for every disk in the guest, which made a mount's time grow with the disks attached
+// (docs/performance.md, "Many volumes").
+func findDisk(serial string, held map[string]bool) (string, bool) {
+	files, _ := filepath.Glob("/sys/block/vd*/serial")
+	return firstWithAttr(heldLast(files, held), serial)
+}
+
+// heldLast returns the attribute files of /sys/block devices with those of the devices in held (by
+// node, /dev/NAME) moved to the end, the order otherwise kept.
+func heldLast(files []string, held map[string]bool) []string {
+	isHeld := func(f string) bool { return held["/dev/"+filepath.Base(filepath.Dir(f))] }
+	out := make([]string, 0, len(files))
+	for _, last := range []bool{false, true} {
+		for _, f := range files {
+			if isHeld(f) == last {
+				out = append(out, f)
+			}
+		}
+	}
+	return out
+}
+
+// held returns the device nodes of the volumes mounted or exposed.
+func (v *volumes) held() map[string]bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	devs := make(map[string]bool, len(v.byPath))
+	for _, vol := range v.byPath {
+		devs[vol.device] = true
+	}
+	return devs
+}
 
 // sameDevice reports whether two paths name the same block device.
 func sameDevice(a, b string) bool {

@@ -18,7 +18,8 @@ import (
 // guest was given it.
 const undoDetachTimeout = 30 * time.Second
 
-// ErrNoFreePort is returned by AttachBlock and AttachPmem when every hot-plug port holds a device.
+// ErrNoFreePort is what AttachBlock and AttachPmem fail with (errors.Is) when every hot-plug port holds a
+// device; the error says how many ports the VM has (Config.HotplugPorts).
 var ErrNoFreePort = errors.New("vm: no free hot-plug port")
 
 // validID is what a disk id may look like: a QEMU id (a letter, then
@@ -149,7 +150,7 @@ func (v *VM) reservePort(id string) (int, error) {
 			return i, nil
 		}
 	}
-	return -1, ErrNoFreePort
+	return -1, fmt.Errorf("%w for %s: all %d hold a device (Config.HotplugPorts)", ErrNoFreePort, id, len(v.ports))
 }
 
 // freePort gives back a port reservePort took.

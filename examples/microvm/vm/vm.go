@@ -71,7 +71,17 @@ type Config struct {
 	// QEMU is the emulator binary; "" means qemu-system-x86_64 from PATH.
 	QEMU string
 	// HotplugPorts is the number of PCIe root ports, which bounds the disks
-	// and persistent-memory devices attached at once; 0 means 8.
+	// and persistent-memory devices attached at once: one a port, and
+	// AttachBlock and AttachPmem fail with ErrNoFreePort beyond it; 0 means 8.
+	// The ports sit on the q35 root bus eight to a slot (the functions of a
+	// multifunction device), in slots 2 to 30 less one slot for each of
+	// Shares and FSShares: at most MaxHotplugPorts (232) with no shares. The
+	// guest bounds them lower: each port takes one of its interrupt vectors
+	// (about 200 a vCPU), and a guest with one vCPU boots with 192 ports but
+	// not with 232. A port costs about 80 KiB of QEMU's memory, and in the
+	// guest a PCI bus number, about 70 KiB of memory and boot time (under
+	// TCG about 20 ms a port at 32, more a port with more): see
+	// docs/performance.md.
 	HotplugPorts int
 	// PmemMB is the guest physical address space kept for persistent-memory
 	// devices (AttachPmem), in MiB: their sizes together may not exceed it.
@@ -143,6 +153,10 @@ func (c *Config) setDefaults() error {
 	}
 	if c.HotplugPorts == 0 {
 		c.HotplugPorts = 8
+	}
+	if free := portSlots - len(c.Shares) - len(c.FSShares); c.HotplugPorts < 0 || (c.HotplugPorts+portsPerSlot-1)/portsPerSlot > free {
+		return fmt.Errorf("vm: %d hot-plug ports: want 1 to %d (%d a slot, %d slots of the root bus, less one a share)",
+			c.HotplugPorts, max(0, free)*portsPerSlot, portsPerSlot, portSlots)
 	}
 	if c.PmemMB == 0 {
 		c.PmemMB = DefaultPmemMB
@@ -311,6 +325,26 @@ const (
 	rngObject    = "crust-rng"
 )
 
+// Where the devices sit on the q35 root bus (pcie.0), which has 32 slots of 8 functions: slot 0 is the
+// host bridge and slot 31 the ICH9 LPC, SATA and SMBus functions, both built into the machine. The
+// virtio-serial controller takes slot 1; the hot-plug root ports take slots from firstPortSlot on, eight
+// to a slot, each slot's function 0 flagged multifunction; the shares' devices, placed by QEMU, take
+// the next free slots.
+const (
+	serialSlot    = 1
+	firstPortSlot = 2
+	portsPerSlot  = 8
+	// portSlots is how many slots the ports and the shares have: 2 to 30.
+	portSlots = 31 - firstPortSlot
+	// MaxHotplugPorts bounds Config.HotplugPorts: the ports that fit on the root bus with no shares.
+	MaxHotplugPorts = portSlots * portsPerSlot
+)
+
+// portAddr is the root-bus address of hot-plug port i: slot.function, in hex as QEMU's addr wants it.
+func portAddr(i int) string {
+	return fmt.Sprintf("0x%x.%d", firstPortSlot+i/portsPerSlot, i%portsPerSlot)
+}
+
 func (c *Config) args(accel Accel) []string {
 	// no_timer_check: under TCG on a busy host the kernel's check that the IO-APIC timer ticks can fail
 	// and panic the boot ("IO-APIC + timer doesn't work"); the guest needs no such check.
@@ -334,7 +368,7 @@ func (c *Config) args(accel Accel) []string {
 		"-serial", "chardev:crust-console",
 		"-qmp", "unix:" + qemuPath(c.path("qmp.sock")) + ",server=on,wait=off",
 		"-chardev", "socket,id=" + agentChardev + ",path=" + qemuPath(c.path("agent.sock")) + ",server=on,wait=off",
-		"-device", "virtio-serial-pci,id=" + serialBus,
+		"-device", fmt.Sprintf("virtio-serial-pci,id=%s,bus=pcie.0,addr=0x%x", serialBus, serialSlot),
 		"-device", "virtserialport,bus=" + serialBus + ".0,chardev=" + agentChardev + ",name=" + agentproto.PortName,
 		// A random source from the host: without one the guest's CRNG is still not ready long after
 		// boot under TCG, and every program that asks for random bytes waits (mke2fs took 4 s for its
@@ -349,7 +383,11 @@ func (c *Config) args(accel Accel) []string {
 		args = append(args, "-cpu", "host")
 	}
 	for i := range c.HotplugPorts {
-		args = append(args, "-device", fmt.Sprintf("pcie-root-port,id=%s%d,chassis=%d", portPrefix, i, i+1))
+		port := fmt.Sprintf("pcie-root-port,id=%s%d,chassis=%d,bus=pcie.0,addr=%s", portPrefix, i, i+1, portAddr(i))
+		if i%portsPerSlot == 0 {
+			port += ",multifunction=on"
+		}
+		args = append(args, "-device", port)
 	}
 	for i, sh := range c.Shares {
 		fsdev := fmt.Sprintf("local,id=%s%d,path=%s,security_model=passthrough", fsdevPrefix, i, qemuPath(sh.Path))

@@ -475,6 +475,83 @@ func shareFixture(t *testing.T, name string) (dir, img, share string) {
 	return dir, img, share
 }
 
+// TestHotplugPortArgs checks the root-bus addresses of the hot-plug root ports in QEMU's arguments: as
+// many ports as asked for, each at its own address on a slot nothing else takes, function 0 of each slot
+// multifunction, and the refusal of counts that do not fit, without booting a VM.
+func TestHotplugPortArgs(t *testing.T) {
+	dir, img, share := shareFixture(t, "share")
+	for _, tc := range []struct {
+		ports, shares, want int // want 0: refused
+	}{
+		{0, 0, 8}, {1, 0, 1}, {9, 0, 9}, {32, 0, 32}, {MaxHotplugPorts, 0, MaxHotplugPorts},
+		{MaxHotplugPorts - portsPerSlot, 1, MaxHotplugPorts - portsPerSlot},
+		{MaxHotplugPorts + 1, 0, 0}, {MaxHotplugPorts, 1, 0}, {-1, 0, 0},
+	} {
+		c := Config{Kernel: img, Initramfs: img, StateDir: filepath.Join(dir, "state"), HotplugPorts: tc.ports}
+		for i := range tc.shares {
+			c.Shares = append(c.Shares, Share{Tag: fmt.Sprintf("s%d", i), Path: share})
+		}
+		name := fmt.Sprintf("%d ports, %d shares", tc.ports, tc.shares)
+		err := c.setDefaults()
+		if tc.want == 0 {
+			if err == nil {
+				t.Errorf("%s: accepted", name)
+			} else if !strings.Contains(err.Error(), fmt.Sprint(MaxHotplugPorts-tc.shares*portsPerSlot)) {
+				t.Errorf("%s: the error does not name the limit: %v", name, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		// Every device placed explicitly on the root bus, by address, and the slots taken.
+		at := map[string]string{}
+		slots := map[int][]string{} // slot: the devices' options
+		ports := 0
+		args := c.args(AccelTCG)
+		for i, a := range args {
+			if a != "-device" || !strings.Contains(args[i+1], "bus=pcie.0") {
+				continue
+			}
+			dev := args[i+1]
+			var addr string
+			for _, opt := range strings.Split(dev, ",") {
+				if v, ok := strings.CutPrefix(opt, "addr="); ok {
+					addr = v
+				}
+			}
+			var slot, fn int
+			if n, _ := fmt.Sscanf(addr, "0x%x.%d", &slot, &fn); n == 0 {
+				t.Fatalf("%s: no address in %q", name, dev)
+			}
+			if prev, ok := at[fmt.Sprintf("%d.%d", slot, fn)]; ok {
+				t.Errorf("%s: %q and %q share address %s", name, prev, dev, addr)
+			}
+			at[fmt.Sprintf("%d.%d", slot, fn)] = dev
+			if slot < 1 || slot > 30 || fn > 7 {
+				t.Errorf("%s: %q is at %s, a slot the machine's own devices take or none", name, dev, addr)
+			}
+			slots[slot] = append(slots[slot], dev)
+			if strings.HasPrefix(dev, "pcie-root-port,") {
+				ports++
+			}
+		}
+		if ports != tc.want {
+			t.Errorf("%s: %d root ports, want %d", name, ports, tc.want)
+		}
+		for slot, devs := range slots {
+			if len(devs) > 1 && !strings.Contains(at[fmt.Sprintf("%d.0", slot)], "multifunction=on") {
+				t.Errorf("%s: slot %d holds %d functions but function 0 is not multifunction: %q", name, slot, len(devs), at[fmt.Sprintf("%d.0", slot)])
+			}
+		}
+		// The shares' devices, which QEMU places, need as many slots left free.
+		if free := 30 - len(slots); free < tc.shares {
+			t.Errorf("%s: %d slots left for the shares", name, free)
+		}
+	}
+}
+
 // TestShares checks the QEMU arguments of 9p shares and the refusal of bad
 // ones, without booting a VM.
 func TestShares(t *testing.T) {
