@@ -22,6 +22,7 @@ var conformanceSpecs = map[string][]string{
 	"ext4": {
 		"[Testpattern: Dynamic PV (default fs)] volumes should store data",
 		"[Testpattern: Dynamic PV (default fs)] fsgroupchangepolicy (Always)[LinuxOnly], pod created with an initial fsgroup, new pod fsgroup applied to volume contents",
+		"[Testpattern: Dynamic PV (default fs)] fsgroupchangepolicy (OnRootMismatch)[LinuxOnly], pod created with an initial fsgroup, volume contents ownership changed via chgrp in first pod, new pod with same fsgroup skips ownership changes to the volume contents",
 		"[Testpattern: Dynamic PV (default fs)] subPath should be able to unmount after the subpath directory is deleted [LinuxOnly]",
 		"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand Verify if offline PVC expansion works",
 		"[Testpattern: Dynamic PV (block volmode)] volumes should store data",

@@ -327,7 +327,7 @@ const (
 
 // Where the devices sit on the q35 root bus (pcie.0), which has 32 slots of 8 functions: slot 0 is the
 // host bridge and slot 31 the ICH9 LPC, SATA and SMBus functions, both built into the machine. The
-// virtio-serial controller takes slot 1; the hot-plug root ports take slots from firstPortSlot on, eight
+// virtio-serial controller takes slot 1 (function 0) with the random source (function 1); the hot-plug root ports take slots from firstPortSlot on, eight
 // to a slot, each slot's function 0 flagged multifunction; the shares' devices, placed by QEMU, take
 // the next free slots.
 const (
@@ -368,13 +368,13 @@ func (c *Config) args(accel Accel) []string {
 		"-serial", "chardev:crust-console",
 		"-qmp", "unix:" + qemuPath(c.path("qmp.sock")) + ",server=on,wait=off",
 		"-chardev", "socket,id=" + agentChardev + ",path=" + qemuPath(c.path("agent.sock")) + ",server=on,wait=off",
-		"-device", fmt.Sprintf("virtio-serial-pci,id=%s,bus=pcie.0,addr=0x%x", serialBus, serialSlot),
+		"-device", fmt.Sprintf("virtio-serial-pci,id=%s,bus=pcie.0,addr=0x%x.0,multifunction=on", serialBus, serialSlot),
 		"-device", "virtserialport,bus=" + serialBus + ".0,chardev=" + agentChardev + ",name=" + agentproto.PortName,
 		// A random source from the host: without one the guest's CRNG is still not ready long after
 		// boot under TCG, and every program that asks for random bytes waits (mke2fs took 4 s for its
 		// UUIDs on any volume, and nearly nothing else).
 		"-object", "rng-random,id=" + rngObject + ",filename=/dev/urandom",
-		"-device", "virtio-rng-pci,rng=" + rngObject,
+		"-device", fmt.Sprintf("virtio-rng-pci,rng=%s,bus=pcie.0,addr=0x%x.1", rngObject, serialSlot),
 	}
 	switch {
 	case c.CPU != "":
