@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -27,7 +28,9 @@ func (p *Proxy) hostMount(rec *Record, flags []string, gid *int64, policy fsgrou
 		return errdefs.Errorf(errdefs.ErrInternal, "check target path: %v", err)
 	}
 	if notMnt {
-		if !rec.ReadOnly {
+		// Only an ext volume can need it: a device holding another filesystem than the one asked for
+		// does not mount, so for another type the probe would be a process spent for nothing.
+		if !rec.ReadOnly && strings.HasPrefix(rec.FsType, "ext") {
 			if err := p.growOffline(rec.Device); err != nil {
 				return err
 			}
