@@ -18,6 +18,9 @@
 # --patch=FILE       a strategic-merge patch applied after the Component, as in a kustomization's patches:
 #                    the driver's socket moved to driver.sock, the proxy's plugin-dir (README.md, 3. and
 #                    4.); repeatable.
+# --name-suffix=S    names the proxy's cluster-wide objects, its ClusterRole and ClusterRoleBinding,
+#                    crust-csi-proxy-S instead of crust-csi-proxy, so that a second driver release with the
+#                    proxy has its own (the release's name serves). Optional.
 #
 # It runs `kustomize build` when kustomize is on PATH, `kubectl kustomize` otherwise; CRUST_KUSTOMIZE
 # names another command (it is given the directory to build). A named DaemonSet or Deployment that the
@@ -28,6 +31,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 component="$here/../csi-proxy"
 
 namespace=
+suffix=
 objects=() # KIND/NAME to label
 patches=()
 for arg in "$@"; do
@@ -36,12 +40,17 @@ for arg in "$@"; do
 	--daemonset=*) objects+=("DaemonSet/${arg#*=}") ;;
 	--deployment=*) objects+=("Deployment/${arg#*=}") ;;
 	--patch=*) patches+=("${arg#*=}") ;;
+	--name-suffix=*) suffix=${arg#*=} ;;
 	*)
 		echo "csi-proxy-post-renderer: unknown argument $arg (see the head of $0)" >&2
 		exit 2
 		;;
 	esac
 done
+if [[ -n $suffix && ! $suffix =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]]; then
+	echo "csi-proxy-post-renderer: --name-suffix=$suffix: want lower-case letters, digits and '-', starting and ending with a letter or digit" >&2
+	exit 2
+fi
 if [[ -z $namespace ]]; then
 	echo "csi-proxy-post-renderer: --namespace=NS is required (the release's namespace)" >&2
 	exit 2
@@ -86,6 +95,14 @@ cp "$component"/*.yaml "$dir/csi-proxy/"
 		cp "$p" "$dir/patch-$i.yaml"
 		echo "  - path: patch-$i.yaml"
 	done
+	# The proxy's own cluster-wide objects renamed (the driver's keep their names); the binding's roleRef
+	# follows its ClusterRole, as kustomize fixes name references.
+	if [[ -n $suffix ]]; then
+		for kind in ClusterRole ClusterRoleBinding; do
+			printf '  - target: {kind: %s, name: crust-csi-proxy}\n    patch: |-\n      - {op: replace, path: /metadata/name, value: crust-csi-proxy-%s}\n' \
+				"$kind" "$suffix"
+		done
+	fi
 	cat <<EOF
 transformers:
   - |-

@@ -298,22 +298,55 @@ func TestPostRendererIsTheOverlay(t *testing.T) {
 	if _, err := exec.LookPath("kubectl"); err == nil {
 		kustomizers["kubectl"] = "kubectl kustomize" // the default where kustomize is not installed
 	}
+	// With --name-suffix, the same but for the names of the proxy's ClusterRole and ClusterRoleBinding,
+	// and the binding's roleRef.
+	const suffixed = "crust-csi-proxy-some-driver"
+	wantSuffixed := map[string]map[string]any{}
+	for k, o := range want {
+		wantSuffixed[k] = o
+	}
+	for _, kind := range []string{"ClusterRole", "ClusterRoleBinding"} {
+		o := wantSuffixed[kind+"/crust-csi-proxy"]
+		if o == nil {
+			t.Fatalf("the overlay renders no %s crust-csi-proxy", kind)
+		}
+		b, err := yaml.Marshal(o) // a deep copy
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c map[string]any
+		if err := yaml.Unmarshal(b, &c); err != nil {
+			t.Fatal(err)
+		}
+		c["metadata"].(map[string]any)["name"] = suffixed
+		if ref, ok := c["roleRef"].(map[string]any); ok {
+			ref["name"] = suffixed
+		}
+		delete(wantSuffixed, kind+"/crust-csi-proxy")
+		wantSuffixed[kind+"/"+suffixed] = c
+	}
 	for name, command := range kustomizers {
-		t.Run(name, func(t *testing.T) {
-			t.Setenv("CRUST_KUSTOMIZE", command)
-			t.Setenv(asKustomize, map[bool]string{true: "1"}[name == "krusty"])
-			pr, err := postrender.NewExec("./"+postRenderer,
-				"--namespace=crust-lvm-csi",
-				"--daemonset=crust-lvm-csi-node",
-				"--deployment=crust-lvm-csi-controller",
-				"--patch="+filepath.Join(examples, "driver-socket.yaml"),
-				"--patch="+filepath.Join(examples, "proxy-config.yaml"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := decode(t, install(t, driverChart, "crust-lvm-csi", nil, pr))
-			compare(t, "kustomize "+inRepo(examples)+" (its own resources aside)", want, "helm install with "+postRenderer, got)
-		})
+		for _, suffix := range []string{"", "some-driver"} {
+			t.Run(name+"/suffix="+suffix, func(t *testing.T) {
+				t.Setenv("CRUST_KUSTOMIZE", command)
+				t.Setenv(asKustomize, map[bool]string{true: "1"}[name == "krusty"])
+				args := []string{"--namespace=crust-lvm-csi",
+					"--daemonset=crust-lvm-csi-node",
+					"--deployment=crust-lvm-csi-controller",
+					"--patch=" + filepath.Join(examples, "driver-socket.yaml"),
+					"--patch=" + filepath.Join(examples, "proxy-config.yaml")}
+				w := want
+				if suffix != "" {
+					args, w = append(args, "--name-suffix="+suffix), wantSuffixed
+				}
+				pr, err := postrender.NewExec("./"+postRenderer, args...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := decode(t, install(t, driverChart, "crust-lvm-csi", nil, pr))
+				compare(t, "kustomize "+inRepo(examples)+" (its own resources aside)", w, "helm install with "+postRenderer, got)
+			})
+		}
 	}
 	if kustomizers["kubectl"] == "" {
 		t.Log("kubectl not found: the post-renderer ran with this test's kustomize only")
