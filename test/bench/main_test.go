@@ -218,8 +218,21 @@ type loop struct{ dev, file string }
 // device.
 func newLoop(b *testing.B, dir string, size int64) loop {
 	b.Helper()
+	return makeLoop(b, dir, size, true)
+}
+
+// newBlankLoop is newLoop without the filesystem: the device reads as zeroes, as a fresh volume does.
+func newBlankLoop(b *testing.B, dir string, size int64) loop {
+	b.Helper()
+	return makeLoop(b, dir, size, false)
+}
+
+func makeLoop(b *testing.B, dir string, size int64, ext4 bool) loop {
+	b.Helper()
 	file := sparseFile(b, dir, "disk-*.img", size)
-	harness.Run(b, "mkfs.ext4", "-q", "-F", file)
+	if ext4 {
+		harness.Run(b, "mkfs.ext4", "-q", "-F", file)
+	}
 	return loop{dev: harness.Run(b, "losetup", "--find", "--show", file), file: file}
 }
 
@@ -254,10 +267,11 @@ type daemon struct {
 	conn   *grpc.ClientConn
 }
 
-func startCrustd(b *testing.B) *daemon {
+// startCrustd starts crustd with extra flags (a later flag wins).
+func startCrustd(b *testing.B, extra ...string) *daemon {
 	b.Helper()
 	buildBinaries(b)
-	c := harness.StartCrustd(b, build.crustd, "--kata-dir", "", "--log-level", "warn")
+	c := harness.StartCrustd(b, build.crustd, append([]string{"--kata-dir", "", "--log-level", "warn"}, extra...)...)
 	conn, err := client.Dial(c.Socket)
 	if err != nil {
 		b.Fatal(err)
