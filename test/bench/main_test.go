@@ -4,6 +4,10 @@
 //   - BenchmarkStageToMounted: StageVolume on crustd until the volume is mounted in the guest of a running
 //     crust-microvm handler (in process), against the bare hot-plug and mount (vm.AttachBlock and the
 //     agent's mount) on another VM; the ratio is crust's overhead.
+//   - BenchmarkPublishToMounted: the same from NodePublishVolume on crust-csi-proxy (in process, in front
+//     of crust-lvm-csi on a throw-away volume group) of a fresh, blank volume, which the guest formats,
+//     against a blank device hot-plugged and mounted with create_filesystem; the ratio is the overhead of
+//     the whole node path, the driver's publish included.
 //   - BenchmarkGuestThroughput: sequential write and read in one guest (generic kernel) on an ext4 volume
 //     attached as a virtio-blk disk, against an ext4 of the same size mounted on the host and shared into
 //     the same guest over virtio-9p, through the guest's page cache (buffered) and around it (o_direct);

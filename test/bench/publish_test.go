@@ -43,7 +43,8 @@ import (
 // unpublished, unstaged and deleted through the proxy and the driver once its sandbox has stopped.
 func BenchmarkPublishToMounted(b *testing.B) {
 	g := guest(b, "cloud")
-	// The proxy hands crustd the logical volume's device, a device-mapper node.
+	// The proxy hands crustd the logical volume's device: a device-mapper node, or where device-mapper is
+	// missing a loop device over the driver's extent map.
 	d := startCrustd(b, "--device-allow", "/dev/loop*,/dev/dm-*")
 	n := startProxyNode(b, d, sandboxVolumes*volumeSize+64<<20)
 	work := b.TempDir()
