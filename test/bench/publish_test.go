@@ -1,0 +1,267 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+
+	csidriver "crust.dev/crust/examples/lvm-csi"
+	"crust.dev/crust/examples/lvm-csi/lvmtest"
+	"crust.dev/crust/examples/microvm/agentproto/agentv1"
+	"crust.dev/crust/internal/csiproxy"
+	"crust.dev/crust/internal/testutil"
+	"crust.dev/crust/internal/testutil/benchfig"
+	"crust.dev/crust/internal/testutil/harness"
+	"crust.dev/crust/pkg/client"
+)
+
+// BenchmarkPublishToMounted measures time to volume as kubelet starts it: from NodePublishVolume on
+// crust-csi-proxy (in this process, with no kubeconfig, so it defers every volume whose volume context
+// asks) in front of the reference LVM driver (crust-lvm-csi, a process of its own, on a throw-away volume
+// group), to the volume mounted in the guest of a running crust-microvm sandbox (handler.Run in this
+// process, its VM under TCG) that waits on the publish target: the moment the handler logs "volume
+// mounted" for it. In between, the proxy publishes the logical volume raw and deposits the descriptor with
+// crustd; the handler claims it, hot-plugs it, formats it in the guest (a fresh volume is blank) and
+// mounts it. Each op first creates the volume through the driver's controller with crust.dev/defer in the
+// class parameters and stages it through the proxy, untimed, as the CSI controller and kubelet's staging
+// would before the pod's publish. ns/op is the publish-to-mounted time. Reported per op besides, as means:
+// overhead-ms (over the bare path), publish-call-ms (the NodePublishVolume call: the driver's raw
+// publish and the descriptor deposited with crustd) and publish-to-pickup-ms (what comes before the
+// handler starts its claim, as it times that itself: the call and crustd's watch event).
+//
+// Side by side, as BenchmarkStageToMounted does it (the same batches of VMs, alternating which goes
+// first), the bare path: a blank loop device of the same size hot-plugged with vm.AttachBlock and mounted
+// by the agent with create_filesystem, so that both sides format in the guest. The volumes of a batch are
+// unpublished, unstaged and deleted through the proxy and the driver once its sandbox has stopped.
+func BenchmarkPublishToMounted(b *testing.B) {
+	g := guest(b, "cloud")
+	// The proxy hands crustd the logical volume's device: a device-mapper node, or where device-mapper is
+	// missing a loop device over the driver's extent map.
+	d := startCrustd(b, "--device-allow", "/dev/loop*,/dev/dm-*")
+	n := startProxyNode(b, d, sandboxVolumes*volumeSize+64<<20)
+	work := b.TempDir()
+
+	var crustT, bareT, callT, tookT []time.Duration
+	var bt *batch
+	var pubs []published
+	stopBatch := func() {
+		bt.stop(b)
+		n.release(b, pubs)
+		pubs, bt = nil, nil
+	}
+	defer func() {
+		if bt != nil {
+			stopBatch()
+		}
+	}()
+	for b.Loop() {
+		b.StopTimer()
+		i := len(crustT)
+		if bt == nil || bt.used == sandboxVolumes {
+			if bt != nil {
+				stopBatch()
+			}
+			bt = startBatch(b, d, g, fmt.Sprintf("pub-%d", i/sandboxVolumes))
+		}
+		j := bt.used
+		bt.used++
+		target, guestPath := bt.sb.targets[j], bt.sb.guestPaths[j]
+		pub := n.stage(b, fmt.Sprintf("pvc-bench-%d", i), target)
+		pubs = append(pubs, pub.published)
+		lb := newBlankLoop(b, work, volumeSize)
+		bt.bareLoops = append(bt.bareLoops, lb)
+
+		viaProxy := func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			b.StartTimer()
+			t0 := time.Now()
+			if _, err := n.node.NodePublishVolume(ctx, pub.req); err != nil {
+				b.Fatalf("NodePublishVolume through the proxy: %v\nproxy log:\n%s", err, n.log)
+			}
+			callT = append(callT, time.Since(t0))
+			ev := bt.sb.await(ctx, b, msgMounted, target)
+			b.StopTimer()
+			crustT = append(crustT, ev.at.Sub(t0))
+			if v, ok := ev.attrs["took"]; ok && v.Kind() == slog.KindDuration {
+				tookT = append(tookT, v.Duration())
+			}
+		}
+		bareID := fmt.Sprintf("bare-%d", j)
+		viaVM := func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			t0 := time.Now()
+			if err := bt.bare.AttachBlock(ctx, bareID, lb.dev, false); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := bt.bare.Agent().Mount(ctx, &agentv1.MountRequest{Serial: bareID, FsType: "ext4",
+				Target: "/bench/" + bareID, CreateFilesystem: true}); err != nil {
+				b.Fatal(err)
+			}
+			bareT = append(bareT, time.Since(t0))
+		}
+		if i%2 == 0 {
+			viaProxy()
+			viaVM()
+		} else {
+			viaVM()
+			viaProxy()
+		}
+		bt.sb.checkMounted(b, guestPath)
+		b.StartTimer()
+	}
+	b.StopTimer()
+
+	b.ReportMetric(ms(mean(crustT)-mean(bareT)), "overhead-ms/op")
+	ratios, crustMs := make([]float64, len(crustT)), make([]float64, len(crustT))
+	for i := range crustT {
+		ratios[i], crustMs[i] = float64(crustT[i])/float64(bareT[i]), ms(crustT[i])
+	}
+	benchfig.Record(b, benchfig.Figure{Name: "vm/time-to-volume-from-proxy-vs-bare", Unit: "x", Samples: ratios, Target: benchfig.AtMost(1.1),
+		About: "NodePublishVolume on crust-csi-proxy to the fresh volume formatted and mounted in a running guest / a blank device of the same size hot-plugged, formatted and mounted by hand, per op (median: p50)"})
+	benchfig.Record(b, benchfig.Figure{Name: "vm/time-to-volume-from-proxy-p99-vs-bare", Unit: "x", Target: benchfig.AtMost(1.1),
+		Samples: []float64{float64(slices.Max(crustT)) / float64(slices.Max(bareT))},
+		About:   "the slowest op through the proxy / the slowest by hand (p99 of so few ops is their maximum)"})
+	benchfig.Record(b, benchfig.Figure{Name: "vm/time-to-volume-from-proxy", Unit: "ms", Samples: crustMs,
+		About: "NodePublishVolume on crust-csi-proxy to the fresh volume formatted and mounted in a running guest (TCG)"})
+	b.Logf("proxy ms by op: %s", msList(crustT))
+	b.Logf("bare ms by op: %s", msList(bareT))
+	b.Logf("the NodePublishVolume call, ms by op: %s", msList(callT))
+	b.ReportMetric(ms(mean(callT)), "publish-call-ms/op")
+	if len(tookT) == len(crustT) {
+		b.Logf("the handler's claim, hot-plug, format and mount, ms by op: %s", msList(tookT))
+		b.ReportMetric(ms(mean(crustT)-mean(tookT)), "publish-to-pickup-ms/op")
+	}
+}
+
+// proxyNode is the node side of a cluster as kubelet sees it: crust-lvm-csi on a throw-away volume group,
+// and crust-csi-proxy in front of it and of crustd.
+type proxyNode struct {
+	d          *daemon
+	driverName string
+	ctrl       csi.ControllerClient // the driver's own
+	node       csi.NodeClient       // the proxy's
+	log        *harness.SyncBuffer  // the proxy's
+}
+
+// published is a volume staged (and maybe published) through the proxy.
+type published struct {
+	volumeID, staging, target string
+}
+
+// publishing is a staged volume and the publish kubelet would send for it.
+type publishing struct {
+	published
+	req *csi.NodePublishVolumeRequest
+}
+
+// startProxyNode makes a volume group of vgSize bytes, runs the driver on it and the proxy in front of it,
+// all stopped (and the volume group removed) at cleanup.
+func startProxyNode(b *testing.B, d *daemon, vgSize int64) *proxyNode {
+	b.Helper()
+	vg := lvmtest.New(b, vgSize)
+	dir := testutil.SocketDir(b)
+	driverSock, proxySock := filepath.Join(dir, "driver.sock"), filepath.Join(dir, "csi.sock")
+	// Deferral is the proxy's here: the driver runs without crustd's socket, as any driver would.
+	harness.StartProc(b, harness.ProcConfig{Bin: program(b, "crust.dev/crust/examples/lvm-csi/cmd/crust-lvm-csi"),
+		Args: []string{"--endpoint", driverSock, "--vg", vg.Name, "--pv", vg.Device, "--state-dir", filepath.Join(dir, "driver"),
+			"--crust-socket", ""},
+		Ready: harness.AnswersCSI(driverSock), StopMustSucceed: true})
+
+	n := &proxyNode{d: d, driverName: csidriver.DefaultName, log: &harness.SyncBuffer{}}
+	log := slog.New(slog.NewTextHandler(n.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg := csiproxy.Config{CSIAddress: proxySock, DriverAddress: driverSock, CrustSocket: d.socket,
+		StateDir: filepath.Join(dir, "proxy"), PodWait: time.Second, LockWait: 5 * time.Second}
+	ctx, cancel := context.WithCancel(context.Background())
+	done, exited := make(chan error, 1), make(chan struct{})
+	go func() { done <- csiproxy.Run(ctx, cfg, log, csiproxy.Deps{}); close(exited) }()
+	b.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Errorf("proxy: %v\nproxy log:\n%s", err, n.log)
+		}
+	})
+	wctx, wcancel := context.WithTimeout(context.Background(), time.Minute)
+	defer wcancel()
+	if err := harness.WaitCSI(wctx, proxySock, exited); err != nil {
+		b.Fatalf("the proxy did not come up: %v\nproxy log:\n%s", err, n.log)
+	}
+	for sock, set := range map[string]func(*grpc.ClientConn){
+		driverSock: func(cc *grpc.ClientConn) { n.ctrl = csi.NewControllerClient(cc) },
+		proxySock:  func(cc *grpc.ClientConn) { n.node = csi.NewNodeClient(cc) },
+	} {
+		cc, err := client.Dial(sock)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = cc.Close() })
+		set(cc)
+	}
+	return n
+}
+
+// ext4Mount is the capability of a filesystem volume, as a PVC of volumeMode Filesystem asks it.
+func ext4Mount() *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+}
+
+// stage creates volume name of volumeSize bytes through the driver's controller, of a class that asks for
+// deferral, stages it through the proxy at kubelet's staging path for the volume of target (a
+// kubelet-shaped publish target), and returns the publish kubelet would then send.
+func (n *proxyNode) stage(b *testing.B, name, target string) publishing {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, err := n.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: volumeSize},
+		VolumeCapabilities: []*csi.VolumeCapability{ext4Mount()}, Parameters: map[string]string{csiproxy.DeferKey: "true"}})
+	if err != nil {
+		b.Fatalf("CreateVolume: %v", err)
+	}
+	vol := r.GetVolume()
+	if !csiproxy.DeferRequested(vol.GetVolumeContext()) {
+		b.Fatalf("the driver's volume context %v does not ask for deferral", vol.GetVolumeContext())
+	}
+	pv := filepath.Base(filepath.Dir(target))
+	staging := filepath.Join(n.d.KubeletDir, "plugins", "kubernetes.io", "csi", n.driverName, pv, "globalmount")
+	if err := os.MkdirAll(staging, 0o750); err != nil { // kubelet makes it
+		b.Fatal(err)
+	}
+	if _, err := n.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		VolumeCapability: ext4Mount(), VolumeContext: vol.GetVolumeContext()}); err != nil {
+		b.Fatalf("NodeStageVolume through the proxy: %v\nproxy log:\n%s", err, n.log)
+	}
+	return publishing{published: published{volumeID: vol.GetVolumeId(), staging: staging, target: target},
+		req: &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging, TargetPath: target,
+			VolumeCapability: ext4Mount(), VolumeContext: vol.GetVolumeContext()}}
+}
+
+// release unpublishes and unstages vols through the proxy and deletes them through the driver, as kubelet
+// and the controller do once their pod is gone (its sandbox stopped).
+func (n *proxyNode) release(b *testing.B, vols []published) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, v := range vols {
+		if _, err := n.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.volumeID, TargetPath: v.target}); err != nil {
+			b.Errorf("NodeUnpublishVolume %s: %v", v.target, err)
+		}
+		if _, err := n.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.volumeID, StagingTargetPath: v.staging}); err != nil {
+			b.Errorf("NodeUnstageVolume %s: %v", v.staging, err)
+		}
+		if _, err := n.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.volumeID}); err != nil {
+			b.Errorf("DeleteVolume %s: %v", v.volumeID, err)
+		}
+	}
+}
