@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
@@ -15,10 +14,8 @@ import (
 
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
-	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/internal/csiproxy"
 	"crust.dev/crust/internal/testutil"
-	"crust.dev/crust/internal/testutil/benchfig"
 	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/pkg/client"
 )
@@ -49,97 +46,34 @@ func BenchmarkPublishToMounted(b *testing.B) {
 	n := startProxyNode(b, d, sandboxVolumes*volumeSize+64<<20)
 	work := b.TempDir()
 
-	var crustT, bareT, callT, tookT []time.Duration
-	var bt *batch
+	var callT []time.Duration
 	var pubs []published
-	stopBatch := func() {
-		bt.stop(b)
-		n.release(b, pubs)
-		pubs, bt = nil, nil
+	r := timeToVolume(b, d, g, ttvOps{name: "pub", create: true,
+		prepare: func(bt *batch, target string) (string, func(context.Context)) {
+			pub := n.stage(b, fmt.Sprintf("pvc-bench-%d", len(callT)), target)
+			pubs = append(pubs, pub.published)
+			lb := newBlankLoop(b, work, volumeSize)
+			bt.bareLoops = append(bt.bareLoops, lb)
+			return lb.dev, func(ctx context.Context) {
+				t0 := time.Now()
+				if _, err := n.node.NodePublishVolume(ctx, pub.req); err != nil {
+					b.Fatalf("NodePublishVolume through the proxy: %v\nproxy log:\n%s", err, n.log)
+				}
+				callT = append(callT, time.Since(t0))
+			}
+		},
+		afterBatch: func() { n.release(b, pubs); pubs = nil },
+	})
+	r.record(b, "vm/time-to-volume-from-proxy", "NodePublishVolume on crust-csi-proxy to the fresh volume formatted and mounted in a running guest",
+		"a blank device of the same size hot-plugged, formatted and mounted by hand")
+	if len(callT) == 0 {
+		return
 	}
-	defer func() {
-		if bt != nil {
-			stopBatch()
-		}
-	}()
-	for b.Loop() {
-		b.StopTimer()
-		i := len(crustT)
-		if bt == nil || bt.used == sandboxVolumes {
-			if bt != nil {
-				stopBatch()
-			}
-			bt = startBatch(b, d, g, fmt.Sprintf("pub-%d", i/sandboxVolumes))
-		}
-		j := bt.used
-		bt.used++
-		target, guestPath := bt.sb.targets[j], bt.sb.guestPaths[j]
-		pub := n.stage(b, fmt.Sprintf("pvc-bench-%d", i), target)
-		pubs = append(pubs, pub.published)
-		lb := newBlankLoop(b, work, volumeSize)
-		bt.bareLoops = append(bt.bareLoops, lb)
-
-		viaProxy := func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			b.StartTimer()
-			t0 := time.Now()
-			if _, err := n.node.NodePublishVolume(ctx, pub.req); err != nil {
-				b.Fatalf("NodePublishVolume through the proxy: %v\nproxy log:\n%s", err, n.log)
-			}
-			callT = append(callT, time.Since(t0))
-			ev := bt.sb.await(ctx, b, msgMounted, target)
-			b.StopTimer()
-			crustT = append(crustT, ev.at.Sub(t0))
-			if v, ok := ev.attrs["took"]; ok && v.Kind() == slog.KindDuration {
-				tookT = append(tookT, v.Duration())
-			}
-		}
-		bareID := fmt.Sprintf("bare-%d", j)
-		viaVM := func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			t0 := time.Now()
-			if err := bt.bare.AttachBlock(ctx, bareID, lb.dev, false); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := bt.bare.Agent().Mount(ctx, &agentv1.MountRequest{Serial: bareID, FsType: "ext4",
-				Target: "/bench/" + bareID, CreateFilesystem: true}); err != nil {
-				b.Fatal(err)
-			}
-			bareT = append(bareT, time.Since(t0))
-		}
-		if i%2 == 0 {
-			viaProxy()
-			viaVM()
-		} else {
-			viaVM()
-			viaProxy()
-		}
-		bt.sb.checkMounted(b, guestPath)
-		b.StartTimer()
-	}
-	b.StopTimer()
-
-	b.ReportMetric(ms(mean(crustT)-mean(bareT)), "overhead-ms/op")
-	ratios, crustMs := make([]float64, len(crustT)), make([]float64, len(crustT))
-	for i := range crustT {
-		ratios[i], crustMs[i] = float64(crustT[i])/float64(bareT[i]), ms(crustT[i])
-	}
-	benchfig.Record(b, benchfig.Figure{Name: "vm/time-to-volume-from-proxy-vs-bare", Unit: "x", Samples: ratios, Target: benchfig.AtMost(1.1),
-		About: "NodePublishVolume on crust-csi-proxy to the fresh volume formatted and mounted in a running guest / a blank device of the same size hot-plugged, formatted and mounted by hand, per op (median: p50)"})
-	benchfig.Record(b, benchfig.Figure{Name: "vm/time-to-volume-from-proxy-p99-vs-bare", Unit: "x", Target: benchfig.AtMost(1.1),
-		Samples: []float64{float64(slices.Max(crustT)) / float64(slices.Max(bareT))},
-		About:   "the slowest op through the proxy / the slowest by hand (p99 of so few ops is their maximum)"})
-	benchfig.Record(b, benchfig.Figure{Name: "vm/time-to-volume-from-proxy", Unit: "ms", Samples: crustMs,
-		About: "NodePublishVolume on crust-csi-proxy to the fresh volume formatted and mounted in a running guest (TCG)"})
-	b.Logf("proxy ms by op: %s", msList(crustT))
-	b.Logf("bare ms by op: %s", msList(bareT))
 	b.Logf("the NodePublishVolume call, ms by op: %s", msList(callT))
 	b.ReportMetric(ms(mean(callT)), "publish-call-ms/op")
-	if len(tookT) == len(crustT) {
-		b.Logf("the handler's claim, hot-plug, format and mount, ms by op: %s", msList(tookT))
-		b.ReportMetric(ms(mean(crustT)-mean(tookT)), "publish-to-pickup-ms/op")
+	if len(r.took) == len(r.crust) {
+		b.Logf("the handler's claim, hot-plug, format and mount, ms by op: %s", msList(r.took))
+		b.ReportMetric(ms(mean(r.crust)-mean(r.took)), "publish-to-pickup-ms/op")
 	}
 }
 

@@ -53,61 +53,90 @@ func BenchmarkStageToMounted(b *testing.B) {
 	d := startCrustd(b)
 	volumes := crustv1.NewVolumeServiceClient(d.conn)
 	work := b.TempDir()
-
-	var crustT, bareT, tookT []time.Duration
-	var bt *batch
-	defer func() {
-		if bt != nil {
-			bt.stop(b)
-		}
-	}()
-	for b.Loop() {
-		b.StopTimer()
-		i := len(crustT)
-		if bt == nil || bt.used == sandboxVolumes {
-			if bt != nil {
-				bt.stop(b)
-			}
-			bt = startBatch(b, d, g, fmt.Sprintf("bench-%d", i/sandboxVolumes))
-		}
-		j := bt.used
-		bt.used++
-		target, guestPath := bt.sb.targets[j], bt.sb.guestPaths[j]
+	r := timeToVolume(b, d, g, ttvOps{name: "bench", prepare: func(bt *batch, target string) (string, func(context.Context)) {
 		lc, lb := newLoop(b, work, volumeSize), newLoop(b, work, volumeSize)
-		bt.sb.loops = append(bt.sb.loops, lc)
-		bt.bareLoops = append(bt.bareLoops, lb)
-
-		viaCrust := func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			b.StartTimer()
-			t0 := time.Now()
+		bt.sb.loops, bt.bareLoops = append(bt.sb.loops, lc), append(bt.bareLoops, lb)
+		return lb.dev, func(ctx context.Context) {
 			_, err := volumes.StageVolume(ctx, &crustv1.StageVolumeRequest{Spec: &crustv1.VolumeSpec{
 				VolumeTargetPath: target, VolumeBackingPath: lc.dev, FsType: "ext4",
 			}})
 			if err != nil {
 				b.Fatalf("StageVolume: %v", err)
 			}
-			ev := bt.sb.await(ctx, b, msgMounted, target)
-			b.StopTimer()
-			crustT = append(crustT, ev.at.Sub(t0))
-			if v, ok := ev.attrs["took"]; ok && v.Kind() == slog.KindDuration {
-				tookT = append(tookT, v.Duration())
-			}
 		}
-		bareID := fmt.Sprintf("bare-%d", j)
-		viaVM := func() {
+	}})
+	r.record(b, "vm/time-to-volume", "StageVolume on crustd to the volume mounted in a running guest",
+		"the same device hot-plugged and mounted by hand")
+	if len(r.took) == len(r.crust) {
+		b.Logf("the handler's claim, hot-plug and mount, ms by op: %s", msList(r.took))
+		b.ReportMetric(ms(mean(r.crust)-mean(r.took)), "stage-to-pickup-ms/op")
+	}
+}
+
+// ttvOps is what a time-to-volume benchmark (timeToVolume) does in each op.
+type ttvOps struct {
+	name   string // of the batches' sandboxes, with a number
+	create bool   // the bare side formats its device in the guest, as crust's does
+	// prepare readies, untimed, the volume of an op whose target is target in bt's sandbox, and returns
+	// the bare side's device (in bt.bareLoops or released by afterBatch) and the timed call that hands
+	// the volume to crust.
+	prepare func(bt *batch, target string) (bareDev string, start func(context.Context))
+	// afterBatch, when not nil, runs once a batch has stopped.
+	afterBatch func()
+}
+
+// ttvRun is what timeToVolume measured, one element an op: crust's time from the start call to the
+// handler's "volume mounted", the bare side's, and the handler's own time for its claim, hot-plug and
+// mount when it logged one.
+type ttvRun struct{ crust, bare, took []time.Duration }
+
+// timeToVolume runs the ops of a time-to-volume benchmark: each takes the next target of a batch (a
+// running sandbox waiting on sandboxVolumes targets, and a bare VM booted with it; a new batch, untimed,
+// once one is used up), prepares it (o.prepare), and measures, alternating which goes first, crust's side
+// (the start call until the handler logs the volume mounted) and the bare side (the device hot-plugged
+// and mounted by hand, mountBare); the guest's mounts are checked afterwards, untimed.
+func timeToVolume(b *testing.B, d *daemon, g guestImages, o ttvOps) ttvRun {
+	var r ttvRun
+	var bt *batch
+	stop := func() {
+		bt.stop(b)
+		if o.afterBatch != nil {
+			o.afterBatch()
+		}
+		bt = nil
+	}
+	defer func() {
+		if bt != nil {
+			stop()
+		}
+	}()
+	for b.Loop() {
+		b.StopTimer()
+		i := len(r.crust)
+		if bt == nil || bt.used == sandboxVolumes {
+			if bt != nil {
+				stop()
+			}
+			bt = startBatch(b, d, g, fmt.Sprintf("%s-%d", o.name, i/sandboxVolumes))
+		}
+		j := bt.used
+		bt.used++
+		target, guestPath := bt.sb.targets[j], bt.sb.guestPaths[j]
+		bareDev, start := o.prepare(bt, target)
+		viaCrust := func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
+			b.StartTimer()
 			t0 := time.Now()
-			if err := bt.bare.AttachBlock(ctx, bareID, lb.dev, false); err != nil {
-				b.Fatal(err)
+			start(ctx)
+			ev := bt.sb.await(ctx, b, msgMounted, target)
+			b.StopTimer()
+			r.crust = append(r.crust, ev.at.Sub(t0))
+			if v, ok := ev.attrs["took"]; ok && v.Kind() == slog.KindDuration {
+				r.took = append(r.took, v.Duration())
 			}
-			if _, err := bt.bare.Agent().Mount(ctx, &agentv1.MountRequest{Serial: bareID, FsType: "ext4", Target: "/bench/" + bareID}); err != nil {
-				b.Fatal(err)
-			}
-			bareT = append(bareT, time.Since(t0))
 		}
+		viaVM := func() { r.bare = append(r.bare, bt.mountBare(b, j, bareDev, o.create)) }
 		if i%2 == 0 {
 			viaCrust()
 			viaVM()
@@ -119,26 +148,29 @@ func BenchmarkStageToMounted(b *testing.B) {
 		b.StartTimer()
 	}
 	b.StopTimer()
+	return r
+}
 
-	c, r := mean(crustT), mean(bareT)
-	b.ReportMetric(ms(c-r), "overhead-ms/op")
-	ratios, crustMs := make([]float64, len(crustT)), make([]float64, len(crustT))
-	for i := range crustT {
-		ratios[i], crustMs[i] = float64(crustT[i])/float64(bareT[i]), ms(crustT[i])
+// record reports r as name (crust's time, ms), name-vs-bare (the per-op ratios; the median is p50) and
+// name-p99-vs-bare (the slowest op of each), with the target of 1.1 for both ratios, crust's side
+// described by what and the bare side by bare; and the mean overhead over the bare side as a metric.
+func (r ttvRun) record(b *testing.B, name, what, bare string) {
+	if len(r.crust) == 0 {
+		return
 	}
-	benchfig.Record(b, benchfig.Figure{Name: "vm/time-to-volume-vs-bare", Unit: "x", Samples: ratios, Target: benchfig.AtMost(1.1),
-		About: "StageVolume on crustd to the volume mounted in a running guest / the same device hot-plugged and mounted by hand, per op (median: p50)"})
-	benchfig.Record(b, benchfig.Figure{Name: "vm/time-to-volume-p99-vs-bare", Unit: "x", Target: benchfig.AtMost(1.1),
-		Samples: []float64{float64(slices.Max(crustT)) / float64(slices.Max(bareT))},
+	b.ReportMetric(ms(mean(r.crust)-mean(r.bare)), "overhead-ms/op")
+	ratios, crustMs := make([]float64, len(r.crust)), make([]float64, len(r.crust))
+	for i := range r.crust {
+		ratios[i], crustMs[i] = float64(r.crust[i])/float64(r.bare[i]), ms(r.crust[i])
+	}
+	benchfig.Record(b, benchfig.Figure{Name: name + "-vs-bare", Unit: "x", Samples: ratios, Target: benchfig.AtMost(1.1),
+		About: what + " / " + bare + ", per op (median: p50)"})
+	benchfig.Record(b, benchfig.Figure{Name: name + "-p99-vs-bare", Unit: "x", Target: benchfig.AtMost(1.1),
+		Samples: []float64{float64(slices.Max(r.crust)) / float64(slices.Max(r.bare))},
 		About:   "the slowest op of crust's path / the slowest by hand (p99 of so few ops is their maximum)"})
-	benchfig.Record(b, benchfig.Figure{Name: "vm/time-to-volume", Unit: "ms", Samples: crustMs,
-		About: "StageVolume on crustd to the volume mounted in a running guest (TCG)"})
-	b.Logf("crust ms by op: %s", msList(crustT))
-	b.Logf("bare ms by op: %s", msList(bareT))
-	if len(tookT) == len(crustT) {
-		b.Logf("the handler's claim, hot-plug and mount, ms by op: %s", msList(tookT))
-		b.ReportMetric(ms(c-mean(tookT)), "stage-to-pickup-ms/op")
-	}
+	benchfig.Record(b, benchfig.Figure{Name: name, Unit: "ms", Samples: crustMs, About: what + " (TCG)"})
+	b.Logf("crust ms by op: %s", msList(r.crust))
+	b.Logf("bare ms by op: %s", msList(r.bare))
 }
 
 // msList formats ds in whole milliseconds.
@@ -180,6 +212,24 @@ func startBatch(b *testing.B, d *daemon, g guestImages, name string) *batch {
 		b.Fatal(r.err)
 	}
 	return &batch{sb: sb, bare: r.v}
+}
+
+// mountBare hot-plugs dev into the bare VM as its op j's disk and has the agent mount it (formatting it
+// first when create), and returns how long that took.
+func (bt *batch) mountBare(b *testing.B, j int, dev string, create bool) time.Duration {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	id := fmt.Sprintf("bare-%d", j)
+	t0 := time.Now()
+	if err := bt.bare.AttachBlock(ctx, id, dev, false); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := bt.bare.Agent().Mount(ctx, &agentv1.MountRequest{Serial: id, FsType: "ext4", Target: "/bench/" + id,
+		CreateFilesystem: create}); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(t0)
 }
 
 // stop stops the sandbox and the bare VM and frees their devices.
