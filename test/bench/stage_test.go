@@ -56,6 +56,7 @@ func BenchmarkStageToMounted(b *testing.B) {
 	r := timeToVolume(b, d, g, ttvOps{name: "bench", prepare: func(bt *batch, target string) (string, func(context.Context)) {
 		lc, lb := newLoop(b, work, volumeSize), newLoop(b, work, volumeSize)
 		bt.sb.loops, bt.bareLoops = append(bt.sb.loops, lc), append(bt.bareLoops, lb)
+		bt.sb.used++ // staged on crustd by this op: the sandbox's stop unstages it
 		return lb.dev, func(ctx context.Context) {
 			_, err := volumes.StageVolume(ctx, &crustv1.StageVolumeRequest{Spec: &crustv1.VolumeSpec{
 				VolumeTargetPath: target, VolumeBackingPath: lc.dev, FsType: "ext4",
@@ -251,7 +252,7 @@ type sandboxRun struct {
 	d                   *daemon
 	name, stateDir      string
 	targets, guestPaths []string
-	used                int    // targets staged so far
+	used                int    // targets staged on crustd straight (not through the proxy), unstaged at stop
 	loops               []loop // their devices, freed at stop
 	log                 *hookOut
 	backlog             []logEvent // events read but not awaited yet
