@@ -143,14 +143,19 @@ var specs = []spec{
 }
 
 // e2eHostTools are the host commands the e2e images carry instead of busybox's applets.
-var e2eHostTools = []string{"dd", "nsenter"}
+var e2eHostTools = []string{"dd", "nsenter", "dash"}
 
-// e2eTools fills the tools of the e2e images: e2eHostTools, and busybox for the rest.
+// e2eTools fills the tools of the e2e images: e2eHostTools, the host's dash as sh, and busybox for the
+// rest. The shell cannot be busybox's: a static busybox's sh runs its own applets before anything on
+// PATH, so the suite's `sh -c "... | dd oflag=nocache"` got busybox's dd, which lacks nocache.
 func e2eTools(t *fsTree) error {
 	if err := hostTools(t, e2eHostTools...); err != nil {
 		return err
 	}
-	return busybox(t, "/bin/busybox", "/usr/bin", e2eHostTools...)
+	if err := t.symlink("/usr/bin/sh", "dash"); err != nil {
+		return err
+	}
+	return busybox(t, "/bin/busybox", "/usr/bin", append(slices.Clone(e2eHostTools), "sh")...)
 }
 
 // ref returns the image's reference: for crust's own images (no fixed tag), repo/NAME:tag.
