@@ -142,7 +142,7 @@ test-cluster: ## Cluster tier: a real single-node Kubernetes with crust deployed
 	$(GOTEST) -p 1 $(TIER_CLUSTER)
 
 .PHONY: conformance
-conformance: deps ## Kubernetes' storage e2e suite, every External Storage spec of e2e.test, against the example driver behind the proxy on ext4 and xfs (root; takes the machine; the cluster tier runs CI's subset)
+conformance: deps ## Kubernetes' storage e2e suite, every External Storage spec of e2e.test, against the example driver behind the proxy on ext4 and xfs, on three ginkgo processes (root; takes the machine; the cluster tier runs CI's subset)
 	CRUST_CONFORMANCE=all $(GOTEST) -p 1 -timeout 5h -v -run '^TestExternalStorage$$' $(TIER_CLUSTER)
 
 # Ops per VM benchmark (test/bench): each op takes seconds under TCG, so they run a fixed count.

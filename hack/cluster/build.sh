@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Kubernetes node and control-plane binaries, kubectl, agnhost (the e2e test image's binary),
 # the CSI sidecars and crictl from the Go module proxy into $OUT/bin (default _output/k8s/bin); with
-# --e2e also e2e.test, Kubernetes' end-to-end suite. Each binary is built once: a binary that exists
-# and whose version stamp matches is kept, so a second run is a no-op.
+# --e2e also e2e.test, Kubernetes' end-to-end suite, and ginkgo's command to run it. Each binary is built
+# once: a binary that exists and whose version stamp matches is kept, so a second run is a no-op.
 #
 # Kubernetes' own go.mod pins every staging module at v0.0.0 and replaces it with ./staging, so it cannot
 # be built with `go install`; a throwaway consumer module requires k8s.io/kubernetes and replaces each
@@ -87,6 +87,18 @@ build_e2e_test() {
 	mark e2e.test "$K8S_VERSION"
 }
 
+# build_ginkgo: ginkgo's command, at the version the release's e2e.test is built with, to run the suite
+# on several processes (make conformance).
+build_ginkgo() {
+	local version
+	version=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p' |
+		xargs sed -n 's#^[[:space:]]*github.com/onsi/ginkgo/v2 \(v[^ ]*\).*#\1#p')
+	fresh ginkgo "$version" && return 0
+	echo "building ginkgo $version"
+	GOWORK=off GOBIN=$BIN go install "github.com/onsi/ginkgo/v2/ginkgo@$version"
+	mark ginkgo "$version"
+}
+
 # build_copy NAME MODULE VERSION PACKAGE: builds PACKAGE of MODULE@VERSION in a writable copy.
 build_copy() {
 	local name=$1 module=$2 version=$3 pkg=$4
@@ -103,7 +115,10 @@ build_copy() {
 
 build_kubernetes
 build_agnhost
-[ "${1:-}" = --e2e ] && build_e2e_test
+if [ "${1:-}" = --e2e ]; then
+	build_e2e_test
+	build_ginkgo
+fi
 build_copy csi-provisioner github.com/kubernetes-csi/external-provisioner/v5 "$PROVISIONER_VERSION" ./cmd/csi-provisioner
 build_copy csi-resizer github.com/kubernetes-csi/external-resizer "$RESIZER_VERSION" ./cmd/csi-resizer
 # The checksum database has no record of this cri-tools release.

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +27,8 @@ var conformanceSpecs = map[string][]string{
 		"[Testpattern: Dynamic PV (default fs)] subPath should be able to unmount after the subpath directory is deleted [LinuxOnly]",
 		"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand Verify if offline PVC expansion works",
 		"[Testpattern: Dynamic PV (block volmode)] volumes should store data",
+		"[Testpattern: Dynamic PV (block volmode)] multiVolume [Slow] should concurrently access the single volume from pods on the same node",
+		"[Testpattern: Dynamic PV (ext4)] volumes should allow exec of files on the volume",
 		"[Testpattern: CSI Ephemeral-volume (default fs)] ephemeral should create read/write inline ephemeral volume",
 		"[Testpattern: Generic Ephemeral-volume (default fs) (late-binding)] ephemeral should support two pods which have the same volume definition",
 	},
@@ -34,6 +37,10 @@ var conformanceSpecs = map[string][]string{
 		"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand should resize volume when PVC is edited while pod is using it",
 	},
 }
+
+// conformanceProcs is how many processes `make conformance` runs the suite on: its specs spend most of
+// their time waiting for pods and volumes, so three share the node's two cores.
+const conformanceProcs = 3
 
 // TestExternalStorage runs Kubernetes' own storage e2e suite, e2e.test's External Storage tests (the way
 // CSI drivers prove themselves), against the example driver behind crust-csi-proxy with the deferring
@@ -49,6 +56,9 @@ func TestExternalStorage(t *testing.T) {
 		t.Fatalf("%v: make test-images builds it", err)
 	}
 	all := os.Getenv("CRUST_CONFORMANCE") == "all"
+	if _, err := os.Stat(filepath.Join(filepath.Dir(e2e), "ginkgo")); all && err != nil {
+		t.Fatalf("%v: make test-images builds it", err)
+	}
 	for _, fs := range []string{"ext4", "xfs"} {
 		t.Run(fs, func(t *testing.T) {
 			focus := regexp.QuoteMeta("External Storage [Driver: " + driverName + "]")
@@ -71,10 +81,22 @@ func TestExternalStorage(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
 			report := filepath.Join(dir, "report.json")
-			cmd := exec.CommandContext(ctx, e2e, "--kubeconfig="+c.kubeconfig, "--storage.testdriver="+driver,
-				"--kube-test-repo-list="+filepath.Join(c.root, "test", "cluster", "conformance", "repo-list.yaml"),
-				"--ginkgo.focus="+focus, `--ginkgo.skip=\[Disruptive\]|\[Feature:`,
-				"--ginkgo.no-color", "--ginkgo.timeout="+timeout.String(), "--ginkgo.json-report="+report, "--report-dir="+dir)
+			suiteArgs := []string{"--kubeconfig=" + c.kubeconfig, "--storage.testdriver=" + driver,
+				"--kube-test-repo-list=" + filepath.Join(c.root, "test", "cluster", "conformance", "repo-list.yaml"), "--report-dir=" + dir}
+			ginkgoArgs := []string{"--focus=" + focus, `--skip=\[Disruptive\]|\[Feature:`, "--no-color",
+				"--timeout=" + timeout.String(), "--json-report=" + report}
+			var cmd *exec.Cmd
+			if all {
+				// Every spec: on conformanceProcs processes through ginkgo's command (built with e2e.test),
+				// which runs the suite's Serial specs alone once the others are done.
+				cmd = exec.CommandContext(ctx, filepath.Join(filepath.Dir(e2e), "ginkgo"),
+					slices.Concat([]string{fmt.Sprintf("--procs=%d", conformanceProcs)}, ginkgoArgs, []string{e2e, "--"}, suiteArgs)...)
+			} else {
+				for i, a := range ginkgoArgs {
+					ginkgoArgs[i] = "--ginkgo." + strings.TrimPrefix(a, "--")
+				}
+				cmd = exec.CommandContext(ctx, e2e, slices.Concat(suiteArgs, ginkgoArgs)...)
+			}
 			cmd.Dir = dir
 			log, err := os.Create(filepath.Join(dir, "e2e.log"))
 			if err != nil {
