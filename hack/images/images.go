@@ -143,16 +143,17 @@ var specs = []spec{
 }
 
 // e2eHostTools are the host commands the e2e images carry instead of busybox's applets.
-var e2eHostTools = []string{"dd", "nsenter", "dash"}
+var e2eHostTools = []string{"dd", "nsenter", "bash"}
 
-// e2eTools fills the tools of the e2e images: e2eHostTools, the host's dash as sh, and busybox for the
+// e2eTools fills the tools of the e2e images: e2eHostTools, the host's bash as sh, and busybox for the
 // rest. The shell cannot be busybox's: a static busybox's sh runs its own applets before anything on
-// PATH, so the suite's `sh -c "... | dd oflag=nocache"` got busybox's dd, which lacks nocache.
+// PATH, so the suite's `sh -c "... | dd oflag=nocache"` got busybox's dd, which lacks nocache. Nor can
+// it be dash: the suite's scripts use `let`.
 func e2eTools(t *fsTree) error {
 	if err := hostTools(t, e2eHostTools...); err != nil {
 		return err
 	}
-	if err := t.symlink("/usr/bin/sh", "dash"); err != nil {
+	if err := t.symlink("/usr/bin/sh", "bash"); err != nil {
 		return err
 	}
 	return busybox(t, "/bin/busybox", "/usr/bin", append(slices.Clone(e2eHostTools), "sh")...)

@@ -130,12 +130,12 @@ func TestImages(t *testing.T) {
 			},
 		},
 		{
-			// The e2e suite's busybox: its shell is the host's dash and its dd the host's (oflag=nocache), so
+			// The e2e suite's busybox: its shell is the host's bash and its dd the host's (oflag=nocache), so
 			// that sh -c "dd ..." runs the host's dd.
 			short: "e2e-busybox", ref: "localhost/e2e-test-images/busybox:1.37.0-1", entrypoint: []string{"/bin/sh"}, needs: "/bin/busybox",
 			check: func(t *testing.T, files map[string]node) {
-				if _, p := resolve(t, files, "/bin/sh"); p != "usr/bin/dash" {
-					t.Errorf("/bin/sh resolves to %s, want usr/bin/dash", p)
+				if _, p := resolve(t, files, "/bin/sh"); p != "usr/bin/bash" {
+					t.Errorf("/bin/sh resolves to %s, want usr/bin/bash", p)
 				}
 				if n, p := resolve(t, files, "/bin/dd"); p != "usr/bin/dd" || n.hdr.Typeflag != tar.TypeReg {
 					t.Errorf("/bin/dd resolves to %s (%+v), want the host's dd", p, n.hdr)

@@ -35,6 +35,7 @@ var conformanceSpecs = map[string][]string{
 	"xfs": {
 		"[Testpattern: Dynamic PV (default fs)] volumes should store data",
 		"[Testpattern: Dynamic PV (default fs)(allowExpansion)] volume-expand should resize volume when PVC is edited while pod is using it",
+		"[Testpattern: Dynamic PV (default fs)] volumeIO should write files of various sizes, verify size, validate content [Slow]",
 	},
 }
 
