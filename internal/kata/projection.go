@@ -43,13 +43,12 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"runtime"
 	"slices"
 	"strconv"
 	"sync"
 	"unicode/utf8"
 
-	"golang.org/x/sync/errgroup"
+	"github.com/sourcegraph/conc/iter"
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/errdefs"
@@ -222,19 +221,16 @@ func (p *Projection) Sync(keep []*crustv1.Volume, drop []string) (failed map[str
 	for _, v := range keep {
 		kept[v.GetSpec().GetVolumeTargetPath()] = true
 	}
-	// Targets are distinct, so they are written on as many goroutines as there are CPUs: a start over
+	// Targets are distinct, so they are written by as many workers as there are CPUs: a start over
 	// thousands of descriptors is bound by this work.
-	var g errgroup.Group
-	g.SetLimit(runtime.GOMAXPROCS(0))
-	for _, v := range keep {
-		g.Go(func() error { note(v.GetSpec().GetVolumeTargetPath(), p.Write(v)); return nil })
-	}
+	iter.ForEach(keep, func(v **crustv1.Volume) { note((*v).GetSpec().GetVolumeTargetPath(), p.Write(*v)) })
+	var gone []string
 	for _, target := range drop {
 		if !kept[target] {
-			g.Go(func() error { note(target, p.Remove(target)); return nil })
+			gone = append(gone, target)
 		}
 	}
-	_ = g.Wait() // failures are in failed
+	iter.ForEach(gone, func(target *string) { note(*target, p.Remove(*target)) })
 	return failed, err
 }
 

@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"runtime"
 	"slices"
 	"time"
 
-	"golang.org/x/sync/errgroup"
+	"github.com/sourcegraph/conc/iter"
 
 	"crust.dev/crust/internal/dirlock"
 	"crust.dev/crust/pkg/errdefs"
@@ -127,49 +126,44 @@ func Open(dir string, opt Options, check Check) (_ *Dir, _ *Report, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	// Every entry is classified before any is acted on; entries are read, verified and checked on as many
-	// goroutines as there are CPUs (a start over thousands of records is bound by that work), and the
-	// verdicts are then taken in name order.
+	// Every entry is classified before any is acted on; entries are read, verified and checked by as many
+	// workers as there are CPUs, each taking the next entry (a start over thousands of records is bound by
+	// that work; a goroutine for each would grow a fresh stack for each), and the verdicts are then taken
+	// in name order.
 	type verdict struct {
 		damage string // why the entry is moved aside; "" when it is not
 		drop   bool
 		err    error // stops Open
 	}
 	verdicts := make([]verdict, len(entries))
-	var g errgroup.Group
-	g.SetLimit(runtime.GOMAXPROCS(0))
-	for i, name := range entries {
-		g.Go(func() error {
-			v := &verdicts[i]
-			data, err := Read(d.records, name)
-			switch {
-			case errors.Is(err, safedir.ErrWrongType), errors.Is(err, safedir.ErrTooLarge):
-				// a link, a directory or a huge file: damage, never read through or loaded whole
-				v.damage = err.Error()
-				return nil
-			case err != nil:
-				v.err = fmt.Errorf("read %s: %w", d.records.Join(name), err)
-				return nil
-			}
-			boot, payload, err := Decode(data, opt.Version, opt.Field)
-			switch {
-			case errors.Is(err, ErrNewerVersion):
-				v.err = fmt.Errorf("%s: %w; refusing to load anything so that a downgrade loses nothing: %w",
-					d.records.Join(name), err, errdefs.ErrFailedPrecondition)
-				return nil
-			case err != nil:
-				v.damage = err.Error()
-				return nil
-			}
-			drop, err := check(Loaded{Name: name, BootID: boot, Payload: payload})
-			if err != nil {
-				v.damage = err.Error()
-			}
-			v.drop = drop && err == nil
-			return nil
-		})
-	}
-	_ = g.Wait() // the verdicts hold the errors
+	iter.ForEachIdx(entries, func(i int, name *string) {
+		v := &verdicts[i]
+		data, err := Read(d.records, *name)
+		switch {
+		case errors.Is(err, safedir.ErrWrongType), errors.Is(err, safedir.ErrTooLarge):
+			// a link, a directory or a huge file: damage, never read through or loaded whole
+			v.damage = err.Error()
+			return
+		case err != nil:
+			v.err = fmt.Errorf("read %s: %w", d.records.Join(*name), err)
+			return
+		}
+		boot, payload, err := Decode(data, opt.Version, opt.Field)
+		switch {
+		case errors.Is(err, ErrNewerVersion):
+			v.err = fmt.Errorf("%s: %w; refusing to load anything so that a downgrade loses nothing: %w",
+				d.records.Join(*name), err, errdefs.ErrFailedPrecondition)
+			return
+		case err != nil:
+			v.damage = err.Error()
+			return
+		}
+		drop, err := check(Loaded{Name: *name, BootID: boot, Payload: payload})
+		if err != nil {
+			v.damage = err.Error()
+		}
+		v.drop = drop && err == nil
+	})
 	type damaged struct{ name, reason string }
 	var (
 		report Report

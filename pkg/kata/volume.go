@@ -222,11 +222,14 @@ func (d *Dir) Add(volumePath, mountInfo string) error {
 
 // AddMountInfo is Add with info encoded as Kata encodes it.
 func (d *Dir) AddMountInfo(volumePath string, info *MountInfo) error {
-	data, err := json.Marshal(info)
+	if err := checkVolumePath(volumePath); err != nil {
+		return err
+	}
+	data, err := json.Marshal(info) // what Kata decodes back into the same MountInfo: nothing to check
 	if err != nil {
 		return err
 	}
-	return d.Add(volumePath, string(data))
+	return d.writeMountInfo(VolumeDirName(volumePath), data)
 }
 
 // Remove deletes the volume directory of volumePath with everything in it, sandbox-id files included, as
