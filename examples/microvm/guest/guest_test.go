@@ -4,6 +4,7 @@ package guest
 
 import (
 	"context"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -83,14 +84,27 @@ func TestProcTableRun(t *testing.T) {
 	}
 }
 
-func TestHeldLast(t *testing.T) {
+func TestDiskCandidates(t *testing.T) {
 	files := []string{"/sys/block/vda/serial", "/sys/block/vdb/serial", "/sys/block/vdc/serial", "/sys/block/vdd/serial"}
-	got := heldLast(files, map[string]bool{"/dev/vda": true, "/dev/vdc": true, "/dev/vdz": true})
-	want := []string{"/sys/block/vdb/serial", "/sys/block/vdd/serial", "/sys/block/vda/serial", "/sys/block/vdc/serial"}
-	if strings.Join(got, " ") != strings.Join(want, " ") {
-		t.Errorf("heldLast = %q, want %q", got, want)
-	}
-	if got := heldLast(files, nil); strings.Join(got, " ") != strings.Join(files, " ") {
-		t.Errorf("heldLast with none held = %q, want the files in their order", got)
+	held := map[string]string{"/dev/vda": "vol-a", "/dev/vdc": "vol-c", "/dev/vdz": "vol-z"}
+	for _, tc := range []struct {
+		name, serial string
+		held         map[string]string
+		all          bool
+		want         []string
+	}{
+		{"a new disk: the unheld ones only", "vol-new", held, false, []string{"vdb", "vdd"}},
+		{"a held disk asked again: it after the unheld", "vol-c", held, false, []string{"vdb", "vdd", "vdc"}},
+		{"the last look: every disk, held last", "vol-new", held, true, []string{"vdb", "vdd", "vda", "vdc"}},
+		{"the last look for a held one: it before the other held", "vol-c", held, true, []string{"vdb", "vdd", "vdc", "vda"}},
+		{"none held", "vol-new", nil, false, []string{"vda", "vdb", "vdc", "vdd"}},
+	} {
+		var got []string
+		for _, f := range diskCandidates(files, tc.held, tc.serial, tc.all) {
+			got = append(got, filepath.Base(filepath.Dir(f)))
+		}
+		if strings.Join(got, " ") != strings.Join(tc.want, " ") {
+			t.Errorf("%s: diskCandidates = %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }

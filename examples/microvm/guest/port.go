@@ -3,6 +3,7 @@
 package guest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -70,48 +71,34 @@ func (p *port) Close() error {
 // looks again on each kernel uevent (the port's device appears, then its name is set), not on a clock,
 // and gives up early when the modules fail to load.
 func findPort(name string, wait time.Duration, mods *moduleLoader) (string, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_KOBJECT_UEVENT)
-	if err != nil {
-		return "", fmt.Errorf("uevent socket: %w", err)
-	}
-	events := os.NewFile(uintptr(fd), "uevents")
-	defer func() { _ = events.Close() }()
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: 1}); err != nil {
-		return "", fmt.Errorf("uevent socket: %w", err)
-	}
-	_ = events.SetReadDeadline(time.Now().Add(wait))
-	stop := make(chan struct{})
-	defer close(stop)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	go func() {
 		select {
 		case <-mods.done:
 			if mods.err != nil {
-				_ = events.SetReadDeadline(time.Now()) // wake the read: the port will not come
+				cancel() // the port will not come
 			}
-		case <-stop:
+		case <-ctx.Done():
 		}
 	}()
-	buf := make([]byte, 64<<10)
-	for {
-		if dev, ok := portDevice(name); ok {
-			return dev, nil
+	var dev string
+	err := onUevents(ctx, wait, func(bool) (ok bool, err error) {
+		if dev, ok = portDevice(name); ok {
+			return true, nil
 		}
-		if err := mods.failed(); err != nil {
-			return "", err
-		}
-		if _, err := events.Read(buf); err != nil {
-			if dev, ok := portDevice(name); ok {
-				return dev, nil
-			}
-			if err := mods.failed(); err != nil {
-				return "", err
-			}
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				return "", fmt.Errorf("no virtio-serial port named %s after %s", name, wait)
-			}
-			return "", fmt.Errorf("reading uevents: %w", err)
-		}
+		return false, mods.failed()
+	})
+	switch {
+	case err == nil:
+		return dev, nil
+	case errors.Is(err, errWaitPassed):
+		return "", fmt.Errorf("no virtio-serial port named %s after %s", name, wait)
 	}
+	if err := mods.failed(); err != nil {
+		return "", err
+	}
+	return "", err
 }
 
 // portDevice returns the device node of the virtio-serial port called name, if there is one yet.

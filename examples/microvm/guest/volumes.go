@@ -242,11 +242,11 @@ func fsAvailable(fsType string) bool {
 	return false
 }
 
-// waitDisk waits up to wait for the virtio disk with the given serial and
-// returns its device node, reading the serials of the disks in held last
-// (findDisk).
-func waitDisk(ctx context.Context, serial string, wait time.Duration, held map[string]bool) (string, error) {
-	return waitDevice(ctx, wait, func() (string, bool) { return findDisk(serial, held) },
+// waitDisk waits up to wait for the virtio disk with the given serial and returns its device node. held
+// maps the device nodes the agent holds to their volumes' serials: a held disk's serial is read only when
+// it is the one asked for, or on the last look before giving up (findDisk).
+func waitDisk(ctx context.Context, serial string, wait time.Duration, held map[string]string) (string, error) {
+	return waitDevice(ctx, wait, func(last bool) (string, bool) { return findDisk(serial, held, last) },
 		func() error {
 			return agentproto.Errorf(errdefs.ErrNotFound, "no disk with serial %q after %s", serial, wait)
 		})
@@ -255,29 +255,24 @@ func waitDisk(ctx context.Context, serial string, wait time.Duration, held map[s
 // waitPmem waits up to wait for the persistent-memory device whose region starts at guest physical
 // address addr and returns its block device node (/dev/pmemN).
 func waitPmem(ctx context.Context, addr uint64, wait time.Duration) (string, error) {
-	return waitDevice(ctx, wait, func() (string, bool) { return findPmem(addr) },
+	return waitDevice(ctx, wait, func(bool) (string, bool) { return findPmem(addr) },
 		func() error {
 			return agentproto.Errorf(errdefs.ErrNotFound, "no persistent-memory region at %#x after %s", addr, wait)
 		})
 }
 
-// waitDevice looks for a device with find every 20 ms until it is found, wait has passed (the error
-// missing makes) or ctx ends.
-func waitDevice(ctx context.Context, wait time.Duration, find func() (string, bool), missing func() error) (string, error) {
-	deadline := time.Now().Add(wait)
-	for {
-		if dev, ok := find(); ok {
-			return dev, nil
-		}
-		if time.Now().After(deadline) {
-			return "", missing()
-		}
-		select {
-		case <-ctx.Done():
-			return "", ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
+// waitDevice looks for a device with find, again on each kernel uevent (onUevents), until it is found,
+// wait has passed (the error missing makes) or ctx ends.
+func waitDevice(ctx context.Context, wait time.Duration, find func(last bool) (string, bool), missing func() error) (string, error) {
+	var dev string
+	err := onUevents(ctx, wait, func(last bool) (ok bool, _ error) {
+		dev, ok = find(last)
+		return ok, nil
+	})
+	if errors.Is(err, errWaitPassed) {
+		return "", missing()
 	}
+	return dev, err
 }
 
 // findPmem finds the block device of the nd region that starts at addr: the device the hot-plug made,
@@ -306,23 +301,37 @@ func findPmem(addr uint64) (string, bool) {
 
 // findDisk returns the device node of the virtio-blk disk whose serial is serial. Reading a disk's
 // serial is a request to the device (the driver asks it with VIRTIO_BLK_T_GET_ID, a round trip through
-// QEMU), so the disks in held (device nodes the agent has mounted or exposed, which are not the disk a
-// mount looks for unless it mounts the same one again) are read last: a mount reads about one serial
-// rather than one for every disk in the guest, which made a mount's time grow with the disks attached
+// QEMU), so only the disks that can be the one asked for are read: those the agent does not hold, and a
+// held one whose volume has this serial (a mount of the same disk again). held maps device nodes to
+// their volumes' serials. A look that is the last reads every disk, in case the agent's record of a disk
+// is stale. So a mount reads about one serial rather than one for every disk in the guest, while it
+// waits for the disk to appear too: reading every disk made a mount's time grow with the disks attached
 // (docs/performance.md, "Many volumes").
-func findDisk(serial string, held map[string]bool) (string, bool) {
+func findDisk(serial string, held map[string]string, last bool) (string, bool) {
 	files, _ := filepath.Glob("/sys/block/vd*/serial")
-	return firstWithAttr(heldLast(files, held), serial)
+	return firstWithAttr(diskCandidates(files, held, serial, last), serial)
 }
 
-// heldLast returns the attribute files of /sys/block devices with those of the devices in held (by
-// node, /dev/NAME) moved to the end, the order otherwise kept.
-func heldLast(files []string, held map[string]bool) []string {
-	isHeld := func(f string) bool { return held["/dev/"+filepath.Base(filepath.Dir(f))] }
+// diskCandidates returns the serial files of /sys/block devices that may hold serial: those not in held
+// (by node, /dev/NAME), then the held ones whose serial is serial, then, when all is set, the other held
+// ones; the order of files is otherwise kept.
+func diskCandidates(files []string, held map[string]string, serial string, all bool) []string {
+	rank := func(f string) int {
+		s, ok := held["/dev/"+filepath.Base(filepath.Dir(f))]
+		switch {
+		case !ok:
+			return 0
+		case s == serial:
+			return 1
+		case all:
+			return 2
+		}
+		return -1
+	}
 	out := make([]string, 0, len(files))
-	for _, last := range []bool{false, true} {
+	for r := range 3 {
 		for _, f := range files {
-			if isHeld(f) == last {
+			if rank(f) == r {
 				out = append(out, f)
 			}
 		}
@@ -330,13 +339,13 @@ func heldLast(files []string, held map[string]bool) []string {
 	return out
 }
 
-// held returns the device nodes of the volumes mounted or exposed.
-func (v *volumes) held() map[string]bool {
+// held returns the device nodes of the volumes mounted or exposed, with their serials.
+func (v *volumes) held() map[string]string {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	devs := make(map[string]bool, len(v.byPath))
+	devs := make(map[string]string, len(v.byPath))
 	for _, vol := range v.byPath {
-		devs[vol.device] = true
+		devs[vol.device] = vol.serial
 	}
 	return devs
 }
@@ -598,29 +607,25 @@ func (v *volumes) growToDisk(ctx context.Context, dev, fsType, target string, fs
 	return true, nil
 }
 
-// waitDeviceSize waits up to wait for dev to report at least atLeast bytes and
-// returns its size.
+// waitDeviceSize waits up to wait for dev to report at least atLeast bytes and returns its size. It reads
+// the size again on each kernel uevent (a resized disk announces its new size), not on a clock.
 func waitDeviceSize(ctx context.Context, dev string, atLeast uint64, wait time.Duration) (uint64, error) {
 	sizeFile := filepath.Join("/sys/class/block", filepath.Base(dev), "size")
-	deadline := time.Now().Add(wait)
-	for {
+	var size uint64
+	err := onUevents(ctx, wait, func(bool) (bool, error) {
 		b, err := os.ReadFile(sizeFile)
 		if err != nil {
-			return 0, agentproto.Errorf(errdefs.ErrNotFound, "size of %s: %v", dev, err)
+			return false, agentproto.Errorf(errdefs.ErrNotFound, "size of %s: %v", dev, err)
 		}
 		sectors, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("size of %s: %v", dev, err)
+			return false, fmt.Errorf("size of %s: %v", dev, err)
 		}
-		if size := sectors * 512; size >= atLeast {
-			return size, nil
-		} else if time.Now().After(deadline) {
-			return 0, agentproto.Errorf(context.DeadlineExceeded, "%s is %d bytes, still under %d after %s", dev, size, atLeast, wait)
-		}
-		select {
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
+		size = sectors * 512
+		return size >= atLeast, nil
+	})
+	if errors.Is(err, errWaitPassed) {
+		return 0, agentproto.Errorf(context.DeadlineExceeded, "%s is %d bytes, still under %d after %s", dev, size, atLeast, wait)
 	}
+	return size, err
 }
