@@ -329,7 +329,9 @@ const (
 // host bridge and slot 31 the ICH9 LPC, SATA and SMBus functions, both built into the machine. The
 // virtio-serial controller takes slot 1 (function 0) with the random source (function 1); the hot-plug root ports take slots from firstPortSlot on, eight
 // to a slot, each slot's function 0 flagged multifunction; the shares' devices, placed by QEMU, take
-// the next free slots.
+// the next free slots. The ports reserve no I/O-port window (io-reserve=0): the disks hot-plugged into
+// them are virtio 1.0 devices, which a PCIe port gives no legacy I/O BAR, and the 64 KiB of port I/O
+// space runs out after about a dozen bridges that each reserve 4 KiB.
 const (
 	serialSlot    = 1
 	firstPortSlot = 2
@@ -383,7 +385,7 @@ func (c *Config) args(accel Accel) []string {
 		args = append(args, "-cpu", "host")
 	}
 	for i := range c.HotplugPorts {
-		port := fmt.Sprintf("pcie-root-port,id=%s%d,chassis=%d,bus=pcie.0,addr=%s", portPrefix, i, i+1, portAddr(i))
+		port := fmt.Sprintf("pcie-root-port,id=%s%d,chassis=%d,bus=pcie.0,addr=%s,io-reserve=0", portPrefix, i, i+1, portAddr(i))
 		if i%portsPerSlot == 0 {
 			port += ",multifunction=on"
 		}
