@@ -4,7 +4,6 @@ package guest
 
 import (
 	"context"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -99,12 +98,12 @@ func TestDiskCandidates(t *testing.T) {
 		{"the last look for a held one: it before the other held", "vol-c", held, true, []string{"vdb", "vdd", "vdc", "vda"}},
 		{"none held", "vol-new", nil, false, []string{"vda", "vdb", "vdc", "vdd"}},
 	} {
-		var got []string
-		for _, f := range diskCandidates(files, tc.held, tc.serial, tc.all) {
-			got = append(got, filepath.Base(filepath.Dir(f)))
+		var want []string
+		for _, name := range tc.want {
+			want = append(want, "/sys/block/"+name+"/serial")
 		}
-		if strings.Join(got, " ") != strings.Join(tc.want, " ") {
-			t.Errorf("%s: diskCandidates = %q, want %q", tc.name, got, tc.want)
+		if got := diskCandidates(files, tc.held, tc.serial, tc.all); strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Errorf("%s: diskCandidates = %q, want %q", tc.name, got, want)
 		}
 	}
 }
