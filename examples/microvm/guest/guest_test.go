@@ -84,26 +84,42 @@ func TestProcTableRun(t *testing.T) {
 }
 
 func TestDiskCandidates(t *testing.T) {
-	files := []string{"/sys/block/vda/serial", "/sys/block/vdb/serial", "/sys/block/vdc/serial", "/sys/block/vdd/serial"}
+	disks := []string{"vda", "vdb", "vdc", "vdd"}
 	held := map[string]string{"/dev/vda": "vol-a", "/dev/vdc": "vol-c", "/dev/vdz": "vol-z"}
 	for _, tc := range []struct {
 		name, serial string
 		held         map[string]string
 		all          bool
-		want         []string
+		want         string
 	}{
-		{"a new disk: the unheld ones only", "vol-new", held, false, []string{"vdb", "vdd"}},
-		{"a held disk asked again: it after the unheld", "vol-c", held, false, []string{"vdb", "vdd", "vdc"}},
-		{"the last look: every disk, held last", "vol-new", held, true, []string{"vdb", "vdd", "vda", "vdc"}},
-		{"the last look for a held one: it before the other held", "vol-c", held, true, []string{"vdb", "vdd", "vdc", "vda"}},
-		{"none held", "vol-new", nil, false, []string{"vda", "vdb", "vdc", "vdd"}},
+		{"a new disk: the unheld ones only", "vol-new", held, false, "vdb vdd"},
+		{"a held disk asked again: it after the unheld", "vol-c", held, false, "vdb vdd vdc"},
+		{"the last look: every disk, held last", "vol-new", held, true, "vdb vdd vda vdc"},
+		{"the last look for a held one: it before the other held", "vol-c", held, true, "vdb vdd vdc vda"},
+		{"none held", "vol-new", nil, false, "vda vdb vdc vdd"},
 	} {
-		var want []string
-		for _, name := range tc.want {
-			want = append(want, "/sys/block/"+name+"/serial")
+		if got := strings.Join(diskCandidates(disks, tc.held, tc.serial, tc.all), " "); got != tc.want {
+			t.Errorf("%s: diskCandidates = %q, want %q", tc.name, got, tc.want)
 		}
-		if got := diskCandidates(files, tc.held, tc.serial, tc.all); strings.Join(got, " ") != strings.Join(want, " ") {
-			t.Errorf("%s: diskCandidates = %q, want %q", tc.name, got, want)
+	}
+}
+
+func TestOfSubsystem(t *testing.T) {
+	msg := func(fields ...string) []byte { return []byte(strings.Join(fields, "\x00") + "\x00") }
+	for _, tc := range []struct {
+		msg       []byte
+		subsystem string
+		want      bool
+	}{
+		{msg("add@/devices/pci0000:00/0000:00:02.0/0000:01:00.0/virtio3/block/vdb", "ACTION=add", "SUBSYSTEM=block", "DEVNAME=vdb"), "block", true},
+		{msg("add@/devices/pci0000:00/0000:00:02.0/0000:01:00.0", "ACTION=add", "SUBSYSTEM=pci"), "block", false},
+		{msg("change@/devices/virtio-ports/vport1p1", "ACTION=change", "SUBSYSTEM=virtio-ports"), "virtio-ports", true},
+		{msg("add@/devices/x", "ACTION=add", "SUBSYSTEM=blocks"), "block", false},
+		{msg("add@/devices/x", "DEVNAME=SUBSYSTEM=block"), "block", false},
+		{nil, "block", false},
+	} {
+		if got := ofSubsystem(tc.msg, tc.subsystem); got != tc.want {
+			t.Errorf("ofSubsystem(%q, %q) = %v, want %v", tc.msg, tc.subsystem, got, tc.want)
 		}
 	}
 }

@@ -83,7 +83,7 @@ func findPort(name string, wait time.Duration, mods *moduleLoader) (string, erro
 		}
 	}()
 	var dev string
-	err := onUevents(ctx, wait, func(bool) (ok bool, err error) {
+	err := onUevents(ctx, wait, "virtio-ports", func(bool) (ok bool, err error) {
 		if dev, ok = portDevice(name); ok {
 			return true, nil
 		}

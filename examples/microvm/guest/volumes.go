@@ -122,6 +122,7 @@ func (v *volumes) mount(ctx context.Context, args *agentv1.MountRequest) (*agent
 	}
 	v.op.Lock()
 	defer v.op.Unlock()
+	start := time.Now()
 	var dev string
 	if args.PmemAddress != 0 {
 		dev, err = waitPmem(ctx, args.PmemAddress, wait)
@@ -132,6 +133,7 @@ func (v *volumes) mount(ctx context.Context, args *agentv1.MountRequest) (*agent
 	if err != nil {
 		return nil, err
 	}
+	found := time.Since(start)
 	res := &agentv1.MountResponse{Device: dev}
 
 	// Already mounted there? Then it is the same disk or a conflict.
@@ -203,7 +205,8 @@ func (v *volumes) mount(ctx context.Context, args *agentv1.MountRequest) (*agent
 		}
 	}
 	v.set(args.Target, &volume{serial: args.Serial, device: dev, fsType: args.FsType, readOnly: args.ReadOnly})
-	logger.Printf("mounted %s (serial %s, %s) on %s", dev, args.Serial, args.FsType, args.Target)
+	logger.Printf("mounted %s (serial %s, %s) on %s in %d ms, %d ms of it waiting for the device", dev, args.Serial,
+		args.FsType, args.Target, time.Since(start).Milliseconds(), found.Milliseconds())
 	return res, nil
 }
 
@@ -265,7 +268,7 @@ func waitPmem(ctx context.Context, addr uint64, wait time.Duration) (string, err
 // wait has passed (the error missing makes) or ctx ends.
 func waitDevice(ctx context.Context, wait time.Duration, find func(last bool) (string, bool), missing func() error) (string, error) {
 	var dev string
-	err := onUevents(ctx, wait, func(last bool) (ok bool, _ error) {
+	err := onUevents(ctx, wait, "block", func(last bool) (ok bool, _ error) {
 		dev, ok = find(last)
 		return ok, nil
 	})
@@ -308,16 +311,26 @@ func findPmem(addr uint64) (string, bool) {
 // waits for the disk to appear too: reading every disk made a mount's time grow with the disks attached
 // (docs/performance.md, "Many volumes").
 func findDisk(serial string, held map[string]string, last bool) (string, bool) {
-	files, _ := filepath.Glob("/sys/block/vd*/serial")
-	return firstWithAttr(diskCandidates(files, held, serial, last), serial)
+	entries, _ := os.ReadDir("/sys/block")
+	var disks []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "vd") {
+			disks = append(disks, e.Name())
+		}
+	}
+	var files []string
+	for _, name := range diskCandidates(disks, held, serial, last) {
+		files = append(files, "/sys/block/"+name+"/serial")
+	}
+	return firstWithAttr(files, serial)
 }
 
-// diskCandidates returns the serial files of /sys/block devices that may hold serial: those not in held
-// (by node, /dev/NAME), then the held ones whose serial is serial, then, when all is set, the other held
-// ones; the order of files is otherwise kept.
-func diskCandidates(files []string, held map[string]string, serial string, all bool) []string {
-	rank := func(f string) int {
-		s, ok := held["/dev/"+filepath.Base(filepath.Dir(f))]
+// diskCandidates returns the names among disks (such as vda) that may hold serial: those whose node
+// (/dev/NAME) is not in held, then the held ones whose serial is serial, then, when all is set, the other
+// held ones; the order of disks is otherwise kept.
+func diskCandidates(disks []string, held map[string]string, serial string, all bool) []string {
+	rank := func(name string) int {
+		s, ok := held["/dev/"+name]
 		switch {
 		case !ok:
 			return 0
@@ -328,11 +341,11 @@ func diskCandidates(files []string, held map[string]string, serial string, all b
 		}
 		return -1
 	}
-	out := make([]string, 0, len(files))
+	out := make([]string, 0, len(disks))
 	for r := range 3 {
-		for _, f := range files {
-			if rank(f) == r {
-				out = append(out, f)
+		for _, name := range disks {
+			if rank(name) == r {
+				out = append(out, name)
 			}
 		}
 	}
@@ -612,7 +625,7 @@ func (v *volumes) growToDisk(ctx context.Context, dev, fsType, target string, fs
 func waitDeviceSize(ctx context.Context, dev string, atLeast uint64, wait time.Duration) (uint64, error) {
 	sizeFile := filepath.Join("/sys/class/block", filepath.Base(dev), "size")
 	var size uint64
-	err := onUevents(ctx, wait, func(bool) (bool, error) {
+	err := onUevents(ctx, wait, "block", func(bool) (bool, error) {
 		b, err := os.ReadFile(sizeFile)
 		if err != nil {
 			return false, agentproto.Errorf(errdefs.ErrNotFound, "size of %s: %v", dev, err)
