@@ -94,7 +94,7 @@ func (v *volumes) unexpose(target string) error {
 // of a block volume; nothing is used or available on a raw device), no inodes, and abnormal when the
 // disk is gone.
 func blockStatfs(vol *volume) *agentv1.StatfsResponse {
-	size, err := waitDeviceSize(context.Background(), vol.device, 0, 0)
+	size, err := deviceSize(vol.device)
 	if err != nil {
 		return &agentv1.StatfsResponse{Abnormal: true, Message: "device " + vol.device + " is gone"}
 	}

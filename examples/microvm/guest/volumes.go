@@ -607,7 +607,7 @@ func (v *volumes) growFS(ctx context.Context, fsType, dev, target string) error 
 // growToDisk grows the filesystem just mounted on target, of fsBytes in blocks of block bytes, to fill
 // dev when dev holds more than one block beyond it, and says whether it did.
 func (v *volumes) growToDisk(ctx context.Context, dev, fsType, target string, fsBytes, block uint64) (bool, error) {
-	size, err := waitDeviceSize(ctx, dev, 0, 0)
+	size, err := deviceSize(dev)
 	if err != nil || size <= fsBytes+block {
 		return false, err
 	}
@@ -623,22 +623,27 @@ func (v *volumes) growToDisk(ctx context.Context, dev, fsType, target string, fs
 // waitDeviceSize waits up to wait for dev to report at least atLeast bytes and returns its size. It reads
 // the size again on each kernel uevent (a resized disk announces its new size), not on a clock.
 func waitDeviceSize(ctx context.Context, dev string, atLeast uint64, wait time.Duration) (uint64, error) {
-	sizeFile := filepath.Join("/sys/class/block", filepath.Base(dev), "size")
 	var size uint64
-	err := onUevents(ctx, wait, "block", func(bool) (bool, error) {
-		b, err := os.ReadFile(sizeFile)
-		if err != nil {
-			return false, agentproto.Errorf(errdefs.ErrNotFound, "size of %s: %v", dev, err)
-		}
-		sectors, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil {
-			return false, fmt.Errorf("size of %s: %v", dev, err)
-		}
-		size = sectors * 512
-		return size >= atLeast, nil
+	err := onUevents(ctx, wait, "block", func(bool) (ok bool, err error) {
+		size, err = deviceSize(dev)
+		return err == nil && size >= atLeast, err
 	})
 	if errors.Is(err, errWaitPassed) {
 		return 0, agentproto.Errorf(context.DeadlineExceeded, "%s is %d bytes, still under %d after %s", dev, size, atLeast, wait)
 	}
 	return size, err
+}
+
+// deviceSize returns the size in bytes the kernel gives the block device dev now; a device that is gone
+// is ErrNotFound.
+func deviceSize(dev string) (uint64, error) {
+	b, err := os.ReadFile(filepath.Join("/sys/class/block", filepath.Base(dev), "size"))
+	if err != nil {
+		return 0, agentproto.Errorf(errdefs.ErrNotFound, "size of %s: %v", dev, err)
+	}
+	sectors, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("size of %s: %v", dev, err)
+	}
+	return sectors * 512, nil
 }
