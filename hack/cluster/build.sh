@@ -25,6 +25,12 @@ stamp() { echo "$BIN/.$1.version"; }
 fresh() { [ -x "$BIN/$1" ] && [ "$(cat "$(stamp "$1")" 2>/dev/null)" = "$2" ]; }
 mark() { echo "$2" >"$(stamp "$1")"; }
 
+# downloaded FIELD MODULE@VERSION: downloads the module and prints the path its `go mod download -json`
+# names under FIELD (Dir: the source; GoMod: its go.mod).
+downloaded() {
+	go mod download -json "$2" | sed -n "s/.*\"$1\": \"\(.*\)\".*/\1/p"
+}
+
 # k8s_module: the directory of a throwaway consumer module that requires k8s.io/kubernetes and replaces
 # each staging module it pins at v0.0.0 with its published v0.X.Y (made once).
 k8s_module() {
@@ -32,7 +38,7 @@ k8s_module() {
 	if [ ! -f "$mod/main.go" ]; then
 		mkdir -p "$mod"
 		local gomod
-		gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+		gomod=$(downloaded GoMod "k8s.io/kubernetes@$K8S_VERSION")
 		{
 			echo "module crust.dev/k8sbuild"
 			echo
@@ -71,7 +77,7 @@ build_kubernetes() {
 # its source names (test/images/agnhost/VERSION), which is the tag e2e.test expects of the image.
 build_agnhost() {
 	local version
-	version=$(cat "$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/test/images/agnhost/VERSION")
+	version=$(cat "$(downloaded Dir "k8s.io/kubernetes@$K8S_VERSION")/test/images/agnhost/VERSION")
 	fresh agnhost "$version" && return 0
 	echo "building agnhost $version"
 	(cd "$(k8s_module)" && go build -trimpath -ldflags "-s -w" -o "$BIN/agnhost" k8s.io/kubernetes/test/images/agnhost)
@@ -91,8 +97,7 @@ build_e2e_test() {
 # on several processes (make conformance).
 build_ginkgo() {
 	local version
-	version=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p' |
-		xargs sed -n 's#^[[:space:]]*github.com/onsi/ginkgo/v2 \(v[^ ]*\).*#\1#p')
+	version=$(downloaded GoMod "k8s.io/kubernetes@$K8S_VERSION" | xargs sed -n 's#^[[:space:]]*github.com/onsi/ginkgo/v2 \(v[^ ]*\).*#\1#p')
 	fresh ginkgo "$version" && return 0
 	echo "building ginkgo $version"
 	GOWORK=off GOBIN=$BIN go install "github.com/onsi/ginkgo/v2/ginkgo@$version"
@@ -105,7 +110,7 @@ build_copy() {
 	fresh "$name" "$version" && return 0
 	echo "building $name $version"
 	local dir
-	dir=$(go mod download -json "$module@$version" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+	dir=$(downloaded Dir "$module@$version")
 	rm -rf "$SRC/$name"
 	cp -r "$dir" "$SRC/$name"
 	chmod -R u+w "$SRC/$name"
