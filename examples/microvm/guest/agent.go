@@ -22,6 +22,7 @@ const (
 // agent serves AgentService.
 type agent struct {
 	start time.Time
+	mods  *moduleLoader
 	procs *procTable
 	vols  *volumes
 }
@@ -29,7 +30,7 @@ type agent struct {
 var _ agentv1.AgentServiceService = (*agent)(nil)
 
 func newAgent(start time.Time, procs *procTable, mods *moduleLoader) *agent {
-	return &agent{start: start, procs: procs, vols: newVolumes(procs, mods.wait)}
+	return &agent{start: start, mods: mods, procs: procs, vols: newVolumes(procs, mods.wait)}
 }
 
 // version is the agent's build's module version, or "devel".
@@ -40,13 +41,29 @@ func version() string {
 	return "devel"
 }
 
-func (a *agent) Health(context.Context, *agentv1.HealthRequest) (*agentv1.HealthResponse, error) {
+// Health answers how the agent is; with WaitStarted, once its start is over (a failed module load is
+// over too: the answer says started, and a mount answers the failure).
+func (a *agent) Health(ctx context.Context, r *agentv1.HealthRequest) (*agentv1.HealthResponse, error) {
+	if r.GetWaitStarted() {
+		select {
+		case <-a.mods.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	started := false
+	select {
+	case <-a.mods.done:
+		started = true
+	default:
+	}
 	var u unix.Utsname
 	_ = unix.Uname(&u)
 	return &agentv1.HealthResponse{
 		Version:      version(),
 		Kernel:       unix.ByteSliceToString(u.Release[:]),
 		UptimeMillis: time.Since(a.start).Milliseconds(),
+		Started:      started,
 	}, nil
 }
 

@@ -101,8 +101,9 @@ func (c *trackedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// Exec runs the command in the guest, for at most ExecTimeout.
-func (c *control) Exec(ctx context.Context, r *agentv1.ControlServiceExecRequest) (*agentv1.ControlServiceExecResponse, error) {
+// upAgent returns the connection to the guest agent, unless the VM is not up yet or the sandbox is
+// stopping.
+func (c *control) upAgent() (*agentproto.Client, error) {
 	agent := c.agent.Load()
 	if agent == nil {
 		return nil, agentproto.Errorf(errdefs.ErrFailedPrecondition, "the VM is not up yet")
@@ -112,6 +113,15 @@ func (c *control) Exec(ctx context.Context, r *agentv1.ControlServiceExecRequest
 		return nil, agentproto.Errorf(errdefs.ErrFailedPrecondition, "the sandbox is stopping")
 	default:
 	}
+	return agent, nil
+}
+
+// Exec runs the command in the guest, for at most ExecTimeout.
+func (c *control) Exec(ctx context.Context, r *agentv1.ControlServiceExecRequest) (*agentv1.ControlServiceExecResponse, error) {
+	agent, err := c.upAgent()
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, ExecTimeout+30*time.Second)
 	defer cancel()
 	res, err := agent.Exec(ctx, &agentv1.ExecRequest{Argv: r.GetArgv(), TimeoutMillis: ExecTimeout.Milliseconds()})
@@ -119,6 +129,19 @@ func (c *control) Exec(ctx context.Context, r *agentv1.ControlServiceExecRequest
 		return nil, err
 	}
 	return &agentv1.ControlServiceExecResponse{Result: res}, nil
+}
+
+// Health passes the request on to the guest agent.
+func (c *control) Health(ctx context.Context, r *agentv1.ControlServiceHealthRequest) (*agentv1.ControlServiceHealthResponse, error) {
+	agent, err := c.upAgent()
+	if err != nil {
+		return nil, err
+	}
+	res, err := agent.Health(ctx, r.GetRequest())
+	if err != nil {
+		return nil, err
+	}
+	return &agentv1.ControlServiceHealthResponse{Result: res}, nil
 }
 
 // Stop asks Run to tear the sandbox down and answers once it is done.
@@ -152,38 +175,52 @@ func dial(ctx context.Context, stateDir, name string) (agentv1.ControlServiceSer
 	return agentv1.NewControlServiceClient(c), func() { _ = c.Close() }, nil
 }
 
+// call makes one call (what) to the run process of sandbox name (whose state directory is under
+// stateDir) on a connection of its own; a sandbox that is not running is ErrNotRunning, and an empty
+// answer is an error.
+func call[R any](ctx context.Context, stateDir, name, what string, do func(agentv1.ControlServiceService) (*R, error)) (*R, error) {
+	ctl, closeConn, err := dial(ctx, stateDir, name)
+	if err != nil {
+		return nil, err
+	}
+	defer closeConn()
+	res, err := do(ctl)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	case res == nil:
+		return nil, fmt.Errorf("sandbox %s: empty answer to %s", name, what)
+	}
+	return res, nil
+}
+
 // Exec runs argv in the guest of the running sandbox name (whose state directory is under stateDir),
 // through its run process, for at most ExecTimeout. An error answered by the guest agent carries its
 // errdefs kind (a command not found is errdefs.ErrNotFound); a sandbox that is not running is
 // ErrNotRunning.
 func Exec(ctx context.Context, stateDir, name string, argv []string) (*agentv1.ExecResponse, error) {
-	ctl, closeConn, err := dial(ctx, stateDir, name)
-	if err != nil {
-		return nil, err
-	}
-	defer closeConn()
-	resp, err := ctl.Exec(ctx, &agentv1.ControlServiceExecRequest{Argv: argv})
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("sandbox %s: %w", name, err)
-	case resp.GetResult() == nil:
-		return nil, fmt.Errorf("sandbox %s: empty answer to exec", name)
-	}
-	return resp.GetResult(), nil
+	return call(ctx, stateDir, name, "exec", func(ctl agentv1.ControlServiceService) (*agentv1.ExecResponse, error) {
+		resp, err := ctl.Exec(ctx, &agentv1.ControlServiceExecRequest{Argv: argv})
+		return resp.GetResult(), err
+	})
+}
+
+// Health asks the guest agent of the running sandbox name how it is, through its run process; with
+// waitStarted it answers once the agent's start is over (its kernel modules loaded), which a caller timing
+// mounts waits for first. A sandbox that is not running is ErrNotRunning; one whose VM is not up yet
+// answers errdefs.ErrFailedPrecondition.
+func Health(ctx context.Context, stateDir, name string, waitStarted bool) (*agentv1.HealthResponse, error) {
+	return call(ctx, stateDir, name, "health", func(ctl agentv1.ControlServiceService) (*agentv1.HealthResponse, error) {
+		resp, err := ctl.Health(ctx, &agentv1.ControlServiceHealthRequest{Request: &agentv1.HealthRequest{WaitStarted: waitStarted}})
+		return resp.GetResult(), err
+	})
 }
 
 // stop sends the stop request to the run process of sandbox name and returns its answer.
 func stop(ctx context.Context, stateDir, name string) (*agentv1.StopResponse, error) {
-	ctl, closeConn, err := dial(ctx, stateDir, name)
-	if err != nil {
-		return nil, err
-	}
-	defer closeConn()
-	resp, err := ctl.Stop(ctx, &agentv1.StopRequest{})
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", name, err)
-	}
-	return resp, nil
+	return call(ctx, stateDir, name, "stop", func(ctl agentv1.ControlServiceService) (*agentv1.StopResponse, error) {
+		return ctl.Stop(ctx, &agentv1.StopRequest{})
+	})
 }
 
 // Stop stops the sandbox name and returns once its run process has exited, with the teardown's error if

@@ -128,6 +128,9 @@ func TestStateDir(t *testing.T) {
 	if _, err := Exec(context.Background(), parent, "sb", []string{"true"}); !errors.Is(err, ErrNotRunning) {
 		t.Errorf("Exec on a dead sandbox: %v", err)
 	}
+	if _, err := Health(context.Background(), parent, "sb", true); !errors.Is(err, ErrNotRunning) {
+		t.Errorf("Health on a dead sandbox: %v", err)
+	}
 }
 
 // A QEMU left by a dead run of the same state directory is killed, and gone, before the run starts; the
@@ -164,7 +167,7 @@ func TestStaleQEMUKilled(t *testing.T) {
 	}
 }
 
-// TestControl: exec before the VM is up is refused; Stop reaches the run side, waits for its teardown
+// TestControl: exec and health before the VM is up are refused; Stop reaches the run side, waits for its teardown
 // and returns its outcome.
 func TestControl(t *testing.T) {
 	parent := t.TempDir()
@@ -185,6 +188,9 @@ func TestControl(t *testing.T) {
 	_, err = Exec(context.Background(), parent, "sb", []string{"true"})
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("exec before boot: %v", err)
+	}
+	if _, err := Health(context.Background(), parent, "sb", true); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("health before boot: %v", err)
 	}
 
 	// The run side: on a stop request, tear down (here: nothing), answer, let the lock go.

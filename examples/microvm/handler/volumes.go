@@ -116,9 +116,13 @@ func (s *sandbox) keepAttached(ctx context.Context, v *volume) {
 // between a refused claim and the watch's start is not missed.
 func (s *sandbox) watch(ctx context.Context) {
 	allDone := errors.New("every volume is mounted")
-	warned := false
+	warned, synced := false, false
 	for ctx.Err() == nil && s.pending() {
 		err := s.crust.Watch(ctx, true, func(ev *crustv1.WatchVolumesResponse) error {
+			if ev.GetType() == crustv1.EventType_EVENT_TYPE_SYNCED && !synced {
+				s.log.Info("watching crustd")
+				synced = true
+			}
 			target := ev.GetVolume().GetSpec().GetVolumeTargetPath()
 			if v := s.byTarget[target]; v != nil {
 				// The end of this sandbox's own claim (its release of a volume it could not attach) is no

@@ -452,8 +452,11 @@ func TestAutoAccel(t *testing.T) {
 	if b.Accel == AccelTCG && b.Fallback == "" {
 		t.Error("fell back to TCG without a reason")
 	}
-	if _, err := v.Agent().Health(context.Background(), &agentv1.HealthRequest{}); err != nil {
+	// Asked to wait, the agent answers once its kernel modules are loaded.
+	if h, err := v.Agent().Health(context.Background(), &agentv1.HealthRequest{WaitStarted: true}); err != nil {
 		t.Fatal(err)
+	} else if !h.GetStarted() {
+		t.Errorf("health after waiting for the start: %v", h)
 	}
 	if err := v.Stop(context.Background()); err != nil {
 		t.Fatal(err)

@@ -87,9 +87,12 @@ func (FsGroupPolicy) EnumDescriptor() ([]byte, []int) {
 	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{0}
 }
 
-// HealthRequest has no fields.
+// HealthRequest says whether to wait for the agent's start to be over.
 type HealthRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Answer only once the agent's start is over (its kernel modules loaded, which a mount waits for too),
+	// or when the call ends. A caller that times mounts asks this first, so that it does not time the start.
+	WaitStarted   bool `protobuf:"varint,1,opt,name=wait_started,json=waitStarted,proto3" json:"wait_started,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -124,6 +127,13 @@ func (*HealthRequest) Descriptor() ([]byte, []int) {
 	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{0}
 }
 
+func (x *HealthRequest) GetWaitStarted() bool {
+	if x != nil {
+		return x.WaitStarted
+	}
+	return false
+}
+
 // HealthResponse says what is serving.
 type HealthResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -132,7 +142,10 @@ type HealthResponse struct {
 	// The guest kernel's release (uname -r).
 	Kernel string `protobuf:"bytes,2,opt,name=kernel,proto3" json:"kernel,omitempty"`
 	// The time since the agent started, in milliseconds.
-	UptimeMillis  int64 `protobuf:"varint,3,opt,name=uptime_millis,json=uptimeMillis,proto3" json:"uptime_millis,omitempty"`
+	UptimeMillis int64 `protobuf:"varint,3,opt,name=uptime_millis,json=uptimeMillis,proto3" json:"uptime_millis,omitempty"`
+	// Whether the agent's start is over: its kernel modules loaded, or loading them failed (a mount then
+	// answers why).
+	Started       bool `protobuf:"varint,4,opt,name=started,proto3" json:"started,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -186,6 +199,13 @@ func (x *HealthResponse) GetUptimeMillis() int64 {
 		return x.UptimeMillis
 	}
 	return 0
+}
+
+func (x *HealthResponse) GetStarted() bool {
+	if x != nil {
+		return x.Started
+	}
+	return false
 }
 
 // MountRequest names a hot-plugged disk and where and how to mount it.
@@ -1086,6 +1106,98 @@ func (x *ControlServiceExecResponse) GetResult() *ExecResponse {
 	return nil
 }
 
+// ControlServiceHealthRequest is the agent's health request.
+type ControlServiceHealthRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What to ask the agent.
+	Request       *HealthRequest `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ControlServiceHealthRequest) Reset() {
+	*x = ControlServiceHealthRequest{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ControlServiceHealthRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ControlServiceHealthRequest) ProtoMessage() {}
+
+func (x *ControlServiceHealthRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ControlServiceHealthRequest.ProtoReflect.Descriptor instead.
+func (*ControlServiceHealthRequest) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ControlServiceHealthRequest) GetRequest() *HealthRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+// ControlServiceHealthResponse is the agent's answer.
+type ControlServiceHealthResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How the agent is.
+	Result        *HealthResponse `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ControlServiceHealthResponse) Reset() {
+	*x = ControlServiceHealthResponse{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ControlServiceHealthResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ControlServiceHealthResponse) ProtoMessage() {}
+
+func (x *ControlServiceHealthResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ControlServiceHealthResponse.ProtoReflect.Descriptor instead.
+func (*ControlServiceHealthResponse) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ControlServiceHealthResponse) GetResult() *HealthResponse {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
 // StopRequest has no fields.
 type StopRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1095,7 +1207,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1107,7 +1219,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1120,7 +1232,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 // StopResponse says how the teardown went.
@@ -1134,7 +1246,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1146,7 +1258,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1159,7 +1271,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StopResponse) GetTeardownError() string {
@@ -1173,12 +1285,14 @@ var File_crust_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_crust_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1acrust/agent/v1/agent.proto\x12\x0ecrust.agent.v1\"\x0f\n" +
-	"\rHealthRequest\"g\n" +
+	"\x1acrust/agent/v1/agent.proto\x12\x0ecrust.agent.v1\"2\n" +
+	"\rHealthRequest\x12!\n" +
+	"\fwait_started\x18\x01 \x01(\bR\vwaitStarted\"\x81\x01\n" +
 	"\x0eHealthResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
 	"\x06kernel\x18\x02 \x01(\tR\x06kernel\x12#\n" +
-	"\ruptime_millis\x18\x03 \x01(\x03R\fuptimeMillis\"\x96\x03\n" +
+	"\ruptime_millis\x18\x03 \x01(\x03R\fuptimeMillis\x12\x18\n" +
+	"\astarted\x18\x04 \x01(\bR\astarted\"\x96\x03\n" +
 	"\fMountRequest\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12!\n" +
 	"\fpmem_address\x18\x02 \x01(\x04R\vpmemAddress\x12\x17\n" +
@@ -1233,7 +1347,11 @@ const file_crust_agent_v1_agent_proto_rawDesc = "" +
 	"\x19ControlServiceExecRequest\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\"R\n" +
 	"\x1aControlServiceExecResponse\x124\n" +
-	"\x06result\x18\x01 \x01(\v2\x1c.crust.agent.v1.ExecResponseR\x06result\"\r\n" +
+	"\x06result\x18\x01 \x01(\v2\x1c.crust.agent.v1.ExecResponseR\x06result\"V\n" +
+	"\x1bControlServiceHealthRequest\x127\n" +
+	"\arequest\x18\x01 \x01(\v2\x1d.crust.agent.v1.HealthRequestR\arequest\"V\n" +
+	"\x1cControlServiceHealthResponse\x126\n" +
+	"\x06result\x18\x01 \x01(\v2\x1e.crust.agent.v1.HealthResponseR\x06result\"\r\n" +
 	"\vStopRequest\"5\n" +
 	"\fStopResponse\x12%\n" +
 	"\x0eteardown_error\x18\x01 \x01(\tR\rteardownError*r\n" +
@@ -1248,9 +1366,10 @@ const file_crust_agent_v1_agent_proto_rawDesc = "" +
 	"\x06Statfs\x12\x1d.crust.agent.v1.StatfsRequest\x1a\x1e.crust.agent.v1.StatfsResponse\x12A\n" +
 	"\x04Grow\x12\x1b.crust.agent.v1.GrowRequest\x1a\x1c.crust.agent.v1.GrowResponse\x12A\n" +
 	"\x04Exec\x12\x1b.crust.agent.v1.ExecRequest\x1a\x1c.crust.agent.v1.ExecResponse\x12M\n" +
-	"\bShutdown\x12\x1f.crust.agent.v1.ShutdownRequest\x1a .crust.agent.v1.ShutdownResponse2\xb2\x01\n" +
+	"\bShutdown\x12\x1f.crust.agent.v1.ShutdownRequest\x1a .crust.agent.v1.ShutdownResponse2\x97\x02\n" +
 	"\x0eControlService\x12]\n" +
-	"\x04Exec\x12).crust.agent.v1.ControlServiceExecRequest\x1a*.crust.agent.v1.ControlServiceExecResponse\x12A\n" +
+	"\x04Exec\x12).crust.agent.v1.ControlServiceExecRequest\x1a*.crust.agent.v1.ControlServiceExecResponse\x12c\n" +
+	"\x06Health\x12+.crust.agent.v1.ControlServiceHealthRequest\x1a,.crust.agent.v1.ControlServiceHealthResponse\x12A\n" +
 	"\x04Stop\x12\x1b.crust.agent.v1.StopRequest\x1a\x1c.crust.agent.v1.StopResponseB=Z;crust.dev/crust/examples/microvm/agentproto/agentv1;agentv1b\x06proto3"
 
 var (
@@ -1266,57 +1385,63 @@ func file_crust_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_crust_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_crust_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_crust_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_crust_agent_v1_agent_proto_goTypes = []any{
-	(FsGroupPolicy)(0),                 // 0: crust.agent.v1.FsGroupPolicy
-	(*HealthRequest)(nil),              // 1: crust.agent.v1.HealthRequest
-	(*HealthResponse)(nil),             // 2: crust.agent.v1.HealthResponse
-	(*MountRequest)(nil),               // 3: crust.agent.v1.MountRequest
-	(*MountResponse)(nil),              // 4: crust.agent.v1.MountResponse
-	(*UnmountRequest)(nil),             // 5: crust.agent.v1.UnmountRequest
-	(*UnmountResponse)(nil),            // 6: crust.agent.v1.UnmountResponse
-	(*StatfsRequest)(nil),              // 7: crust.agent.v1.StatfsRequest
-	(*Usage)(nil),                      // 8: crust.agent.v1.Usage
-	(*StatfsResponse)(nil),             // 9: crust.agent.v1.StatfsResponse
-	(*GrowRequest)(nil),                // 10: crust.agent.v1.GrowRequest
-	(*GrowResponse)(nil),               // 11: crust.agent.v1.GrowResponse
-	(*ExecRequest)(nil),                // 12: crust.agent.v1.ExecRequest
-	(*ExecResponse)(nil),               // 13: crust.agent.v1.ExecResponse
-	(*ShutdownRequest)(nil),            // 14: crust.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),           // 15: crust.agent.v1.ShutdownResponse
-	(*ControlServiceExecRequest)(nil),  // 16: crust.agent.v1.ControlServiceExecRequest
-	(*ControlServiceExecResponse)(nil), // 17: crust.agent.v1.ControlServiceExecResponse
-	(*StopRequest)(nil),                // 18: crust.agent.v1.StopRequest
-	(*StopResponse)(nil),               // 19: crust.agent.v1.StopResponse
+	(FsGroupPolicy)(0),                   // 0: crust.agent.v1.FsGroupPolicy
+	(*HealthRequest)(nil),                // 1: crust.agent.v1.HealthRequest
+	(*HealthResponse)(nil),               // 2: crust.agent.v1.HealthResponse
+	(*MountRequest)(nil),                 // 3: crust.agent.v1.MountRequest
+	(*MountResponse)(nil),                // 4: crust.agent.v1.MountResponse
+	(*UnmountRequest)(nil),               // 5: crust.agent.v1.UnmountRequest
+	(*UnmountResponse)(nil),              // 6: crust.agent.v1.UnmountResponse
+	(*StatfsRequest)(nil),                // 7: crust.agent.v1.StatfsRequest
+	(*Usage)(nil),                        // 8: crust.agent.v1.Usage
+	(*StatfsResponse)(nil),               // 9: crust.agent.v1.StatfsResponse
+	(*GrowRequest)(nil),                  // 10: crust.agent.v1.GrowRequest
+	(*GrowResponse)(nil),                 // 11: crust.agent.v1.GrowResponse
+	(*ExecRequest)(nil),                  // 12: crust.agent.v1.ExecRequest
+	(*ExecResponse)(nil),                 // 13: crust.agent.v1.ExecResponse
+	(*ShutdownRequest)(nil),              // 14: crust.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),             // 15: crust.agent.v1.ShutdownResponse
+	(*ControlServiceExecRequest)(nil),    // 16: crust.agent.v1.ControlServiceExecRequest
+	(*ControlServiceExecResponse)(nil),   // 17: crust.agent.v1.ControlServiceExecResponse
+	(*ControlServiceHealthRequest)(nil),  // 18: crust.agent.v1.ControlServiceHealthRequest
+	(*ControlServiceHealthResponse)(nil), // 19: crust.agent.v1.ControlServiceHealthResponse
+	(*StopRequest)(nil),                  // 20: crust.agent.v1.StopRequest
+	(*StopResponse)(nil),                 // 21: crust.agent.v1.StopResponse
 }
 var file_crust_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: crust.agent.v1.MountRequest.fs_group_policy:type_name -> crust.agent.v1.FsGroupPolicy
 	8,  // 1: crust.agent.v1.StatfsResponse.bytes:type_name -> crust.agent.v1.Usage
 	8,  // 2: crust.agent.v1.StatfsResponse.inodes:type_name -> crust.agent.v1.Usage
 	13, // 3: crust.agent.v1.ControlServiceExecResponse.result:type_name -> crust.agent.v1.ExecResponse
-	1,  // 4: crust.agent.v1.AgentService.Health:input_type -> crust.agent.v1.HealthRequest
-	3,  // 5: crust.agent.v1.AgentService.Mount:input_type -> crust.agent.v1.MountRequest
-	5,  // 6: crust.agent.v1.AgentService.Unmount:input_type -> crust.agent.v1.UnmountRequest
-	7,  // 7: crust.agent.v1.AgentService.Statfs:input_type -> crust.agent.v1.StatfsRequest
-	10, // 8: crust.agent.v1.AgentService.Grow:input_type -> crust.agent.v1.GrowRequest
-	12, // 9: crust.agent.v1.AgentService.Exec:input_type -> crust.agent.v1.ExecRequest
-	14, // 10: crust.agent.v1.AgentService.Shutdown:input_type -> crust.agent.v1.ShutdownRequest
-	16, // 11: crust.agent.v1.ControlService.Exec:input_type -> crust.agent.v1.ControlServiceExecRequest
-	18, // 12: crust.agent.v1.ControlService.Stop:input_type -> crust.agent.v1.StopRequest
-	2,  // 13: crust.agent.v1.AgentService.Health:output_type -> crust.agent.v1.HealthResponse
-	4,  // 14: crust.agent.v1.AgentService.Mount:output_type -> crust.agent.v1.MountResponse
-	6,  // 15: crust.agent.v1.AgentService.Unmount:output_type -> crust.agent.v1.UnmountResponse
-	9,  // 16: crust.agent.v1.AgentService.Statfs:output_type -> crust.agent.v1.StatfsResponse
-	11, // 17: crust.agent.v1.AgentService.Grow:output_type -> crust.agent.v1.GrowResponse
-	13, // 18: crust.agent.v1.AgentService.Exec:output_type -> crust.agent.v1.ExecResponse
-	15, // 19: crust.agent.v1.AgentService.Shutdown:output_type -> crust.agent.v1.ShutdownResponse
-	17, // 20: crust.agent.v1.ControlService.Exec:output_type -> crust.agent.v1.ControlServiceExecResponse
-	19, // 21: crust.agent.v1.ControlService.Stop:output_type -> crust.agent.v1.StopResponse
-	13, // [13:22] is the sub-list for method output_type
-	4,  // [4:13] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	1,  // 4: crust.agent.v1.ControlServiceHealthRequest.request:type_name -> crust.agent.v1.HealthRequest
+	2,  // 5: crust.agent.v1.ControlServiceHealthResponse.result:type_name -> crust.agent.v1.HealthResponse
+	1,  // 6: crust.agent.v1.AgentService.Health:input_type -> crust.agent.v1.HealthRequest
+	3,  // 7: crust.agent.v1.AgentService.Mount:input_type -> crust.agent.v1.MountRequest
+	5,  // 8: crust.agent.v1.AgentService.Unmount:input_type -> crust.agent.v1.UnmountRequest
+	7,  // 9: crust.agent.v1.AgentService.Statfs:input_type -> crust.agent.v1.StatfsRequest
+	10, // 10: crust.agent.v1.AgentService.Grow:input_type -> crust.agent.v1.GrowRequest
+	12, // 11: crust.agent.v1.AgentService.Exec:input_type -> crust.agent.v1.ExecRequest
+	14, // 12: crust.agent.v1.AgentService.Shutdown:input_type -> crust.agent.v1.ShutdownRequest
+	16, // 13: crust.agent.v1.ControlService.Exec:input_type -> crust.agent.v1.ControlServiceExecRequest
+	18, // 14: crust.agent.v1.ControlService.Health:input_type -> crust.agent.v1.ControlServiceHealthRequest
+	20, // 15: crust.agent.v1.ControlService.Stop:input_type -> crust.agent.v1.StopRequest
+	2,  // 16: crust.agent.v1.AgentService.Health:output_type -> crust.agent.v1.HealthResponse
+	4,  // 17: crust.agent.v1.AgentService.Mount:output_type -> crust.agent.v1.MountResponse
+	6,  // 18: crust.agent.v1.AgentService.Unmount:output_type -> crust.agent.v1.UnmountResponse
+	9,  // 19: crust.agent.v1.AgentService.Statfs:output_type -> crust.agent.v1.StatfsResponse
+	11, // 20: crust.agent.v1.AgentService.Grow:output_type -> crust.agent.v1.GrowResponse
+	13, // 21: crust.agent.v1.AgentService.Exec:output_type -> crust.agent.v1.ExecResponse
+	15, // 22: crust.agent.v1.AgentService.Shutdown:output_type -> crust.agent.v1.ShutdownResponse
+	17, // 23: crust.agent.v1.ControlService.Exec:output_type -> crust.agent.v1.ControlServiceExecResponse
+	19, // 24: crust.agent.v1.ControlService.Health:output_type -> crust.agent.v1.ControlServiceHealthResponse
+	21, // 25: crust.agent.v1.ControlService.Stop:output_type -> crust.agent.v1.StopResponse
+	16, // [16:26] is the sub-list for method output_type
+	6,  // [6:16] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_crust_agent_v1_agent_proto_init() }
@@ -1331,7 +1456,7 @@ func file_crust_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crust_agent_v1_agent_proto_rawDesc), len(file_crust_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

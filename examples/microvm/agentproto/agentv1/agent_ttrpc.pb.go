@@ -141,6 +141,7 @@ func (c *agentserviceClient) Shutdown(ctx context.Context, req *ShutdownRequest)
 
 type ControlServiceService interface {
 	Exec(context.Context, *ControlServiceExecRequest) (*ControlServiceExecResponse, error)
+	Health(context.Context, *ControlServiceHealthRequest) (*ControlServiceHealthResponse, error)
 	Stop(context.Context, *StopRequest) (*StopResponse, error)
 }
 
@@ -153,6 +154,13 @@ func RegisterControlServiceService(srv *ttrpc.Server, svc ControlServiceService)
 					return nil, err
 				}
 				return svc.Exec(ctx, &req)
+			},
+			"Health": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ControlServiceHealthRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Health(ctx, &req)
 			},
 			"Stop": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req StopRequest
@@ -178,6 +186,14 @@ func NewControlServiceClient(client *ttrpc.Client) ControlServiceService {
 func (c *controlserviceClient) Exec(ctx context.Context, req *ControlServiceExecRequest) (*ControlServiceExecResponse, error) {
 	var resp ControlServiceExecResponse
 	if err := c.client.Call(ctx, "crust.agent.v1.ControlService", "Exec", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *controlserviceClient) Health(ctx context.Context, req *ControlServiceHealthRequest) (*ControlServiceHealthResponse, error) {
+	var resp ControlServiceHealthResponse
+	if err := c.client.Call(ctx, "crust.agent.v1.ControlService", "Health", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
