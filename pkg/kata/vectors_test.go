@@ -2,7 +2,6 @@ package kata
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -68,15 +67,6 @@ func assertVolumeDir(t *testing.T, dir, name string, files map[string]string) {
 	}
 }
 
-func mustJSON(t *testing.T, v any) string {
-	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
 // TestVectorsWrite: Add lays down exactly the directory and files Kata does, and keeps the sandbox file a
 // shim recorded when it adds again.
 func TestVectorsWrite(t *testing.T) {
@@ -131,7 +121,7 @@ func TestVectorsRead(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got, want := mustJSON(t, info), mustJSON(t, katatest.ReadBack[MountInfo](t, v)); got != want {
+			if got, want := katatest.MustJSON(t, info), katatest.MustJSON(t, katatest.ReadBack[MountInfo](t, v)); got != want {
 				t.Errorf("Get:\n got %s\nwant %s", got, want)
 			}
 			ids, err := SandboxIDs(dir, v.VolumePath)
@@ -150,7 +140,7 @@ func TestVectorsRead(t *testing.T) {
 				t.Fatal(err)
 			}
 			if len(vols) != 1 || vols[0].Path != v.VolumePath || !slices.Equal(vols[0].SandboxIDs, ids) ||
-				mustJSON(t, vols[0].MountInfo) != mustJSON(t, katatest.ReadBack[MountInfo](t, v)) {
+				katatest.MustJSON(t, vols[0].MountInfo) != katatest.MustJSON(t, katatest.ReadBack[MountInfo](t, v)) {
 				t.Errorf("List = %+v", vols)
 			}
 		})

@@ -30,15 +30,6 @@ func readBack(t *testing.T, v katatest.Vector) *kata.MountInfo {
 	return info
 }
 
-func mustJSON(t *testing.T, v any) string {
-	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
 // run executes the command in-process, as crustctl would, and returns what it printed.
 func run(t *testing.T, args ...string) (string, error) {
 	t.Helper()
@@ -92,8 +83,8 @@ func TestVectors(t *testing.T) {
 					t.Fatal(err)
 				}
 				if got.VolumePath != v.VolumePath || !slices.Equal(got.SandboxIDs, wantIDs) ||
-					mustJSON(t, got.MountInfo) != mustJSON(t, readBack(t, v)) {
-					t.Errorf("get -o %q = %+v, want %s and sandboxes %q", format, got, mustJSON(t, readBack(t, v)), wantIDs)
+					katatest.MustJSON(t, got.MountInfo) != katatest.MustJSON(t, readBack(t, v)) {
+					t.Errorf("get -o %q = %+v, want %s and sandboxes %q", format, got, katatest.MustJSON(t, readBack(t, v)), wantIDs)
 				}
 			}
 			table := mustRun(t, "get", "--kata-dir", dir, "--volume-path", v.VolumePath, "-o", "table")

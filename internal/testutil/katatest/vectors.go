@@ -63,7 +63,13 @@ func Input[T any](t testing.TB, v Vector) string {
 	if v.RawInput != nil {
 		return *v.RawInput
 	}
-	b, err := json.Marshal(decode[T](t, v.MountInfo))
+	return MustJSON(t, decode[T](t, v.MountInfo))
+}
+
+// MustJSON is v's encoding/json, as Kata's Go encodes its structs; an error fails t.
+func MustJSON(t testing.TB, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
 	if err != nil {
 		t.Fatal(err)
 	}
