@@ -39,6 +39,10 @@ const (
 //     tmpfs. At least 50.
 //   - control/throughput-8-vs-kata-lib and -32-: pairs a second from 8 and 32 concurrent clients, each on
 //     volumes of its own, over the Kata library's pairs a second from as many goroutines. At least 0.35.
+//     Its ceiling, measured in the same round: control/throughput-8-ceiling-vs-kata-lib and -32-, the
+//     same clients making two empty round trips to crustd's process (its health service) instead of a
+//     pair, which is what the fastest daemon reached over gRPC would do; and control/throughput-8-vs-ceiling
+//     and -32-, crust's pairs a second over those.
 func BenchmarkPair(b *testing.B) {
 	ctx := context.Background()
 	tmpfs := dirOn(b, tmpfsMagic, "tmpfs")
@@ -53,7 +57,15 @@ func BenchmarkPair(b *testing.B) {
 		e.stage(ctx, b, spec)
 		e.unstage(ctx, b, spec)
 	}
-	var vsLib, vsFloor, cli, tp8, tp32, pairUs, libUs, floorUs, ext4Scale, crustdRTT, vsRTT []float64
+	emptyPair := func() {
+		for range 2 {
+			if _, err := fast.health.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	var vsLib, vsFloor, cli, pairUs, libUs, floorUs, ext4Scale, crustdRTT, vsRTT []float64
+	var tp8, tp32, ceil8, ceil32, vsCeil8, vsCeil32 []float64
 	round := 0
 	for b.Loop() {
 		first := round%2 == 0
@@ -63,11 +75,7 @@ func BenchmarkPair(b *testing.B) {
 			func() time.Duration { return timeEach(tmpfsPairs, func(i int) { lib.pair(b, fast.specs[i]) }) })
 		vsLib, pairUs, libUs = append(vsLib, ratio(c, k)), append(pairUs, us(c)), append(libUs, us(k))
 		// The floor of any daemon: two empty round trips to crustd's process, measured just after.
-		rtt := timeEach(tmpfsPairs, func(int) {
-			if _, err := fast.health.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
-				b.Fatal(err)
-			}
-		})
+		rtt := timeEach(tmpfsPairs, func(int) { emptyPair() }) / 2
 		crustdRTT, vsRTT = append(crustdRTT, us(rtt)), append(vsRTT, ratio(c, 2*rtt))
 		c, f := sideBySide(first,
 			func() time.Duration { return timeEach(ext4Pairs, func(i int) { crustPair(durable, durable.specs[i]) }) },
@@ -78,9 +86,9 @@ func BenchmarkPair(b *testing.B) {
 			func() time.Duration { return timeEach(cliPairs, func(i int) { cliPair(b, cliKata, fast.specs[i]) }) })
 		cli = append(cli, ratio(p, c))
 		for _, tc := range []struct {
-			clients int
-			into    *[]float64
-		}{{8, &tp8}, {32, &tp32}} {
+			clients             int
+			vsLib, ceil, vsCeil *[]float64
+		}{{8, &tp8, &ceil8, &vsCeil8}, {32, &tp32, &ceil32, &vsCeil32}} {
 			// Throughput is the inverse of the time per pair: crust's over the library's is the library's
 			// time over crust's.
 			c, k := sideBySide(first,
@@ -90,7 +98,8 @@ func BenchmarkPair(b *testing.B) {
 				func() time.Duration {
 					return concurrently(tc.clients, concurrentPairs, func(i int) { lib.pair(b, fast.specs[i]) })
 				})
-			*tc.into = append(*tc.into, ratio(k, c))
+			e := concurrently(tc.clients, concurrentPairs, func(int) { emptyPair() })
+			*tc.vsLib, *tc.ceil, *tc.vsCeil = append(*tc.vsLib, ratio(k, c)), append(*tc.ceil, ratio(k, e)), append(*tc.vsCeil, ratio(e, c))
 		}
 		// On ext4, clients that commit together share directory fsyncs (safedir.Dir.Sync).
 		one, eight := sideBySide(first,
@@ -113,6 +122,10 @@ func BenchmarkPair(b *testing.B) {
 	record(b, "control/cli-vs-pair", cli)
 	record(b, "control/throughput-8-vs-kata-lib", tp8)
 	record(b, "control/throughput-32-vs-kata-lib", tp32)
+	record(b, "control/throughput-8-ceiling-vs-kata-lib", ceil8)
+	record(b, "control/throughput-32-ceiling-vs-kata-lib", ceil32)
+	record(b, "control/throughput-8-vs-ceiling", vsCeil8)
+	record(b, "control/throughput-32-vs-ceiling", vsCeil32)
 	record(b, "control/throughput-8-vs-1-ext4", ext4Scale)
 }
 
