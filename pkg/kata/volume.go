@@ -405,7 +405,7 @@ func (d *Dir) writeMountInfo(name string, data []byte) error {
 		defer func() { _ = tmp.RemoveAll(staging) }() // finds nothing after the rename
 		// The staging directory is unseen until it is renamed into place, so the file is written in it
 		// directly.
-		err = writeNew(stage, MountInfoFileName, data, d.durable)
+		err = stage.WriteNew(MountInfoFileName, data, fileMode, d.durable)
 		_ = stage.Close()
 		if err != nil {
 			return err
@@ -427,22 +427,6 @@ func (d *Dir) writeMountInfo(name string, data []byte) error {
 		}
 		return d.d.Sync()
 	})
-}
-
-// writeNew creates the file name in dir with data, fsyncing it and dir when durable.
-func writeNew(dir *safedir.Dir, name string, data []byte, durable bool) error {
-	f, err := dir.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, fileMode)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil && durable {
-		err = f.Sync()
-	}
-	if err = errors.Join(err, f.Close()); err != nil || !durable {
-		return err
-	}
-	return dir.Sync()
 }
 
 // replaceMountInfo atomically replaces the mountInfo.json of the volume directory vol with data,

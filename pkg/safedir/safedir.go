@@ -26,6 +26,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -47,9 +48,10 @@ const resolve = unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH | unix.RESOLVE_N
 
 // Dir is an open directory. Its methods may be called concurrently; Close must come last.
 type Dir struct {
-	f    *os.File
-	path string // for messages only
-	sync syncGroup
+	fd     int         // the open directory (a bare descriptor: no os.File, whose set-up costs system calls)
+	closed atomic.Bool // so that a second Close cannot close a descriptor reused since
+	path   string      // for messages only
+	sync   syncGroup
 }
 
 // Open opens the existing directory at path. The last element of path must not be a symbolic link.
@@ -64,7 +66,7 @@ func Open(path string) (*Dir, error) {
 	if err != nil {
 		return nil, pathErr("open", path, err, true)
 	}
-	return &Dir{f: os.NewFile(uintptr(fd), path), path: path}, nil
+	return &Dir{fd: fd, path: path}, nil
 }
 
 // OpenOwned opens the directory at path for a daemon's own state: it creates it (mode 0700, its parent
@@ -106,8 +108,16 @@ func (d *Dir) Path() string { return d.path }
 // Join returns the path of the entry name, for messages.
 func (d *Dir) Join(name string) string { return filepath.Join(d.path, name) }
 
-// Close closes the directory.
-func (d *Dir) Close() error { return d.f.Close() }
+// Close closes the directory. A second Close is an error wrapping fs.ErrClosed.
+func (d *Dir) Close() error {
+	if d.closed.Swap(true) {
+		return pathErr("close", d.path, fs.ErrClosed, false)
+	}
+	if err := unix.Close(d.fd); err != nil {
+		return pathErr("close", d.path, err, false)
+	}
+	return nil
+}
 
 // Sync makes the creations, renames and removals of entries made before it was called durable: it
 // returns once an fsync of the directory that began after the call has ended, with that fsync's error.
@@ -130,7 +140,7 @@ func (d *Dir) Sync() error {
 		g.started++
 		gen := g.started
 		g.mu.Unlock()
-		err := d.f.Sync()
+		err := fsync(d.fd)
 		g.mu.Lock()
 		g.running = false
 		g.finished, g.err = gen, err
@@ -159,7 +169,7 @@ type syncGroup struct {
 // can no one else plant or swap an entry in it.
 func (d *Dir) CheckOwned() error {
 	var st unix.Stat_t
-	if err := unix.Fstat(int(d.f.Fd()), &st); err != nil {
+	if err := unix.Fstat(d.fd, &st); err != nil {
 		return pathErr("stat", d.path, err, false)
 	}
 	if euid := os.Geteuid(); int(st.Uid) != euid || st.Mode&0o022 != 0 {
@@ -175,7 +185,7 @@ func (d *Dir) OpenDir(name string) (*Dir, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Dir{f: os.NewFile(uintptr(fd), d.Join(name)), path: d.Join(name)}, nil
+	return &Dir{fd: fd, path: d.Join(name)}, nil
 }
 
 // Mkdir creates the subdirectory name with mode perm, whatever the umask. An existing entry is an error
@@ -193,7 +203,7 @@ func (d *Dir) MkdirOpen(name string, perm fs.FileMode) (*Dir, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
-	if err := unix.Mkdirat(d.fd(), name, 0o700); err != nil {
+	if err := unix.Mkdirat(d.fd, name, 0o700); err != nil {
 		return nil, pathErr("mkdir", d.Join(name), err, false)
 	}
 	// Mkdirat is subject to the umask; the mode is set on the directory opened without following links.
@@ -214,7 +224,7 @@ func (d *Dir) openMode(name string, perm fs.FileMode) (*Dir, error) {
 }
 
 func (d *Dir) chmod(perm fs.FileMode) error {
-	if err := d.f.Chmod(perm.Perm()); err != nil {
+	if err := ignoringEINTR(func() error { return unix.Fchmod(d.fd, uint32(perm.Perm())) }); err != nil {
 		return pathErr("chmod", d.path, err, false)
 	}
 	return nil
@@ -337,26 +347,13 @@ func (d *Dir) writeFile(name string, data []byte, perm fs.FileMode, tmp *Dir, du
 	if err := checkName(name); err != nil {
 		return err
 	}
-	var (
-		f       *os.File
-		tmpName string
-		err     error
-	)
-	for {
-		tmpName = TempName("w-")
-		f, err = tmp.OpenFile(tmpName, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
-		if !errors.Is(err, fs.ErrExist) {
-			break
-		}
-	}
+	tmpName, fd, err := tmp.createTemp("w-", perm)
 	if err != nil {
 		return err
 	}
-	_, err = f.Write(data)
-	if err == nil && durable {
-		err = f.Sync()
-	}
-	if err = errors.Join(err, f.Close()); err == nil {
+	if err = fill(fd, data, durable); err != nil {
+		err = pathErr("write", tmp.Join(tmpName), err, false)
+	} else {
 		err = tmp.Rename(tmpName, d, name)
 	}
 	if err != nil {
@@ -367,6 +364,92 @@ func (d *Dir) writeFile(name string, data []byte, perm fs.FileMode, tmp *Dir, du
 		return nil
 	}
 	return d.Sync()
+}
+
+// WriteNew creates the regular file name holding data, with mode perm whatever the umask; an existing
+// entry (a link included) is an error wrapping fs.ErrExist, and is left as it is. With durable, the file
+// and the directory are fsynced before it returns. A failed write removes the file it created.
+func (d *Dir) WriteNew(name string, data []byte, perm fs.FileMode, durable bool) error {
+	fd, err := d.create(name, perm)
+	if err != nil {
+		return err
+	}
+	if err := fill(fd, data, durable); err != nil {
+		_ = d.Remove(name)
+		return pathErr("write", d.Join(name), err, false)
+	}
+	if !durable {
+		return nil
+	}
+	return d.Sync()
+}
+
+// createTemp creates a new regular file (create) whose name is prefix and a TempName suffix.
+func (d *Dir) createTemp(prefix string, perm fs.FileMode) (string, int, error) {
+	for {
+		name := TempName(prefix)
+		fd, err := d.create(name, perm)
+		if !errors.Is(err, fs.ErrExist) {
+			return name, fd, err
+		}
+	}
+}
+
+// create creates the regular file name, open for writing with mode perm whatever the umask. Created with
+// O_EXCL, it cannot be anything but the new file.
+func (d *Dir) create(name string, perm fs.FileMode) (int, error) {
+	fd, err := d.openat("open", name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, uint32(perm.Perm()))
+	if err != nil {
+		return -1, err
+	}
+	// The umask may have taken bits of perm away.
+	var st unix.Stat_t
+	err = unix.Fstat(fd, &st)
+	if err == nil && os.FileMode(st.Mode).Perm() != perm.Perm() {
+		err = ignoringEINTR(func() error { return unix.Fchmod(fd, uint32(perm.Perm())) })
+	}
+	if err != nil {
+		_ = unix.Close(fd)
+		_ = d.Remove(name)
+		return -1, pathErr("create", d.Join(name), err, false)
+	}
+	return fd, nil
+}
+
+// fill writes data whole to fd, fsyncs it when durable, and closes it.
+func fill(fd int, data []byte, durable bool) error {
+	err := writeAll(fd, data)
+	if err == nil && durable {
+		err = fsync(fd)
+	}
+	return errors.Join(err, unix.Close(fd))
+}
+
+// writeAll writes data whole to fd.
+func writeAll(fd int, data []byte) error {
+	for len(data) > 0 {
+		n, err := unix.Write(fd, data)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	return nil
+}
+
+// fsync fsyncs fd.
+func fsync(fd int) error { return ignoringEINTR(func() error { return unix.Fsync(fd) }) }
+
+// ignoringEINTR calls fn until it fails with something other than EINTR.
+func ignoringEINTR(fn func() error) error {
+	for {
+		if err := fn(); err != unix.EINTR {
+			return err
+		}
+	}
 }
 
 // Rename moves the entry from of d to name in to, replacing what is there (the entry itself when it is a
@@ -382,7 +465,7 @@ func (d *Dir) rename(from string, to *Dir, name string, flags uint) error {
 	if err := errors.Join(checkName(from), checkName(name)); err != nil {
 		return err
 	}
-	if err := unix.Renameat2(d.fd(), from, to.fd(), name, flags); err != nil {
+	if err := unix.Renameat2(d.fd, from, to.fd, name, flags); err != nil {
 		return &os.LinkError{Op: "rename", Old: d.Join(from), New: to.Join(name), Err: wrongType(err)}
 	}
 	return nil
@@ -394,7 +477,7 @@ func (d *Dir) Remove(name string) error {
 	if err := checkName(name); err != nil {
 		return err
 	}
-	if err := unix.Unlinkat(d.fd(), name, 0); err != nil {
+	if err := unix.Unlinkat(d.fd, name, 0); err != nil {
 		return pathErr("remove", d.Join(name), err, true)
 	}
 	return nil
@@ -424,7 +507,7 @@ func (d *Dir) RemoveAll(name string) error {
 	if err = errors.Join(err, sub.Close()); err != nil {
 		return err
 	}
-	if err := unix.Unlinkat(d.fd(), name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
+	if err := unix.Unlinkat(d.fd, name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
 		return pathErr("remove", d.Join(name), err, false)
 	}
 	return nil
@@ -433,15 +516,25 @@ func (d *Dir) RemoveAll(name string) error {
 // Names returns the names of the directory's entries, sorted, without "." and "..".
 func (d *Dir) Names() ([]string, error) {
 	// A new open file description, so that concurrent listings do not share a read offset.
-	fd, err := unix.Openat(d.fd(), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	fd, err := unix.Openat(d.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, pathErr("open", d.path, err, false)
 	}
-	f := os.NewFile(uintptr(fd), d.path)
-	defer func() { _ = f.Close() }() // read-only
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		return nil, err
+	defer func() { _ = unix.Close(fd) }() // read-only
+	var names []string
+	buf := make([]byte, 8192)
+	for {
+		n, err := unix.ReadDirent(fd, buf)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, pathErr("readdirent", d.path, err, false)
+		}
+		if n <= 0 {
+			break
+		}
+		_, _, names = unix.ParseDirent(buf[:n], -1, names)
 	}
 	slices.Sort(names)
 	return names, nil
@@ -453,13 +546,12 @@ func (d *Dir) Lstat(name string) (fs.FileInfo, error) {
 		return nil, err
 	}
 	var st unix.Stat_t
-	if err := unix.Fstatat(d.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	if err := unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return nil, pathErr("lstat", d.Join(name), err, false)
 	}
 	return &fileInfo{name: name, st: st}, nil
 }
 
-func (d *Dir) fd() int { return int(d.f.Fd()) }
 
 // openat opens name with openat2, never through a link and never outside d.
 func (d *Dir) openat(op, name string, flag int, perm uint32) (int, error) {
@@ -471,14 +563,14 @@ func (d *Dir) openat(op, name string, flag int, perm uint32) (int, error) {
 		how.Mode = uint64(perm)
 	}
 	for {
-		fd, err := unix.Openat2(d.fd(), name, &how)
+		fd, err := unix.Openat2(d.fd, name, &how)
 		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) { // EAGAIN: a rename raced the lookup
 			continue
 		}
 		if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
 			// Both answer for a link and for a non-directory; say which it is.
 			var st unix.Stat_t
-			if unix.Fstatat(d.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			if unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
 				return -1, fmt.Errorf("%s %s: %w: %s", op, d.Join(name), ErrWrongType, Kind((&fileInfo{st: st}).Mode()))
 			}
 		}

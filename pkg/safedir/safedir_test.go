@@ -217,6 +217,58 @@ func TestWriteFile(t *testing.T) {
 	if err := tmp.RenameNoReplace(name, d, "tmp2"); !errors.Is(err, fs.ErrExist) {
 		t.Fatalf("RenameNoReplace onto an existing name: %v", err)
 	}
+
+	// WriteNew creates, with its mode whatever the umask, and never replaces or writes through.
+	old := syscall.Umask(0o077)
+	err = d.WriteNew("new", []byte("new"), 0o644, true)
+	syscall.Umask(old)
+	must(t, err)
+	if fi, err := d.Lstat("new"); err != nil || fi.Mode() != 0o644 {
+		t.Fatalf("WriteNew's file: %v, %v", fi, err)
+	}
+	if err := d.WriteNew("new", []byte("again"), 0o644, false); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("WriteNew over a file: %v", err)
+	}
+	outside := filepath.Join(t.TempDir(), "outside")
+	must(t, os.Symlink(outside, d.Join("link")))
+	if err := d.WriteNew("link", []byte("x"), 0o644, false); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("WriteNew over a link: %v", err)
+	}
+	if _, err := os.Lstat(outside); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("WriteNew wrote through a link: %v", err)
+	}
+	if data, err := os.ReadFile(d.Join("new")); err != nil || string(data) != "new" {
+		t.Fatalf("the file WriteNew refused to replace: %q, %v", data, err)
+	}
+}
+
+// TestNamesAndClose: Names lists every entry, sorted, however many reads of the directory that takes; a
+// second Close of a Dir is fs.ErrClosed and closes nothing else.
+func TestNamesAndClose(t *testing.T) {
+	root := t.TempDir()
+	var want []string
+	for i := range 600 { // more than one 8 KiB read of directory entries
+		name := fmt.Sprintf("entry-with-a-longish-name-%04d", i)
+		want = append(want, name)
+		must(t, os.WriteFile(filepath.Join(root, name), nil, 0o600))
+	}
+	d, err := safedir.Open(root)
+	must(t, err)
+	got, err := d.Names()
+	must(t, err)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("Names: %d names, want %d sorted", len(got), len(want))
+	}
+	must(t, d.Close())
+	other, err := safedir.Open(root) // may reuse the descriptor number d had
+	must(t, err)
+	if err := d.Close(); !errors.Is(err, fs.ErrClosed) {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := other.Names(); err != nil {
+		t.Fatalf("a second Close of another Dir closed this one: %v", err)
+	}
+	must(t, other.Close())
 }
 
 // Overlapping Syncs of one directory share fsyncs, and every one of them returns only after an fsync that
