@@ -29,6 +29,7 @@ const (
 //	data/kubelet/pods/<uid1>/afile                a regular file
 //	data/kubelet/pods/<uid1>/volumes/kubernetes.io~csi/pv1/   a directory
 //	data/kubelet/pods/<uid1>/volumes/kubernetes.io~csi/link -> <tmp>/elsewhere
+//	data/kubelet/pods/<uid1>/volumes/kubernetes.io~csi/dangling -> nothing
 //	dev/loop200, dev/loop201: nodes with the numbers of real loop devices 0 and 1 (see realLoops),
 //	dev/by-id/disk -> ../loop200, dev/null (char 1:3), dev/image.img (regular), dev/dir/, dev/fifo,
 //	dev/dangling -> nothing, dev/escape -> ../outside/blk (real loop device 2's number, not allowed)
@@ -69,6 +70,7 @@ func newEnv(t testing.TB) *env {
 	}
 	must(t, os.Symlink("data/kubelet", e.root))
 	must(t, os.Symlink(tmp+"/elsewhere", realCSI+"/link"))
+	must(t, os.Symlink("missing", realCSI+"/dangling"))
 	must(t, os.WriteFile(e.realRoot+"/pods/"+uid1+"/afile", nil, 0o644))
 	loops := realLoops(t)
 	e.loops = loops
@@ -234,6 +236,9 @@ func TestValidate(t *testing.T) {
 			reason: "which the kubelet root resolves to"},
 		{name: "target through a symlink", run: spec(target(e.csi + "/link/mount")), field: tp, reason: "link is a symlink"},
 		{name: "target is a symlink", run: spec(target(e.csi + "/link")), field: tp, reason: "link is a symlink"},
+		{name: "target is a dangling symlink", run: spec(target(e.csi + "/dangling")), field: tp, reason: "dangling is a symlink"},
+		{name: "target below a dangling symlink", run: spec(target(e.csi + "/dangling/mount")), field: tp,
+			reason: "dangling is a symlink"},
 		{name: "target through a file", run: spec(target(e.root + "/pods/" + uid1 + "/afile/mount")), field: tp,
 			reason: "afile is not a directory"},
 		{name: "TargetPath names the given field", run: plain(func() error { return e.v.TargetPath("volume_target_path", "x") }),
