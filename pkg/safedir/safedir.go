@@ -552,7 +552,6 @@ func (d *Dir) Lstat(name string) (fs.FileInfo, error) {
 	return &fileInfo{name: name, st: st}, nil
 }
 
-
 // openat opens name with openat2, never through a link and never outside d.
 func (d *Dir) openat(op, name string, flag int, perm uint32) (int, error) {
 	if err := checkName(name); err != nil {
