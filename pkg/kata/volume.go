@@ -402,7 +402,12 @@ func (d *Dir) writeMountInfo(name string, data []byte) error {
 		if err != nil {
 			return err
 		}
-		defer func() { _ = tmp.RemoveAll(staging) }() // finds nothing after the rename
+		placed := false
+		defer func() {
+			if !placed {
+				_ = tmp.RemoveAll(staging)
+			}
+		}()
 		// The staging directory is unseen until it is renamed into place, so the file is written in it
 		// directly.
 		err = stage.WriteNew(MountInfoFileName, data, fileMode, d.durable)
@@ -410,7 +415,9 @@ func (d *Dir) writeMountInfo(name string, data []byte) error {
 		if err != nil {
 			return err
 		}
-		if err := tmp.RenameNoReplace(staging, d.d, name); err != nil {
+		err = tmp.RenameNoReplace(staging, d.d, name)
+		placed = err == nil
+		if err != nil {
 			if !errors.Is(err, fs.ErrExist) {
 				return err
 			}
