@@ -522,9 +522,10 @@ func (d *Dir) Names() ([]string, error) {
 	}
 	defer func() { _ = unix.Close(fd) }() // read-only
 	var names []string
-	buf := make([]byte, 8192)
+	buf := direntBufs.Get().(*[]byte)
+	defer direntBufs.Put(buf)
 	for {
-		n, err := unix.ReadDirent(fd, buf)
+		n, err := unix.ReadDirent(fd, *buf)
 		if err == unix.EINTR {
 			continue
 		}
@@ -534,11 +535,14 @@ func (d *Dir) Names() ([]string, error) {
 		if n <= 0 {
 			break
 		}
-		_, _, names = unix.ParseDirent(buf[:n], -1, names)
+		_, _, names = unix.ParseDirent((*buf)[:n], -1, names)
 	}
 	slices.Sort(names)
 	return names, nil
 }
+
+// direntBufs holds the buffers Names reads directory entries into.
+var direntBufs = sync.Pool{New: func() any { b := make([]byte, 8192); return &b }}
 
 // Lstat describes the entry name itself (a link is described, not followed).
 func (d *Dir) Lstat(name string) (fs.FileInfo, error) {
