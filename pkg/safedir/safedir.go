@@ -23,6 +23,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -48,10 +49,19 @@ const resolve = unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH | unix.RESOLVE_N
 
 // Dir is an open directory. Its methods may be called concurrently; Close must come last.
 type Dir struct {
-	fd     int         // the open directory (a bare descriptor: no os.File, whose set-up costs system calls)
-	closed atomic.Bool // so that a second Close cannot close a descriptor reused since
-	path   string      // for messages only
-	sync   syncGroup
+	fd      int             // the open directory (a bare descriptor: no os.File, whose set-up costs system calls)
+	closed  atomic.Bool     // so that a second Close cannot close a descriptor reused since
+	cleanup runtime.Cleanup // closes fd when a Dir nobody closed is collected, as an os.File's would
+	path    string          // for messages only
+	sync    syncGroup
+}
+
+// newDir returns the Dir of the open directory fd, whose descriptor is closed by Close or, failing that,
+// when the Dir is garbage collected.
+func newDir(fd int, path string) *Dir {
+	d := &Dir{fd: fd, path: path}
+	d.cleanup = runtime.AddCleanup(d, func(fd int) { _ = unix.Close(fd) }, fd)
+	return d
 }
 
 // Open opens the existing directory at path. The last element of path must not be a symbolic link.
@@ -66,7 +76,7 @@ func Open(path string) (*Dir, error) {
 	if err != nil {
 		return nil, pathErr("open", path, err, true)
 	}
-	return &Dir{fd: fd, path: path}, nil
+	return newDir(fd, path), nil
 }
 
 // OpenOwned opens the directory at path for a daemon's own state: it creates it (mode 0700, its parent
@@ -113,6 +123,7 @@ func (d *Dir) Close() error {
 	if d.closed.Swap(true) {
 		return pathErr("close", d.path, fs.ErrClosed, false)
 	}
+	d.cleanup.Stop()
 	if err := unix.Close(d.fd); err != nil {
 		return pathErr("close", d.path, err, false)
 	}
@@ -185,7 +196,7 @@ func (d *Dir) OpenDir(name string) (*Dir, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Dir{fd: fd, path: d.Join(name)}, nil
+	return newDir(fd, d.Join(name)), nil
 }
 
 // Mkdir creates the subdirectory name with mode perm, whatever the umask. An existing entry is an error

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -269,6 +270,34 @@ func TestNamesAndClose(t *testing.T) {
 		t.Fatalf("a second Close of another Dir closed this one: %v", err)
 	}
 	must(t, other.Close())
+}
+
+// TestUnclosedDirIsClosedWhenCollected: the descriptor of a Dir dropped without Close is closed once the
+// Dir is collected, as an os.File's is, so a leak on an error path does not keep descriptors forever.
+func TestUnclosedDirIsClosedWhenCollected(t *testing.T) {
+	root := t.TempDir()
+	open := func() int {
+		es, err := os.ReadDir("/proc/self/fd")
+		must(t, err)
+		return len(es)
+	}
+	before := open()
+	for range 64 {
+		d, err := safedir.Open(root)
+		must(t, err)
+		_ = d
+	}
+	if open() < before+64 {
+		t.Fatalf("64 Dirs opened but %d descriptors more", open()-before)
+	}
+	// Cleanups run after a collection, on a goroutine of their own: collect until they have run.
+	for i := 0; open() > before; i++ {
+		if i == 1000 {
+			t.Fatalf("after 1000 collections %d of the 64 descriptors are still open", open()-before)
+		}
+		runtime.GC()
+		runtime.Gosched()
+	}
 }
 
 // Overlapping Syncs of one directory share fsyncs, and every one of them returns only after an fsync that

@@ -424,7 +424,9 @@ func tmpfsDir(t *testing.T, source, size string) string {
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size+",mode=0700", source, dir).CombinedOutput(); err != nil {
 		t.Fatalf("mount a tmpfs of %s: %v: %s", size, err, out)
 	}
-	t.Cleanup(func() { _ = exec.Command("umount", dir).Run() })
+	// Lazily: a descriptor this process still holds there (a store the test opened, which keeps its
+	// directories open) must not keep the mount, and so the temporary directory, in place.
+	t.Cleanup(func() { _ = exec.Command("umount", "--lazy", dir).Run() })
 	return dir
 }
 
