@@ -290,14 +290,22 @@ func (d *Dir) OpenFile(name string, flag int, perm fs.FileMode) (*os.File, error
 		_ = unix.Close(fd)
 		return nil, pathErr("open", d.Join(name), err, false)
 	}
-	f := os.NewFile(uintptr(fd), d.Join(name))
-	if flag&os.O_CREATE != 0 && os.FileMode(st.Mode).Perm() != perm.Perm() && int(st.Uid) == os.Geteuid() {
-		if err := f.Chmod(perm.Perm()); err != nil {
-			_ = f.Close()
-			return nil, err
+	if flag&os.O_CREATE != 0 {
+		if err := giveMode(fd, &st, perm); err != nil {
+			_ = unix.Close(fd)
+			return nil, pathErr("chmod", d.Join(name), err, false)
 		}
 	}
-	return f, nil
+	return os.NewFile(uintptr(fd), d.Join(name)), nil
+}
+
+// giveMode gives the file fd, which st describes, mode perm when the umask took bits of it away as it was
+// created. A file another user owns is left as it is.
+func giveMode(fd int, st *unix.Stat_t, perm fs.FileMode) error {
+	if os.FileMode(st.Mode).Perm() == perm.Perm() || int(st.Uid) != os.Geteuid() {
+		return nil
+	}
+	return ignoringEINTR(func() error { return unix.Fchmod(fd, uint32(perm.Perm())) })
 }
 
 // ReadFile returns the content of the regular file name, failing with an error wrapping ErrTooLarge when
@@ -413,11 +421,9 @@ func (d *Dir) create(name string, perm fs.FileMode) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	// The umask may have taken bits of perm away.
 	var st unix.Stat_t
-	err = unix.Fstat(fd, &st)
-	if err == nil && os.FileMode(st.Mode).Perm() != perm.Perm() {
-		err = ignoringEINTR(func() error { return unix.Fchmod(fd, uint32(perm.Perm())) })
+	if err = unix.Fstat(fd, &st); err == nil {
+		err = giveMode(fd, &st, perm)
 	}
 	if err != nil {
 		_ = unix.Close(fd)

@@ -51,19 +51,13 @@ func (a *agent) Health(ctx context.Context, r *agentv1.HealthRequest) (*agentv1.
 			return nil, ctx.Err()
 		}
 	}
-	started := false
-	select {
-	case <-a.mods.done:
-		started = true
-	default:
-	}
 	var u unix.Utsname
 	_ = unix.Uname(&u)
 	return &agentv1.HealthResponse{
 		Version:      version(),
 		Kernel:       unix.ByteSliceToString(u.Release[:]),
 		UptimeMillis: time.Since(a.start).Milliseconds(),
-		Started:      started,
+		Started:      a.mods.over(),
 	}, nil
 }
 

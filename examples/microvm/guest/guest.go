@@ -141,14 +141,22 @@ func (m *moduleLoader) wait(ctx context.Context) error {
 	}
 }
 
-// failed reports whether loading has ended in an error.
-func (m *moduleLoader) failed() error {
+// over reports whether loading has ended, in success or in an error.
+func (m *moduleLoader) over() bool {
 	select {
 	case <-m.done:
-		return m.err
+		return true
 	default:
-		return nil
+		return false
 	}
+}
+
+// failed returns the error loading has ended in, or nil while it goes on or when it succeeded.
+func (m *moduleLoader) failed() error {
+	if m.over() {
+		return m.err
+	}
+	return nil
 }
 
 // loadModules loads the modules of agentproto.ModuleList in order. A module
