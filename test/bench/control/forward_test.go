@@ -4,7 +4,6 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
-	"time"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -36,7 +35,8 @@ func (h fixedHandler) ExpandVolume(context.Context, *crustv1.RuntimeHandlerServi
 // to the runtime handler that claimed the volume, one round an op (run it with -benchtime 9x). A driver
 // that could call the handler straight would pay one round trip to another process; per round, the call
 // through crustd is timed side by side with an empty round trip to another process on the same kind of
-// socket (crustd's health service), alternating. Figures: control/stats-added-vs-rtt and
+// socket (crustd's health service), call by call in turns, so that a drift in the machine's speed falls on
+// both sides alike. Figures: control/stats-added-vs-rtt and
 // control/expand-added-vs-rtt, (through crustd − that round trip) / that round trip, at most 1.3 each;
 // control/unary-rtt, the straight call to the handler within this process, for scale.
 func BenchmarkForward(b *testing.B) {
@@ -75,12 +75,10 @@ func BenchmarkForward(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	crossRTT := func() time.Duration {
-		return timeEach(forwardCalls, func(int) {
-			if _, err := e.health.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
-				b.Fatal(err)
-			}
-		})
+	crossRTT := func(int) {
+		if _, err := e.health.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+			b.Fatal(err)
+		}
 	}
 	var stats, expand, rtt []float64
 	round := 0
@@ -89,9 +87,9 @@ func BenchmarkForward(b *testing.B) {
 		round++
 		// A handler is a process of its own: the straight call costs one round trip to another process,
 		// measured here as an empty call to crustd's health service, in the same round.
-		v, x := sideBySide(first, func() time.Duration { return timeEach(forwardCalls, viaStats) }, crossRTT)
+		v, x := inTurns(first, forwardCalls, viaStats, crossRTT)
 		stats, rtt = append(stats, ratio(v-x, x)), append(rtt, us(timeEach(forwardCalls, directStats)))
-		v, x = sideBySide(first, func() time.Duration { return timeEach(forwardCalls, viaExpand) }, crossRTT)
+		v, x = inTurns(first, forwardCalls, viaExpand, crossRTT)
 		expand = append(expand, ratio(v-x, x))
 	}
 	b.StopTimer()
