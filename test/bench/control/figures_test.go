@@ -40,7 +40,7 @@ var figures = map[string]benchfig.Figure{
 	"control/throughput-8-vs-1-ext4": {Unit: "x",
 		About: "pairs a second from 8 concurrent clients / from 1, crustd's store on ext4 (directory fsyncs shared)"},
 	"control/stats-added-vs-rtt": {Unit: "x", Target: benchfig.AtMost(1.3),
-		About: "(GetVolumeStats on crustd, forwarded to the handler) minus one round trip to another process (the straight call) / that round trip"},
+		About: "(GetVolumeStats on crustd, forwarded to the handler) minus one round trip to another process (what the straight call would cost: an empty call to crustd's health service, call by call in turns) / that round trip"},
 	"control/expand-added-vs-rtt": {Unit: "x", Target: benchfig.AtMost(1.3),
 		About: "(ExpandVolume on crustd, forwarded to the handler) minus one round trip to another process / that round trip"},
 	"control/unary-rtt": {Unit: "us",
