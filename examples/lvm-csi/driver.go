@@ -12,19 +12,17 @@ import (
 	"sync"
 	"time"
 
-	"crust.dev/crust/pkg/volume"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/prototext"
-	"google.golang.org/protobuf/proto"
 	mount "k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
 	"crust.dev/crust/examples/lvm-csi/internal/lvm"
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/command"
+	"crust.dev/crust/pkg/volume"
 )
 
 // DefaultName is the plugin name when Config.Name is empty.
@@ -233,7 +231,8 @@ func Start(endpoint string, cfg Config) (stop func() error, err error) {
 		_ = d.Close()
 		return nil, err
 	}
-	s := grpc.NewServer(grpc.UnaryInterceptor(d.logCall))
+	// Calls are logged as every crust server logs them; kubelet's routine ones at debug level.
+	s := grpc.NewServer(grpc.UnaryInterceptor(command.CallLog{Log: d.log, Routine: command.RoutineCSI}.Unary()))
 	d.Register(s)
 	done := make(chan struct{})
 	go func() { _ = s.Serve(lis); close(done) }()
@@ -243,22 +242,6 @@ func Start(endpoint string, cfg Config) (stop func() error, err error) {
 		<-done
 		return d.Close()
 	}, nil
-}
-
-// logCall logs every call with its code and duration, and the request without its secrets at debug level.
-func (d *Driver) logCall(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	start := time.Now()
-	resp, err := handler(ctx, req)
-	attrs := []any{"method", info.FullMethod, "code", status.Code(err).String(), "duration", time.Since(start)}
-	if m, ok := req.(proto.Message); ok && d.log.Enabled(ctx, slog.LevelDebug) {
-		attrs = append(attrs, "request", prototext.MarshalOptions{}.Format(volume.StripSecrets(m)))
-	}
-	if err != nil {
-		d.log.Warn("csi call failed", append(attrs, "error", status.Convert(err).Message())...)
-	} else {
-		d.log.Info("csi call", attrs...)
-	}
-	return resp, err
 }
 
 // keyLocks is a set of keys with a call in flight.

@@ -206,11 +206,12 @@ func (p *Proxy) Close() {
 // NewServer returns a gRPC server serving the proxy: Identity and Node typed, everything else forwarded
 // raw, all of it through the counting and logging interceptors.
 func (p *Proxy) NewServer() *grpc.Server {
+	calls := callLog(p)
 	s := grpc.NewServer(
 		grpc.ForceServerCodecV2(p.codec),
 		grpc.UnknownServiceHandler(p.forwardUnknown),
-		grpc.ChainUnaryInterceptor(p.metrics.UnaryServerInterceptor(), unaryLog(p.log)),
-		grpc.ChainStreamInterceptor(p.metrics.StreamServerInterceptor(), streamLog(p.log)),
+		grpc.ChainUnaryInterceptor(p.metrics.UnaryServerInterceptor(), calls.Unary(), toGRPC),
+		grpc.ChainStreamInterceptor(p.metrics.StreamServerInterceptor(), calls.Stream(), toGRPCStream),
 	)
 	csi.RegisterIdentityServer(s, p)
 	if p.cfg.Controller {

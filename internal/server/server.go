@@ -14,24 +14,20 @@ import (
 	"context"
 	"log/slog"
 	goruntime "runtime"
-	"runtime/debug"
 	"strings"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/prototext"
-	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/metrics"
 	"crust.dev/crust/internal/peercred"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/command"
 	"crust.dev/crust/pkg/errdefs"
-	"crust.dev/crust/pkg/volume"
 )
 
 // MaxMessageBytes bounds a request; a descriptor is a few hundred bytes, so this is generous.
@@ -66,7 +62,8 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	ic := &interceptors{policy: cfg.Policy, log: cfg.Log, codec: newRequestCodec()}
+	ic := &interceptors{policy: cfg.Policy, codec: newRequestCodec()}
+	calls := callLog(cfg.Log)
 	var counting struct { // first in the chains, so that they count the code the caller is sent
 		unary  []grpc.UnaryServerInterceptor
 		stream []grpc.StreamServerInterceptor
@@ -83,8 +80,8 @@ func New(cfg Config) *Server {
 		// goroutine each (a forwarded stats call is 7% faster); a long watch takes a worker, and calls
 		// beyond the workers get goroutines of their own, as without the option.
 		grpc.NumStreamWorkers(uint32(goruntime.GOMAXPROCS(0))), //nolint:gosec // GOMAXPROCS is positive
-		grpc.ChainUnaryInterceptor(append(counting.unary, ic.unary)...),
-		grpc.ChainStreamInterceptor(append(counting.stream, ic.stream)...),
+		grpc.ChainUnaryInterceptor(append(counting.unary, calls.Unary(), ic.unary)...),
+		grpc.ChainStreamInterceptor(append(counting.stream, calls.Stream(), ic.stream)...),
 	)
 	out := answers(cfg.Annotators)
 	crustv1.RegisterVolumeServiceServer(g, &volumes{m: cfg.Manager, out: out, metrics: cfg.Metrics})
@@ -105,21 +102,14 @@ func (s *Server) SetServing(serving bool) {
 	}
 }
 
+// interceptors are crustd's own steps of every call, inside the call log: the caller's credentials and
+// the request's decoding.
 type interceptors struct {
 	policy peercred.Policy
-	log    *slog.Logger
 	codec  *requestCodec
 }
 
-func (ic *interceptors) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
-	start := time.Now()
-	defer func() {
-		if r := recover(); r != nil {
-			ic.log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
-			err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
-		}
-		ic.done(ctx, info.FullMethod, req, err, start)
-	}()
+func (ic *interceptors) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	bad := ic.codec.take(req) // taken before anything can return, so that nothing is left behind
 	if err := ic.authorise(ctx, info.FullMethod); err != nil {
 		return nil, err
@@ -130,15 +120,7 @@ func (ic *interceptors) unary(ctx context.Context, req any, info *grpc.UnaryServ
 	return handler(ctx, req)
 }
 
-func (ic *interceptors) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
-	start := time.Now()
-	defer func() {
-		if r := recover(); r != nil {
-			ic.log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
-			err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
-		}
-		ic.done(ss.Context(), info.FullMethod, nil, err, start)
-	}()
+func (ic *interceptors) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	if err := ic.authorise(ss.Context(), info.FullMethod); err != nil {
 		return err
 	}
@@ -159,47 +141,35 @@ func (ic *interceptors) authorise(ctx context.Context, method string) error {
 	return nil
 }
 
-// reads are the calls that change nothing. Their successes are logged at debug level: kubelet asks for
-// the stats of every volume every minute, and a line each would bury the changes.
-var reads = map[string]bool{
+// routine are the calls whose successes are logged at debug level: the reads, which change nothing
+// (kubelet asks for the stats of every volume every minute, and a line each would bury the changes),
+// and the health probes.
+var routine = map[string]bool{
 	crustv1.VolumeService_GetVolume_FullMethodName:      true,
 	crustv1.VolumeService_ListVolumes_FullMethodName:    true,
 	crustv1.VolumeService_GetVolumeStats_FullMethodName: true,
 	crustv1.VolumeService_ListProblems_FullMethodName:   true,
+	healthpb.Health_Check_FullMethodName:                true,
+	healthpb.Health_Watch_FullMethodName:                true,
+	healthpb.Health_List_FullMethodName:                 true,
 }
 
-// done logs one finished call: a line with the method, target, code and duration, at info level for a
-// call that changes something, at debug level for a read that succeeded (reads), at warn or error level
-// for a failure. Requests themselves are logged at debug level only, with secret metadata values
-// redacted.
-func (ic *interceptors) done(ctx context.Context, method string, req any, err error, start time.Time) {
-	code := status.Code(err)
-	elapsed := time.Since(start)
-	if strings.HasPrefix(method, "/grpc.health.v1.Health/") && err == nil {
-		return
-	}
-	attrs := []any{"method", method, "code", code.String(), "duration", elapsed}
+// callLog is crustd's call log: routine calls at debug level, lines with callAttrs.
+func callLog(log *slog.Logger) command.CallLog {
+	return command.CallLog{Log: log, Routine: routine, Attrs: callAttrs}
+}
+
+// callAttrs are what crustd's call lines carry besides the method, code and duration: the volume's
+// target path and the caller's uid and pid.
+func callAttrs(ctx context.Context, _ string, req any) []any {
+	var attrs []any
 	if t := targetOf(req); t != "" {
 		attrs = append(attrs, "target", t)
 	}
 	if cred, ok := peercred.FromContext(ctx); ok {
 		attrs = append(attrs, "uid", cred.Uid, "pid", cred.Pid)
 	}
-	switch {
-	case err == nil && reads[method]:
-		ic.log.Debug("rpc", attrs...)
-	case err == nil:
-		ic.log.Info("rpc", attrs...)
-	case code == codes.Internal || code == codes.Unknown:
-		ic.log.Error("rpc", append(attrs, "err", err)...)
-	default:
-		ic.log.Warn("rpc", append(attrs, "err", status.Convert(err).Message())...)
-	}
-	if ic.log.Enabled(ctx, slog.LevelDebug) {
-		if m, ok := req.(proto.Message); ok {
-			ic.log.Debug("rpc request", "method", method, "request", prototext.MarshalOptions{}.Format(volume.StripSecrets(m)))
-		}
-	}
+	return attrs
 }
 
 func targetOf(req any) string {

@@ -1,7 +1,7 @@
 // Package command is the command-line plumbing every crust binary shares, so that they all read the
 // same: --log-level and --log-format and the one slog logger they set up, --version, the flag that
-// names crustd's API socket (--crust-socket, env CRUST_SOCKET), and a context that ends on SIGINT or
-// SIGTERM. Flags are spf13/pflag's (through cobra) in every binary crust ships; only the build tools
+// names crustd's API socket (--crust-socket, env CRUST_SOCKET), a context that ends on SIGINT or
+// SIGTERM, and the one way a gRPC server logs its calls (CallLog). Flags are spf13/pflag's (through cobra) in every binary crust ships; only the build tools
 // under hack/, which nobody runs but make, parse theirs with the standard library.
 //
 // It is public because the reference runtime handler and CSI driver (their own Go modules, which may not

@@ -187,7 +187,7 @@ func TestEncryptionKeyIsSecret(t *testing.T) {
 		}
 	}
 	d.Stop()
-	if !strings.Contains(d.Log(), "rpc request") {
+	if !strings.Contains(d.Log(), "msg=call") || !strings.Contains(d.Log(), "request=") {
 		t.Fatalf("crustd logged no requests at debug level:\n%s", d.Log())
 	}
 	noSecret("crustd's log", d.Log())
