@@ -6,8 +6,8 @@ import (
 	"encoding/json"
 	"log/slog"
 	"testing"
-	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -38,7 +38,11 @@ func TestCallLogLevels(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			var buf bytes.Buffer
 			calls := callLog(slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo - 4})))
-			calls.Done(context.Background(), c.method, c.req, nil, c.err, time.Millisecond)
+			_, err := calls.Unary()(context.Background(), c.req, &grpc.UnaryServerInfo{FullMethod: c.method},
+				func(context.Context, any) (any, error) { return nil, c.err })
+			if err != c.err {
+				t.Fatalf("the call's error %v, want %v", err, c.err)
+			}
 			var lines []map[string]any
 			for _, l := range bytes.Split(bytes.TrimSpace(buf.Bytes()), []byte("\n")) {
 				var m map[string]any

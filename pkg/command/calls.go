@@ -58,7 +58,7 @@ func (c CallLog) Unary() grpc.UnaryServerInterceptor {
 		start := time.Now()
 		defer func() {
 			err = c.recovered(recover(), info.FullMethod, err)
-			c.Done(ctx, info.FullMethod, req, resp, err, time.Since(start))
+			c.done(ctx, info.FullMethod, req, resp, err, time.Since(start))
 		}()
 		return handler(ctx, req)
 	}
@@ -70,7 +70,7 @@ func (c CallLog) Stream() grpc.StreamServerInterceptor {
 		start := time.Now()
 		defer func() {
 			err = c.recovered(recover(), info.FullMethod, err)
-			c.Done(ss.Context(), info.FullMethod, nil, nil, err, time.Since(start))
+			c.done(ss.Context(), info.FullMethod, nil, nil, err, time.Since(start))
 		}()
 		return handler(srv, ss)
 	}
@@ -85,9 +85,8 @@ func (c CallLog) recovered(p any, method string, err error) error {
 	return status.Errorf(codes.Internal, "internal error in %s", method)
 }
 
-// Done logs one finished call as the interceptors do, for a server that must log a call they do not see
-// (one it refuses before its handler runs, say). req and resp may be nil.
-func (c CallLog) Done(ctx context.Context, method string, req, resp any, err error, took time.Duration) {
+// done logs one finished call; req and resp are nil for a stream.
+func (c CallLog) done(ctx context.Context, method string, req, resp any, err error, took time.Duration) {
 	log := c.logger()
 	code := status.Code(err)
 	level := slog.LevelInfo
@@ -110,7 +109,7 @@ func (c CallLog) Done(ctx context.Context, method string, req, resp any, err err
 	if err != nil {
 		attrs = append(attrs, "err", status.Convert(err).Message())
 	}
-	if debugging {
+	if debugging && req != nil {
 		attrs = append(attrs, "request", redacted(req))
 		if err == nil && resp != nil {
 			attrs = append(attrs, "response", redacted(resp))
