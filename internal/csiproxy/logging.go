@@ -2,6 +2,7 @@ package csiproxy
 
 import (
 	"context"
+	"log/slog"
 
 	"google.golang.org/grpc"
 
@@ -11,8 +12,8 @@ import (
 
 // callLog is the proxy's call log (command.CallLog): kubelet's routine CSI calls at debug level, and the
 // raw-forwarded calls (streams here, whose bodies are never logged) marked so.
-func callLog(p *Proxy) command.CallLog {
-	return command.CallLog{Log: p.log, Routine: command.RoutineCSI, Attrs: func(_ context.Context, _ string, req any) []any {
+func callLog(log *slog.Logger) command.CallLog {
+	return command.CallLog{Log: log, Routine: command.RoutineCSI, Attrs: func(_ context.Context, _ string, req any) []any {
 		if req == nil {
 			return []any{"forwarded", "raw"}
 		}

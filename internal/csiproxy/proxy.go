@@ -206,7 +206,7 @@ func (p *Proxy) Close() {
 // NewServer returns a gRPC server serving the proxy: Identity and Node typed, everything else forwarded
 // raw, all of it through the counting and logging interceptors.
 func (p *Proxy) NewServer() *grpc.Server {
-	calls := callLog(p)
+	calls := callLog(p.log)
 	s := grpc.NewServer(
 		grpc.ForceServerCodecV2(p.codec),
 		grpc.UnknownServiceHandler(p.forwardUnknown),

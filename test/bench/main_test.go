@@ -364,6 +364,15 @@ func accel() vm.Accel {
 // ms is d in milliseconds.
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
+// msEach is ms of each of ds, as a figure's samples.
+func msEach(ds []time.Duration) []float64 {
+	out := make([]float64, len(ds))
+	for i, d := range ds {
+		out[i] = ms(d)
+	}
+	return out
+}
+
 func mean(ds []time.Duration) time.Duration {
 	var sum time.Duration
 	for _, d := range ds {

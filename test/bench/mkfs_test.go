@@ -99,18 +99,11 @@ func BenchmarkMkfs(b *testing.B) {
 		}
 		return r
 	}
-	msOf := func(s *side) []float64 {
-		r := make([]float64, len(s.times))
-		for i, d := range s.times {
-			r[i] = ms(d)
-		}
-		return r
-	}
 	guestD, hostD, guestL, hostL := sides[0], sides[1], sides[2], sides[3]
 	for _, s := range sides {
 		b.Logf("mkfs %s, ms by op: %s", s.name, msList(s.times))
 	}
-	benchfig.Record(b, benchfig.Figure{Name: "vm/mkfs-guest", Unit: "ms", Samples: msOf(guestD),
+	benchfig.Record(b, benchfig.Figure{Name: "vm/mkfs-guest", Unit: "ms", Samples: msEach(guestD.times),
 		About: "mke2fs of a blank 1 GiB volume in the guest, with crust-guest's options"})
 	benchfig.Record(b, benchfig.Figure{Name: "vm/mkfs-guest-vs-host", Unit: "x", Samples: ratio(guestD, hostD),
 		About: "mke2fs of a blank 1 GiB volume in the guest / the same on the host, crust-guest's options"})

@@ -91,11 +91,7 @@ func BenchmarkPublishToMounted(b *testing.B) {
 		benchfig.Record(b, benchfig.Figure{Name: "vm/time-to-volume-from-proxy-vs-bare-and-publish", Unit: "x", Samples: floor,
 			About: "NodePublishVolume on crust-csi-proxy to the volume mounted in the guest / the bare path plus the driver's " +
 				"own raw publish of a volume like it: the floor of a proxy in front of an unmodified driver, per op"})
-		rawMs := make([]float64, len(rawT))
-		for i, t := range rawT {
-			rawMs[i] = ms(t)
-		}
-		benchfig.Record(b, benchfig.Figure{Name: "vm/driver-raw-publish", Unit: "ms", Samples: rawMs,
+		benchfig.Record(b, benchfig.Figure{Name: "vm/driver-raw-publish", Unit: "ms", Samples: msEach(rawT),
 			About: "the reference driver's NodePublishVolume of a block volume, called straight (no proxy)"})
 	}
 	b.ReportMetric(ms(mean(callT)), "publish-call-ms/op")

@@ -161,9 +161,9 @@ func (r ttvRun) record(b *testing.B, name, what, bare string) {
 		return
 	}
 	b.ReportMetric(ms(mean(r.crust)-mean(r.bare)), "overhead-ms/op")
-	ratios, crustMs := make([]float64, len(r.crust)), make([]float64, len(r.crust))
+	ratios, crustMs := make([]float64, len(r.crust)), msEach(r.crust)
 	for i := range r.crust {
-		ratios[i], crustMs[i] = float64(r.crust[i])/float64(r.bare[i]), ms(r.crust[i])
+		ratios[i] = float64(r.crust[i]) / float64(r.bare[i])
 	}
 	benchfig.Record(b, benchfig.Figure{Name: name + "-vs-bare", Unit: "x", Samples: ratios, Target: benchfig.AtMost(1.1),
 		About: what + " / " + bare + ", per op (median: p50)"})
