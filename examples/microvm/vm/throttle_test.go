@@ -102,9 +102,9 @@ func TestIOLimits(t *testing.T) {
 
 	// A discard of the whole 256 MiB disk, which a throttle node would charge at 1 MiB/s (over four
 	// minutes), takes the time of a discard.
-	// if, not &&: a disk after the match (the refused one, while the guest still lists it) must not make
-	// the loop's status that of a failed test.
-	dev := execOK(t, v, "sh", "-c", `for d in /sys/block/vd*; do if [ "$(cat $d/serial)" = vol-lim ]; then echo /dev/${d##*/}; fi; done`)
+	// The guest waits until its kernel has probed the hot-plugged disk (the exec's timeout bounds it).
+	dev := execOK(t, v, "sh", "-c", `while :; do for d in /sys/block/vd*; do `+
+		`if [ "$(cat $d/serial 2>/dev/null)" = vol-lim ]; then echo /dev/${d##*/}; exit 0; fi; done; sleep 0.05; done`)
 	if dev == "" {
 		t.Fatal("the guest has no disk with serial vol-lim")
 	}
