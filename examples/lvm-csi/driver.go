@@ -132,6 +132,10 @@ func New(cfg Config) (*Driver, error) {
 		}
 	}
 	d.lvm = &lvm.Runner{Devices: cfg.Devices, NoActivation: mode == ActivationExtentMap}
+	if err := d.lvm.UseSystemDir(filepath.Join(d.cfg.StateDir, "lvm")); err != nil {
+		d.cleanupTemp()
+		return nil, fmt.Errorf("csidriver: %w", err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if _, err := d.lvm.VG(ctx, cfg.VG); err != nil {

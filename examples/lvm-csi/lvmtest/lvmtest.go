@@ -28,8 +28,9 @@ type VG struct {
 	// Config.Devices.
 	Device string
 	// Image is the sparse file behind Device.
-	Image string
-	lvm   *lvm.Runner
+	Image  string
+	lvm    *lvm.Runner
+	lvmDir string // LVM's system directory, beside Image
 }
 
 // New makes a volume group of size bytes (rounded down to LVM's 4 MiB extents, less LVM's metadata) in
@@ -78,7 +79,11 @@ func Create(dir string, size int64) (*VG, error) {
 		return nil, fmt.Errorf("losetup: %v: %s", err, out)
 	}
 	vg.Device = strings.TrimSpace(string(out))
-	vg.lvm = &lvm.Runner{Devices: []string{vg.Device}, NoActivation: !lvm.HasDeviceMapper()}
+	vg.lvm, vg.lvmDir = &lvm.Runner{Devices: []string{vg.Device}, NoActivation: !lvm.HasDeviceMapper()}, filepath.Join(dir, "lvm")
+	if err := vg.lvm.UseSystemDir(vg.lvmDir); err != nil {
+		_ = vg.Remove()
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := vg.lvm.Run(ctx, "pvcreate", "--yes", vg.Device); err != nil {
@@ -107,8 +112,8 @@ func (vg *VG) LVs() ([]string, error) {
 	return names, nil
 }
 
-// Remove removes every logical volume, the volume group, the physical volume label, the loop device and
-// the file, going on past failures, and returns what failed.
+// Remove removes every logical volume, the volume group, the physical volume label, the loop device, the
+// file and LVM's configuration beside it, going on past failures, and returns what failed.
 func (vg *VG) Remove() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -130,6 +135,11 @@ func (vg *VG) Remove() error {
 	}
 	if err := os.Remove(vg.Image); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
+	}
+	if vg.lvmDir != "" {
+		if err := os.RemoveAll(vg.lvmDir); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

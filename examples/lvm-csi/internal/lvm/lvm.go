@@ -6,7 +6,8 @@
 // Every command gets --config with: a global filter that accepts only the configured physical volumes
 // (so LVM never scans anything else, in particular not the devices of the logical volumes), no devices
 // file, no udev (udev_sync=0, udev_rules=0, LVM creates its /dev nodes itself), no metadata backups or
-// archives under /etc/lvm, and activation=0 when activation is off.
+// archives under /etc/lvm, and activation=0 when activation is off. A Runner given a system directory
+// (UseSystemDir) also turns LVM's asynchronous I/O off, which --config cannot do.
 package lvm
 
 import (
@@ -17,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -37,6 +39,25 @@ type Runner struct {
 	Devices []string
 	// NoActivation makes every command run with global/activation=0: LVM never talks to device-mapper.
 	NoActivation bool
+	systemDir    string
+}
+
+// UseSystemDir makes LVM read its configuration from dir (LVM_SYSTEM_DIR) instead of /etc/lvm, and
+// writes there, creating dir, an lvm.conf with what --config cannot change because LVM sets up its I/O
+// before it reads --config: asynchronous I/O off (global/use_aio=0). With it on, every command ends by
+// tearing down its AIO context, which waits for an RCU grace period in the kernel: about 30 ms of the
+// 45-50 ms that an lvs took on the test machines, against 8-11 ms without. The host's /etc/lvm
+// (lvm.conf, lvmlocal.conf, profiles) is then not read; Config is the rest of the configuration.
+func (r *Runner) UseSystemDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("lvm system directory: %w", err)
+	}
+	conf := "# Written by crust's LVM runner: --config cannot change this setting.\nglobal {\n\tuse_aio = 0\n}\n"
+	if err := os.WriteFile(filepath.Join(dir, "lvm.conf"), []byte(conf), 0o600); err != nil {
+		return fmt.Errorf("lvm system directory: %w", err)
+	}
+	r.systemDir = dir
+	return nil
 }
 
 // HasDeviceMapper reports whether the running kernel offers device-mapper (so LVM can activate logical
@@ -71,6 +92,9 @@ func (r *Runner) Run(ctx context.Context, cmd string, args ...string) ([]byte, e
 	full := append([]string{cmd, "--config", r.Config()}, args...)
 	c := exec.CommandContext(ctx, "lvm", full...)
 	c.Env = append(os.Environ(), "LVM_SUPPRESS_FD_WARNINGS=1", "DM_DISABLE_UDEV=1")
+	if r.systemDir != "" {
+		c.Env = append(c.Env, "LVM_SYSTEM_DIR="+r.systemDir)
+	}
 	var stdout, stderr bytes.Buffer
 	c.Stdout, c.Stderr = &stdout, &stderr
 	if err := c.Run(); err != nil {
