@@ -7,15 +7,14 @@ import (
 	"strings"
 	"testing"
 
-	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/pkg/volume"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/volume"
 )
 
 // With --controller, a class's I/O limits never reach the driver's parameters and come back in the
