@@ -222,21 +222,8 @@ type loop struct{ dev, file string }
 // device.
 func newLoop(b *testing.B, dir string, size int64) loop {
 	b.Helper()
-	return makeLoop(b, dir, size, true)
-}
-
-// newBlankLoop is newLoop without the filesystem: the device reads as zeroes, as a fresh volume does.
-func newBlankLoop(b *testing.B, dir string, size int64) loop {
-	b.Helper()
-	return makeLoop(b, dir, size, false)
-}
-
-func makeLoop(b *testing.B, dir string, size int64, ext4 bool) loop {
-	b.Helper()
 	file := sparseFile(b, dir, "disk-*.img", size)
-	if ext4 {
-		harness.Run(b, "mkfs.ext4", "-q", "-F", file)
-	}
+	harness.Run(b, "mkfs.ext4", "-q", "-F", file)
 	return loop{dev: harness.Run(b, "losetup", "--find", "--show", file), file: file}
 }
 
