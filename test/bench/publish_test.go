@@ -57,7 +57,7 @@ func BenchmarkPublishToMounted(b *testing.B) {
 	var callT, rawT []time.Duration
 	var pubs, raws []published
 	r := timeToVolume(b, d, g, ttvOps{name: "pub", create: true,
-		prepare: func(bt *batch, target string) (string, func(context.Context)) {
+		prepare: func(_ *batch, target string) (string, func(context.Context)) {
 			pub := n.stage(b, fmt.Sprintf("pvc-bench-%d", len(callT)), target)
 			pubs = append(pubs, pub.published)
 			raw, took := n.publishRaw(b, fmt.Sprintf("pvc-bare-%d", len(callT)), work)
