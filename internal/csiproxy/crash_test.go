@@ -29,11 +29,11 @@ type child struct {
 	cc  *grpc.ClientConn
 }
 
-// startChild starts a proxy that kills itself at (kind, phase) (never, for an empty phase), and waits
+// startChild starts a proxy that kills itself at the crash point (never, for the zero one), and waits
 // until it serves.
-func (e *env) startChild(kind Kind, phase Phase, pods map[string]Pod) *child {
+func (e *env) startChild(at crashPoint, pods map[string]Pod) *child {
 	e.t.Helper()
-	c := e.spawnChild(kind, phase, pods)
+	c := e.spawnChild(at, pods)
 	ctx, cancel := harness.Context(e.t, 10*time.Second)
 	defer cancel()
 	if err := harness.WaitCSI(ctx, e.proxySock, nil); err != nil {
@@ -48,11 +48,11 @@ func (e *env) startChild(kind Kind, phase Phase, pods map[string]Pod) *child {
 }
 
 // spawnChild starts a proxy as startChild does, without waiting for it to serve; c.cc is nil.
-func (e *env) spawnChild(kind Kind, phase Phase, pods map[string]Pod) *child {
+func (e *env) spawnChild(at crashPoint, pods map[string]Pod) *child {
 	e.t.Helper()
 	cfg := e.config()
 	cfg.MicroVMHandlers, cfg.NodeName = []string{"kata"}, "n1"
-	b, err := json.Marshal(childSpec{Config: cfg, CrashKind: kind, CrashPhase: phase, Pods: pods})
+	b, err := json.Marshal(childSpec{Config: cfg, Crash: at, Pods: pods})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -100,10 +100,12 @@ func (c *child) stop() {
 	}
 }
 
-// TestCrashRecovery kills the proxy (SIGKILL) right after each durable step of each call, deferred and
-// host-mounted, restarts it, and checks that kubelet's retry of the same call converges, or that kubelet
-// giving up (unpublishing instead) undoes everything; and in every case that nothing leaks at the end:
-// no mount (private bind mount, host mount), no descriptor in crustd, no record, no private path.
+// TestCrashRecovery kills the proxy (SIGKILL) right after each step of each call that changes something
+// (a journal write, the driver's publish or unpublish, the deposit or host mount and their undoing),
+// deferred and host-mounted, restarts it, and checks that kubelet's retry of the same call converges, or
+// that kubelet giving up (unpublishing instead) undoes everything; and in every case that nothing leaks
+// at the end: no mount (private bind mount, host mount), no descriptor in crustd, no record, no private
+// path.
 func TestCrashRecovery(t *testing.T) {
 	e := newEnv(t)
 	pods := map[string]Pod{
@@ -116,31 +118,40 @@ func TestCrashRecovery(t *testing.T) {
 	type tc struct {
 		op     string // the call that is killed: stage, publish, unpublish, unstage
 		mode   Mode
-		kind   Kind
-		phase  Phase
+		at     crashPoint
 		giveUp bool // after a killed publish or stage, kubelet undoes instead of retrying
 	}
+	// The instants: after the record that begins the call; after the driver's part (publish) or
+	// before it (unpublish: after the deposit or mount is undone); between the last step and the record
+	// that ends the call; after that record.
 	var cases []tc
 	for _, mode := range []Mode{ModeDeferred, ModeHost} {
-		mid, undoMid := PhaseDeposited, PhaseUndeposited
-		if mode == ModeHost {
-			mid, undoMid = PhaseMounted, PhaseUnmounted
+		for _, at := range []crashPoint{
+			{Kind: KindPublish, Phase: PhasePublishing},
+			{Method: csi.Node_NodePublishVolume_FullMethodName},
+			{Kind: KindPublish, Phase: PhasePublished, Before: true},
+			{Kind: KindPublish, Phase: PhasePublished},
+		} {
+			cases = append(cases, tc{"publish", mode, at, false}, tc{"publish", mode, at, true})
 		}
-		for _, ph := range []Phase{PhasePublishing, PhaseDriverPublished, mid, PhasePublished} {
-			cases = append(cases, tc{"publish", mode, KindPublish, ph, false}, tc{"publish", mode, KindPublish, ph, true})
-		}
-		for _, ph := range []Phase{PhaseUnpublishing, undoMid, PhaseDriverUnpublished, PhaseForgotten} {
-			cases = append(cases, tc{"unpublish", mode, KindPublish, ph, false})
+		for _, at := range []crashPoint{
+			{Kind: KindPublish, Phase: PhaseUnpublishing},
+			{Method: csi.Node_NodeUnpublishVolume_FullMethodName, Before: true},
+			{Method: csi.Node_NodeUnpublishVolume_FullMethodName},
+			{Kind: KindPublish, Phase: PhaseForgotten},
+		} {
+			cases = append(cases, tc{"unpublish", mode, at, false})
 		}
 	}
 	for _, ph := range []Phase{PhaseStaging, PhaseStaged} {
-		cases = append(cases, tc{"stage", ModeDeferred, KindStage, ph, false}, tc{"stage", ModeDeferred, KindStage, ph, true})
+		at := crashPoint{Kind: KindStage, Phase: ph}
+		cases = append(cases, tc{"stage", ModeDeferred, at, false}, tc{"stage", ModeDeferred, at, true})
 	}
-	cases = append(cases, tc{"unstage", ModeDeferred, KindStage, PhaseUnstaging, false},
-		tc{"unstage", ModeDeferred, KindStage, PhaseForgotten, false})
+	cases = append(cases, tc{"unstage", ModeDeferred, crashPoint{Kind: KindStage, Phase: PhaseUnstaging}, false},
+		tc{"unstage", ModeDeferred, crashPoint{Kind: KindStage, Phase: PhaseForgotten}, false})
 
 	for _, c := range cases {
-		name := fmt.Sprintf("%s/%s/%s", c.op, c.mode, c.phase)
+		name := fmt.Sprintf("%s/%s/%s", c.op, c.mode, c.at)
 		if c.giveUp {
 			name += "/give-up"
 		}
@@ -180,18 +191,18 @@ func TestCrashRecovery(t *testing.T) {
 			lifecycle := []string{"stage", "publish", "unpublish", "unstage"}
 			killed := slices.Index(lifecycle, c.op)
 
-			crashing := e.startChild(c.kind, c.phase, pods)
+			crashing := e.startChild(c.at, pods)
 			n := crashing.node()
 			for _, op := range lifecycle[:killed] {
 				must(op, call(n, op))
 			}
 			if err := call(n, c.op); err == nil {
 				crashing.stop()
-				t.Fatalf("the %s call succeeded: phase %s was never reached", c.op, c.phase)
+				t.Fatalf("the %s call succeeded: %s was never reached", c.op, c.at)
 			}
 			crashing.killed()
 
-			p := e.startChild("", "", pods)
+			p := e.startChild(crashPoint{}, pods)
 			defer p.stop()
 			n = p.node()
 			// Kubelet retries the killed call and goes on to the end of the lifecycle or, giving up, undoes

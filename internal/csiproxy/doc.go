@@ -123,9 +123,11 @@
 //
 // and the payload is an object with the members of Record: kind, path, volumeId, mode ("deferred",
 // "host" or "block-stage"), phase, stagingPath, privatePath, device, fsType, readOnly, updated. Phases, in
-// order: for a publish "publishing", "driver-published", "deposited" (deferred) or "mounted" (host),
-// "published"; while undoing "unpublishing", "undeposited" or "unmounted", "driver-unpublished"; for a
-// stage "staging", "staged", "unstaging". Writes go to tmp/, are fsynced, renamed over the record and the
+// order: for a publish "publishing" (written before the first step) and "published" (after the last);
+// while undoing it "unpublishing"; for a stage "staging", "staged", "unstaging". Every step and every undo
+// step is idempotent, so a record says no more than whether its call completed: a retry runs all the
+// steps again, an undo all the undo steps. Any other phase (earlier versions wrote one after each step)
+// reads as not completed. Writes go to tmp/, are fsynced, renamed over the record and the
 // records directory is fsynced; a delete unlinks and fsyncs the directory. At start, a record of a newer
 // version makes the proxy refuse to start (before anything is moved); a record that does not decode or
 // whose checksum or file name does not match is moved to corrupt/.

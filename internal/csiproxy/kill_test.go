@@ -327,7 +327,7 @@ func TestKillUnderLoad(t *testing.T) {
 	}
 	ctx := context.Background()
 
-	p := e.startChild("", "", pods)
+	p := e.startChild(crashPoint{}, pods)
 	for _, s := range slots {
 		if _, err := p.node().NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: s.vol.GetVolumeId(),
 			StagingTargetPath: s.staging, VolumeCapability: mountCap(), VolumeContext: s.vol.GetVolumeContext()}); err != nil {
@@ -341,7 +341,7 @@ func TestKillUnderLoad(t *testing.T) {
 	k := 0
 	for ; k < kills; k++ {
 		if rand.IntN(10) == 0 { // a kill while the proxy starts: opening its state, connecting
-			c := e.spawnChild("", "", pods)
+			c := e.spawnChild(crashPoint{}, pods)
 			// The kill's instant is what is under test: any moment of the start, whatever the start has
 			// reached by then.
 			time.Sleep(rand.N(60 * time.Millisecond))
@@ -362,7 +362,7 @@ func TestKillUnderLoad(t *testing.T) {
 	elapsed := time.Since(t0)
 
 	// The last proxy: the callers finish what was interrupted, unpublish, and everything is unstaged.
-	p = e.startChild("", "", pods)
+	p = e.startChild(crashPoint{}, pods)
 	defer p.stop()
 	for _, s := range slots {
 		s.plan = nil
@@ -425,7 +425,7 @@ func TestKillUnderLoad(t *testing.T) {
 // that a slow machine makes the rounds longer rather than the load lighter.
 func (e *env) killRound(slots []*killSlot, pods map[string]Pod, needPublish bool) {
 	e.t.Helper()
-	c := e.startChild("", "", pods)
+	c := e.startChild(crashPoint{}, pods)
 	var published atomic.Bool
 	progress := make(chan struct{}, 1)
 	for _, s := range slots {

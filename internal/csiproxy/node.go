@@ -320,9 +320,6 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 		return fail(errdefs.Errorf(errdefs.ErrInternal, "the driver's raw block publish at %s: %v", rec.PrivatePath, err))
 	}
 	rec.Device = dev
-	if err := p.put(rec, PhaseDriverPublished); err != nil {
-		return fail(err)
-	}
 	if err := os.Mkdir(target, 0o750); err != nil && !errors.Is(err, os.ErrExist) {
 		return fail(errdefs.Errorf(errdefs.ErrInternal, "create target path: %v", err))
 	}
@@ -331,14 +328,8 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 		if _, err := p.crust.Publish(ctx, withVolumeContext(r, volCtx), dev, p.publishOptions(ctx, volCtx)...); err != nil {
 			return fail(fmt.Errorf("crustd: %w", errdefs.FromGRPC(err)))
 		}
-		if err := p.put(rec, PhaseDeposited); err != nil {
-			return fail(err)
-		}
 	case ModeHost:
 		if err := p.hostMount(rec, r.GetVolumeCapability().GetMount().GetMountFlags(), gid, p.groupPolicy(volCtx)); err != nil {
-			return fail(err)
-		}
-		if err := p.put(rec, PhaseMounted); err != nil {
 			return fail(err)
 		}
 	}
@@ -415,23 +406,14 @@ func (p *Proxy) undoPublish(ctx context.Context, rec *Record) error {
 			!errors.Is(errdefs.FromGRPC(err), errdefs.ErrNotFound) {
 			return fmt.Errorf("crustd: %w", errdefs.FromGRPC(err))
 		}
-		if err := p.put(rec, PhaseUndeposited); err != nil {
-			return err
-		}
 	case ModeHost:
 		if err := p.hostUnmount(target); err != nil {
-			return err
-		}
-		if err := p.put(rec, PhaseUnmounted); err != nil {
 			return err
 		}
 	}
 	if _, err := p.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{
 		VolumeId: rec.VolumeID, TargetPath: rec.PrivatePath,
 	}); err != nil && !errors.Is(errdefs.FromGRPC(err), errdefs.ErrNotFound) {
-		return err
-	}
-	if err := p.put(rec, PhaseDriverUnpublished); err != nil {
 		return err
 	}
 	if err := removePrivate(rec.PrivatePath); err != nil {

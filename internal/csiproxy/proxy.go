@@ -107,6 +107,8 @@ type Deps struct {
 	// Journal records how far each call got. Nil: the record directory Config.StateDir, opened with this
 	// boot's id.
 	Journal Journal
+	// DialOptions are added to those of the connections to the driver and to crustd (interceptors, say).
+	DialOptions []grpc.DialOption
 }
 
 // New connects to the driver and crustd (lazily: neither needs to be up yet), opens the journal and, with
@@ -122,7 +124,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) (*Proxy, 
 	if cfg.Controller {
 		p := &Proxy{cfg: cfg, log: log, codec: newRawCodec(), metrics: metrics.New()}
 		var err error
-		if p.driver, err = client.DialUnix(cfg.DriverAddress); err != nil {
+		if p.driver, err = client.DialUnix(cfg.DriverAddress, deps.DialOptions...); err != nil {
 			return nil, fmt.Errorf("--driver-address: %w", err)
 		}
 		p.ident = csi.NewIdentityClient(p.driver)
@@ -178,10 +180,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) (*Proxy, 
 		}
 	}
 	var err error
-	if p.driver, err = client.DialUnix(cfg.DriverAddress); err != nil {
+	if p.driver, err = client.DialUnix(cfg.DriverAddress, deps.DialOptions...); err != nil {
 		return nil, fmt.Errorf("--driver-address: %w", err)
 	}
-	if p.crust, err = client.New(cfg.CrustSocket); err != nil {
+	if p.crust, err = client.New(cfg.CrustSocket, client.WithDialOptions(deps.DialOptions...)); err != nil {
 		_ = p.driver.Close()
 		return nil, fmt.Errorf("--crust-socket: %w", err)
 	}

@@ -41,23 +41,18 @@ const (
 	ModeBlockStage Mode = "block-stage" // staged by the driver as raw block
 )
 
-// Phase is how far a call got. See the package documentation for the order.
+// Phase is how far a call got: whether it completed, or is being made or undone. See the package
+// documentation for the order.
 type Phase string
 
 // Phases.
 const (
-	PhasePublishing        Phase = "publishing"
-	PhaseDriverPublished   Phase = "driver-published"
-	PhaseDeposited         Phase = "deposited"
-	PhaseMounted           Phase = "mounted"
-	PhasePublished         Phase = "published"
-	PhaseUnpublishing      Phase = "unpublishing"
-	PhaseUndeposited       Phase = "undeposited"
-	PhaseUnmounted         Phase = "unmounted"
-	PhaseDriverUnpublished Phase = "driver-unpublished"
-	PhaseStaging           Phase = "staging"
-	PhaseStaged            Phase = "staged"
-	PhaseUnstaging         Phase = "unstaging"
+	PhasePublishing   Phase = "publishing"
+	PhasePublished    Phase = "published"
+	PhaseUnpublishing Phase = "unpublishing"
+	PhaseStaging      Phase = "staging"
+	PhaseStaged       Phase = "staged"
+	PhaseUnstaging    Phase = "unstaging"
 )
 
 // Record is what the proxy remembers of one path.

@@ -34,7 +34,7 @@ func TestStateRoundTrip(t *testing.T) {
 	if err := s.Put(r); err != nil {
 		t.Fatal(err)
 	}
-	r.Phase = PhaseDeposited
+	r.Phase = PhasePublished
 	if err := s.Put(r); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestStateRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := s2.Get(KindPublish, r.Path)
-	if got == nil || got.Phase != PhaseDeposited || got.Device != "/dev/loop3" || got.Stale || !got.Updated.Equal(r.Updated) {
+	if got == nil || got.Phase != PhasePublished || got.Device != "/dev/loop3" || got.Stale || !got.Updated.Equal(r.Updated) {
 		t.Fatalf("reloaded %+v, want %+v", got, r)
 	}
 	if len(s2.List()) != 2 {
