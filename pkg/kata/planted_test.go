@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"crust.dev/crust/internal/testutil/safedirtest"
@@ -36,6 +37,11 @@ func TestPlantedLinks(t *testing.T) {
 	dirAtMountInfo := func(t *testing.T, e env) {
 		must(t, os.MkdirAll(filepath.Join(e.dir, volName, MountInfoFileName), 0o700))
 	}
+	socketAtMountInfo := func(t *testing.T, e env) {
+		must(t, os.Mkdir(filepath.Join(e.dir, volName), 0o700))
+		// a socket's inode, as bind makes (whose path length limit the volume directory's name exceeds)
+		must(t, syscall.Mknod(filepath.Join(e.dir, volName, MountInfoFileName), syscall.S_IFSOCK|0o600, 0))
+	}
 	add := func(e env) error { return Add(e.dir, testPath, testInfo) }
 	get := func(e env) error { _, err := Get(e.dir, testPath); return err }
 	ids := func(e env) error { _, err := SandboxIDs(e.dir, testPath); return err }
@@ -57,6 +63,8 @@ func TestPlantedLinks(t *testing.T) {
 		{"SandboxIDs of a regular file at the volume directory", fileAtVolume, ids},
 		{"Add over a directory at mountInfo.json", dirAtMountInfo, add},
 		{"Get of a directory at mountInfo.json", dirAtMountInfo, get},
+		{"Add over a socket at mountInfo.json", socketAtMountInfo, add},
+		{"Get of a socket at mountInfo.json", socketAtMountInfo, get},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -105,8 +113,10 @@ func TestRemoveTakesAwayAPlantedEntry(t *testing.T) {
 // and the directory made anew, so writes go on and nothing is written where the link pointed.
 func TestPlantedTempDirIsReplaced(t *testing.T) {
 	for name, op := range map[string]func(dir string) error{
-		"Add":    func(dir string) error { return Add(dir, testPath, testInfo) },
-		"Remove": func(dir string) error { return Remove(dir, testPath) },
+		// an Add that finds the file as it would write it writes nothing, so these two change something
+		"Add of a changed mount info": func(dir string) error { return Add(dir, testPath, plantedInfo) },
+		"Add of another volume":       func(dir string) error { return Add(dir, testPath+"-2", testInfo) },
+		"Remove":                      func(dir string) error { return Remove(dir, testPath) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir, outside := t.TempDir(), t.TempDir()

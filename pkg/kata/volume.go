@@ -389,6 +389,11 @@ func checkAdd(volumePath, mountInfo string) error {
 // directory is built in the temporary directory and renamed into place whole; in an existing one only the
 // file is replaced, so the sandbox-id files stay.
 func (d *Dir) writeMountInfo(name string, data []byte) error {
+	// A volume written again mostly finds its file as it should be (every volume at each start of
+	// crustd): one read of it, without opening its directory, says so.
+	if old, fi, err := d.d.ReadFileBeneath(name+"/"+MountInfoFileName, maxMountInfoSize); err == nil && fi.Mode() == fileMode && bytes.Equal(old, data) {
+		return nil
+	}
 	vol, err := d.d.OpenDir(name)
 	if err == nil {
 		defer func() { _ = vol.Close() }()
@@ -439,16 +444,14 @@ func (d *Dir) writeMountInfo(name string, data []byte) error {
 // replaceMountInfo atomically replaces the mountInfo.json of the volume directory vol with data,
 // preparing the new file in tmp. It leaves a file that already holds data with mode 0600 untouched.
 func (d *Dir) replaceMountInfo(vol, tmp *safedir.Dir, data []byte) error {
-	fi, err := vol.Lstat(MountInfoFileName)
+	// Whatever else keeps the file from being read (not there, too large, unreadable) is mended by the
+	// write, or the write says what stops it.
+	old, fi, err := vol.ReadFileInfo(MountInfoFileName, maxMountInfoSize)
 	switch {
-	case err == nil && !fi.Mode().IsRegular():
-		return foreignKind(vol.Join(MountInfoFileName), fi)
-	case err == nil && fi.Mode() == fileMode:
-		if old, err := vol.ReadFile(MountInfoFileName, maxMountInfoSize); err == nil && bytes.Equal(old, data) {
-			return nil
-		}
-	case err != nil && !errors.Is(err, fs.ErrNotExist):
-		return err
+	case errors.Is(err, safedir.ErrWrongType):
+		return foreign(err)
+	case err == nil && fi.Mode() == fileMode && bytes.Equal(old, data):
+		return nil
 	}
 	if !d.durable {
 		return foreign(vol.WriteFileAtomic(MountInfoFileName, data, fileMode, tmp))
@@ -531,9 +534,4 @@ func foreign(err error) error {
 		return fmt.Errorf("%w: %w", err, ErrForeignEntry)
 	}
 	return err
-}
-
-// foreignKind is ErrForeignEntry for the entry at path, described by fi.
-func foreignKind(path string, fi fs.FileInfo) error {
-	return fmt.Errorf("%s is %s: %w", path, safedir.Kind(fi.Mode()), ErrForeignEntry)
 }

@@ -312,21 +312,46 @@ func giveMode(fd int, st *unix.Stat_t, perm fs.FileMode) error {
 // it holds more than limit bytes (of which it reads at most limit+1). Anything but a regular file is
 // refused with ErrWrongType before a byte is read (a FIFO does not block the open).
 func (d *Dir) ReadFile(name string, limit int64) ([]byte, error) {
-	fd, err := d.openat("open", name, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	data, _, err := d.ReadFileInfo(name, limit)
+	return data, err
+}
+
+// ReadFileInfo is ReadFile that also describes the file it read (its mode and owner), as it was when
+// opened: what a caller learns of it this way cannot have changed between a stat and the read.
+func (d *Dir) ReadFileInfo(name string, limit int64) ([]byte, fs.FileInfo, error) {
+	if err := checkName(name); err != nil {
+		return nil, nil, err
+	}
+	return d.readFile(name, limit)
+}
+
+// ReadFileBeneath is ReadFileInfo for a file further below d, named by a relative path such as
+// "sub/file": no element of the path may be a symbolic link (ErrWrongType) or climb out of d
+// (fs.ErrInvalid). It saves opening each directory on the way when only the file is wanted.
+func (d *Dir) ReadFileBeneath(rel string, limit int64) ([]byte, fs.FileInfo, error) {
+	if !filepath.IsLocal(rel) || strings.Contains(rel, "\x00") {
+		return nil, nil, fmt.Errorf("%q is not a relative path below %s: %w", rel, d.path, fs.ErrInvalid)
+	}
+	return d.readFile(rel, limit)
+}
+
+// readFile is ReadFileInfo of a name or a relative path below d that the caller checked.
+func (d *Dir) readFile(name string, limit int64) ([]byte, fs.FileInfo, error) {
+	fd, err := d.openBeneath("open", name, unix.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer func() { _ = unix.Close(fd) }() // read-only: nothing to lose
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, pathErr("stat", d.Join(name), err, false)
+	fi := &fileInfo{name: filepath.Base(name)}
+	if err := unix.Fstat(fd, &fi.st); err != nil {
+		return nil, nil, pathErr("stat", d.Join(name), err, false)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, fmt.Errorf("open %s: %w: %s", d.Join(name), ErrWrongType, Kind((&fileInfo{st: st}).Mode()))
+	if fi.st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, nil, fmt.Errorf("open %s: %w: %s", d.Join(name), ErrWrongType, Kind(fi.Mode()))
 	}
-	// A regular file ignores O_NONBLOCK, and a read of one is short only at its end: one read of a buffer
-	// larger than the file takes it whole and says that nothing follows.
-	buf := make([]byte, min(st.Size, limit)+1)
+	// A regular file ignores O_NONBLOCK, and a read of one is short only at its end: a read that fills
+	// less than the buffer, which is one byte larger than the file, took the rest of it.
+	buf := make([]byte, min(fi.st.Size, limit)+1)
 	n := 0
 	for n < len(buf) {
 		m, err := unix.Read(fd, buf[n:])
@@ -334,17 +359,17 @@ func (d *Dir) ReadFile(name string, limit int64) ([]byte, error) {
 			continue
 		}
 		if err != nil {
-			return nil, pathErr("read", d.Join(name), err, false)
-		}
-		if m == 0 {
-			break
+			return nil, nil, pathErr("read", d.Join(name), err, false)
 		}
 		n += m
+		if m == 0 || n < len(buf) {
+			break
+		}
 	}
 	if int64(n) > limit {
-		return nil, fmt.Errorf("read %s: %w: more than %d bytes", d.Join(name), ErrTooLarge, limit)
+		return nil, nil, fmt.Errorf("read %s: %w: more than %d bytes", d.Join(name), ErrTooLarge, limit)
 	}
-	return buf[:n], nil
+	return buf[:n], fi, nil
 }
 
 // WriteFile puts data at name atomically and durably, with mode perm: it writes a new file in tmp (a
@@ -578,6 +603,11 @@ func (d *Dir) openat(op, name string, flag int, perm uint32) (int, error) {
 	if err := checkName(name); err != nil {
 		return -1, err
 	}
+	return d.openBeneath(op, name, flag, perm)
+}
+
+// openBeneath is openat of a name or of a relative path below d that the caller checked.
+func (d *Dir) openBeneath(op, name string, flag int, perm uint32) (int, error) {
 	how := unix.OpenHow{Flags: uint64(flag | unix.O_NOFOLLOW | unix.O_CLOEXEC), Resolve: resolve}
 	if flag&unix.O_CREAT != 0 {
 		how.Mode = uint64(perm)
@@ -587,8 +617,10 @@ func (d *Dir) openat(op, name string, flag int, perm uint32) (int, error) {
 		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) { // EAGAIN: a rename raced the lookup
 			continue
 		}
-		if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
-			// Both answer for a link and for a non-directory; say which it is.
+		if (errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENXIO)) && !strings.Contains(name, "/") {
+			// The first two answer for a link and for a non-directory, the last for a socket (and a device
+			// without a driver); say which it is (of a single name: a stat of a longer path could pass
+			// through a link).
 			var st unix.Stat_t
 			if unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
 				return -1, fmt.Errorf("%s %s: %w: %s", op, d.Join(name), ErrWrongType, Kind((&fileInfo{st: st}).Mode()))

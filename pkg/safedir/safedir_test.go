@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -26,6 +27,9 @@ func planted(t *testing.T) (*safedir.Dir, string) {
 	must(t, os.WriteFile(filepath.Join(root, "file"), []byte("file"), 0o600))
 	must(t, os.Mkdir(filepath.Join(root, "dir"), 0o700))
 	must(t, syscall.Mkfifo(filepath.Join(root, "fifo"), 0o600))
+	sock, err := net.Listen("unix", filepath.Join(root, "socket"))
+	must(t, err)
+	t.Cleanup(func() { _ = sock.Close() })
 	d, err := safedir.Open(root)
 	must(t, err)
 	t.Cleanup(func() { _ = d.Close() })
@@ -61,6 +65,14 @@ func TestNeverThroughALink(t *testing.T) {
 		{"read a link to a file", func(d *safedir.Dir) error { _, err := d.ReadFile("link-file", 100); return err }, safedir.ErrWrongType},
 		{"read a directory", func(d *safedir.Dir) error { _, err := d.ReadFile("dir", 100); return err }, safedir.ErrWrongType},
 		{"read a FIFO (without blocking)", func(d *safedir.Dir) error { _, err := d.ReadFile("fifo", 100); return err }, safedir.ErrWrongType},
+		{"read a socket", func(d *safedir.Dir) error { _, err := d.ReadFile("socket", 100); return err }, safedir.ErrWrongType},
+		{"read beneath through a link in the middle", func(d *safedir.Dir) error {
+			_, _, err := d.ReadFileBeneath("link-dir/secret", 100)
+			return err
+		}, safedir.ErrWrongType},
+		{"read beneath a link at the end", func(d *safedir.Dir) error { _, _, err := d.ReadFileBeneath("link-file", 100); return err }, safedir.ErrWrongType},
+		{"read beneath, climbing out", func(d *safedir.Dir) error { _, _, err := d.ReadFileBeneath("dir/../../x", 100); return err }, fs.ErrInvalid},
+		{"read beneath, an absolute path", func(d *safedir.Dir) error { _, _, err := d.ReadFileBeneath("/etc/passwd", 100); return err }, fs.ErrInvalid},
 		{"read a file through a link in the middle", func(d *safedir.Dir) error { _, err := d.ReadFile("link-dir/secret", 100); return err }, fs.ErrInvalid},
 		{"create through a link", func(d *safedir.Dir) error {
 			_, err := d.OpenFile("link-file", os.O_WRONLY|os.O_CREATE, 0o600)
@@ -193,8 +205,17 @@ func TestWriteFile(t *testing.T) {
 			t.Fatalf("read %q, want %q", b, content)
 		}
 	}
-	if _, err := d.ReadFile("f", 2); err == nil {
-		t.Fatal("ReadFile past its limit succeeded")
+	if _, err := d.ReadFile("f", 2); !errors.Is(err, safedir.ErrTooLarge) {
+		t.Fatalf("ReadFile past its limit: err = %v, want ErrTooLarge", err)
+	}
+	if b, fi, err := d.ReadFileInfo("f", 3); err != nil || string(b) != "two" || fi.Mode() != 0o600 || fi.Size() != 3 {
+		t.Fatalf("ReadFileInfo = %q, %v, %v; want \"two\", mode 0600, size 3", b, fi, err)
+	}
+	sub, err := d.EnsureDir("sub", 0o700)
+	must(t, err)
+	must(t, sub.WriteFile("g", []byte("below"), 0o640, tmp))
+	if b, fi, err := d.ReadFileBeneath("sub/g", 10); err != nil || string(b) != "below" || fi.Mode() != 0o640 || fi.Name() != "g" {
+		t.Fatalf("ReadFileBeneath = %q, %v, %v; want \"below\", mode 0640, name g", b, fi, err)
 	}
 	fi, err := d.Lstat("f")
 	must(t, err)
