@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 
 	"crust.dev/crust/internal/dirlock"
@@ -44,6 +45,10 @@ func TestOpenClassifies(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(recs, "torn"), []byte(`{"version":1,"bootId":"b1","sha`), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// a socket's inode (as bind makes), which cannot be opened: damage like a link, not an I/O error
+	if err := syscall.Mknod(filepath.Join(recs, "sock"), syscall.S_IFSOCK|0o600, 0); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "tmp", "leftover"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -68,8 +73,8 @@ func TestOpenClassifies(t *testing.T) {
 	if len(seen) != 3 || seen["keep"] != `"keep"` {
 		t.Errorf("the check saw %v; want keep, drop and refuse", seen)
 	}
-	if len(report.Dropped) != 1 || report.Dropped[0] != "drop" || len(report.Corrupt) != 2 {
-		t.Errorf("report %+v; want drop dropped, refuse and torn moved aside", report)
+	if len(report.Dropped) != 1 || report.Dropped[0] != "drop" || len(report.Corrupt) != 3 {
+		t.Errorf("report %+v; want drop dropped, refuse, sock and torn moved aside", report)
 	}
 	if names, _ := os.ReadDir(recs); len(names) != 1 || names[0].Name() != "keep" {
 		t.Errorf("records left: %v; want keep", names)
