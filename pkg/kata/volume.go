@@ -206,8 +206,8 @@ func List(dir string) (vols []Volume, err error) {
 	return vols, err
 }
 
-// CleanTemp deletes what interrupted writes left under dir; see Dir.CleanTemp. A missing directory is not
-// an error.
+// CleanTemp empties the temporary directory under dir of what interrupted writes left; see
+// Dir.CleanTemp. A missing dir is not an error.
 func CleanTemp(dir string) error {
 	return withDir(dir, false, nil, func(d *Dir) error { return d.CleanTemp() })
 }
@@ -368,12 +368,17 @@ func (d *Dir) List() ([]Volume, error) {
 	return vols, nil
 }
 
-// CleanTemp deletes whatever interrupted writes left in the temporary directory (a link at its place is
-// removed, never followed). Call it when nothing else writes to the directory (at start-up): an Add or
-// Remove running meanwhile may fail.
+// CleanTemp deletes whatever interrupted writes left in the temporary directory and leaves it empty (a
+// link or anything else at its place is removed, never followed, and the directory made anew), so that
+// the directory's shape after a start does not depend on whether anything was written since. Call it
+// when nothing else writes to the directory (at start-up): an Add or Remove running meanwhile may fail.
 func (d *Dir) CleanTemp() error {
 	d.dropTemp()
-	return errors.Join(d.d.RemoveAll(TempDirName), d.d.Sync())
+	err := d.d.RemoveAll(TempDirName)
+	if err == nil {
+		_, err = d.tempDir()
+	}
+	return errors.Join(err, d.d.Sync())
 }
 
 // checkAdd checks Add's input before anything is created.

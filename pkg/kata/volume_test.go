@@ -262,8 +262,8 @@ func TestCleanTemp(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, TempDirName)); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("temporary directory still there: %v", err)
+	if left, err := os.ReadDir(filepath.Join(dir, TempDirName)); err != nil || len(left) != 0 {
+		t.Fatalf("temporary directory after CleanTemp: %v, %v; want it there and empty", left, err)
 	}
 	// And writing works again afterwards.
 	if err := Add(dir, "/other", testInfo); err != nil {
