@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -42,29 +43,36 @@ func TestPlantedLinks(t *testing.T) {
 		// a socket's inode, as bind makes (whose path length limit the volume directory's name exceeds)
 		must(t, syscall.Mknod(filepath.Join(e.dir, volName, MountInfoFileName), syscall.S_IFSOCK|0o600, 0))
 	}
-	add := func(e env) error { return Add(e.dir, testPath, testInfo) }
-	get := func(e env) error { _, err := Get(e.dir, testPath); return err }
-	ids := func(e env) error { _, err := SandboxIDs(e.dir, testPath); return err }
-	forget := func(e env) error { return ForgetSandbox(e.dir, testPath, "sb-outside") }
+	ops := map[string]func(env) error{
+		"Add":           func(e env) error { return Add(e.dir, testPath, testInfo) },
+		"Get":           func(e env) error { _, err := Get(e.dir, testPath); return err },
+		"SandboxIDs":    func(e env) error { _, err := SandboxIDs(e.dir, testPath); return err },
+		"ForgetSandbox": func(e env) error { return ForgetSandbox(e.dir, testPath, "sb-outside") },
+	}
 
-	cases := []struct {
+	// Each planted entry, with the calls that reach it (a Get through a link at the volume directory
+	// meets a link in the middle of the path).
+	plants := []struct {
+		what  string
+		plant func(*testing.T, env)
+		calls string
+	}{
+		{"a link at the volume directory", linkVolume, "Add Get SandboxIDs ForgetSandbox"},
+		{"a link at mountInfo.json", linkMountInfo, "Add Get"},
+		{"a regular file at the volume directory", fileAtVolume, "Add Get SandboxIDs"},
+		{"a directory at mountInfo.json", dirAtMountInfo, "Add Get"},
+		{"a socket at mountInfo.json", socketAtMountInfo, "Add Get"},
+	}
+	type testCase struct {
 		name  string
 		plant func(*testing.T, env)
 		op    func(env) error
-	}{
-		{"Add through a link at the volume directory", linkVolume, add},
-		{"Get through a link at the volume directory (a link in the middle of the path)", linkVolume, get},
-		{"SandboxIDs through a link at the volume directory", linkVolume, ids},
-		{"ForgetSandbox through a link at the volume directory", linkVolume, forget},
-		{"Add over a link at mountInfo.json", linkMountInfo, add},
-		{"Get of a link at mountInfo.json", linkMountInfo, get},
-		{"Add over a regular file at the volume directory", fileAtVolume, add},
-		{"Get of a regular file at the volume directory", fileAtVolume, get},
-		{"SandboxIDs of a regular file at the volume directory", fileAtVolume, ids},
-		{"Add over a directory at mountInfo.json", dirAtMountInfo, add},
-		{"Get of a directory at mountInfo.json", dirAtMountInfo, get},
-		{"Add over a socket at mountInfo.json", socketAtMountInfo, add},
-		{"Get of a socket at mountInfo.json", socketAtMountInfo, get},
+	}
+	var cases []testCase
+	for _, p := range plants {
+		for _, call := range strings.Fields(p.calls) {
+			cases = append(cases, testCase{call + " with " + p.what, p.plant, ops[call]})
+		}
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
