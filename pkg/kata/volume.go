@@ -394,18 +394,23 @@ func checkAdd(volumePath, mountInfo string) error {
 // directory is built in the temporary directory and renamed into place whole; in an existing one only the
 // file is replaced, so the sandbox-id files stay.
 func (d *Dir) writeMountInfo(name string, data []byte) error {
-	// A volume written again mostly finds its file as it should be (every volume at each start of
-	// crustd): one read of it, without opening its directory, says so.
-	if old, fi, err := d.d.ReadFileBeneath(name+"/"+MountInfoFileName, maxMountInfoSize); err == nil && fi.Mode() == fileMode && bytes.Equal(old, data) {
+	// One read of the file where it stands, without opening its directory: a volume written again
+	// mostly finds it as it should be (every volume at each start of crustd), a new one finds nothing.
+	old, fi, err := d.d.ReadFileBeneath(name+"/"+MountInfoFileName, maxMountInfoSize)
+	if err == nil && fi.Mode() == fileMode && bytes.Equal(old, data) {
 		return nil
 	}
-	vol, err := d.d.OpenDir(name)
-	if err == nil {
-		defer func() { _ = vol.Close() }()
-		return d.inTemp(func(tmp *safedir.Dir) error { return d.replaceMountInfo(vol, tmp, data) })
-	}
+	// With nothing there the directory is built anew; one that stands without its file is found by the
+	// rename into place, and mended then.
 	if !errors.Is(err, fs.ErrNotExist) {
-		return foreign(err)
+		vol, err := d.d.OpenDir(name)
+		if err == nil {
+			defer func() { _ = vol.Close() }()
+			return d.inTemp(func(tmp *safedir.Dir) error { return d.replaceMountInfo(vol, tmp, data) })
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return foreign(err)
+		}
 	}
 	return d.inTemp(func(tmp *safedir.Dir) error {
 		staging, stage, err := tmp.MkdirTemp("add-") // mode 0700, as Kata makes volume directories
@@ -431,7 +436,7 @@ func (d *Dir) writeMountInfo(name string, data []byte) error {
 			if !errors.Is(err, fs.ErrExist) {
 				return err
 			}
-			// Someone created the volume directory meanwhile.
+			// The volume directory is there, without its file or made meanwhile.
 			vol, err := d.d.OpenDir(name)
 			if err != nil {
 				return foreign(err)

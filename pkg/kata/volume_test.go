@@ -323,6 +323,31 @@ func TestForgetSandbox(t *testing.T) {
 	}
 }
 
+// Add into a volume directory that stands without its mountInfo.json (an interrupted removal, or one made
+// by hand) writes the file there and keeps the sandbox-id file.
+func TestAddWhereOnlyTheDirectoryIs(t *testing.T) {
+	dir := t.TempDir()
+	vol := filepath.Join(dir, VolumeDirName(testPath))
+	if err := os.MkdirAll(vol, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(vol, "sb1"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := Add(dir, testPath, testInfo); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := Get(dir, testPath); err != nil || info.Device != "/dev/loop0" {
+		t.Fatalf("Get = %+v, %v; want the added mount info", info, err)
+	}
+	if ids, err := SandboxIDs(dir, testPath); err != nil || len(ids) != 1 || ids[0] != "sb1" {
+		t.Fatalf("sandbox ids: %v, %v; want sb1 kept", ids, err)
+	}
+	if left, err := os.ReadDir(filepath.Join(dir, TempDirName)); err != nil || len(left) != 0 {
+		t.Fatalf("temporary directory: %v, %v; want it empty", left, err)
+	}
+}
+
 // An opened Dir keeps its temporary directory between calls; one that somebody removed, or replaced with
 // a file, is made anew, and the calls succeed as if nothing had happened. The same holds with
 // WithoutSync, whose writes are the same files.
