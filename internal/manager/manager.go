@@ -572,20 +572,27 @@ func (m *Manager) forwarding(v *crustv1.Volume) error {
 }
 
 // CollectGarbage unstages the descriptors of pods whose kubelet pod directory is gone and returns their
-// target paths. It does nothing when <KubeletDir>/pods does not exist (no kubelet on this node yet).
+// target paths, in order. It does nothing when <KubeletDir>/pods does not exist (no kubelet on this node
+// yet). A pass reads no volume's claim and looks at each pod's directory once.
 func (m *Manager) CollectGarbage(ctx context.Context) []string {
 	pods := filepath.Join(m.cfg.KubeletDir, "pods")
 	if _, err := os.Stat(pods); err != nil {
 		return nil
 	}
 	var gone []string
-	for _, v := range m.List(ctx) {
-		target := v.GetSpec().GetVolumeTargetPath()
+	podGone := map[string]bool{} // a pod's directory is looked at once a pass, however many volumes it has
+	for _, target := range m.targets() {
 		uid := volume.PodDirUID(m.cfg.KubeletDir, target)
 		if uid == "" {
 			continue
 		}
-		if _, err := os.Lstat(filepath.Join(pods, uid)); !errors.Is(err, os.ErrNotExist) {
+		g, seen := podGone[uid]
+		if !seen {
+			_, err := os.Lstat(filepath.Join(pods, uid))
+			g = errors.Is(err, os.ErrNotExist)
+			podGone[uid] = g
+		}
+		if !g {
 			continue
 		}
 		unlock, err := m.locks.Lock(ctx, target)
@@ -601,6 +608,19 @@ func (m *Manager) CollectGarbage(ctx context.Context) []string {
 		unlock()
 	}
 	return gone
+}
+
+// targets returns the target paths of the descriptors held, in order. Nothing else is asked: the
+// claim source is not.
+func (m *Manager) targets() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	ts := make([]string, 0, len(m.vols))
+	m.order.Ascend(func(t string) bool {
+		ts = append(ts, t)
+		return true
+	})
+	return ts
 }
 
 // Counts returns how many volumes are staged and how many of them are claimed; for metrics.
