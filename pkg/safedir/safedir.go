@@ -542,7 +542,8 @@ func (d *Dir) RemoveAll(name string) error {
 	if err != nil {
 		return err
 	}
-	names, err := sub.Names()
+	// sub is this call's own open file description: its names are read on it, not on a new one.
+	names, err := sub.readNames(sub.fd)
 	for _, n := range names {
 		err = errors.Join(err, sub.RemoveAll(n))
 	}
@@ -563,6 +564,11 @@ func (d *Dir) Names() ([]string, error) {
 		return nil, pathErr("open", d.path, err, false)
 	}
 	defer func() { _ = unix.Close(fd) }() // read-only
+	return d.readNames(fd)
+}
+
+// readNames returns the names of the entries of the open directory fd, read from its offset, sorted.
+func (d *Dir) readNames(fd int) ([]string, error) {
 	var names []string
 	buf := direntBufs.Get().(*[]byte)
 	defer direntBufs.Put(buf)
