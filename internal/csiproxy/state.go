@@ -160,15 +160,15 @@ func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 // decodeRecord verifies and decodes the bytes of one record file; a record of another boot is marked
 // stale.
 func decodeRecord(b []byte, bootID string) (*Record, error) {
-	recBoot, payload, err := recordfile.Decode(b, recordVersion, payloadField)
+	rec, err := recordfile.Decode(b, recordVersion, recordVersion, payloadField)
 	if err != nil {
 		return nil, err
 	}
-	r, err := decodePayload(payload)
+	r, err := decodePayload(rec.Payload)
 	if err != nil {
 		return nil, err
 	}
-	r.Stale = recBoot != bootID
+	r.Stale = rec.BootID != bootID
 	return r, nil
 }
 

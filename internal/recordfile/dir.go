@@ -1,6 +1,7 @@
 package recordfile
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -22,6 +23,9 @@ const corruptTimeFormat = "20060102T150405.000000000Z"
 type Options struct {
 	// Version is the record format version written, and the newest read (see Encode and Decode).
 	Version int
+	// OldestVersion is the oldest version read; 0 reads Version alone. Its records are handed to the
+	// check with their version, which the user decodes by.
+	OldestVersion int
 	// Field is the envelope's key for the payload.
 	Field string
 	// BootID is the running boot's id (see ReadBootID); Put writes it into every record.
@@ -39,9 +43,8 @@ type Options struct {
 
 // Loaded is a valid record file that Open found, handed to the user's check.
 type Loaded struct {
-	Name    string // the file name in the records subdirectory
-	BootID  string // the boot id it was written under
-	Payload []byte // the payload, byte for byte as stored
+	Name string // the file name in the records subdirectory
+	Record
 }
 
 // Check decides what Open does with a record whose envelope is valid: it returns an error saying what is
@@ -148,7 +151,7 @@ func Open(dir string, opt Options, check Check) (_ *Dir, _ *Report, err error) {
 			v.err = fmt.Errorf("read %s: %w", d.records.Join(*name), err)
 			return
 		}
-		boot, payload, err := Decode(data, opt.Version, opt.Field)
+		rec, err := Decode(data, cmp.Or(opt.OldestVersion, opt.Version), opt.Version, opt.Field)
 		switch {
 		case errors.Is(err, ErrNewerVersion):
 			v.err = fmt.Errorf("%s: %w; refusing to load anything so that a downgrade loses nothing: %w",
@@ -158,7 +161,7 @@ func Open(dir string, opt Options, check Check) (_ *Dir, _ *Report, err error) {
 			v.damage = err.Error()
 			return
 		}
-		drop, err := check(Loaded{Name: *name, BootID: boot, Payload: payload})
+		drop, err := check(Loaded{Name: *name, Record: rec})
 		if err != nil {
 			v.damage = err.Error()
 		}

@@ -14,7 +14,8 @@ import (
 
 // Open hands every valid record to the check and acts on its verdicts: kept, dropped (deleted) or moved
 // aside; a damaged envelope is moved aside without reaching the check; tmp/ is emptied; the lock is held
-// until Close; a newer record stops Open with nothing moved.
+// until Close; a newer record stops Open with nothing moved; records of the older versions read are
+// handed to the check with their version.
 func TestOpenClassifies(t *testing.T) {
 	dir := t.TempDir()
 	opt := Options{Version: 1, Field: "p", BootID: "b1", Records: "recs", Extra: []string{"more"}, Lock: "test"}
@@ -95,5 +96,22 @@ func TestOpenClassifies(t *testing.T) {
 	}
 	if names, _ := os.ReadDir(recs); len(names) != 2 {
 		t.Errorf("Open over a newer record changed the records: %v", names)
+	}
+
+	// The code of version 2 that still reads 1 loads both, each with its version.
+	opt.Version, opt.OldestVersion = 2, 1
+	versions := map[string]int{}
+	d, _, err = Open(dir, opt, func(l Loaded) (bool, error) {
+		mu.Lock()
+		versions[l.Name] = l.Version
+		mu.Unlock()
+		return false, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	if len(versions) != 2 || versions["keep"] != 1 || versions["newer"] != 2 {
+		t.Errorf("versions handed to the check: %v; want keep 1, newer 2", versions)
 	}
 }

@@ -43,11 +43,13 @@
 // Open empties tmp/, then classifies every entry of the records subdirectory before acting on any:
 //
 //  1. Of a version newer than the user's: Open fails naming the file, having changed nothing.
-//  2. Not a regular file, larger than MaxSize, not JSON, an older or missing version, an empty bootId,
-//     no payload, a checksum mismatch, or refused by the user's Check (a payload that does not decode, a
-//     file name that does not match it): moved into corrupt/, logged at Warn, reported.
+//  2. Not a regular file, larger than MaxSize, not JSON, a version older than the oldest the user reads
+//     (Options.OldestVersion) or missing, an empty bootId, no payload, a checksum mismatch, or refused by
+//     the user's Check (a payload that does not decode, a file name that does not match it): moved into
+//     corrupt/, logged at Warn, reported.
 //  3. Dropped by the user's Check: deleted, reported.
-//  4. Otherwise kept: the Check holds what it needs of it.
+//  4. Otherwise kept: the Check holds what it needs of it. A user that changes its payload's encoding
+//     writes a new version and keeps reading the old ones, telling them apart by Loaded.Version.
 package recordfile
 
 import (
@@ -94,61 +96,68 @@ func Encode(version int, bootID, field string, payload []byte) ([]byte, error) {
 	return b, nil
 }
 
-// Decode verifies data as a record of exactly version and returns its boot id and the payload under field,
-// byte for byte as stored. A newer version is an error wrapping ErrNewerVersion; anything else that is not
-// a valid record (bad JSON, older or missing version, empty boot id, no payload, checksum mismatch) is
-// another error saying what is wrong.
-func Decode(data []byte, version int, field string) (bootID string, payload []byte, err error) {
+// Record is what a valid record holds.
+type Record struct {
+	Version int    // its format version
+	BootID  string // the boot id it was written under
+	Payload []byte // the payload, byte for byte as stored
+}
+
+// Decode verifies data as a record of a version from oldest to newest under field. A newer version is an
+// error wrapping ErrNewerVersion; anything else that is not a valid record (bad JSON, a version older
+// than oldest or missing, an empty boot id, no payload, a checksum mismatch) is another error saying what
+// is wrong.
+func Decode(data []byte, oldest, newest int, field string) (Record, error) {
 	if len(data) > MaxSize {
-		return "", nil, fmt.Errorf("record is %d bytes, more than %d", len(data), MaxSize)
+		return Record{}, fmt.Errorf("record is %d bytes, more than %d", len(data), MaxSize)
 	}
-	if bootID, payload, sum, ok := cutWritten(data, version, field); ok {
+	if bootID, payload, sum, ok := cutWritten(data, newest, field); ok {
 		// The layout Encode writes, read without a JSON parse of the envelope (a start reads thousands);
 		// the payload must still be one JSON value, as the general path would have found.
 		got := sha256.Sum256(payload)
 		if hex.EncodeToString(got[:]) == sum && json.Valid(payload) {
-			return bootID, payload, nil
+			return Record{Version: newest, BootID: bootID, Payload: payload}, nil
 		}
 	}
-	return decodeJSON(data, version, field)
+	return decodeJSON(data, oldest, newest, field)
 }
 
 // decodeJSON is Decode for a record in any layout JSON allows.
-func decodeJSON(data []byte, version int, field string) (bootID string, payload []byte, err error) {
+func decodeJSON(data []byte, oldest, newest int, field string) (Record, error) {
 	// The version first, alone, so that a newer format is recognised even if the rest of its envelope
 	// would not parse as this one.
 	var head struct {
 		Version int `json:"version"`
 	}
 	if err := json.Unmarshal(data, &head); err != nil {
-		return "", nil, fmt.Errorf("not a JSON record: %w", err)
+		return Record{}, fmt.Errorf("not a JSON record: %w", err)
 	}
 	switch {
-	case head.Version > version:
-		return "", nil, fmt.Errorf("record version %d, newer than %d which this code reads: %w", head.Version, version, ErrNewerVersion)
-	case head.Version < version:
-		return "", nil, fmt.Errorf("missing or invalid version %d", head.Version)
+	case head.Version > newest:
+		return Record{}, fmt.Errorf("record version %d, newer than %d which this code reads: %w", head.Version, newest, ErrNewerVersion)
+	case head.Version < oldest:
+		return Record{}, fmt.Errorf("missing or invalid version %d", head.Version)
 	}
 	var env map[string]json.RawMessage
 	if err := json.Unmarshal(data, &env); err != nil {
-		return "", nil, fmt.Errorf("bad envelope: %w", err)
+		return Record{}, fmt.Errorf("bad envelope: %w", err)
 	}
+	r := Record{Version: head.Version}
 	var sumHex string
-	if err := json.Unmarshal(env["bootId"], &bootID); err != nil || bootID == "" {
-		return "", nil, errors.New("empty bootId")
+	if err := json.Unmarshal(env["bootId"], &r.BootID); err != nil || r.BootID == "" {
+		return Record{}, errors.New("empty bootId")
 	}
 	if err := json.Unmarshal(env["sha256"], &sumHex); err != nil {
-		return "", nil, errors.New("no sha256")
+		return Record{}, errors.New("no sha256")
 	}
-	payload = env[field]
-	if len(payload) == 0 {
-		return "", nil, fmt.Errorf("no %s", field)
+	if r.Payload = env[field]; len(r.Payload) == 0 {
+		return Record{}, fmt.Errorf("no %s", field)
 	}
-	sum := sha256.Sum256(payload)
+	sum := sha256.Sum256(r.Payload)
 	if got := hex.EncodeToString(sum[:]); sumHex != got {
-		return "", nil, fmt.Errorf("checksum mismatch: recorded %q, payload has %q", sumHex, got)
+		return Record{}, fmt.Errorf("checksum mismatch: recorded %q, payload has %q", sumHex, got)
 	}
-	return bootID, payload, nil
+	return r, nil
 }
 
 // cutWritten splits data laid out exactly as Encode writes it for version and field into its boot id,

@@ -20,9 +20,9 @@ func TestRoundTripAndRefusals(t *testing.T) {
 	if want := `{"version":1,"bootId":"boot-1","sha256":"`; !strings.HasPrefix(string(rec), want) {
 		t.Fatalf("record %s does not start with %s", rec, want)
 	}
-	boot, got, err := Decode(rec, 1, "thing")
-	if err != nil || boot != "boot-1" || !bytes.Equal(got, payload) {
-		t.Fatalf("Decode = %q, %q, %v", boot, got, err)
+	got, err := Decode(rec, 1, 1, "thing")
+	if err != nil || got.Version != 1 || got.BootID != "boot-1" || !bytes.Equal(got.Payload, payload) {
+		t.Fatalf("Decode = %+v, %v", got, err)
 	}
 	flip := bytes.Replace(rec, []byte(`"b":"x"`), []byte(`"b":"y"`), 1)
 	for _, tc := range []struct {
@@ -40,12 +40,20 @@ func TestRoundTripAndRefusals(t *testing.T) {
 		if tc.name == "other field" {
 			field = "other"
 		}
-		if _, _, err := Decode([]byte(tc.data), 1, field); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := Decode([]byte(tc.data), 1, 1, field); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
 	}
-	if _, _, err := Decode(rec, 0, "thing"); !errors.Is(err, ErrNewerVersion) {
+	if _, err := Decode(rec, 0, 0, "thing"); !errors.Is(err, ErrNewerVersion) {
 		t.Errorf("a version 1 record read by version 0 code: %v, want ErrNewerVersion", err)
+	}
+	// Code that writes version 2 and still reads 1: the fast path is for its own version, the older one is
+	// read as JSON, and one older than it reads is refused as damage.
+	if got, err := Decode(rec, 1, 2, "thing"); err != nil || got.Version != 1 || !bytes.Equal(got.Payload, payload) {
+		t.Errorf("a version 1 record read by code of versions 1 to 2: %+v, %v", got, err)
+	}
+	if _, err := Decode(rec, 2, 3, "thing"); err == nil || errors.Is(err, ErrNewerVersion) || !strings.Contains(err.Error(), "invalid version 1") {
+		t.Errorf("a version 1 record read by code of versions 2 to 3: %v, want an invalid version", err)
 	}
 }
 
@@ -83,12 +91,16 @@ func TestWriteIsAtomicWithTheTempElsewhere(t *testing.T) {
 }
 
 // FuzzDecode: any bytes decode or are refused without a panic, the same as a JSON parse of the whole
-// record decides (the fast path for Encode's own layout agrees with it), and what is accepted re-encodes
-// to a record that decodes to the same boot id and payload.
+// record decides (the fast path for Encode's own layout agrees with it), by code that reads versions 1
+// and 2, and what is accepted re-encodes to a record that decodes to the same version, boot id and
+// payload.
 func FuzzDecode(f *testing.F) {
 	good, _ := Encode(1, "b", "p", []byte(`{"x":1}`))
 	f.Add(good)
+	newest, _ := Encode(2, "b", "p", []byte(`"eA=="`))
+	f.Add(newest)
 	f.Add([]byte(`{"version":2}`))
+	f.Add([]byte(`{"version":3}`))
 	f.Add([]byte(`{"version":1,"bootId":"b","sha256":"00","p":1}`))
 	f.Add([]byte(`[]`))
 	spaced, _ := Encode(1, "b", "p", []byte(`{"x": [1, 2]}`))
@@ -96,21 +108,20 @@ func FuzzDecode(f *testing.F) {
 	f.Add(append(bytes.TrimSuffix(good, []byte("}\n")), []byte(`,"p":2}`+"\n")...)) // a second payload member
 	f.Add(bytes.Replace(good, []byte(`"b"`), []byte(`"\u0062"`), 1))                // an escaped boot id
 	f.Fuzz(func(t *testing.T, data []byte) {
-		boot, payload, err := Decode(data, 1, "p")
-		jb, jp, jerr := decodeJSON(data, 1, "p")
-		if (err == nil) != (jerr == nil) || boot != jb || !bytes.Equal(payload, jp) {
-			t.Fatalf("Decode(%q) = %q, %q, %v; the JSON parse says %q, %q, %v", data, boot, payload, err, jb, jp, jerr)
+		got, err := Decode(data, 1, 2, "p")
+		want, jerr := decodeJSON(data, 1, 2, "p")
+		if (err == nil) != (jerr == nil) || got.Version != want.Version || got.BootID != want.BootID || !bytes.Equal(got.Payload, want.Payload) {
+			t.Fatalf("Decode(%q) = %+v, %v; the JSON parse says %+v, %v", data, got, err, want, jerr)
 		}
 		if err != nil {
 			return
 		}
-		again, err := Encode(1, boot, "p", payload)
+		again, err := Encode(got.Version, got.BootID, "p", got.Payload)
 		if err != nil {
 			t.Fatalf("accepted %q but cannot re-encode: %v", data, err)
 		}
-		b2, p2, err := Decode(again, 1, "p")
-		if err != nil || b2 != boot || !bytes.Equal(p2, payload) {
-			t.Fatalf("round trip of %q: %q %q %v", data, b2, p2, err)
+		if r, err := Decode(again, 1, 2, "p"); err != nil || r.Version != got.Version || r.BootID != got.BootID || !bytes.Equal(r.Payload, got.Payload) {
+			t.Fatalf("round trip of %q: %+v %v", data, r, err)
 		}
 	})
 }

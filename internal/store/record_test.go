@@ -109,13 +109,13 @@ type record struct {
 // a newer format, and another error for anything that is not a valid version 1 record. It does not check
 // the file name or the boot id; the caller does.
 func decodeRecord(data []byte) (record, error) {
-	bootID, payload, err := recordfile.Decode(data, recordVersion, payloadField)
+	rec, err := recordfile.Decode(data, recordVersion, recordVersion, payloadField)
 	if err != nil {
 		return record{}, err
 	}
-	v, err := decodeVolume(payload)
+	v, err := decodeVolume(rec.Payload)
 	if err != nil {
 		return record{}, err
 	}
-	return record{bootID: bootID, volume: v}, nil
+	return record{bootID: rec.BootID, volume: v}, nil
 }
