@@ -111,13 +111,18 @@ func Decode(data []byte, oldest, newest int, field string) (Record, error) {
 	if len(data) > MaxSize {
 		return Record{}, fmt.Errorf("record is %d bytes, more than %d", len(data), MaxSize)
 	}
-	if bootID, payload, sum, ok := cutWritten(data, newest, field); ok {
+	for version := newest; version >= oldest; version-- {
 		// The layout Encode writes, read without a JSON parse of the envelope (a start reads thousands);
 		// the payload must still be one JSON value, as the general path would have found.
+		bootID, payload, sum, ok := cutWritten(data, version, field)
+		if !ok {
+			continue
+		}
 		got := sha256.Sum256(payload)
 		if hex.EncodeToString(got[:]) == sum && json.Valid(payload) {
-			return Record{Version: newest, BootID: bootID, Payload: payload}, nil
+			return Record{Version: version, BootID: bootID, Payload: payload}, nil
 		}
+		break
 	}
 	return decodeJSON(data, oldest, newest, field)
 }
