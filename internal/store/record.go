@@ -3,17 +3,23 @@ package store
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/internal/recordfile"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
-// recordVersion is the record format this code writes, and the newest it reads.
-const recordVersion = 1
+// Record format versions: recordVersion is the one this code writes, and the newest it reads; it reads
+// every version from oldestRecordVersion on.
+const (
+	recordVersion       = 2 // payload: the base64 of the protobuf encoding of the volume
+	oldestRecordVersion = 1 // payload: the protojson encoding of the volume
+)
 
 // maxRecordSize bounds a record file. Put refuses a larger record, so anything Put accepts Open loads.
 const maxRecordSize = recordfile.MaxSize
@@ -21,12 +27,15 @@ const maxRecordSize = recordfile.MaxSize
 // payloadField is the envelope's key for the volume.
 const payloadField = "volume"
 
-// unmarshalVolume decodes a payload. Unknown fields (and unknown enum names) are discarded: a newer crustd
-// may add fields to Volume without a new record version, as protobuf's compatibility rules allow, and an
-// older crustd must then still load the descriptor rather than move it aside as corrupt and lose the
-// volume. What it drops is what it could not act on anyway. Changes an older crustd must not ignore take a
-// new record version, which it refuses.
-var unmarshalVolume = protojson.UnmarshalOptions{DiscardUnknown: true}
+// Unknown fields (and, in version 1, unknown enum names) are discarded: a newer crustd may add fields to
+// Volume without a new record version, as protobuf's compatibility rules allow, and an older crustd must
+// then still load the descriptor rather than move it aside as corrupt and lose the volume. What it drops
+// is what it could not act on anyway. Changes an older crustd must not ignore take a new record version,
+// which it refuses.
+var (
+	unmarshalVolume   = proto.UnmarshalOptions{DiscardUnknown: true}
+	unmarshalVolumeV1 = protojson.UnmarshalOptions{DiscardUnknown: true}
+)
 
 // keyOf returns the file name key of a target path: the lowercase hex SHA-256 of its bytes.
 func keyOf(target string) string {
@@ -34,10 +43,32 @@ func keyOf(target string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// decodeVolume decodes and checks a record's payload.
-func decodeVolume(payload []byte) (*crustv1.Volume, error) {
+// encodeVolume returns the payload of v in the record version this code writes: a JSON string holding
+// the standard base64 of v's protobuf encoding.
+func encodeVolume(v *crustv1.Volume) ([]byte, error) {
+	bin, err := proto.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(bin) // a []byte is written as its base64
+}
+
+// decodeVolume decodes and checks the payload of a record of the given version.
+func decodeVolume(version int, payload []byte) (*crustv1.Volume, error) {
 	v := &crustv1.Volume{}
-	if err := unmarshalVolume.Unmarshal(payload, v); err != nil {
+	var err error
+	switch version {
+	case oldestRecordVersion:
+		err = unmarshalVolumeV1.Unmarshal(payload, v)
+	case recordVersion:
+		var bin []byte
+		if err = json.Unmarshal(payload, &bin); err == nil {
+			err = unmarshalVolume.Unmarshal(bin, v)
+		}
+	default:
+		err = fmt.Errorf("record version %d is not read here", version)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("bad volume: %w", err)
 	}
 	if v.GetSpec().GetVolumeTargetPath() == "" {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"testing"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/internal/recordfile"
@@ -21,7 +20,14 @@ func FuzzDecodeRecord(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	current, err := encodeVolume(fullVol("/k/x"))
+	if err != nil {
+		f.Fatal(err)
+	}
 	payloads := [][]byte{
+		current,
+		[]byte(`"CgUKAy9reA=="`), // a spec with target path /kx
+		[]byte(`"CgUKAy9reA\u003d\u003d"`),
 		[]byte(`{"spec":{"volumeTargetPath":"/k/x","futureField":[1,{"a":null}]}}`),
 		[]byte(` {"spec" : {"volumeTargetPath":"/k/x", "metadata":{"k":"\u00fc"}}} `),
 		[]byte(`{"spec":{"volumeTargetPath":"/k/x","volumeType":"VOLUME_TYPE_PMEM"},"stageTime":"2025-01-02T03:04:05Z"}`),
@@ -32,8 +38,9 @@ func FuzzDecodeRecord(f *testing.F) {
 		good,
 		good[:len(good)/2],
 		bytes.Replace(good, []byte("pvc"), []byte("pvd"), 1),
-		bytes.Replace(good, []byte(`"version":1`), []byte(`"version":2`), 1),
-		bytes.Replace(good, []byte(`"version":1`), []byte(`"version":1.5`), 1),
+		bytes.Replace(good, []byte(`"version":2`), []byte(`"version":3`), 1),
+		bytes.Replace(good, []byte(`"version":2`), []byte(`"version":1`), 1),
+		bytes.Replace(good, []byte(`"version":2`), []byte(`"version":1.5`), 1),
 		rawRecord(1, bootA, []byte(` {"spec" : {"volumeTargetPath":"/k/x"}} `)),
 		rawRecord(1, "", []byte(`{"spec":{"volumeTargetPath":"/k/x"}}`)),
 		[]byte(`{"version":1,"bootId":"b","sha256":"","volume":null}`),
@@ -46,7 +53,9 @@ func FuzzDecodeRecord(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data, payload []byte) {
 		checkDecode(t, data)
-		checkDecode(t, rawRecord(1, bootA, payload))
+		for version := oldestRecordVersion; version <= recordVersion; version++ {
+			checkDecode(t, rawRecord(version, bootA, payload))
+		}
 	})
 }
 
@@ -77,8 +86,8 @@ func checkDecode(t *testing.T, data []byte) {
 
 func TestDecodeRecordNewerVersion(t *testing.T) {
 	for _, data := range []string{
-		`{"version":2}`,
-		`{"version":3,"bootId":7}`,
+		`{"version":3}`,
+		`{"version":4,"bootId":7}`,
 		`{"bootId":"x","version":1000,"volume":{}}`,
 	} {
 		if _, err := decodeRecord([]byte(data)); !errors.Is(err, errNewerVersion) {
@@ -92,7 +101,7 @@ var errNewerVersion = recordfile.ErrNewerVersion
 
 // encodeRecord returns the record of v written under bootID.
 func encodeRecord(bootID string, v *crustv1.Volume) ([]byte, error) {
-	payload, err := protojson.Marshal(v)
+	payload, err := encodeVolume(v)
 	if err != nil {
 		return nil, err
 	}
@@ -106,14 +115,14 @@ type record struct {
 }
 
 // decodeRecord parses and verifies a record. It returns an error wrapping errNewerVersion for a record of
-// a newer format, and another error for anything that is not a valid version 1 record. It does not check
+// a newer format, and another error for anything that is not a valid record of a version read. It does not check
 // the file name or the boot id; the caller does.
 func decodeRecord(data []byte) (record, error) {
-	rec, err := recordfile.Decode(data, recordVersion, recordVersion, payloadField)
+	rec, err := recordfile.Decode(data, oldestRecordVersion, recordVersion, payloadField)
 	if err != nil {
 		return record{}, err
 	}
-	v, err := decodeVolume(rec.Payload)
+	v, err := decodeVolume(rec.Version, rec.Payload)
 	if err != nil {
 		return record{}, err
 	}

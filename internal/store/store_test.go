@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -118,7 +120,18 @@ func rawRecord(version int, bootID string, payload []byte) []byte {
 	return fmt.Appendf(nil, `{"version":%d,"bootId":%q,"sha256":"%x","volume":%s}`+"\n", version, bootID, sum, payload)
 }
 
+// payloadOf is the payload of v in the record version this code writes.
 func payloadOf(t *testing.T, v *crustv1.Volume) []byte {
+	t.Helper()
+	bin, err := proto.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Appendf(nil, "%q", base64.StdEncoding.EncodeToString(bin))
+}
+
+// payloadV1Of is the payload of v in record version 1, as crustd wrote it before version 2.
+func payloadV1Of(t *testing.T, v *crustv1.Volume) []byte {
 	t.Helper()
 	b, err := protojson.Marshal(v)
 	if err != nil {
@@ -198,7 +211,7 @@ func TestRecordFormat(t *testing.T) {
 	if err != nil {
 		t.Fatalf("record not at the documented path: %v", err)
 	}
-	prefix := `{"version":1,"bootId":"` + bootA + `","sha256":"`
+	prefix := `{"version":2,"bootId":"` + bootA + `","sha256":"`
 	if !bytes.HasPrefix(data, []byte(prefix)) || !bytes.HasSuffix(data, []byte("}\n")) || bytes.Count(data, []byte("\n")) != 1 {
 		t.Fatalf("record does not have the documented shape:\n%s", data)
 	}
@@ -211,9 +224,18 @@ func TestRecordFormat(t *testing.T) {
 	if got := sha256.Sum256(payload); hex.EncodeToString(got[:]) != string(sum) {
 		t.Errorf("sha256 %s is not the checksum of the payload bytes", sum)
 	}
+	// A JSON string of the standard base64, with padding, of the protobuf encoding.
 	got := &crustv1.Volume{}
-	if err := protojson.Unmarshal(payload, got); err != nil || !proto.Equal(got, v) {
-		t.Errorf("payload is not the protojson of the volume (err %v):\n%s", err, payload)
+	if len(payload) < 2 || payload[0] != '"' || payload[len(payload)-1] != '"' {
+		t.Fatalf("payload is not a JSON string:\n%s", payload)
+	}
+	b64 := payload[1 : len(payload)-1]
+	bin, err := base64.StdEncoding.DecodeString(string(b64))
+	if err != nil {
+		t.Fatalf("payload is not standard base64: %v\n%s", err, payload)
+	}
+	if err := proto.Unmarshal(bin, got); err != nil || !proto.Equal(got, v) {
+		t.Errorf("payload is not the base64 of the protobuf encoding of the volume (err %v):\n%s", err, payload)
 	}
 }
 
@@ -318,7 +340,7 @@ func TestOtherBootDropped(t *testing.T) {
 
 func TestCorruptMovedAside(t *testing.T) {
 	const target = "/k/pods/bad/mount"
-	good := func(t *testing.T) []byte { return rawRecord(1, bootA, payloadOf(t, fullVol(target))) }
+	good := func(t *testing.T) []byte { return rawRecord(recordVersion, bootA, payloadOf(t, fullVol(target))) }
 	for _, tc := range []struct {
 		name   string
 		reason string // in the warning
@@ -331,7 +353,7 @@ func TestCorruptMovedAside(t *testing.T) {
 		}},
 		{"flipped byte in payload", "checksum mismatch", func(t *testing.T) (string, []byte) {
 			b := good(t)
-			i := bytes.Index(b, []byte("pvc-0d6c"))
+			i := bytes.Index(b, []byte(`"volume":"`)) + len(`"volume":"`) + 10
 			b[i] ^= 0x01
 			return filepath.Base(recordPath("", target)), b
 		}},
@@ -342,7 +364,7 @@ func TestCorruptMovedAside(t *testing.T) {
 			return filepath.Base(recordPath("", target)), b
 		}},
 		{"bad JSON", "not a JSON record", func(_ *testing.T) (string, []byte) {
-			return filepath.Base(recordPath("", target)), []byte(`{"version":1,"bootId":`)
+			return filepath.Base(recordPath("", target)), []byte(`{"version":2,"bootId":`)
 		}},
 		{"trailing garbage", "not a JSON record", func(t *testing.T) (string, []byte) {
 			return filepath.Base(recordPath("", target)), append(good(t), "{}"...)
@@ -357,19 +379,31 @@ func TestCorruptMovedAside(t *testing.T) {
 			return "stray.txt", good(t)
 		}},
 		{"version missing", "missing or invalid version 0", func(t *testing.T) (string, []byte) {
-			return filepath.Base(recordPath("", target)), bytes.Replace(good(t), []byte(`"version":1,`), nil, 1)
+			return filepath.Base(recordPath("", target)), bytes.Replace(good(t), []byte(`"version":2,`), nil, 1)
 		}},
 		{"version zero", "missing or invalid version 0", func(t *testing.T) (string, []byte) {
 			return filepath.Base(recordPath("", target)), rawRecord(0, bootA, payloadOf(t, vol(target)))
 		}},
 		{"empty bootId", "empty bootId", func(t *testing.T) (string, []byte) {
-			return filepath.Base(recordPath("", target)), rawRecord(1, "", payloadOf(t, vol(target)))
+			return filepath.Base(recordPath("", target)), rawRecord(recordVersion, "", payloadOf(t, vol(target)))
 		}},
 		{"payload not a Volume, checksum valid", "bad volume", func(_ *testing.T) (string, []byte) {
+			return filepath.Base(recordPath("", target)), rawRecord(recordVersion, bootA, []byte(`"bm9wZQ=="`)) // "nope"
+		}},
+		{"payload not base64, checksum valid", "bad volume", func(_ *testing.T) (string, []byte) {
+			return filepath.Base(recordPath("", target)), rawRecord(recordVersion, bootA, []byte(`"no pe"`))
+		}},
+		{"payload not a string, checksum valid", "bad volume", func(t *testing.T) (string, []byte) {
+			return filepath.Base(recordPath("", target)), rawRecord(recordVersion, bootA, payloadV1Of(t, vol(target)))
+		}},
+		{"version 1 payload not a Volume, checksum valid", "bad volume", func(_ *testing.T) (string, []byte) {
 			return filepath.Base(recordPath("", target)), rawRecord(1, bootA, []byte(`{"spec":"nope"}`))
 		}},
+		{"version 1 payload of version 2, checksum valid", "bad volume", func(t *testing.T) (string, []byte) {
+			return filepath.Base(recordPath("", target)), rawRecord(1, bootA, payloadOf(t, vol(target)))
+		}},
 		{"empty target, checksum valid", "no target path", func(_ *testing.T) (string, []byte) {
-			return filepath.Base(recordPath("", "")), rawRecord(1, bootA, []byte(`{}`))
+			return filepath.Base(recordPath("", "")), rawRecord(recordVersion, bootA, []byte(`""`))
 		}},
 		{"over 1 MiB", "more than 1048576", func(_ *testing.T) (string, []byte) {
 			return filepath.Base(recordPath("", target)), bytes.Repeat([]byte(" "), maxRecordSize+1)
@@ -432,19 +466,56 @@ func TestNonRegularEntryMovedAside(t *testing.T) {
 	}
 }
 
+// Fields a newer crustd added within a record version are dropped, and the volume loads.
 func TestUnknownFieldsIgnored(t *testing.T) {
+	const target = "/k/future"
+	bin, err := proto.Marshal(&crustv1.Volume{Spec: &crustv1.VolumeSpec{VolumeTargetPath: target, FsType: "ext4"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin = protowire.AppendTag(bin, 99, protowire.BytesType) // a field of a number Volume does not have
+	bin = protowire.AppendBytes(bin, []byte("future"))
+	for _, tc := range []struct {
+		name   string
+		record []byte
+	}{
+		{"version 1", rawRecord(1, bootA, []byte(`{"spec":{"volumeTargetPath":"/k/future","fsType":"ext4",`+
+			`"volumeType":"VOLUME_TYPE_FROM_THE_FUTURE","futureField":{"x":[1,2]}},"futureTopLevel":true}`))},
+		{"version 2", rawRecord(2, bootA, fmt.Appendf(nil, "%q", base64.StdEncoding.EncodeToString(bin)))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			mustOpen(t, dir, bootA)
+			writeFile(t, recordPath(dir, target), tc.record)
+			_, r := mustOpen(t, dir, bootA)
+			if len(r.Corrupt) != 0 || len(r.Volumes) != 1 {
+				t.Fatalf("Corrupt %v, Volumes %v; want the record loaded", r.Corrupt, targets(r.Volumes))
+			}
+			got := r.Volumes[0]
+			if got.GetSpec().GetVolumeTargetPath() != target || got.GetSpec().GetFsType() != "ext4" || len(got.ProtoReflect().GetUnknown()) != 0 {
+				t.Fatalf("loaded %v (unknown bytes %q)", got, got.ProtoReflect().GetUnknown())
+			}
+		})
+	}
+}
+
+// Records crustd wrote before version 2 (protojson payloads) load as they were, and a Put writes the
+// volume again in version 2.
+func TestReadsVersion1(t *testing.T) {
 	dir := t.TempDir()
 	mustOpen(t, dir, bootA)
-	const target = "/k/future"
-	payload := []byte(`{"spec":{"volumeTargetPath":"/k/future","fsType":"ext4","volumeType":"VOLUME_TYPE_FROM_THE_FUTURE",` +
-		`"futureField":{"x":[1,2]}},"futureTopLevel":true}`)
-	writeFile(t, recordPath(dir, target), rawRecord(1, bootA, payload))
-	_, r := mustOpen(t, dir, bootA)
-	if len(r.Corrupt) != 0 || len(r.Volumes) != 1 {
-		t.Fatalf("Corrupt %v, Volumes %v; want the record loaded", r.Corrupt, targets(r.Volumes))
+	v := fullVol("/k/pods/old/mount")
+	writeFile(t, recordPath(dir, "/k/pods/old/mount"), rawRecord(1, bootA, payloadV1Of(t, v)))
+	writeFile(t, recordPath(dir, "/k/pods/gone/mount"), rawRecord(1, bootB, payloadV1Of(t, vol("/k/pods/gone/mount"))))
+	s, r := mustOpen(t, dir, bootA)
+	if len(r.Volumes) != 1 || !proto.Equal(r.Volumes[0], v) || !slices.Equal(r.Dropped, []string{"/k/pods/gone/mount"}) || len(r.Corrupt) != 0 {
+		t.Fatalf("Volumes %v, Dropped %v, Corrupt %v; want the version 1 record loaded and the other boot's dropped",
+			r.Volumes, r.Dropped, r.Corrupt)
 	}
-	if got := r.Volumes[0].GetSpec(); got.GetVolumeTargetPath() != target || got.GetFsType() != "ext4" {
-		t.Fatalf("loaded %v", got)
+	mustPut(t, s, v)
+	data, err := os.ReadFile(recordPath(dir, "/k/pods/old/mount"))
+	if err != nil || !bytes.HasPrefix(data, []byte(`{"version":2,`)) {
+		t.Fatalf("the record after a Put: %s, %v; want version 2", data, err)
 	}
 }
 
@@ -453,15 +524,15 @@ func TestNewerVersionRefused(t *testing.T) {
 		name   string
 		record []byte
 	}{
-		{"version 2", rawRecord(2, bootA, []byte(`{"spec":{"volumeTargetPath":"/k/v2"}}`))},
-		{"version 2 of another boot", rawRecord(2, bootB, []byte(`{"spec":{"volumeTargetPath":"/k/v2"}}`))},
-		{"version 2 with an envelope version 1 cannot parse", []byte(`{"bootId":{"new":"shape"},"version":2,"volumes":[]}`)},
+		{"version 3", rawRecord(3, bootA, []byte(`{"spec":{"volumeTargetPath":"/k/v3"}}`))},
+		{"version 3 of another boot", rawRecord(3, bootB, []byte(`{"spec":{"volumeTargetPath":"/k/v3"}}`))},
+		{"version 3 with an envelope version 2 cannot parse", []byte(`{"bootId":{"new":"shape"},"version":3,"volumes":[]}`)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			s, _ := mustOpen(t, dir, bootA)
 			mustPut(t, s, vol("/k/good"))
-			writeFile(t, recordPath(dir, "/k/other-boot"), rawRecord(1, bootB, payloadOf(t, vol("/k/other-boot"))))
+			writeFile(t, recordPath(dir, "/k/other-boot"), rawRecord(recordVersion, bootB, payloadOf(t, vol("/k/other-boot"))))
 			writeFile(t, filepath.Join(dir, "volumes", "damaged.json"), []byte("garbage"))
 			writeFile(t, filepath.Join(dir, "volumes", "zz.json"), tc.record)
 			before := readDirNames(t, filepath.Join(dir, "volumes"))
@@ -471,7 +542,7 @@ func TestNewerVersionRefused(t *testing.T) {
 				t.Fatal("Open succeeded over a record of a newer version")
 			}
 			if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "zz.json") ||
-				!strings.Contains(err.Error(), "version 2") {
+				!strings.Contains(err.Error(), "version 3") {
 				t.Errorf("error %q: want ErrFailedPrecondition naming the file and its version", err)
 			}
 			// Neither the record of another boot nor the damaged one was touched.
