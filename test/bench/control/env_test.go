@@ -15,17 +15,18 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/harness"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
 )
 
-// bins holds crustd and crustctl, built once per process.
+// bins holds crustd, crustctl and grpcfloor, built once per process.
 var bins struct {
-	once             sync.Once
-	dir              string
-	crustd, crustctl string
-	err              error
+	once                        sync.Once
+	dir                         string
+	crustd, crustctl, grpcfloor string
+	err                         error
 }
 
 func buildBins(b *testing.B) {
@@ -34,8 +35,10 @@ func buildBins(b *testing.B) {
 		if bins.dir, bins.err = os.MkdirTemp("", "crust-control-bench-"); bins.err != nil {
 			return
 		}
-		bins.err = harness.Build(bins.dir, "crust.dev/crust/cmd/crustd", "crust.dev/crust/cmd/crustctl")
+		bins.err = harness.Build(bins.dir, "crust.dev/crust/cmd/crustd", "crust.dev/crust/cmd/crustctl",
+			"crust.dev/crust/test/bench/cmd/grpcfloor")
 		bins.crustd, bins.crustctl = filepath.Join(bins.dir, "crustd"), filepath.Join(bins.dir, "crustctl")
+		bins.grpcfloor = filepath.Join(bins.dir, "grpcfloor")
 	})
 	if bins.err != nil {
 		b.Fatal(bins.err)
@@ -102,6 +105,21 @@ func startEnv(b *testing.B, stateDir, kataDir string, n int, extra ...string) *e
 	e.vols, e.health = crustv1.NewVolumeServiceClient(conn), healthpb.NewHealthClient(conn)
 	e.specs = e.makeVolumes(b, images, "pv", n)
 	return e
+}
+
+// startGRPCFloor starts grpcfloor (gRPC's health service alone, in a process of its own) and returns a
+// client of it made as crustd's clients are.
+func startGRPCFloor(b *testing.B) healthpb.HealthClient {
+	b.Helper()
+	buildBins(b)
+	sock := filepath.Join(testutil.SocketDir(b), "floor.sock")
+	harness.StartProc(b, harness.ProcConfig{Bin: bins.grpcfloor, Args: []string{sock}, Ready: harness.Serving(sock)})
+	conn, err := client.Dial(sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close() })
+	return healthpb.NewHealthClient(conn)
 }
 
 // makeVolumes makes n sparse 64 MiB image files in images and kubelet-shaped targets for them, and

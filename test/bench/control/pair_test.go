@@ -37,6 +37,13 @@ const (
 //   - control/cli-vs-pair: one CLI process per operation (`crustctl direct-volume add` and `remove`, the
 //     drop-in for `kata-runtime direct-volume`, what a driver written in shell pays) over crust's pair on
 //     tmpfs. At least 50.
+//   - control/bare-grpc-rtt: an empty round trip to grpcfloor, a process serving gRPC's health service
+//     alone as crustd's server would without its interceptors, measured beside crustd's
+//     (control/crustd-rtt); and
+//     control/crustd-rtt-vs-bare, what crustd's server adds to an empty call. Two of them over the
+//     library's pair, control/2-bare-rtt-vs-kata-lib, is the lowest pair-vs-kata-lib any daemon reached
+//     over gRPC can have on the machine; the CLI's time over two of them, control/cli-vs-2-bare-rtt, the
+//     highest cli-vs-pair.
 //   - control/throughput-8-vs-kata-lib and -32-: pairs a second from 8 and 32 concurrent clients, each on
 //     volumes of its own, over the Kata library's pairs a second from as many goroutines. At least 0.35.
 //     Its ceiling, measured in the same round: control/throughput-8-ceiling-vs-kata-lib and -32-, the
@@ -53,18 +60,23 @@ func BenchmarkPair(b *testing.B) {
 	floor := newDurableFloor(b, ext4, recordSize(b, fast))
 	cliKata := tmpfs + "/kata-cli"
 
+	bare := startGRPCFloor(b)
+
 	crustPair := func(e *env, spec *crustv1.VolumeSpec) {
 		e.stage(ctx, b, spec)
 		e.unstage(ctx, b, spec)
 	}
-	emptyPair := func() {
+	// emptyPairOn makes two empty calls to h, as many as a pair makes.
+	emptyPairOn := func(h healthpb.HealthClient) {
 		for range 2 {
-			if _, err := fast.health.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+			if _, err := h.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 				b.Fatal(err)
 			}
 		}
 	}
+	emptyPair := func() { emptyPairOn(fast.health) }
 	var vsLib, vsFloor, cli, pairUs, libUs, floorUs, ext4Scale, crustdRTT, vsRTT []float64
+	var bareRTT, crustdVsBare, bareVsLib, cliVsBare []float64
 	var tp8, tp32, ceil8, ceil32, vsCeil8, vsCeil32 []float64
 	round := 0
 	for b.Loop() {
@@ -74,9 +86,14 @@ func BenchmarkPair(b *testing.B) {
 			func() time.Duration { return timeEach(tmpfsPairs, func(i int) { crustPair(fast, fast.specs[i]) }) },
 			func() time.Duration { return timeEach(tmpfsPairs, func(i int) { lib.pair(b, fast.specs[i]) }) })
 		vsLib, pairUs, libUs = append(vsLib, ratio(c, k)), append(pairUs, us(c)), append(libUs, us(k))
-		// The floor of any daemon: two empty round trips to crustd's process, measured just after.
-		rtt := timeEach(tmpfsPairs, func(int) { emptyPair() }) / 2
+		// Just after, two empty round trips to crustd's process (the pair without crustd's own work) and to
+		// a process serving nothing but the health service (the floor of any daemon reached over gRPC).
+		rtt, floorRTT := sideBySide(first,
+			func() time.Duration { return timeEach(tmpfsPairs, func(int) { emptyPair() }) / 2 },
+			func() time.Duration { return timeEach(tmpfsPairs, func(int) { emptyPairOn(bare) }) / 2 })
 		crustdRTT, vsRTT = append(crustdRTT, us(rtt)), append(vsRTT, ratio(c, 2*rtt))
+		bareRTT, crustdVsBare = append(bareRTT, us(floorRTT)), append(crustdVsBare, ratio(rtt, floorRTT))
+		bareVsLib = append(bareVsLib, ratio(2*floorRTT, k))
 		// An fsync's cost on ext4 drifts over seconds: the two sides take turns pair by pair.
 		c, f := inTurns(first, ext4Pairs,
 			func(i int) { crustPair(durable, durable.specs[i]) }, func(i int) { floor.pair(b, i) })
@@ -84,7 +101,7 @@ func BenchmarkPair(b *testing.B) {
 		c, p := sideBySide(first,
 			func() time.Duration { return timeEach(cliPairs, func(i int) { crustPair(fast, fast.specs[i]) }) },
 			func() time.Duration { return timeEach(cliPairs, func(i int) { cliPair(b, cliKata, fast.specs[i]) }) })
-		cli = append(cli, ratio(p, c))
+		cli, cliVsBare = append(cli, ratio(p, c)), append(cliVsBare, ratio(p, 2*floorRTT))
 		for _, tc := range []struct {
 			clients             int
 			vsLib, ceil, vsCeil *[]float64
@@ -116,6 +133,10 @@ func BenchmarkPair(b *testing.B) {
 	record(b, "control/pair-tmpfs", pairUs)
 	record(b, "control/crustd-rtt", crustdRTT)
 	record(b, "control/pair-vs-2-crustd-rtt", vsRTT)
+	record(b, "control/bare-grpc-rtt", bareRTT)
+	record(b, "control/crustd-rtt-vs-bare", crustdVsBare)
+	record(b, "control/2-bare-rtt-vs-kata-lib", bareVsLib)
+	record(b, "control/cli-vs-2-bare-rtt", cliVsBare)
 	record(b, "control/kata-lib-pair-tmpfs", libUs)
 	record(b, "control/durable-floor-pair-ext4", floorUs)
 	record(b, "control/pair-vs-durable-floor", vsFloor)
