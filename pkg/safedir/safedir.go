@@ -16,11 +16,12 @@
 package safedir
 
 import (
-	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -263,9 +264,14 @@ func (d *Dir) MkdirTemp(prefix string) (string, *Dir, error) {
 }
 
 // TempName returns prefix followed by 16 random hex digits: a name no other call returns.
+//
+// The digits come from the runtime's generator (seeded from the system's entropy at start, as
+// os.CreateTemp's are), not from crypto/rand, which costs a getrandom(2) call a name here: a name only
+// has to be new, and every caller creates or renames to it exclusively, so that an entry already there
+// is never used.
 func TempName(prefix string) string {
 	var b [8]byte
-	_, _ = rand.Read(b[:]) // never fails on Linux
+	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
 	return prefix + hex.EncodeToString(b[:])
 }
 
