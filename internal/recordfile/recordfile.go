@@ -119,12 +119,26 @@ func Decode(data []byte, oldest, newest int, field string) (Record, error) {
 			continue
 		}
 		got := sha256.Sum256(payload)
-		if hex.EncodeToString(got[:]) == sum && json.Valid(payload) {
+		if hex.EncodeToString(got[:]) == sum && validJSON(payload) {
 			return Record{Version: version, BootID: bootID, Payload: payload}, nil
 		}
 		break
 	}
 	return decodeJSON(data, oldest, newest, field)
+}
+
+// validJSON is json.Valid, with a quicker answer for a string of printable ASCII without escapes (such
+// as base64), which a byte loop checks at a fraction of the cost of json.Valid's state machine.
+func validJSON(p []byte) bool {
+	if len(p) < 2 || p[0] != '"' || p[len(p)-1] != '"' {
+		return json.Valid(p)
+	}
+	for _, c := range p[1 : len(p)-1] {
+		if c < 0x20 || c == '"' || c == '\\' || c >= 0x80 {
+			return json.Valid(p)
+		}
+	}
+	return true
 }
 
 // decodeJSON is Decode for a record in any layout JSON allows.

@@ -1,7 +1,9 @@
 package store
 
 import (
+	"bytes"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -53,6 +55,21 @@ func encodeVolume(v *crustv1.Volume) ([]byte, error) {
 	return json.Marshal(bin) // a []byte is written as its base64
 }
 
+// base64String returns the bytes that the JSON string s holds in standard base64, as json.Unmarshal into
+// a []byte would: without a JSON parse when s has no escapes, as encodeVolume writes it (the record engine
+// has checked that s is valid JSON).
+func base64String(s []byte) ([]byte, error) {
+	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' || bytes.IndexByte(s, '\\') >= 0 {
+		var b []byte
+		err := json.Unmarshal(s, &b)
+		return b, err
+	}
+	enc := s[1 : len(s)-1]
+	b := make([]byte, base64.StdEncoding.DecodedLen(len(enc)))
+	n, err := base64.StdEncoding.Decode(b, enc)
+	return b[:n], err
+}
+
 // decodeVolume decodes and checks the payload of a record of the given version.
 func decodeVolume(version int, payload []byte) (*crustv1.Volume, error) {
 	v := &crustv1.Volume{}
@@ -62,7 +79,7 @@ func decodeVolume(version int, payload []byte) (*crustv1.Volume, error) {
 		err = unmarshalVolumeV1.Unmarshal(payload, v)
 	case recordVersion:
 		var bin []byte
-		if err = json.Unmarshal(payload, &bin); err == nil {
+		if bin, err = base64String(payload); err == nil {
 			err = unmarshalVolume.Unmarshal(bin, v)
 		}
 	default:

@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"testing"
 
@@ -127,4 +128,22 @@ func decodeRecord(data []byte) (record, error) {
 		return record{}, err
 	}
 	return record{bootID: rec.BootID, volume: v}, nil
+}
+
+// FuzzBase64String: for any valid JSON, base64String answers as json.Unmarshal into a []byte does.
+func FuzzBase64String(f *testing.F) {
+	for _, seed := range []string{`"CgUKAy9reA=="`, `""`, `"CgUKAy9reA\u003d\u003d"`, `"\/\/8="`, `"no pe"`, `"QQ"`, `null`, `12`, `"é"`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, s []byte) {
+		if !json.Valid(s) {
+			return // the record engine hands over valid JSON only
+		}
+		got, err := base64String(s)
+		var want []byte
+		werr := json.Unmarshal(s, &want)
+		if (err == nil) != (werr == nil) || (err == nil && !bytes.Equal(got, want)) {
+			t.Fatalf("base64String(%s) = %q, %v; json.Unmarshal gives %q, %v", s, got, err, want, werr)
+		}
+	})
 }
