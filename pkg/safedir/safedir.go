@@ -265,10 +265,10 @@ func (d *Dir) MkdirTemp(prefix string) (string, *Dir, error) {
 
 // TempName returns prefix followed by 16 random hex digits: a name no other call returns.
 //
-// The digits come from the runtime's generator (seeded from the system's entropy at start, as
-// os.CreateTemp's are), not from crypto/rand, which costs a getrandom(2) call a name here: a name only
-// has to be new, and every caller creates or renames to it exclusively, so that an entry already there
-// is never used.
+// The digits come from the runtime's generator (seeded from the system's entropy, as os.CreateTemp's
+// are), not from crypto/rand, which on kernels before 6.11 (no getrandom in the vDSO) costs a getrandom(2)
+// call a name: a name only has to be new, and every caller creates or renames to it exclusively, so that
+// an entry already there is never used.
 func TempName(prefix string) string {
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
