@@ -29,11 +29,12 @@ const maxRecordSize = recordfile.MaxSize
 // payloadField is the envelope's key for the volume.
 const payloadField = "volume"
 
-// Unknown fields (and, in version 1, unknown enum names) are discarded: a newer crustd may add fields to
-// Volume without a new record version, as protobuf's compatibility rules allow, and an older crustd must
-// then still load the descriptor rather than move it aside as corrupt and lose the volume. What it drops
-// is what it could not act on anyway. Changes an older crustd must not ignore take a new record version,
-// which it refuses.
+// Unknown fields are discarded: a newer crustd may add fields to Volume without a new record version, as
+// protobuf's compatibility rules allow, and an older crustd must then still load the descriptor rather
+// than move it aside as corrupt and lose the volume. What it drops is what it could not act on anyway.
+// An enum value it does not know is dropped in version 1 (protojson names it) and kept as its number in
+// version 2, as protobuf keeps unknown enum numbers. Changes an older crustd must not ignore take a new
+// record version, which it refuses.
 var (
 	unmarshalVolume   = proto.UnmarshalOptions{DiscardUnknown: true}
 	unmarshalVolumeV1 = protojson.UnmarshalOptions{DiscardUnknown: true}

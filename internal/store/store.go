@@ -78,9 +78,9 @@
 //  3. A valid record with another bootId: deleted, its target path reported in LoadReport.Dropped.
 //  4. Otherwise the record is loaded into LoadReport.Volumes.
 //
-// Unknown fields in the payload (and, in version 1, unknown enum names) are ignored: a newer crustd may
-// add fields to Volume within a record version, and an older crustd must still load the descriptor rather
-// than lose the volume.
+// Unknown fields in the payload are ignored (an unknown enum value is dropped in version 1 and kept as its
+// number in version 2): a newer crustd may add fields to Volume within a record version, and an older
+// crustd must still load the descriptor rather than lose the volume.
 package store
 
 import (

@@ -39,11 +39,10 @@ const (
 //     tmpfs. At least 50.
 //   - control/bare-grpc-rtt: an empty round trip to grpcfloor, a process serving gRPC's health service
 //     alone as crustd's server would without its interceptors, measured beside crustd's
-//     (control/crustd-rtt); and
-//     control/crustd-rtt-vs-bare, what crustd's server adds to an empty call. Two of them over the
-//     library's pair, control/2-bare-rtt-vs-kata-lib, is the lowest pair-vs-kata-lib any daemon reached
-//     over gRPC can have on the machine; the CLI's time over two of them, control/cli-vs-2-bare-rtt, the
-//     highest cli-vs-pair.
+//     (control/crustd-rtt); control/crustd-rtt-vs-bare, what crustd's server adds to an empty call. Two
+//     bare round trips over the library's pair, control/2-bare-rtt-vs-kata-lib, are the lowest
+//     pair-vs-kata-lib any daemon reached over gRPC can have on the machine; the CLI's time over them,
+//     control/cli-vs-2-bare-rtt, the highest cli-vs-pair.
 //   - control/throughput-8-vs-kata-lib and -32-: pairs a second from 8 and 32 concurrent clients, each on
 //     volumes of its own, over the Kata library's pairs a second from as many goroutines. At least 0.35.
 //     Its ceiling, measured in the same round: control/throughput-8-ceiling-vs-kata-lib and -32-, the
