@@ -127,6 +127,11 @@ func payloadOf(t *testing.T, v *crustv1.Volume) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return base64Payload(bin)
+}
+
+// base64Payload is a version 2 payload holding bin: a JSON string of its standard base64, as documented.
+func base64Payload(bin []byte) []byte {
 	return fmt.Appendf(nil, "%q", base64.StdEncoding.EncodeToString(bin))
 }
 
@@ -481,7 +486,7 @@ func TestUnknownFieldsIgnored(t *testing.T) {
 	}{
 		{"version 1", rawRecord(1, bootA, []byte(`{"spec":{"volumeTargetPath":"/k/future","fsType":"ext4",`+
 			`"volumeType":"VOLUME_TYPE_FROM_THE_FUTURE","futureField":{"x":[1,2]}},"futureTopLevel":true}`))},
-		{"version 2", rawRecord(2, bootA, fmt.Appendf(nil, "%q", base64.StdEncoding.EncodeToString(bin)))},
+		{"version 2", rawRecord(2, bootA, base64Payload(bin))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
