@@ -10,12 +10,17 @@
 package katatest
 
 import (
+	_ "embed"
 	"encoding/json"
-	"os"
-	"path/filepath"
-	"runtime"
 	"testing"
 )
+
+// VectorsFile is the vectors file committed with this package (a copy of shared/compat's), relative to
+// the repository's root; VectorsJSON is its content, built into the test binary.
+const VectorsFile = "internal/testutil/katatest/testdata/kata-direct-volume-vectors.json"
+
+//go:embed testdata/kata-direct-volume-vectors.json
+var VectorsJSON []byte
 
 // Vector is one case. MountInfo and ReadBack are kept as JSON so that callers decode them with the type
 // under test (Input, ReadBack).
@@ -33,21 +38,11 @@ type Vector struct {
 	SandboxRead string          `json:"sandbox_read"`
 }
 
-// Path is the vectors file committed with this package (a copy of shared/compat's).
-func Path() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "testdata", "kata-direct-volume-vectors.json")
-}
-
 // Load reads every vector, failing t when there are none.
 func Load(t testing.TB) []Vector {
 	t.Helper()
-	data, err := os.ReadFile(Path())
-	if err != nil {
-		t.Fatal(err)
-	}
 	var doc struct{ Entries []Vector }
-	if err := json.Unmarshal(data, &doc); err != nil {
+	if err := json.Unmarshal(VectorsJSON, &doc); err != nil {
 		t.Fatal(err)
 	}
 	if len(doc.Entries) == 0 {
