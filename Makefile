@@ -3,12 +3,17 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 GO      ?= go
+# Every Go build of the tree, its tools' included, is static and path-free, as the images' are: one build
+# configuration, so that a package compiled once serves the tests, the lint, the tools, the binaries the
+# tests build and the images (on a fresh machine, each other configuration compiled the dependencies again).
+export CGO_ENABLED := 0
+export GOFLAGS := -trimpath
 BIN     := $(CURDIR)/bin
 OUT     := $(CURDIR)/_output
 # The tools have go.mod files of their own, which -modfile names; workspace mode (go.work) refuses -modfile.
 BUF     := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/buf/go.mod buf
 LINT    := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/lint/go.mod golangci-lint
-PROMTOOL := GOWORK=off GOFLAGS=-tags=remove_all_sd $(GO) tool -modfile=$(CURDIR)/tools/promtool/go.mod promtool
+PROMTOOL := GOWORK=off GOFLAGS="$(GOFLAGS) -tags=remove_all_sd" $(GO) tool -modfile=$(CURDIR)/tools/promtool/go.mod promtool
 # The Go modules, tied by go.work: crust, the two reference implementations, and the tests.
 MODULES := . examples/lvm-csi examples/microvm test
 # Every package of every module, as go.work lets one command name them from the root.
@@ -92,6 +97,10 @@ lint: ## buf lint and format, golangci-lint and go vet of every module
 	@set -e; for m in $(MODULES); do echo "== lint $$m"; (cd $$m && $(LINT) run ./... && $(GO) vet ./...); done
 	@echo "== lint deploy/helm"; cd deploy/helm && GOWORK=off $(LINT) run ./... && GOWORK=off $(GO) vet ./...
 
+.PHONY: promtool
+promtool: ## Build promtool (pinned in tools/promtool), which test-rules runs
+	$(PROMTOOL) --version >/dev/null
+
 .PHONY: test-rules
 test-rules: ## promtool test rules on the shipped alerts (deploy/monitoring)
 	@mkdir -p _output/monitoring
@@ -107,10 +116,11 @@ test-helm: ## The Helm chart (deploy/helm) renders what deploy/ does, and its CS
 	cd deploy/helm && GOWORK=off $(GOTEST) ./...
 
 .PHONY: test
-test: deps build guest test-rules test-helm ## Run every test tier (unit, root on loop devices, e2e, csi-sanity, the real cluster), the alert rules' tests and the Helm chart's; does its own set-up
+test: deps build guest test-helm ## Run every test tier (unit, root on loop devices, e2e, csi-sanity, the real cluster), the alert rules' tests and the Helm chart's; does its own set-up
 	@# One package at a time: the VM, LVM and csi-sanity tiers each want both cores, and csi-sanity's
-	@# per-call deadlines are not made for a machine shared with a booting guest.
-	@set -e; for m in $(MODULES); do echo "== test $$m"; (cd $$m && $(GOTEST) -p 1 ./...); done
+	@# per-call deadlines are not made for a machine shared with a booting guest. What the cluster tier
+	@# and test-rules need is built meanwhile in the background, at the lowest priority (hack/test.sh).
+	@GO="$(GO)" GOTEST="$(GOTEST)" MODULES="$(MODULES)" OUT="$(OUT)" hack/test.sh
 
 # The test tiers. `make test` runs them all at once (one `go test ./...`); each also runs alone. A tier is
 # a set of packages, and the unit tier is every package but the tier packages, run where no test can be

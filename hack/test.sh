@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# make test's tiers: every package of every module, one package at a time, the cluster tier last, then the
+# alert rules' tests. Called by the Makefile, which passes GO, GOTEST, MODULES and OUT.
+#
+# On a fresh machine the cluster tier's Kubernetes, sidecars and images, and promtool, are about 50
+# CPU-minutes of compiling, while the tiers leave a core idle much of the time (one package at a time
+# compiles one package at a time, a TCG guest keeps one core busy, and the cluster tier mostly waits on
+# Kubernetes). So they are built in the background from the start, at the lowest CPU priorities, and the
+# cluster tier and the alert rules' tests wait for them. The priorities hold because the builds stay in
+# this session (a new session would get a scheduler group of its own). When everything is built already
+# (a second run), the background jobs find nothing to do.
+set -euo pipefail
+: "${GO:?}" "${GOTEST:?}" "${MODULES:?}" "${OUT:?}"
+mkdir -p "$OUT"
+log=$OUT/test-prebuild.log
+
+# Job control gives each background job a process group of its own, so that it can be stopped with all
+# its compilers if a tier fails or the run is interrupted. promtool is needed last, so it runs under
+# SCHED_IDLE, below the cluster tier's build.
+set -m
+nice -n 19 "${MAKE:-make}" --no-print-directory test-images </dev/null >"$log" 2>&1 &
+images=$!
+chrt --idle 0 "${MAKE:-make}" --no-print-directory promtool </dev/null >"$OUT/test-promtool.log" 2>&1 &
+promtool=$!
+stop() { kill -- -"$images" -"$promtool" 2>/dev/null || true; }
+trap stop EXIT
+trap 'exit 130' INT TERM
+
+for m in $MODULES; do
+	echo "== test $m"
+	# shellcheck disable=SC2046 # one word per package
+	(cd "$m" && $GOTEST -p 1 $($GO list ./... | grep -v '/test/cluster$'))
+done
+
+echo "== waiting for the cluster tier's binaries and images (built in the background: $log)"
+if ! wait "$images"; then
+	tail -n 40 "$log"
+	echo "building the cluster tier's binaries and images failed: $log" >&2
+	exit 1
+fi
+echo "== test test/cluster"
+(cd test && $GOTEST -p 1 ./cluster)
+if ! wait "$promtool"; then
+	cat "$OUT/test-promtool.log"
+	echo "building promtool failed" >&2
+	exit 1
+fi
+"${MAKE:-make}" --no-print-directory test-rules
