@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 )
 
@@ -65,7 +66,7 @@ func resolve(stamped string, bi *debug.BuildInfo) Info {
 			dirty = s.Value == "true"
 		}
 	}
-	if bi.Main.Path != modulePath {
+	if !ownModule(bi.Main.Path) {
 		// crust is linked into another program: the revision Go recorded is that program's, and the
 		// version of crust is the one its go.mod required.
 		rev = ""
@@ -90,6 +91,12 @@ func resolve(stamped string, bi *debug.BuildInfo) Info {
 		in.Revision = rev
 	}
 	return in
+}
+
+// ownModule reports whether path is crust's module or a module of crust's own repository (its examples):
+// only that repository publishes under crust's path, so the revision Go recorded for it is crust's.
+func ownModule(path string) bool {
+	return path == modulePath || strings.HasPrefix(path, modulePath+"/")
 }
 
 // Get returns this binary's build information. It is computed once.
