@@ -16,9 +16,11 @@ import (
 )
 
 // VectorsFile is the vectors file committed with this package (a copy of shared/compat's), relative to
-// the repository's root; VectorsJSON is its content, built into the test binary.
+// the repository's root.
 const VectorsFile = "internal/testutil/katatest/testdata/kata-direct-volume-vectors.json"
 
+// VectorsJSON is VectorsFile's content, built into the test binary.
+//
 //go:embed testdata/kata-direct-volume-vectors.json
 var VectorsJSON []byte
 
