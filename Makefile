@@ -121,7 +121,7 @@ test: deps build guest test-helm ## Run every test tier (unit, root on loop devi
 	@# One package at a time: the VM, LVM and csi-sanity tiers each want both cores, and csi-sanity's
 	@# per-call deadlines are not made for a machine shared with a booting guest. What the cluster tier
 	@# and test-rules need is built meanwhile in the background, at the lowest priority (hack/test.sh).
-	@GO="$(GO)" GOTEST="$(GOTEST)" MODULES="$(MODULES)" OUT="$(OUT)" hack/test.sh
+	@GO="$(GO)" GOTEST="$(GOTEST)" MODULES="$(MODULES)" hack/test.sh
 
 # The test tiers. `make test` runs them all at once (one `go test ./...`); each also runs alone. A tier is
 # a set of packages, and the unit tier is every package but the tier packages, run where no test can be

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make test's tiers: every package of every module, one package at a time, the cluster tier last, then the
-# alert rules' tests. Called by the Makefile, which passes GO, GOTEST, MODULES and OUT.
+# alert rules' tests. Called by the Makefile, which passes GO, GOTEST and MODULES.
 #
 # On a fresh machine the cluster tier's Kubernetes, sidecars and images, and promtool, are about 50
 # CPU-minutes of compiling, while the tiers leave a core idle much of the time (one package at a time
@@ -10,9 +10,11 @@
 # this session (a new session would get a scheduler group of its own). When everything is built already
 # (a second run), the background jobs find nothing to do.
 set -euo pipefail
-: "${GO:?}" "${GOTEST:?}" "${MODULES:?}" "${OUT:?}"
-mkdir -p "$OUT"
-log=$OUT/test-prebuild.log
+: "${GO:?}" "${GOTEST:?}" "${MODULES:?}"
+# Not named OUT: the scripts make test-images runs read OUT from the environment as their own.
+logs=$(cd "$(dirname "$0")/.." && pwd)/_output
+mkdir -p "$logs"
+log=$logs/test-prebuild.log
 
 # Job control gives each background job a process group of its own, so that it can be stopped with all
 # its compilers if a tier fails or the run is interrupted. promtool is needed last, so it runs under
@@ -20,7 +22,7 @@ log=$OUT/test-prebuild.log
 set -m
 nice -n 19 "${MAKE:-make}" --no-print-directory test-images </dev/null >"$log" 2>&1 &
 images=$!
-chrt --idle 0 "${MAKE:-make}" --no-print-directory promtool </dev/null >"$OUT/test-promtool.log" 2>&1 &
+chrt --idle 0 "${MAKE:-make}" --no-print-directory promtool </dev/null >"$logs/test-promtool.log" 2>&1 &
 promtool=$!
 stop() { kill -- -"$images" -"$promtool" 2>/dev/null || true; }
 trap stop EXIT
@@ -41,7 +43,7 @@ fi
 echo "== test test/cluster"
 (cd test && $GOTEST -p 1 ./cluster)
 if ! wait "$promtool"; then
-	cat "$OUT/test-promtool.log"
+	cat "$logs/test-promtool.log"
 	echo "building promtool failed" >&2
 	exit 1
 fi
