@@ -245,15 +245,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) error {
 	if err != nil {
 		return fmt.Errorf("listen on --csi-address %s: %w", cfg.CSIAddress, err)
 	}
-	srv := p.NewServer()
+	// Every listener is bound before any is served, so that an answer on one means the others listen.
 	errc := make(chan error, 3)
-	go func() { errc <- srv.Serve(lis) }()
 	stopHTTP, err := p.metrics.Serve(cfg.HTTPAddr, cfg.MetricsSecure, log, errc)
 	if err != nil {
-		srv.Stop()
+		_ = lis.Close()
 		return err
 	}
 	defer stopHTTP()
+	srv := p.NewServer()
+	go func() { errc <- srv.Serve(lis) }()
 	p.metrics.SetReady(true)
 	if cfg.Controller {
 		log.Info("serving the controller", "csi_address", cfg.CSIAddress, "driver_address", cfg.DriverAddress)

@@ -159,15 +159,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Socket, err)
 	}
+	// Every listener is bound before any is served, so that an answer on one means the others listen.
 	errc := make(chan error, 3)
-	go func() { errc <- srv.GRPC.Serve(lis) }()
-
 	stopHTTP, err := met.Serve(cfg.HTTPAddr, cfg.MetricsSecure, log, errc)
 	if err != nil {
-		srv.GRPC.Stop()
+		_ = lis.Close()
 		return err
 	}
 	defer stopHTTP()
+	go func() { errc <- srv.GRPC.Serve(lis) }()
 	srv.SetServing(true)
 	met.SetReady(true)
 	log.Info("serving", "socket", cfg.Socket, "http", cfg.HTTPAddr, "metrics_secure", cfg.MetricsSecure.Addr, "start_took", time.Since(start))

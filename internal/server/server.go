@@ -56,8 +56,9 @@ type Server struct {
 	Health *health.Server
 }
 
-// New builds the server. Health reports SERVING for "" and every crust service once Serve is called by
-// the caller; use Health to flip it.
+// New builds the server. Its health service reports NOT_SERVING for "" and every crust service until
+// SetServing(true), so that a caller that waits for SERVING waits for the whole daemon (its HTTP
+// endpoints too), not only for the gRPC listener.
 func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -86,9 +87,10 @@ func New(cfg Config) *Server {
 	out := answers(cfg.Annotators)
 	crustv1.RegisterVolumeServiceServer(g, &volumes{m: cfg.Manager, out: out, metrics: cfg.Metrics})
 	crustv1.RegisterRuntimeServiceServer(g, &runtime{m: cfg.Manager, out: out})
-	h := health.NewServer()
-	healthpb.RegisterHealthServer(g, h)
-	return &Server{GRPC: g, Health: h}
+	s := &Server{GRPC: g, Health: health.NewServer()} // which says SERVING for "" from the start
+	s.SetServing(false)
+	healthpb.RegisterHealthServer(g, s.Health)
+	return s
 }
 
 // SetServing marks the server and every crust service as serving (true) or not (false).
