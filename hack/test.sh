@@ -16,17 +16,11 @@ logs=$(cd "$(dirname "$0")/.." && pwd)/_output
 mkdir -p "$logs"
 log=$logs/test-prebuild.log
 
-# Job control gives each background job a process group of its own, so that it can be stopped with all
-# its compilers if a tier fails or the run is interrupted. promtool is needed last, so it runs under
-# SCHED_IDLE, below the cluster tier's build.
-set -m
-nice -n 19 "${MAKE:-make}" --no-print-directory test-images </dev/null >"$log" 2>&1 &
-images=$!
-chrt --idle 0 "${MAKE:-make}" --no-print-directory promtool </dev/null >"$logs/test-promtool.log" 2>&1 &
-promtool=$!
-stop() { kill -- -"$images" -"$promtool" 2>/dev/null || true; }
-trap stop EXIT
-trap 'exit 130' INT TERM
+# promtool is needed last, so it runs under SCHED_IDLE, below the cluster tier's build.
+# shellcheck source=hack/background.sh
+. "$(dirname "$0")/background.sh"
+bg_start "building the cluster tier's binaries and images" "$log" nice -n 19 "${MAKE:-make}" --no-print-directory test-images
+bg_start "building promtool" "$logs/test-promtool.log" chrt --idle 0 "${MAKE:-make}" --no-print-directory promtool
 
 for m in $MODULES; do
 	echo "== test $m"
@@ -35,16 +29,8 @@ for m in $MODULES; do
 done
 
 echo "== waiting for the cluster tier's binaries and images (built in the background: $log)"
-if ! wait "$images"; then
-	tail -n 40 "$log"
-	echo "building the cluster tier's binaries and images failed: $log" >&2
-	exit 1
-fi
+bg_wait "building the cluster tier's binaries and images"
 echo "== test test/cluster"
 (cd test && $GOTEST -p 1 ./cluster)
-if ! wait "$promtool"; then
-	cat "$logs/test-promtool.log"
-	echo "building promtool failed" >&2
-	exit 1
-fi
+bg_wait "building promtool"
 "${MAKE:-make}" --no-print-directory test-rules
