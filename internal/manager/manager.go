@@ -73,8 +73,9 @@ type Manager struct {
 	locks *keylock.Locker
 
 	mu       sync.RWMutex
-	vols     map[string]*crustv1.Volume // by target path; values are never mutated, only replaced
-	order    *btree.BTreeG[string]      // the keys of vols, in order, for ListPage
+	vols     map[string]*crustv1.Volume    // by target path; values are never mutated, only replaced
+	order    *btree.BTreeG[string]         // the keys of vols, in order, for ListPage
+	byDevice map[devID]map[string]struct{} // the keys of vols, by device, for oneWriter
 	rev      uint64
 	watchers map[*Watcher]struct{}
 
@@ -97,11 +98,11 @@ func Open(cfg Config, loaded Loaded) (*Manager, error) {
 		locks:    keylock.New(cfg.LockWait),
 		vols:     map[string]*crustv1.Volume{},
 		order:    btree.NewOrderedG[string](32),
+		byDevice: map[devID]map[string]struct{}{},
 		watchers: map[*Watcher]struct{}{},
 	}
 	for _, v := range loaded.Volumes {
-		m.vols[v.GetSpec().GetVolumeTargetPath()] = v
-		m.order.ReplaceOrInsert(v.GetSpec().GetVolumeTargetPath())
+		m.set(v.GetSpec().GetVolumeTargetPath(), v)
 	}
 	for _, s := range cfg.Subscribers {
 		s.Load(loaded.Volumes, loaded.Dropped)
@@ -391,6 +392,37 @@ func deviceKey(dn *crustv1.DeviceNumber) string {
 	return fmt.Sprintf("device %d:%d:%d", dn.GetMajor(), dn.GetMinor(), dn.GetInode())
 }
 
+// devID is a device number as a map key.
+type devID struct {
+	major, minor uint32
+	inode        uint64
+}
+
+func devOf(dn *crustv1.DeviceNumber) devID { return devID{dn.GetMajor(), dn.GetMinor(), dn.GetInode()} }
+
+// set makes v target's volume (nil: target has none) in vols and in the indexes kept beside it; m.mu is
+// held for writing.
+func (m *Manager) set(target string, v *crustv1.Volume) {
+	if old := m.vols[target]; old != nil {
+		d := devOf(old.GetDeviceNumber())
+		if delete(m.byDevice[d], target); len(m.byDevice[d]) == 0 {
+			delete(m.byDevice, d)
+		}
+	}
+	if v == nil {
+		delete(m.vols, target)
+		m.order.Delete(target)
+		return
+	}
+	m.vols[target] = v
+	m.order.ReplaceOrInsert(target)
+	d := devOf(v.GetDeviceNumber())
+	if m.byDevice[d] == nil {
+		m.byDevice[d] = map[string]struct{}{}
+	}
+	m.byDevice[d][target] = struct{}{}
+}
+
 // oneWriter refuses (ErrFailedPrecondition) a claim of v by sandboxID while the same device is claimed
 // through another target path and either target is read-write, whoever holds the other: two kernels
 // mounting one filesystem read-write, or one writing under another's read-only mount, corrupt it; and a
@@ -402,15 +434,16 @@ func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string) error {
 	dn := v.GetDeviceNumber()
 	m.mu.RLock()
 	var same []*crustv1.Volume
-	for t, o := range m.vols {
-		if t != v.GetSpec().GetVolumeTargetPath() && proto.Equal(o.GetDeviceNumber(), dn) {
+	for t := range m.byDevice[devOf(dn)] {
+		// Read-only targets share a device whoever holds them, so their claims are not looked up.
+		if o := m.vols[t]; t != v.GetSpec().GetVolumeTargetPath() && !(v.GetSpec().GetReadOnly() && o.GetSpec().GetReadOnly()) {
 			same = append(same, o)
 		}
 	}
 	m.mu.RUnlock()
 	for _, o := range same {
 		c := m.withFoundClaim(o).GetClaim()
-		if c == nil || (v.GetSpec().GetReadOnly() && o.GetSpec().GetReadOnly()) {
+		if c == nil {
 			continue
 		}
 		if c.GetSandboxId() == sandboxID {
@@ -710,13 +743,7 @@ func (m *Manager) commit(target string, v *crustv1.Volume, typ crustv1.EventType
 func (m *Manager) commitEvent(target string, v *crustv1.Volume, ev *crustv1.WatchVolumesResponse) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if v == nil {
-		delete(m.vols, target)
-		m.order.Delete(target)
-	} else {
-		m.vols[target] = v
-		m.order.ReplaceOrInsert(target)
-	}
+	m.set(target, v)
 	m.rev++
 	ev.Revision = m.rev
 	m.broadcast(ev)

@@ -602,7 +602,8 @@ func TestReleaseKataClaim(t *testing.T) {
 
 // One writer per device, whatever the target path: a second sandbox's claim is refused while another
 // holds the device and either claim is read-write (a Kata claim counts); read-only claims share; one
-// sandbox may use the device through two targets; the device is free again once released.
+// sandbox may use the device through two targets; the device is free again once released, and a target
+// staged again on another device holds only that one.
 func TestOneWriterPerDevice(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -645,6 +646,18 @@ func TestOneWriterPerDevice(t *testing.T) {
 			return errors.Join(e.m.Release(ctx, e.target(0), "sb1", false), e.m.Release(ctx, e.target(2), "sb1", false))
 		}, "ok"},
 		{"sb2 may now write disk0", func() error { return claim(1, "sb2") }, "ok"},
+		{"and still holds it after a restart", func() error { e.reopen(); return claim(0, "sb1") }, "failed precondition"},
+		// A target staged again on another device no longer counts for its first one.
+		{"a target moves from disk5 to disk6", func() error {
+			e.stage(e.spec(12, 5))
+			if err := e.m.Unstage(ctx, e.target(12)); err != nil {
+				return err
+			}
+			e.stage(e.spec(12, 6))
+			return claim(12, "sb1")
+		}, "ok"},
+		{"disk5 is free", func() error { e.stage(e.spec(13, 5)); return claim(13, "sb2") }, "ok"},
+		{"disk6 is not", func() error { e.stage(e.spec(14, 6)); return claim(14, "sb2") }, "failed precondition"},
 	} {
 		if got := code(st.run()); got != st.want {
 			t.Fatalf("%s: %s, want %s", st.name, got, st.want)

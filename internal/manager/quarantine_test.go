@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"crust.dev/crust/internal/problems"
@@ -348,4 +349,38 @@ func BenchmarkProblems(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/n, "µs/volume")
+}
+
+// BenchmarkClaimAmongMany measures a claim and its release on a manager holding 10,000 volumes against
+// one holding 64, side by side (the metric "10k-vs-64"), 64 devices each under read-only targets: a claim
+// checks the other targets of its device (one writer per device) and should not pay for the rest.
+func BenchmarkClaimAmongMany(b *testing.B) {
+	ctx := context.Background()
+	filled := func(n int) *env {
+		e := newEnv(b)
+		for i := range n {
+			s := e.spec(i, i%64)
+			s.ReadOnly = true
+			e.storeOnly(s)
+		}
+		e.reopen()
+		return e
+	}
+	few, many := filled(64), filled(10000)
+	pair := func(e *env) time.Duration {
+		t0 := time.Now()
+		if _, err := e.m.Claim(ctx, e.target(0), "sb1", "unix:///run/h1.sock"); err != nil {
+			b.Fatal(err)
+		}
+		if err := e.m.Release(ctx, e.target(0), "sb1", false); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(t0)
+	}
+	var tFew, tMany time.Duration
+	for b.Loop() {
+		tFew += pair(few)
+		tMany += pair(many)
+	}
+	b.ReportMetric(float64(tMany)/float64(tFew), "10k-vs-64")
 }
