@@ -6,9 +6,9 @@ GO      ?= go
 # Every Go build of the tree, its tools' included, is static and path-free, as the images' are: one build
 # configuration, so that a package compiled once serves the tests, the lint, the tools, the binaries the
 # tests build and the images (on a fresh machine, each other configuration compiled the dependencies again).
-# GOFLAGS keeps what `go env GOFLAGS` holds already.
+# GOFLAGS keeps what `go env GOFLAGS` holds already (once, when make runs make).
 export CGO_ENABLED := 0
-export GOFLAGS := $(strip -trimpath $(shell $(GO) env GOFLAGS))
+export GOFLAGS := $(strip -trimpath $(filter-out -trimpath,$(shell $(GO) env GOFLAGS)))
 BIN     := $(CURDIR)/bin
 OUT     := $(CURDIR)/_output
 # The tools have go.mod files of their own, which -modfile names; workspace mode (go.work) refuses -modfile.

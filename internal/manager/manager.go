@@ -435,8 +435,10 @@ func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string) error {
 	m.mu.RLock()
 	var same []*crustv1.Volume
 	for t := range m.byDevice[devOf(dn)] {
+		o := m.vols[t]
 		// Read-only targets share a device whoever holds them, so their claims are not looked up.
-		if o := m.vols[t]; t != v.GetSpec().GetVolumeTargetPath() && !(v.GetSpec().GetReadOnly() && o.GetSpec().GetReadOnly()) {
+		bothReadOnly := v.GetSpec().GetReadOnly() && o.GetSpec().GetReadOnly()
+		if t != v.GetSpec().GetVolumeTargetPath() && !bothReadOnly {
 			same = append(same, o)
 		}
 	}
