@@ -236,7 +236,7 @@ func Start(endpoint string, cfg Config) (stop func() error, err error) {
 		return nil, err
 	}
 	// Calls are logged as every crust server logs them; kubelet's routine ones at debug level.
-	s := grpc.NewServer(grpc.UnaryInterceptor(command.CallLog{Log: d.log, Routine: command.RoutineCSI}.Unary()))
+	s := grpc.NewServer(command.StreamWorkers(), grpc.UnaryInterceptor(command.CallLog{Log: d.log, Routine: command.RoutineCSI}.Unary()))
 	d.Register(s)
 	done := make(chan struct{})
 	go func() { _ = s.Serve(lis); close(done) }()

@@ -22,6 +22,7 @@ import (
 	"crust.dev/crust/internal/metrics"
 	"crust.dev/crust/internal/recordfile"
 	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/pkg/command"
 	"crust.dev/crust/pkg/errdefs"
 	"crust.dev/crust/pkg/unixsocket"
 )
@@ -211,6 +212,7 @@ func (p *Proxy) NewServer() *grpc.Server {
 	calls := callLog(p.log)
 	s := grpc.NewServer(
 		grpc.ForceServerCodecV2(p.codec),
+		command.StreamWorkers(),
 		grpc.UnknownServiceHandler(p.forwardUnknown),
 		grpc.ChainUnaryInterceptor(p.metrics.UnaryServerInterceptor(), calls.Unary(), toGRPC),
 		grpc.ChainStreamInterceptor(p.metrics.StreamServerInterceptor(), calls.Stream(), toGRPCStream),

@@ -13,7 +13,6 @@ package server
 import (
 	"context"
 	"log/slog"
-	goruntime "runtime"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -77,10 +76,7 @@ func New(cfg Config) *Server {
 		grpc.Creds(peercred.New()),
 		grpc.ForceServerCodecV2(ic.codec),
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
-		// Calls run on a worker goroutine per CPU whose stack has grown already, instead of a new
-		// goroutine each (a forwarded stats call is 7% faster); a long watch takes a worker, and calls
-		// beyond the workers get goroutines of their own, as without the option.
-		grpc.NumStreamWorkers(uint32(goruntime.GOMAXPROCS(0))), //nolint:gosec // GOMAXPROCS is positive
+		command.StreamWorkers(),
 		grpc.ChainUnaryInterceptor(append(counting.unary, calls.Unary(), ic.unary)...),
 		grpc.ChainStreamInterceptor(append(counting.stream, calls.Stream(), ic.stream)...),
 	)

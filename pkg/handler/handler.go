@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc"
 
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	"crust.dev/crust/pkg/command"
 	"crust.dev/crust/pkg/unixsocket"
 )
 
@@ -21,7 +22,7 @@ func ServeHandler(path string, h crustv1.RuntimeHandlerServiceServer) (stop func
 	if err != nil {
 		return nil, "", err
 	}
-	s := grpc.NewServer()
+	s := grpc.NewServer(command.StreamWorkers())
 	crustv1.RegisterRuntimeHandlerServiceServer(s, h)
 	done := make(chan struct{})
 	go func() { _ = s.Serve(l); close(done) }()

@@ -1,6 +1,6 @@
 // Command grpcfloor serves gRPC's standard health service, and nothing else, on the unix socket named by
-// its one argument, until SIGTERM or SIGINT: grpc-go with the one server option that makes crustd's calls
-// cheaper (a worker goroutine per CPU), and none of crustd's interceptors, credentials or codec. An empty
+// its one argument, until SIGTERM or SIGINT: grpc-go with the one server option every crust server takes
+// (command.StreamWorkers), and none of crustd's interceptors, credentials or codec. An empty
 // call to it is the least a call to a daemon reached over gRPC costs on the machine: the control-path
 // benchmark (test/bench/control) measures it beside crustd.
 package main
@@ -11,12 +11,13 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"runtime"
 	"syscall"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"crust.dev/crust/pkg/command"
 )
 
 func main() {
@@ -29,8 +30,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	g := grpc.NewServer(grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0)))) //nolint:gosec // positive
-	healthpb.RegisterHealthServer(g, health.NewServer())                      // SERVING from the start
+	g := grpc.NewServer(command.StreamWorkers())
+	healthpb.RegisterHealthServer(g, health.NewServer()) // SERVING from the start
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	go func() { <-ctx.Done(); g.Stop() }()
