@@ -43,9 +43,9 @@ type CallLog struct {
 }
 
 // StreamWorkers is the option every crust gRPC server is made with: calls run on a worker goroutine per
-// CPU whose stack has grown already, instead of on a new goroutine each (a forwarded stats call is 7%
-// faster). A long call or stream holds a worker, and calls beyond the workers get goroutines of their
-// own, as without the option, so no call waits for another.
+// CPU whose stack has grown already, instead of on a new goroutine each (docs/performance.md measures
+// it). A long call or stream holds a worker, and calls beyond the workers get goroutines of their own,
+// as without the option, so no call waits for another.
 func StreamWorkers() grpc.ServerOption {
 	return grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))) //nolint:gosec // GOMAXPROCS is positive
 }
