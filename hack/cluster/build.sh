@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# Builds the Kubernetes node and control-plane binaries, kubectl, agnhost (the e2e test image's binary),
-# the CSI sidecars and crictl from the Go module proxy into $OUT/bin (default _output/k8s/bin); with
-# --e2e also e2e.test, Kubernetes' end-to-end suite, and ginkgo's command to run it. Each binary is built
-# once: a binary that exists and whose version stamp matches is kept, so a second run is a no-op.
+# Builds the Kubernetes node and control-plane binaries, kubectl, agnhost (the e2e test image's binary)
+# and the CSI sidecars from the Go module proxy into $OUT/bin (default _output/k8s/bin); with --e2e also
+# e2e.test, Kubernetes' end-to-end suite, and ginkgo's command to run it. Each binary is built once: a
+# binary that exists and whose version stamp matches is kept, so a second run is a no-op.
 #
 # Kubernetes' own go.mod pins every staging module at v0.0.0 and replaces it with ./staging, so it cannot
 # be built with `go install`; a throwaway consumer module requires k8s.io/kubernetes and replaces each
-# staging module with its published v0.X.Y. The sidecars carry replace directives of their own, so they
-# are built in a writable copy of their module.
+# staging module with its published v0.X.Y.
+#
+# The sidecars are built in that module too, against the libraries Kubernetes is built with: their own
+# releases pin older Kubernetes libraries (v0.33), and building those was about a third of a fresh
+# machine's cluster build. Each module of Kubernetes' build is pinned at Kubernetes' version, so that
+# Kubernetes' binaries are built as before and every package the sidecars share with them compiles once;
+# the modules only the sidecars use come at the sidecars' versions, but for the Gateway API types, whose
+# release for v0.34's libraries is SIDECAR_GATEWAY_API (the provisioner reads ReferenceGrants with them).
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.34.4}
 PROVISIONER_VERSION=${PROVISIONER_VERSION:-v5.3.0}
 RESIZER_VERSION=${RESIZER_VERSION:-v1.14.0}
-CRICTL_VERSION=${CRICTL_VERSION:-v1.34.0}
+SIDECAR_GATEWAY_API=${SIDECAR_GATEWAY_API:-v1.4.0}
 OUT=${OUT:-$(cd "$(dirname "$0")/../.." && pwd)/_output/k8s}
 BIN=$OUT/bin
 SRC=$OUT/src
@@ -104,17 +110,32 @@ build_ginkgo() {
 	mark ginkgo "$version"
 }
 
-# build_copy NAME MODULE VERSION PACKAGE: builds PACKAGE of MODULE@VERSION in a writable copy.
-build_copy() {
-	local name=$1 module=$2 version=$3 pkg=$4
+# sidecar_module: the directory of a throwaway module that requires the CSI sidecars, with every module
+# of Kubernetes' build (k8s_module) replaced by the version Kubernetes is built with (made once).
+sidecar_module() {
+	local mod=$SRC/sidecars-$K8S_VERSION-$PROVISIONER_VERSION-$RESIZER_VERSION-$SIDECAR_GATEWAY_API k8s
+	if [ ! -f "$mod/go.mod" ]; then
+		k8s=$(k8s_module)
+		rm -rf "$mod.tmp"
+		mkdir -p "$mod.tmp"
+		{
+			printf 'module crust.dev/sidecarbuild\n\ngo 1.24\n\n'
+			(cd "$k8s" && go list -m -f '{{if not .Main}}replace {{.Path}} => {{with .Replace}}{{.Path}} {{.Version}}{{else}}{{.Path}} {{.Version}}{{end}}{{end}}' all)
+			echo "replace sigs.k8s.io/gateway-api => sigs.k8s.io/gateway-api $SIDECAR_GATEWAY_API"
+		} >"$mod.tmp/go.mod"
+		(cd "$mod.tmp" && go get "github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner@$PROVISIONER_VERSION" \
+			"github.com/kubernetes-csi/external-resizer/cmd/csi-resizer@$RESIZER_VERSION" 2>/dev/null)
+		mv "$mod.tmp" "$mod"
+	fi
+	echo "$mod"
+}
+
+# build_sidecar NAME PACKAGE VERSION: builds the sidecar PACKAGE of release VERSION in sidecar_module.
+build_sidecar() {
+	local name=$1 pkg=$2 version=$3
 	fresh "$name" "$version" && return 0
-	echo "building $name $version"
-	local dir
-	dir=$(downloaded Dir "$module@$version")
-	rm -rf "$SRC/$name"
-	cp -r "$dir" "$SRC/$name"
-	chmod -R u+w "$SRC/$name"
-	(cd "$SRC/$name" && go build -trimpath -ldflags "-s -w -X main.version=$version" -o "$BIN/$name" "$pkg")
+	echo "building $name $version with Kubernetes $K8S_VERSION's libraries"
+	(cd "$(sidecar_module)" && go build -trimpath -ldflags "-s -w -X main.version=$version" -o "$BIN/$name" "$pkg")
 	mark "$name" "$version"
 }
 
@@ -124,8 +145,6 @@ if [ "${1:-}" = --e2e ]; then
 	build_e2e_test
 	build_ginkgo
 fi
-build_copy csi-provisioner github.com/kubernetes-csi/external-provisioner/v5 "$PROVISIONER_VERSION" ./cmd/csi-provisioner
-build_copy csi-resizer github.com/kubernetes-csi/external-resizer "$RESIZER_VERSION" ./cmd/csi-resizer
-# The checksum database has no record of this cri-tools release.
-GONOSUMDB=sigs.k8s.io/cri-tools GONOSUMCHECK=1 build_copy crictl sigs.k8s.io/cri-tools "$CRICTL_VERSION" ./cmd/crictl
+build_sidecar csi-provisioner github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner "$PROVISIONER_VERSION"
+build_sidecar csi-resizer github.com/kubernetes-csi/external-resizer/cmd/csi-resizer "$RESIZER_VERSION"
 echo "$BIN"
