@@ -92,11 +92,11 @@ check-generated: generate ## Fail when the committed generated code differs from
 		{ git status --porcelain -- pkg/api examples/microvm/agentproto/agentv1; echo "generated files not committed"; exit 1; }
 
 .PHONY: lint
-lint: ## buf lint and format, golangci-lint and go vet of every module
+lint: ## buf lint and format, and golangci-lint of every module (its govet runs every analyzer go vet runs)
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
-	@set -e; for m in $(MODULES); do echo "== lint $$m"; (cd $$m && $(LINT) run ./... && $(GO) vet ./...); done
-	@echo "== lint deploy/helm"; cd deploy/helm && GOWORK=off $(LINT) run ./... && GOWORK=off $(GO) vet ./...
+	@set -e; for m in $(MODULES); do echo "== lint $$m"; (cd $$m && $(LINT) run ./...); done
+	@echo "== lint deploy/helm"; cd deploy/helm && GOWORK=off $(LINT) run ./...
 
 .PHONY: promtool
 promtool: ## Build promtool (pinned in tools/promtool), which test-rules runs
