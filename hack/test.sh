@@ -2,7 +2,7 @@
 # make test's tiers: every package of every module, one package at a time, the cluster tier last, then the
 # alert rules' tests. Called by the Makefile, which passes GO, GOTEST and MODULES.
 #
-# On a fresh machine the cluster tier's Kubernetes, sidecars and images, and promtool, are about 50
+# On a fresh machine the cluster tier's Kubernetes, sidecars and images, and promtool, are tens of
 # CPU-minutes of compiling, while the tiers leave a core idle much of the time (one package at a time
 # compiles one package at a time, a TCG guest keeps one core busy, and the cluster tier mostly waits on
 # Kubernetes). So they are built in the background from the start, at the lowest CPU priorities, and the
