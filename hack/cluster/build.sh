@@ -8,11 +8,11 @@
 # be built with `go install`; a throwaway consumer module requires k8s.io/kubernetes and replaces each
 # staging module with its published v0.X.Y.
 #
-# The sidecars are built in that module too, against the libraries Kubernetes is built with: their own
-# releases pin older Kubernetes libraries (v0.33), and building those was about a third of a fresh
-# machine's cluster build. Each module of Kubernetes' build is pinned at Kubernetes' version, so that
-# Kubernetes' binaries are built as before and every package the sidecars share with them compiles once;
-# the modules only the sidecars use come at the sidecars' versions, but for the Gateway API types, whose
+# The sidecars are built in a second throwaway module, against the libraries Kubernetes is built with:
+# their own releases pin older Kubernetes libraries (v0.33), and building those was about a third of a
+# fresh machine's cluster build. That module replaces each module of Kubernetes' build with the version
+# Kubernetes is built with, so that every package the sidecars share with Kubernetes compiles once; the
+# modules only the sidecars use come at the sidecars' versions, but for the Gateway API types, whose
 # release for v0.34's libraries is SIDECAR_GATEWAY_API (the provisioner reads ReferenceGrants with them).
 set -euo pipefail
 
@@ -123,8 +123,13 @@ sidecar_module() {
 			(cd "$k8s" && go list -m -f '{{if not .Main}}replace {{.Path}} => {{with .Replace}}{{.Path}} {{.Version}}{{else}}{{.Path}} {{.Version}}{{end}}{{end}}' all)
 			echo "replace sigs.k8s.io/gateway-api => sigs.k8s.io/gateway-api $SIDECAR_GATEWAY_API"
 		} >"$mod.tmp/go.mod"
-		(cd "$mod.tmp" && go get "github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner@$PROVISIONER_VERSION" \
-			"github.com/kubernetes-csi/external-resizer/cmd/csi-resizer@$RESIZER_VERSION" 2>/dev/null)
+		# go get names every module it adds; only a failure's output is shown.
+		if ! (cd "$mod.tmp" && go get "github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner@$PROVISIONER_VERSION" \
+			"github.com/kubernetes-csi/external-resizer/cmd/csi-resizer@$RESIZER_VERSION" >get.log 2>&1); then
+			cat "$mod.tmp/get.log" >&2
+			echo "the sidecars' module could not be made ($mod.tmp)" >&2
+			return 1
+		fi
 		mv "$mod.tmp" "$mod"
 	fi
 	echo "$mod"
@@ -135,7 +140,9 @@ build_sidecar() {
 	local name=$1 pkg=$2 version=$3
 	fresh "$name" "$version" && return 0
 	echo "building $name $version with Kubernetes $K8S_VERSION's libraries"
-	(cd "$(sidecar_module)" && go build -trimpath -ldflags "-s -w -X main.version=$version" -o "$BIN/$name" "$pkg")
+	local mod
+	mod=$(sidecar_module)
+	(cd "$mod" && go build -trimpath -ldflags "-s -w -X main.version=$version" -o "$BIN/$name" "$pkg")
 	mark "$name" "$version"
 }
 
