@@ -117,10 +117,11 @@ test-helm: ## The Helm chart (deploy/helm) renders what deploy/ does, and its CS
 	cd deploy/helm && GOWORK=off $(GOTEST) ./...
 
 .PHONY: test
-test: deps build guest test-helm ## Run every test tier (unit, root on loop devices, e2e, csi-sanity, the real cluster), the alert rules' tests and the Helm chart's; does its own set-up
+test: deps ## Run every test tier (unit, root on loop devices, e2e, csi-sanity, the real cluster), the alert rules' tests and the Helm chart's; does its own set-up
 	@# One package at a time: the VM, LVM and csi-sanity tiers each want both cores, and csi-sanity's
 	@# per-call deadlines are not made for a machine shared with a booting guest. What the cluster tier
-	@# and test-rules need is built meanwhile in the background, at the lowest priority (hack/test.sh).
+	@# and test-rules need is built meanwhile in the background, at the lowest priority, from before the
+	@# build, guest and test-helm targets run (hack/test.sh).
 	@GO="$(GO)" GOTEST="$(GOTEST)" MODULES="$(MODULES)" hack/test.sh
 
 # The test tiers. `make test` runs them all at once (one `go test ./...`); each also runs alone. A tier is

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# make test's tiers: every package of every module, one package at a time, the cluster tier last, then the
-# alert rules' tests. Called by the Makefile, which passes GO, GOTEST and MODULES.
+# make test once the Debian packages are there: crust's binaries, the guest and the Helm chart's test,
+# then every package of every module, one package at a time, the cluster tier last, then the alert rules'
+# tests. Called by the Makefile, which passes GO, GOTEST and MODULES.
 #
 # On a fresh machine the cluster tier's Kubernetes, sidecars and images, and promtool, are tens of
-# CPU-minutes of compiling, while the tiers leave a core idle much of the time (one package at a time
-# compiles one package at a time, a TCG guest keeps one core busy, and the cluster tier mostly waits on
-# Kubernetes). So they are built in the background from the start, at the lowest CPU priorities, and the
-# cluster tier and the alert rules' tests wait for them. The priorities hold because the builds stay in
+# CPU-minutes of compiling, while the rest leaves a core idle much of the time (downloads, one package at
+# a time compiles one package at a time, a TCG guest keeps one core busy, and the cluster tier mostly
+# waits on Kubernetes). So they are built in the background from the start, before crust's own builds,
+# at the lowest CPU priorities, and the cluster tier and the alert rules' tests wait for them. The priorities hold because the builds stay in
 # this session (a new session would get a scheduler group of its own). When everything is built already
 # (a second run), the background jobs find nothing to do.
 set -euo pipefail
@@ -21,6 +22,9 @@ log=$logs/test-prebuild.log
 . "$(dirname "$0")/background.sh"
 bg_start "building the cluster tier's binaries and images" "$log" nice -n 19 "${MAKE:-make}" --no-print-directory test-images
 bg_start "building promtool" "$logs/test-promtool.log" chrt --idle 0 "${MAKE:-make}" --no-print-directory promtool
+
+# The images (make test-images) need the Debian packages, which the Makefile installed before this.
+"${MAKE:-make}" --no-print-directory build guest test-helm
 
 for m in $MODULES; do
 	echo "== test $m"
