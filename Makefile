@@ -85,8 +85,7 @@ generate: ## Regenerate the Go code from proto/ (buf, pinned local plugins)
 	$(BUF) generate
 	$(BUF) generate --template buf.gen.agent.yaml
 
-# check-generated generates into a temporary directory and leaves the tree alone, so that it can run while
-# the tree is being built (.ci/run runs it beside make test).
+# check-generated generates into a temporary directory: checking never rewrites the tree it checks.
 .PHONY: check-generated
 check-generated: ## Fail when the committed generated code differs from a fresh generation; changes nothing
 	@BUF='$(BUF)' hack/check-generated.sh pkg/api examples/microvm/agentproto/agentv1
