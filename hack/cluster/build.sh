@@ -135,23 +135,44 @@ sidecar_module() {
 	echo "$mod"
 }
 
-# build_sidecar NAME PACKAGE VERSION: builds the sidecar PACKAGE of release VERSION in sidecar_module.
-build_sidecar() {
-	local name=$1 pkg=$2 version=$3
-	fresh "$name" "$version" && return 0
-	echo "building $name $version with Kubernetes $K8S_VERSION's libraries"
+# build_sidecars: csi-provisioner and csi-resizer of their releases, in sidecar_module, in one go build
+# (each linked with its own version) so that what they share compiles once.
+build_sidecars() {
+	local prov=github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner
+	local res=github.com/kubernetes-csi/external-resizer/cmd/csi-resizer
+	fresh csi-provisioner "$PROVISIONER_VERSION" && fresh csi-resizer "$RESIZER_VERSION" && return 0
+	echo "building csi-provisioner $PROVISIONER_VERSION and csi-resizer $RESIZER_VERSION with Kubernetes $K8S_VERSION's libraries"
 	local mod
 	mod=$(sidecar_module)
-	(cd "$mod" && go build -trimpath -ldflags "-s -w -X main.version=$version" -o "$BIN/$name" "$pkg")
-	mark "$name" "$version"
+	(cd "$mod" && go build -trimpath -o "$BIN/" \
+		-ldflags "$prov=-s -w -X main.version=$PROVISIONER_VERSION" \
+		-ldflags "$res=-s -w -X main.version=$RESIZER_VERSION" "$prov" "$res")
+	mark csi-provisioner "$PROVISIONER_VERSION"
+	mark csi-resizer "$RESIZER_VERSION"
 }
 
+# build_tests: agnhost and, with --e2e, e2e.test and ginkgo.
+build_tests() {
+	build_agnhost
+	if [ "$e2e" = 1 ]; then
+		build_e2e_test
+		build_ginkgo
+	fi
+}
+
+e2e=0
+[ "${1:-}" = --e2e ] && e2e=1
 build_kubernetes
-build_agnhost
-if [ "${1:-}" = --e2e ]; then
-	build_e2e_test
-	build_ginkgo
-fi
-build_sidecar csi-provisioner github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner "$PROVISIONER_VERSION"
-build_sidecar csi-resizer github.com/kubernetes-csi/external-resizer/cmd/csi-resizer "$RESIZER_VERSION"
+# What is left shares little but what Kubernetes' build compiled, so the tests' binaries and the sidecars
+# are built at once: while one waits on a package or links (one core), the other has the second core.
+# Both use Kubernetes' consumer module, made here first so that they do not both make it.
+k8s_module >/dev/null
+build_tests &
+tests=$!
+build_sidecars &
+sidecars=$!
+failed=0
+wait "$tests" || failed=1
+wait "$sidecars" || failed=1
+[ "$failed" = 0 ] || exit 1
 echo "$BIN"
