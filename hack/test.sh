@@ -7,9 +7,9 @@
 # CPU-minutes of compiling, while the rest leaves a core idle much of the time (downloads, one package at
 # a time compiles one package at a time, a TCG guest keeps one core busy, and the cluster tier mostly
 # waits on Kubernetes). So they are built in the background from the start, before crust's own builds,
-# at the lowest CPU priorities, and the cluster tier and the alert rules' tests wait for them. The priorities hold because the builds stay in
-# this session (a new session would get a scheduler group of its own). When everything is built already
-# (a second run), the background jobs find nothing to do.
+# at the lowest CPU priorities, and the cluster tier and the alert rules' tests wait for them. The
+# priorities hold because the builds stay in this session (a new session would get a scheduler group of
+# its own). When everything is built already (a second run), the background jobs find nothing to do.
 set -euo pipefail
 : "${GO:?}" "${GOTEST:?}" "${MODULES:?}"
 # Not named OUT: the scripts make test-images runs read OUT from the environment as their own.
@@ -17,13 +17,13 @@ logs=$(cd "$(dirname "$0")/.." && pwd)/_output
 mkdir -p "$logs"
 log=$logs/test-prebuild.log
 
-# promtool is needed last, so it runs under SCHED_IDLE, below the cluster tier's build.
+# promtool is needed last, so it runs under SCHED_IDLE, below the cluster tier's build. The images (make
+# test-images) need the Debian packages, which the Makefile installed before this.
 # shellcheck source=hack/background.sh
 . "$(dirname "$0")/background.sh"
 bg_start "building the cluster tier's binaries and images" "$log" nice -n 19 "${MAKE:-make}" --no-print-directory test-images
 bg_start "building promtool" "$logs/test-promtool.log" chrt --idle 0 "${MAKE:-make}" --no-print-directory promtool
 
-# The images (make test-images) need the Debian packages, which the Makefile installed before this.
 "${MAKE:-make}" --no-print-directory build guest test-helm
 
 for m in $MODULES; do
