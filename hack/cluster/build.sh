@@ -20,6 +20,8 @@ K8S_VERSION=${K8S_VERSION:-v1.34.4}
 PROVISIONER_VERSION=${PROVISIONER_VERSION:-v5.3.0}
 RESIZER_VERSION=${RESIZER_VERSION:-v1.14.0}
 SIDECAR_GATEWAY_API=${SIDECAR_GATEWAY_API:-v1.4.0}
+PROVISIONER_PKG=github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner
+RESIZER_PKG=github.com/kubernetes-csi/external-resizer/cmd/csi-resizer
 OUT=${OUT:-$(cd "$(dirname "$0")/../.." && pwd)/_output/k8s}
 BIN=$OUT/bin
 SRC=$OUT/src
@@ -90,8 +92,8 @@ build_agnhost() {
 	mark agnhost "$version"
 }
 
-# build_e2e_test: e2e.test, Kubernetes' end-to-end suite, as its release builds it (about two minutes
-# once Kubernetes is built).
+# build_e2e_test: e2e.test, Kubernetes' end-to-end suite, as its release builds it (on a fresh 2-core
+# machine about five minutes once Kubernetes is built).
 build_e2e_test() {
 	fresh e2e.test "$K8S_VERSION" && return 0
 	echo "building e2e.test $K8S_VERSION"
@@ -124,8 +126,7 @@ sidecar_module() {
 			echo "replace sigs.k8s.io/gateway-api => sigs.k8s.io/gateway-api $SIDECAR_GATEWAY_API"
 		} >"$mod.tmp/go.mod"
 		# go get names every module it adds; only a failure's output is shown.
-		if ! (cd "$mod.tmp" && go get "github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner@$PROVISIONER_VERSION" \
-			"github.com/kubernetes-csi/external-resizer/cmd/csi-resizer@$RESIZER_VERSION" >get.log 2>&1); then
+		if ! (cd "$mod.tmp" && go get "$PROVISIONER_PKG@$PROVISIONER_VERSION" "$RESIZER_PKG@$RESIZER_VERSION" >get.log 2>&1); then
 			cat "$mod.tmp/get.log" >&2
 			echo "the sidecars' module could not be made ($mod.tmp)" >&2
 			return 1
@@ -138,15 +139,13 @@ sidecar_module() {
 # build_sidecars: csi-provisioner and csi-resizer of their releases, in sidecar_module, in one go build
 # (each linked with its own version) so that what they share compiles once.
 build_sidecars() {
-	local prov=github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner
-	local res=github.com/kubernetes-csi/external-resizer/cmd/csi-resizer
 	fresh csi-provisioner "$PROVISIONER_VERSION" && fresh csi-resizer "$RESIZER_VERSION" && return 0
 	echo "building csi-provisioner $PROVISIONER_VERSION and csi-resizer $RESIZER_VERSION with Kubernetes $K8S_VERSION's libraries"
 	local mod
 	mod=$(sidecar_module)
 	(cd "$mod" && go build -trimpath -o "$BIN/" \
-		-ldflags "$prov=-s -w -X main.version=$PROVISIONER_VERSION" \
-		-ldflags "$res=-s -w -X main.version=$RESIZER_VERSION" "$prov" "$res")
+		-ldflags "$PROVISIONER_PKG=-s -w -X main.version=$PROVISIONER_VERSION" \
+		-ldflags "$RESIZER_PKG=-s -w -X main.version=$RESIZER_VERSION" "$PROVISIONER_PKG" "$RESIZER_PKG")
 	mark csi-provisioner "$PROVISIONER_VERSION"
 	mark csi-resizer "$RESIZER_VERSION"
 }
