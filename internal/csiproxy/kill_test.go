@@ -161,7 +161,14 @@ const markerFile = "generation"
 
 // write is the pod using its volume, mounted at dir: it finds what it wrote last time and writes the next
 // generation, so a volume that lost data or was formatted again is seen.
+//
+// A pod's files belong to another process. Here the test process opens them, while its other goroutines
+// start children (the sandboxes' mount and umount, a proxy): a child forked while one is open holds it
+// until the child's exec, so an unmount just after the file is closed could find the mount busy. So the
+// file stays open only under syscall.ForkLock held for reading, which every fork waits for.
 func (s *killSlot) write(dir string) error {
+	syscall.ForkLock.RLock()
+	defer syscall.ForkLock.RUnlock()
 	if err := s.holds(dir); err != nil {
 		return err
 	}
@@ -182,7 +189,8 @@ func (s *killSlot) write(dir string) error {
 	return err
 }
 
-// holds checks that the volume mounted at dir holds the pod's last write.
+// holds checks that the volume mounted at dir holds the pod's last write. While other goroutines may
+// fork, its caller holds syscall.ForkLock for reading (see write).
 func (s *killSlot) holds(dir string) error {
 	b, err := os.ReadFile(filepath.Join(dir, markerFile))
 	if s.gen == 0 && errors.Is(err, os.ErrNotExist) {
