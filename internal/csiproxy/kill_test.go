@@ -163,7 +163,7 @@ const markerFile = "generation"
 // generation, so a volume that lost data or was formatted again is seen.
 //
 // A pod's files belong to another process. Here the test process opens them, while its other goroutines
-// start children (the sandboxes' mount and umount, a proxy): a child forked while one is open holds it
+// start children (the sandboxes' mount, umount and fsck): a child forked while one is open holds it
 // until the child's exec, so an unmount just after the file is closed could find the mount busy. So the
 // file stays open only under syscall.ForkLock held for reading, which every fork waits for.
 func (s *killSlot) write(dir string) error {
