@@ -16,11 +16,17 @@
 # release for v0.34's libraries is SIDECAR_GATEWAY_API (the provisioner reads ReferenceGrants with them).
 set -euo pipefail
 
-# crust's own modules use Kubernetes' v0.37 libraries, and this release is built with v0.34's. So a
-# fresh machine compiles about 650 packages (client-go, apimachinery, api, grpc, protobuf and more) at
-# both versions: 6.2 CPU-minutes, measured. Kubernetes v1.37.2, which the module proxy serves, would share
-# them. It has not been tried here; kubelet v1.35 and later start on this cgroup v1 host only with
-# failCgroupV1: false, which up.sh sets already.
+# crust's own modules use Kubernetes' v0.37 libraries, and this release is built with v0.34's. So a fresh
+# machine compiles about 650 packages (client-go, apimachinery, api, grpc, protobuf and more) at both
+# versions: 6.2 CPU-minutes, measured. Kubernetes v1.37.2, which the module proxy serves, would share
+# them, but the sidecars pinned here do not build with its libraries (tried 2026-11-29): csi-provisioner
+# v5.3.0's CSIStorageCapacity informer bridge lacks a method client-go v0.37's informers have
+# (TypedInformer); csi-lib-utils v0.22.0, which the sidecars pin, calls otelgrpc's interceptors, which
+# that release's otelgrpc (v0.68.0) no longer has (csi-lib-utils v0.25.0 builds); and the Gateway API
+# release made for v0.37 (v1.7.0) needs Go 1.27 (v1.6.3 builds). Moving takes csi-provisioner v6 and the
+# new tags of the e2e suite's images (agnhost 2.66.1, busybox 1.37.0-2, nginx 1.27.0-2, pause 3.10.2).
+# kubelet v1.35 and later start on this cgroup v1 host only with failCgroupV1: false, which up.sh sets
+# already.
 K8S_VERSION=${K8S_VERSION:-v1.34.4}
 PROVISIONER_VERSION=${PROVISIONER_VERSION:-v5.3.0}
 RESIZER_VERSION=${RESIZER_VERSION:-v1.14.0}
