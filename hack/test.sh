@@ -5,11 +5,12 @@
 #
 # On a fresh machine the cluster tier's Kubernetes, sidecars and images, and promtool, are tens of
 # CPU-minutes of compiling, while the rest leaves a core idle much of the time (downloads, one package at
-# a time compiles one package at a time, a TCG guest keeps one core busy, and the cluster tier mostly
-# waits on Kubernetes). So they are built in the background from the start, before crust's own builds,
-# at the lowest CPU priorities, and the cluster tier and the alert rules' tests wait for them. The
-# priorities hold because the builds stay in this session (a new session would get a scheduler group of
-# its own). When everything is built already (a second run), the background jobs find nothing to do.
+# a time compiles one package at a time, a TCG guest keeps one core busy (the e2e tier's kill test runs
+# two at once), and the cluster tier mostly waits on Kubernetes). So they are built in the background from
+# the start, before crust's own builds, at the lowest CPU priorities, and the cluster tier and the alert
+# rules' tests wait for them. The priorities hold because the builds stay in this session (a new session
+# would get a scheduler group of its own). When everything is built already (a second run), the background
+# jobs find nothing to do.
 set -euo pipefail
 : "${GO:?}" "${GOTEST:?}" "${MODULES:?}"
 # Not named OUT: the scripts make test-images runs read OUT from the environment as their own.

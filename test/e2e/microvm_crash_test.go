@@ -28,12 +28,14 @@ import (
 
 // TestMicroVMKillUnderLoad kills `crust-microvm run` with SIGKILL at random instants, at least 100 times
 // (CRUST_MICROVM_KILLS to change it), while its volumes are being claimed, mounted, measured and released,
-// and starts it again after each kill. Half the kills land at a random instant of the first 3 s of a run
-// (QEMU starting, the guest booting, claims and mounts: no boot is waited for), half once the data volume
-// is mounted, within 2 s of starting a load on it: files written in the guest (temporary file, sync,
-// rename, sync: acknowledged when that exec returns 0), stats forwarded through crustd, a second volume
-// staged to be claimed and mounted, and in a third of those rounds a `crust-microvm stop` (unmount,
-// detach, release) racing the kill.
+// and starts it again after each kill. Two sandboxes, each with a pod and volumes of its own, take half the
+// kills each, side by side on one crustd: a round mostly waits for its guest to boot under TCG, which keeps
+// one core busy, so two at once take about half the time one after the other would. Half the kills land at
+// a random instant of the first 3 s of a run (QEMU starting, the guest booting, claims and mounts: no boot
+// is waited for), half once the data volume is mounted, within 2 s of starting a load on it: files written
+// in the guest (temporary file, sync, rename, sync: acknowledged when that exec returns 0), stats forwarded
+// through crustd, a second volume staged to be claimed and mounted, and in a third of those rounds a
+// `crust-microvm stop` (unmount, detach, release) racing the kill.
 //
 // After each kill: QEMU is gone within seconds (it dies with its parent); crustd holds no claim of the
 // dead sandbox once its grace (5 s) has passed (detection latency logged); the next run cleans the stale
@@ -49,15 +51,31 @@ func TestMicroVMKillUnderLoad(t *testing.T) {
 		}
 		kills = n
 	}
-	const grace = 5 * time.Second
-	d, assets := newMicroVMDaemon(t, "--handler-grace", grace.String())
-	conn := d.conn()
-	vols := crustv1.NewVolumeServiceClient(conn)
+	d, assets := newMicroVMDaemon(t, "--handler-grace", killGrace.String())
+	vols := crustv1.NewVolumeServiceClient(d.conn())
+	pods := []string{"9b1c9e0a-0000-4000-8000-0000000c4a5e", "9b1c9e0a-0000-4000-8000-0000000c4a5f"}
+	for i, pod := range pods {
+		name := fmt.Sprintf("e2e-kill-%d", i+1)
+		data, extra := d.podTarget(pod, "pvc-data"), d.podTarget(pod, "pvc-extra")
+		n := kills / len(pods)
+		if i == 0 {
+			n += kills % len(pods)
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			killUnderLoad(t, d, vols, assets, name, data, extra, n)
+		})
+	}
+}
+
+// killGrace is crustd's --handler-grace in TestMicroVMKillUnderLoad.
+const killGrace = 5 * time.Second
+
+// killUnderLoad is one sandbox's part of TestMicroVMKillUnderLoad: kills of the sandbox name, whose
+// volumes are data (its files) and extra (staged during a load), on d.
+func killUnderLoad(t *testing.T, d *daemon, vols crustv1.VolumeServiceClient, assets, name, data, extra string, kills int) {
 	ctx := context.Background()
 	stateDir := t.TempDir()
-	const name = "e2e-kill"
-	pod := "9b1c9e0a-0000-4000-8000-0000000c4a5e"
-	data, extra := d.podTarget(pod, "pvc-data"), d.podTarget(pod, "pvc-extra")
 	dataDev, extraDev := loopDevice(t, 64<<20), loopDevice(t, 32<<20)
 	harness.Run(t, "mkfs.ext4", "-q", "-F", dataDev)
 	harness.Run(t, "mkfs.ext4", "-q", "-F", extraDev)
@@ -263,12 +281,12 @@ func TestMicroVMKillUnderLoad(t *testing.T) {
 			return len(sandboxProcesses(filepath.Join(stateDir, name))) == 0
 		})
 		// crustd releases the dead handler's claims, within the grace at most.
-		gctx, gcancel := harness.Context(t, grace+3*time.Second)
+		gctx, gcancel := harness.Context(t, killGrace+3*time.Second)
 		err := harness.Poll(gctx, func() (bool, error) { return claimOf(data) == nil && claimOf(extra) == nil, nil })
 		gcancel()
 		if err != nil {
 			t.Fatalf("round %d: claims held for the dead handler %s after the kill (grace %s): %v, %v\ncrustd log:\n%s",
-				killed, time.Since(killedAt).Round(time.Millisecond), grace, claimOf(data), claimOf(extra), d.Log())
+				killed, time.Since(killedAt).Round(time.Millisecond), killGrace, claimOf(data), claimOf(extra), d.Log())
 		}
 		if heldAtKill {
 			claimsSeen.Add(1)
