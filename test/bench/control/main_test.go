@@ -28,5 +28,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(benchfig.RunMain(m, "control", "crust.dev/crust/test/bench/control"))
+	code := benchfig.RunMain(m, "control", "crust.dev/crust/test/bench/control")
+	if bins.dir != "" {
+		_ = os.RemoveAll(bins.dir) // the binaries buildBins made
+	}
+	os.Exit(code)
 }
