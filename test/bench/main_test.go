@@ -63,11 +63,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := benchfig.RunMain(m, "vm", "crust.dev/crust/test/bench")
-	if build.dir != "" {
-		_ = os.RemoveAll(build.dir)
-	}
-	os.Exit(code)
+	os.Exit(benchfig.RunMain(m, "vm", "crust.dev/crust/test/bench"))
 }
 
 // build holds what is built once per process: crustd, crust-guest, the guest initramfs of each flavour
@@ -121,7 +117,7 @@ func needVMs(b *testing.B) {
 func buildBinaries(b *testing.B) {
 	b.Helper()
 	build.once.Do(func() {
-		build.dir, build.err = os.MkdirTemp("", "crust-bench-")
+		build.dir, build.err = benchfig.ScratchDir()
 		if build.err != nil {
 			return
 		}

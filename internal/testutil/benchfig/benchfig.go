@@ -176,11 +176,38 @@ func WriteResults(name, pkg string) error {
 	return os.WriteFile(filepath.Join(dir, name+".json"), append(data, '\n'), 0o644)
 }
 
-// RunMain runs a benchmark package's tests and benchmarks (m.Run) and writes what they recorded as the
-// results file name of package pkg (WriteResults), and returns the exit code for os.Exit: m.Run's, or 1
-// when the results cannot be written.
+// scratch is the process's directory for what its benchmarks build (ScratchDir).
+var scratch struct {
+	mu  sync.Mutex
+	dir string
+}
+
+// ScratchDir returns a directory for what the process's benchmarks build (binaries, guest images), the
+// same one at every call, made at the first. RunMain removes it when the benchmarks are done.
+func ScratchDir() (string, error) {
+	scratch.mu.Lock()
+	defer scratch.mu.Unlock()
+	if scratch.dir == "" {
+		dir, err := os.MkdirTemp("", "crust-bench-")
+		if err != nil {
+			return "", err
+		}
+		scratch.dir = dir
+	}
+	return scratch.dir, nil
+}
+
+// RunMain runs a benchmark package's tests and benchmarks (m.Run), writes what they recorded as the
+// results file name of package pkg (WriteResults) and removes ScratchDir's directory, and returns the
+// exit code for os.Exit: m.Run's, or 1 when the results cannot be written.
 func RunMain(m *testing.M, name, pkg string) int {
 	code := m.Run()
+	scratch.mu.Lock()
+	if scratch.dir != "" {
+		_ = os.RemoveAll(scratch.dir)
+		scratch.dir = ""
+	}
+	scratch.mu.Unlock()
 	if err := WriteResults(name, pkg); err != nil {
 		fmt.Fprintln(os.Stderr, "writing the results:", err)
 		return 1

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"crust.dev/crust/internal/testutil"
+	"crust.dev/crust/internal/testutil/benchfig"
 	"crust.dev/crust/internal/testutil/harness"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/client"
@@ -32,7 +33,7 @@ var bins struct {
 func buildBins(b *testing.B) {
 	b.Helper()
 	bins.once.Do(func() {
-		if bins.dir, bins.err = os.MkdirTemp("", "crust-control-bench-"); bins.err != nil {
+		if bins.dir, bins.err = benchfig.ScratchDir(); bins.err != nil {
 			return
 		}
 		bins.err = harness.Build(bins.dir, "crust.dev/crust/cmd/crustd", "crust.dev/crust/cmd/crustctl",

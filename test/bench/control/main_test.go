@@ -28,9 +28,5 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := benchfig.RunMain(m, "control", "crust.dev/crust/test/bench/control")
-	if bins.dir != "" {
-		_ = os.RemoveAll(bins.dir) // the binaries buildBins made
-	}
-	os.Exit(code)
+	os.Exit(benchfig.RunMain(m, "control", "crust.dev/crust/test/bench/control"))
 }
