@@ -1,8 +1,8 @@
 // Package daemon wires crustd together: it loads the store, opens the core (internal/manager) with the
 // store, the validator, the forwarder and the Kata adapter (internal/kata: the projection, Kata's claims
 // and caveats) injected, serves the API on the unix socket and metrics over HTTP, watches runtime
-// handlers, collects garbage, and stops cleanly on a signal. Start-up fails on a bad configuration or an
-// unusable directory, never on one bad record.
+// handlers, collects the descriptors of deleted pods, and stops cleanly on a signal. Start-up fails on a
+// bad configuration or an unusable directory, never on one bad record.
 package daemon
 
 import (
@@ -91,6 +91,9 @@ func Defaults() Config {
 // Run serves until ctx ends, then stops gracefully. It returns an error when start-up fails.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	start := time.Now()
+	if cfg.GCInterval <= 0 {
+		return fmt.Errorf("--gc-interval %s: must be positive", cfg.GCInterval)
+	}
 	v, err := validate.New(validate.Config{
 		KubeletDir: cfg.KubeletDir, DeviceAllow: cfg.DeviceAllow, DeviceAllowKinds: cfg.DeviceAllowKinds,
 		AllowFileBacked: cfg.AllowFileBacked, MetadataKeys: cfg.MetadataKeys, AllowMountOptions: cfg.AllowMountOptions,
@@ -179,21 +182,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	go func() { hw.Run(hwCtx); close(hwDone) }()
 	defer func() { hwStop(); <-hwDone }()
 
-	gc := time.NewTicker(cfg.GCInterval)
-	defer gc.Stop()
-	met.CollectedGarbage(len(m.CollectGarbage(ctx)))
-serve:
-	for {
-		select {
-		case <-gc.C:
-			met.CollectedGarbage(len(m.CollectGarbage(ctx)))
-		case err = <-errc:
-			break serve
-		case <-ctx.Done():
-			break serve
-		}
+	gcCtx, gcStop := context.WithCancel(ctx)
+	gcDone := make(chan struct{})
+	go func() { collect(gcCtx, m, met, cfg.KubeletDir, cfg.GCInterval, log); close(gcDone) }()
+	defer func() { gcStop(); <-gcDone }()
+
+	select {
+	case err = <-errc:
+	case <-ctx.Done():
 	}
 	log.Info("stopping")
+	gcStop() // no pass while the calls drain
 	met.SetReady(false)
 	srv.SetServing(false)
 	stopped := make(chan struct{})
@@ -248,7 +247,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, `address for /metrics, /healthz, /readyz ("" disables)`)
 	cfg.MetricsSecure.AddFlags(f)
 	f.DurationVar(&cfg.LockWait, "lock-wait", cfg.LockWait, "how long a call waits for another on the same target before ABORTED")
-	f.DurationVar(&cfg.GCInterval, "gc-interval", cfg.GCInterval, "how often descriptors of deleted pods are collected")
+	f.DurationVar(&cfg.GCInterval, "gc-interval", cfg.GCInterval, "how often descriptors of deleted pods are collected, besides as soon as a pod's directory goes")
 	f.DurationVar(&cfg.HandlerGrace, "handler-grace", cfg.HandlerGrace,
 		"release a runtime handler's claims once its endpoint has refused connections this long (at once when the claiming process has exited too); 0 never releases")
 	return cmd

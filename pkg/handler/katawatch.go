@@ -2,15 +2,14 @@ package handler
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
-	"time"
 
 	"github.com/fsnotify/fsnotify"
 
+	"crust.dev/crust/internal/dirwatch"
 	"crust.dev/crust/pkg/kata"
 )
 
@@ -73,34 +72,6 @@ func WatchKataDir(ctx context.Context, dir string, fn func(KataEvent) error) err
 	if err := rescan(); err != nil {
 		return err
 	}
-	// Events come in bursts (a rename into place is several); settle briefly, then rescan once.
-	const settle = 20 * time.Millisecond
-	var timer <-chan time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case _, ok := <-w.Events:
-			if !ok {
-				return errors.New("fsnotify watcher closed")
-			}
-			if timer == nil {
-				timer = time.After(settle)
-			}
-		case _, ok := <-w.Errors:
-			// An overflow, or a watch on a volume dir that was just removed: either way the listing is
-			// the truth, so look again.
-			if !ok {
-				return errors.New("fsnotify watcher closed")
-			}
-			if timer == nil {
-				timer = time.After(settle)
-			}
-		case <-timer:
-			timer = nil
-			if err := rescan(); err != nil {
-				return err
-			}
-		}
-	}
+	// Events come in bursts (a rename into place is several): one rescan each.
+	return dirwatch.Loop(ctx, w, nil, nil, rescan)
 }

@@ -71,7 +71,8 @@ func TestOrphanCollector(t *testing.T) {
 	removed := time.Now()
 	startKubelet()
 
-	// The collector (crustd's --gc-interval, a minute by default) unstages the orphan, and only it.
+	// The collector unstages the orphan, and only it: as the pod directory goes (crustd watches kubelet's
+	// pods directory), or at the latest at its --gc-interval (a minute by default).
 	waitFor(t, 3*time.Minute, "crustd to collect the descriptor of the deleted pod", func() (bool, error) {
 		return len(c.socketPodVolumes(t, uid)) == 0, nil
 	})

@@ -1,0 +1,56 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"crust.dev/crust/internal/dirwatch"
+	"crust.dev/crust/internal/manager"
+	"crust.dev/crust/internal/metrics"
+)
+
+// collect runs the garbage collector until ctx ends: a pass now, a pass every interval, and a pass as
+// soon as an entry of <kubeletDir>/pods is removed or renamed away (a pod's directory gone), so that the
+// descriptor of a pod deleted without an unpublish goes within moments instead of at the next tick. Each
+// pass looks at the pod directories itself; the watch only says when to look. When the directory cannot
+// be watched (no kubelet on the node yet, no inotify instance or watch left), the periodic passes go on,
+// each trying the watch again, and a line says so once.
+func collect(ctx context.Context, m *manager.Manager, met *metrics.Metrics, kubeletDir string, interval time.Duration, log *slog.Logger) {
+	pods := filepath.Join(kubeletDir, "pods")
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		log.Warn("orphaned descriptors are collected only every --gc-interval: no inotify instance", "err", err, "gc_interval", interval)
+	} else {
+		defer func() { _ = w.Close() }()
+	}
+	watching := true // until the first pass says otherwise
+	pass := func() error {
+		if w != nil {
+			err := w.Add(pods) // watched already: nothing changes
+			switch {
+			case err != nil && watching:
+				log.Warn("orphaned descriptors are collected only every --gc-interval: cannot watch the pod directories",
+					"dir", pods, "err", err, "gc_interval", interval)
+			case err == nil && !watching:
+				log.Info("watching the pod directories again: orphaned descriptors are collected as their pod's directory goes", "dir", pods)
+			}
+			watching = err == nil
+		}
+		met.CollectedGarbage(len(m.CollectGarbage(ctx)))
+		return nil
+	}
+	_ = pass()
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	gone := func(ev fsnotify.Event) bool { return ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) }
+	if err := dirwatch.Loop(ctx, w, gone, tick.C, pass); err != nil {
+		// The watcher failed under the loop: the clock alone, as without one.
+		log.Warn("orphaned descriptors are collected only every --gc-interval: the watch failed", "err", err, "gc_interval", interval)
+		w = nil
+		_ = dirwatch.Loop(ctx, nil, nil, tick.C, pass)
+	}
+}
