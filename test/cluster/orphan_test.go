@@ -225,7 +225,13 @@ func crustdMetric(t *testing.T, name string) float64 {
 // crustdLogLine returns the line of crustd's log (JSON) whose message is msg and that mentions what.
 func (c *cluster) crustdLogLine(t *testing.T, msg, what string) string {
 	t.Helper()
-	out := c.kubectlOK(t, "-n", "crust-system", "logs", "daemonset/crustd", "--tail=-1")
+	// A kubelet started moments ago answers NotFound for the logs of a pod it has not synced yet.
+	var out string
+	waitFor(t, 2*time.Minute, "crustd's log from kubelet", func() (bool, error) {
+		var err error
+		out, err = c.kubectlRun("-n", "crust-system", "logs", "daemonset/crustd", "--tail=-1")
+		return err == nil, err
+	})
 	for _, l := range strings.Split(out, "\n") {
 		var rec map[string]any
 		if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == msg && strings.Contains(l, what) {
