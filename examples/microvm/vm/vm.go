@@ -350,7 +350,11 @@ func portAddr(i int) string {
 func (c *Config) args(accel Accel) []string {
 	// no_timer_check: under TCG on a busy host the kernel's check that the IO-APIC timer ticks can fail
 	// and panic the boot ("IO-APIC + timer doesn't work"); the guest needs no such check.
-	cmdline := "console=ttyS0 panic=-1 quiet no_timer_check"
+	// cryptomgr.notests and initcall_blacklist=crypto_kdf108_init skip the self-tests the kernel runs of
+	// its own crypto code at every boot (the second is the KDF's, which the first does not cover): under
+	// TCG they held the boot to the agent about 0.4 s longer (medians of 10 and 16 boots taken in turns
+	// with and without them, 3.9 s and 4.5 s without).
+	cmdline := "console=ttyS0 panic=-1 quiet no_timer_check cryptomgr.notests initcall_blacklist=crypto_kdf108_init"
 	if c.KernelArgs != "" {
 		cmdline += " " + c.KernelArgs
 	}
