@@ -17,17 +17,29 @@ import (
 const Settle = 20 * time.Millisecond
 
 // Loop calls fn Settle after the first of a burst of w's events that want accepts (nil accepts every
-// event), and after each error w reports (events were lost: look again); and at each tick of tick, when
-// tick is not nil. A nil w has no events: only tick calls fn. Loop does not call fn when it starts. It
-// returns nil when ctx ends, fn's error as it is, or an error when w is closed under it.
-func Loop(ctx context.Context, w *fsnotify.Watcher, want func(fsnotify.Event) bool, tick <-chan time.Time, fn func() error) error {
+// event), with the burst's accepted events in the order they came. It calls fn with nil, meaning that
+// anything may have changed, Settle after an error w reports (events were lost) and at each tick of
+// tick, when tick is not nil; a tick takes in a burst still settling. A nil w has no events: only tick
+// calls fn. Loop does not call fn when it starts. It returns nil when ctx ends, fn's error as it is, or
+// an error when w is closed under it.
+func Loop(ctx context.Context, w *fsnotify.Watcher, want func(fsnotify.Event) bool, tick <-chan time.Time, fn func([]fsnotify.Event) error) error {
 	var (
 		events <-chan fsnotify.Event
 		errs   <-chan error
 		timer  <-chan time.Time // running while a burst settles
+		burst  []fsnotify.Event
+		lost   bool // the burst lost events: fn is told that anything may have changed
 	)
 	if w != nil {
 		events, errs = w.Events, w.Errors
+	}
+	call := func() error {
+		evs := burst
+		if lost {
+			evs = nil
+		}
+		timer, burst, lost = nil, nil, false
+		return fn(evs)
 	}
 	for {
 		select {
@@ -37,23 +49,27 @@ func Loop(ctx context.Context, w *fsnotify.Watcher, want func(fsnotify.Event) bo
 			if !ok {
 				return errClosed
 			}
-			if timer == nil && (want == nil || want(ev)) {
-				timer = time.After(Settle)
+			if want == nil || want(ev) {
+				burst = append(burst, ev)
+				if timer == nil {
+					timer = time.After(Settle)
+				}
 			}
 		case _, ok := <-errs:
 			if !ok {
 				return errClosed
 			}
+			lost = true
 			if timer == nil {
 				timer = time.After(Settle)
 			}
 		case <-timer:
-			timer = nil
-			if err := fn(); err != nil {
+			if err := call(); err != nil {
 				return err
 			}
 		case <-tick:
-			if err := fn(); err != nil {
+			lost = true
+			if err := call(); err != nil {
 				return err
 			}
 		}

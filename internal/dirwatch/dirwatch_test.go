@@ -30,12 +30,12 @@ func watcher(t *testing.T) (*fsnotify.Watcher, *os.Root) {
 	return w, r
 }
 
-// run starts Loop and returns a channel that gets a value at each call of fn (fn answers with err) and
-// one with Loop's result.
-func run(ctx context.Context, w *fsnotify.Watcher, want func(fsnotify.Event) bool, tick <-chan time.Time, err error) (calls chan struct{}, done chan error) {
-	calls, done = make(chan struct{}, 100), make(chan error, 1)
+// run starts Loop and returns a channel that gets the events of each call of fn (fn answers with err)
+// and one with Loop's result.
+func run(ctx context.Context, w *fsnotify.Watcher, want func(fsnotify.Event) bool, tick <-chan time.Time, err error) (calls chan []fsnotify.Event, done chan error) {
+	calls, done = make(chan []fsnotify.Event, 100), make(chan error, 1)
 	go func() {
-		done <- Loop(ctx, w, want, tick, func() error { calls <- struct{}{}; return err })
+		done <- Loop(ctx, w, want, tick, func(evs []fsnotify.Event) error { calls <- evs; return err })
 	}()
 	return calls, done
 }
@@ -72,7 +72,15 @@ func TestLoop(t *testing.T) {
 			if err := tc.change(dir); err != nil {
 				t.Fatal(err)
 			}
-			wait(t, calls, "call after the change")
+			evs := wait(t, calls, "call after the change")
+			if len(evs) == 0 {
+				t.Fatal("called with no events after a change")
+			}
+			for _, ev := range evs {
+				if tc.want != nil && !tc.want(ev) {
+					t.Errorf("called with %v, which want refuses", ev)
+				}
+			}
 			cancel()
 			if err := wait(t, done, "return after the context ended"); err != nil {
 				t.Fatalf("Loop returned %v when its context ended, want nil", err)
@@ -88,7 +96,9 @@ func TestLoopTicks(t *testing.T) {
 	calls, _ := run(ctx, nil, nil, tick, nil) // no watcher: the clock alone
 	for range 2 {
 		tick <- time.Now()
-		wait(t, calls, "call at a tick")
+		if evs := wait(t, calls, "call at a tick"); evs != nil {
+			t.Fatalf("called with %v at a tick, want nil (anything may have changed)", evs)
+		}
 	}
 }
 

@@ -607,16 +607,25 @@ func (m *Manager) forwarding(v *crustv1.Volume) error {
 }
 
 // CollectGarbage unstages the descriptors of pods whose kubelet pod directory is gone and returns their
-// target paths, in order. It does nothing when <KubeletDir>/pods does not exist (no kubelet on this node
-// yet). A pass reads no volume's claim and looks at each pod's directory once.
-func (m *Manager) CollectGarbage(ctx context.Context) []string {
+// target paths, in order: of every pod, or only of the pods podUIDs names (their directories' names
+// under <KubeletDir>/pods), which costs the descriptors of those pods alone. It does nothing when
+// <KubeletDir>/pods does not exist (no kubelet on this node yet). A pass reads no volume's claim and
+// looks at each pod's directory once.
+func (m *Manager) CollectGarbage(ctx context.Context, podUIDs ...string) []string {
 	pods := filepath.Join(m.cfg.KubeletDir, "pods")
 	if _, err := os.Stat(pods); err != nil {
 		return nil
 	}
+	var targets []string
+	if len(podUIDs) == 0 {
+		targets = m.targets()
+	}
+	for _, uid := range slices.Compact(slices.Sorted(slices.Values(podUIDs))) {
+		targets = append(targets, m.targetsUnder(filepath.Join(pods, uid)+"/")...)
+	}
 	var gone []string
 	podGone := map[string]bool{} // a pod's directory is looked at once a pass, however many volumes it has
-	for _, target := range m.targets() {
+	for _, target := range targets {
 		uid := volume.PodDirUID(m.cfg.KubeletDir, target)
 		if uid == "" {
 			continue
@@ -643,6 +652,21 @@ func (m *Manager) CollectGarbage(ctx context.Context) []string {
 		unlock()
 	}
 	return gone
+}
+
+// targetsUnder returns the target paths of the descriptors held that start with prefix, in order.
+func (m *Manager) targetsUnder(prefix string) []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	var ts []string
+	m.order.AscendGreaterOrEqual(prefix, func(t string) bool {
+		if !strings.HasPrefix(t, prefix) {
+			return false
+		}
+		ts = append(ts, t)
+		return true
+	})
+	return ts
 }
 
 // targets returns the target paths of the descriptors held, in order. Nothing else is asked: the

@@ -523,17 +523,30 @@ func TestGarbageCollectsVolumesOfDeletedPods(t *testing.T) {
 	if gone := e.m.CollectGarbage(ctx); len(gone) != 0 {
 		t.Fatalf("collected %v while every pod exists", gone)
 	}
-	if err := os.RemoveAll(filepath.Join(e.kubelet, "pods", "pod-1")); err != nil {
+	// pod-22's name starts with pod-2's.
+	pod22 := e.spec(8, 8)
+	pod22.VolumeTargetPath = strings.Replace(e.target(2), "/pod-2/", "/pod-22/", 1)
+	if err := os.MkdirAll(pod22.VolumeTargetPath, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if gone, want := e.m.CollectGarbage(ctx), []string{e.target(1), e.target(5)}; !slices.Equal(gone, want) {
+	e.stage(pod22)
+	for _, pod := range []string{"pod-1", "pod-2", "pod-22"} {
+		if err := os.RemoveAll(filepath.Join(e.kubelet, "pods", pod)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A pass for named pods (a pod directory seen going) looks at their volumes only.
+	if gone, want := e.m.CollectGarbage(ctx, "pod-2", "pod-0", "pod-2"), []string{e.target(2), e.target(6)}; !slices.Equal(gone, want) {
+		t.Fatalf("collected %v for pods pod-2 and pod-0, want %v", gone, want)
+	}
+	if gone, want := e.m.CollectGarbage(ctx), []string{e.target(1), e.target(5), pod22.VolumeTargetPath}; !slices.Equal(gone, want) {
 		t.Fatalf("collected %v, want %v", gone, want)
 	}
 	if n := claims.asked.Load(); n != 0 {
 		t.Errorf("garbage collection asked the claim source %d times, want none", n)
 	}
-	if n := len(e.m.List(ctx)); n != 6 {
-		t.Fatalf("%d volumes left, want 6", n)
+	if n := len(e.m.List(ctx)); n != 4 {
+		t.Fatalf("%d volumes left, want 4", n)
 	}
 }
 

@@ -73,5 +73,5 @@ func WatchKataDir(ctx context.Context, dir string, fn func(KataEvent) error) err
 		return err
 	}
 	// Events come in bursts (a rename into place is several): one rescan each.
-	return dirwatch.Loop(ctx, w, nil, nil, rescan)
+	return dirwatch.Loop(ctx, w, nil, nil, func([]fsnotify.Event) error { return rescan() })
 }
