@@ -247,7 +247,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, `address for /metrics, /healthz, /readyz ("" disables)`)
 	cfg.MetricsSecure.AddFlags(f)
 	f.DurationVar(&cfg.LockWait, "lock-wait", cfg.LockWait, "how long a call waits for another on the same target before ABORTED")
-	f.DurationVar(&cfg.GCInterval, "gc-interval", cfg.GCInterval, "how often descriptors of deleted pods are collected, besides as soon as a pod's directory goes")
+	f.DurationVar(&cfg.GCInterval, "gc-interval", cfg.GCInterval, "how often the descriptors of every deleted pod are looked for (a pod whose directory is seen going is collected at once)")
 	f.DurationVar(&cfg.HandlerGrace, "handler-grace", cfg.HandlerGrace,
 		"release a runtime handler's claims once its endpoint has refused connections this long (at once when the claiming process has exited too); 0 never releases")
 	return cmd
