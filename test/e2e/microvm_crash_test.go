@@ -28,9 +28,11 @@ import (
 
 // TestMicroVMKillUnderLoad kills `crust-microvm run` with SIGKILL at random instants, at least 100 times
 // (CRUST_MICROVM_KILLS to change it), while its volumes are being claimed, mounted, measured and released,
-// and starts it again after each kill. Two sandboxes, each with a pod and volumes of its own, take half the
-// kills each, side by side on one crustd: a round mostly waits for its guest to boot under TCG, which keeps
-// one core busy, so two at once take about half the time one after the other would. Half the kills land at
+// and starts it again after each kill. Two sandboxes, each with a pod and volumes of its own, take the
+// kills from one count, side by side on one crustd: a round mostly waits for its guest to boot under TCG,
+// which keeps one core busy, so two at once take about half the time one after the other would, and as
+// rounds differ in length (those under load are longer), a sandbox whose rounds ran long takes fewer
+// kills and the two end together. Half the kills land at
 // a random instant of the first 3 s of a run (QEMU starting, the guest booting, claims and mounts: no boot
 // is waited for), half once the data volume is mounted, within 2 s of starting a load on it: files written
 // in the guest (temporary file, sync, rename, sync: acknowledged when that exec returns 0), stats forwarded
@@ -53,17 +55,15 @@ func TestMicroVMKillUnderLoad(t *testing.T) {
 	}
 	d, assets := newMicroVMDaemon(t, "--handler-grace", killGrace.String())
 	vols := crustv1.NewVolumeServiceClient(d.conn())
+	var left atomic.Int64 // kills still to make, by either sandbox
+	left.Store(int64(kills))
 	pods := []string{"9b1c9e0a-0000-4000-8000-0000000c4a5e", "9b1c9e0a-0000-4000-8000-0000000c4a5f"}
 	for i, pod := range pods {
 		name := fmt.Sprintf("e2e-kill-%d", i+1)
 		data, extra := d.podTarget(pod, "pvc-data"), d.podTarget(pod, "pvc-extra")
-		n := kills / len(pods)
-		if i == 0 {
-			n += kills % len(pods)
-		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			killUnderLoad(t, d, vols, assets, name, data, extra, n)
+			killUnderLoad(t, d, vols, assets, name, data, extra, &left)
 		})
 	}
 }
@@ -72,8 +72,9 @@ func TestMicroVMKillUnderLoad(t *testing.T) {
 const killGrace = 5 * time.Second
 
 // killUnderLoad is one sandbox's part of TestMicroVMKillUnderLoad: kills of the sandbox name, whose
-// volumes are data (its files) and extra (staged during a load), on d.
-func killUnderLoad(t *testing.T, d *daemon, vols crustv1.VolumeServiceClient, assets, name, data, extra string, kills int) {
+// volumes are data (its files) and extra (staged during a load), on d, while left says kills are still to
+// make (each kill takes one; the last rounds of two sandboxes may make one more between them).
+func killUnderLoad(t *testing.T, d *daemon, vols crustv1.VolumeServiceClient, assets, name, data, extra string, left *atomic.Int64) {
 	ctx := context.Background()
 	stateDir := t.TempDir()
 	dataDev, extraDev := loopDevice(t, 64<<20), loopDevice(t, 32<<20)
@@ -164,7 +165,7 @@ func killUnderLoad(t *testing.T, d *daemon, vols crustv1.VolumeServiceClient, as
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 10))
 	t0 := time.Now()
 	killed, cleanStops, loadRounds := 0, 0, 0
-	for killed < kills {
+	for left.Load() > 0 {
 		run := microvm("run", "--name", name, "--crust-socket", d.socket, "--accel", "tcg", "--assets", assets,
 			"--volume", data+":/data", "--volume", extra+":/extra")
 		logW := new(harness.SyncBuffer) // this run's log
@@ -270,6 +271,7 @@ func killUnderLoad(t *testing.T, d *daemon, vols crustv1.VolumeServiceClient, as
 				cleanStops++
 			} else {
 				killed++
+				left.Add(-1)
 			}
 		}
 		killedAt := time.Now()
@@ -307,12 +309,12 @@ func killUnderLoad(t *testing.T, d *daemon, vols crustv1.VolumeServiceClient, as
 		t.Fatal("the last run ended before its data could be checked")
 	}
 	m.Stop()
-	left, _ := filepath.Glob(filepath.Join(stateDir, name, "*.sock"))
+	files, _ := filepath.Glob(filepath.Join(stateDir, name, "*.sock"))
 	if _, err := os.Stat(filepath.Join(stateDir, name, "qemu.pid")); err == nil {
-		left = append(left, "qemu.pid")
+		files = append(files, "qemu.pid")
 	}
-	if len(left) > 0 {
-		t.Errorf("left after the final stop: %v", left)
+	if len(files) > 0 {
+		t.Errorf("left after the final stop: %v", files)
 	}
 	if procs := sandboxProcesses(filepath.Join(stateDir, name)); len(procs) > 0 {
 		t.Errorf("processes left after the final stop: %v", procs)
