@@ -26,7 +26,7 @@ func collect(ctx context.Context, m *manager.Manager, met *metrics.Metrics, kube
 	if err != nil {
 		log.Warn("orphaned descriptors are collected only every --gc-interval: no inotify instance", "err", err, "gc_interval", interval)
 	} else {
-		defer func() { _ = w.Close() }()
+		defer func(w *fsnotify.Watcher) { _ = w.Close() }(w) // w itself: the fallback below forgets it
 	}
 	watching := true // until the first pass says otherwise
 	pass := func(events []fsnotify.Event) error {
