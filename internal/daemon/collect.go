@@ -60,7 +60,7 @@ func collect(ctx context.Context, m *manager.Manager, met *metrics.Metrics, kube
 // event is about anything else (pods itself removed) or there are no events (a tick: anything may have
 // changed).
 func podsGone(pods string, events []fsnotify.Event) []string {
-	uids := make([]string, 0, len(events))
+	var uids []string
 	for _, ev := range events {
 		if filepath.Dir(ev.Name) != pods {
 			return nil

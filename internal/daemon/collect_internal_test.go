@@ -13,14 +13,14 @@ func TestPodsGone(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		events []fsnotify.Event
-		want   []string // empty: every pod
+		want   []string // nil: every pod
 	}{
 		{"a tick: every pod", nil, nil},
 		{"pod directories gone", []fsnotify.Event{gone(pods + "/uid-a"), gone(pods + "/uid-b")}, []string{"uid-a", "uid-b"}},
 		{"the pods directory itself gone: every pod", []fsnotify.Event{gone(pods + "/uid-a"), gone(pods)}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := podsGone(pods, tc.events); !slices.Equal(got, tc.want) && (len(got) != 0 || len(tc.want) != 0) {
+			if got := podsGone(pods, tc.events); !slices.Equal(got, tc.want) || (got == nil) != (tc.want == nil) {
 				t.Fatalf("podsGone = %q, want %q", got, tc.want)
 			}
 		})
