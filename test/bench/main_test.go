@@ -79,7 +79,7 @@ var build struct {
 }
 
 // guestImages are a kernel and an initramfs with this tree's crust-guest, and a directory laid out as
-// crust-microvm's --assets wants (FLAVOUR/vmlinuz, initramfs-FLAVOUR.cpio.gz).
+// crust-microvm's --assets wants (FLAVOUR/vmlinux, initramfs-FLAVOUR.cpio).
 type guestImages struct {
 	kernel, initrd, assets string
 }
@@ -199,7 +199,7 @@ func guestWith(b *testing.B, flavour, label string, files []initramfs.File) gues
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	g := guestImages{kernel: a.Kernel, initrd: filepath.Join(dir, "initramfs-"+flavour+".cpio.gz"), assets: dir}
+	g := guestImages{kernel: a.Kernel, initrd: filepath.Join(dir, "initramfs-"+flavour+".cpio"), assets: dir}
 	err = initramfs.Guest{Agent: filepath.Join(build.dir, "crust-guest"), Modules: a.Modules, Tools: a.Tools, Files: files}.WriteFile(g.initrd)
 	if err != nil {
 		b.Fatal(err)

@@ -138,7 +138,7 @@ func runCmd(stateDir *string, stderr io.Writer) *cobra.Command {
 	f.StringArrayVar(&volumes, "volume", nil, "TARGET:GUEST_PATH, a staged target path and where to mount it in the guest (repeatable; a target given again is mounted at that guest path too)")
 	f.StringVar(&accel, "accel", string(vm.AccelAuto), "tcg, kvm, or auto (KVM, falling back to TCG when it fails or hangs)")
 	logging.AddFlags(f)
-	f.StringVar(&cfg.Assets, "assets", envOr("CRUST_GUEST_ASSETS", DefaultAssets), "guest assets: cloud/vmlinuz and initramfs-cloud.cpio.gz (env CRUST_GUEST_ASSETS)")
+	f.StringVar(&cfg.Assets, "assets", envOr("CRUST_GUEST_ASSETS", DefaultAssets), "guest assets: cloud/vmlinux and initramfs-cloud.cpio (env CRUST_GUEST_ASSETS)")
 	return cmd
 }
 

@@ -88,7 +88,7 @@ type Config struct {
 	// StateDir is the parent of the sandbox's state directory; "" means DefaultStateDir.
 	StateDir string
 	// Assets holds the guest, in the layout hack/guest/fetch-kernel.sh and mkinitramfs write:
-	// Assets/cloud/vmlinuz and Assets/initramfs-cloud.cpio.gz. "" means DefaultAssets.
+	// Assets/cloud/vmlinux and Assets/initramfs-cloud.cpio. "" means DefaultAssets.
 	Assets string
 	// Log receives the handler's log; nil means slog.Default().
 	Log *slog.Logger
@@ -187,7 +187,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer func() { _ = crust.Close() }()
-	kernel, initrd := filepath.Join(cfg.Assets, "cloud", "vmlinuz"), filepath.Join(cfg.Assets, "initramfs-cloud.cpio.gz")
+	kernel, initrd := filepath.Join(cfg.Assets, "cloud", "vmlinux"), filepath.Join(cfg.Assets, "initramfs-cloud.cpio")
 	for _, f := range []string{kernel, initrd} {
 		if _, err := os.Stat(f); err != nil {
 			return fmt.Errorf("guest assets: %w (build them with make guest, or hack/guest/fetch-kernel.sh and examples/microvm/hack/mkinitramfs)", err)

@@ -26,12 +26,12 @@ type Assets struct {
 }
 
 // LoadAssets reads the layout hack/guest/fetch-kernel.sh writes under dir for
-// flavour ("cloud", or "generic" with --with-9p): dir/FLAVOUR/vmlinuz,
+// flavour ("cloud", or "generic" with --with-9p): dir/FLAVOUR/vmlinux,
 // dir/FLAVOUR/modules.load naming files of dir/FLAVOUR/modules, and dir/tools.
 // It checks that every file is there.
 func LoadAssets(dir, flavour string) (Assets, error) {
 	base := filepath.Join(dir, flavour)
-	a := Assets{Kernel: filepath.Join(base, "vmlinuz"), Tools: filepath.Join(dir, "tools")}
+	a := Assets{Kernel: filepath.Join(base, "vmlinux"), Tools: filepath.Join(dir, "tools")}
 	for _, p := range []string{a.Kernel, filepath.Join(a.Tools, "bin", "busybox")} {
 		if _, err := os.Stat(p); err != nil {
 			return Assets{}, fmt.Errorf("initramfs: guest assets: %w", err)

@@ -53,7 +53,9 @@ const (
 
 // Config describes a VM.
 type Config struct {
-	// Kernel and Initramfs are the images to boot (see the initramfs package).
+	// Kernel and Initramfs are the images to boot (see the initramfs package). Kernel may be a bzImage or
+	// an ELF kernel with a PVH entry point, which boots sooner under TCG: it skips the decompressor
+	// (hack/guest/fetch-kernel.sh unpacks Debian's kernel so).
 	Kernel    string
 	Initramfs string
 	// MemoryMB is the guest's memory; 0 means 512.

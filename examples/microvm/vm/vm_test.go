@@ -82,7 +82,7 @@ func guestImages(t *testing.T) (kernel, initrd string) {
 			buildErr = fmt.Errorf("building crust-guest: %v\n%s", err, out)
 			return
 		}
-		builtRD = filepath.Join(buildDir, "initramfs.cpio.gz")
+		builtRD = filepath.Join(buildDir, "initramfs.cpio")
 		buildErr = initramfs.Guest{Agent: agent, Modules: assets.Modules, Tools: assets.Tools}.WriteFile(builtRD)
 		built = assets
 	})

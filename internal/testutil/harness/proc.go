@@ -601,7 +601,7 @@ func buildGuestAssets(t *testing.T, dir string) (string, string, error) {
 	}
 	t0 := time.Now()
 	// The kernel is what fetch-kernel.sh brings; mkinitramfs checks the rest of what it brings.
-	if _, err := os.Stat(filepath.Join(src, "cloud", "vmlinuz")); err != nil {
+	if _, err := os.Stat(filepath.Join(src, "cloud", "vmlinux")); err != nil {
 		cmd := exec.Command(filepath.Join(root, "hack", "guest", "fetch-kernel.sh"), src)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -613,7 +613,7 @@ func buildGuestAssets(t *testing.T, dir string) (string, string, error) {
 	build := exec.Command("go", "build", "-o", agent, "crust.dev/crust/examples/microvm/cmd/crust-guest")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	mkrd := exec.Command("go", "run", "./examples/microvm/hack/mkinitramfs", "-assets", src, "-flavour", "cloud",
-		"-agent", agent, "-o", filepath.Join(dir, "initramfs-cloud.cpio.gz"))
+		"-agent", agent, "-o", filepath.Join(dir, "initramfs-cloud.cpio"))
 	for _, c := range []*exec.Cmd{build, mkrd} {
 		c.Dir = root
 		if out, err := c.CombinedOutput(); err != nil {

@@ -2,7 +2,7 @@
 // hack/guest/fetch-kernel.sh gathered and a static crust-guest binary:
 //
 //	go run ./examples/microvm/hack/mkinitramfs -assets _output/guest -flavour cloud \
-//		-agent _output/guest/crust-guest -o _output/guest/initramfs-cloud.cpio.gz
+//		-agent _output/guest/crust-guest -o _output/guest/initramfs-cloud.cpio
 package main
 
 import (
@@ -17,14 +17,14 @@ func main() {
 	assets := flag.String("assets", "_output/guest", "directory fetch-kernel.sh filled")
 	flavour := flag.String("flavour", "cloud", "kernel flavour: cloud, or generic (fetched with --with-9p)")
 	agent := flag.String("agent", "", "static crust-guest binary (required)")
-	out := flag.String("o", "", "initramfs to write (default ASSETS/initramfs-FLAVOUR.cpio.gz)")
+	out := flag.String("o", "", "initramfs to write (default ASSETS/initramfs-FLAVOUR.cpio)")
 	flag.Parse()
 	if *agent == "" {
 		fmt.Fprintln(os.Stderr, "mkinitramfs: -agent is required")
 		os.Exit(2)
 	}
 	if *out == "" {
-		*out = fmt.Sprintf("%s/initramfs-%s.cpio.gz", *assets, *flavour)
+		*out = fmt.Sprintf("%s/initramfs-%s.cpio", *assets, *flavour)
 	}
 	a, err := initramfs.LoadAssets(*assets, *flavour)
 	if err == nil {
