@@ -355,8 +355,11 @@ func (c *Config) args(accel Accel) []string {
 	// cryptomgr.notests and initcall_blacklist=crypto_kdf108_init skip the self-tests the kernel runs of
 	// its own crypto code at every boot (the second is the KDF's, which the first does not cover): under
 	// TCG they held the boot to the agent about 0.4 s longer (medians of 10 and 16 boots taken in turns
-	// with and without them, 3.9 s and 4.5 s without).
-	cmdline := "console=ttyS0 panic=-1 quiet no_timer_check cryptomgr.notests initcall_blacklist=crypto_kdf108_init"
+	// with and without them, 3.9 s and 4.5 s without). The guest has no network (the agent speaks over
+	// virtio-serial), so ipv6.disable=1 skips IPv6's set-up, 0.39 s of a boot traced under TCG, and the
+	// kprobe tracer's set-up (init_kprobe_trace, 0.07 s) is skipped as well.
+	cmdline := "console=ttyS0 panic=-1 quiet no_timer_check cryptomgr.notests ipv6.disable=1 " +
+		"initcall_blacklist=crypto_kdf108_init,init_kprobe_trace"
 	if c.KernelArgs != "" {
 		cmdline += " " + c.KernelArgs
 	}
