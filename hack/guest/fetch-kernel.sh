@@ -11,8 +11,9 @@
 #
 #   OUTDIR/cloud/vmlinux        linux-image-cloud-amd64's kernel, as the ELF its
 #                               bzImage carries compressed: QEMU boots it by its PVH
-#                               entry point, and the guest skips the decompressor,
-#                               which under TCG took about half a second of each boot
+#                               entry point, and the guest skips the decompressor
+#                               (under TCG, 0.8 s less to the agent in the median
+#                               of 10 boots taken in turns with the bzImage's)
 #   OUTDIR/cloud/modules/*.ko   the modules the guest needs, dependencies included
 #                               (some may not load on every CPU, e.g. crc32c-intel
 #                               without SSE4.2: the agent logs and goes on)
@@ -30,7 +31,7 @@ for arg in "$@"; do
 	case "$arg" in
 	--with-9p) with_9p=true ;;
 	-h | --help)
-		sed -n '2,24p' "$0"
+		sed -n '2,25p' "$0"
 		exit 0
 		;;
 	-*)
@@ -157,7 +158,7 @@ unpack_kernel() {
 	dd if="$bz" iflag=skip_bytes,count_bytes skip="$off" count=$((len - 4)) bs=1M status=none | $tool >"$elf"
 	# readelf names the note's type by number (Xen's notes are unknown to it) or, if it learns them, by name.
 	local notes
-	notes=$(readelf -n "$elf")
+	notes=$(readelf -n "$elf" 2>&1) || true
 	if ! grep -qE '\(0x00000012\)|PHYS32_ENTRY' <<<"$notes"; then
 		echo "fetch-kernel: $bz: the kernel it carries has no PVH entry point, which QEMU boots it by" >&2
 		return 1
