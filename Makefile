@@ -6,19 +6,14 @@ GO      ?= go
 # Every Go build of the tree, its tools' included, is static and path-free, as the images' are: one build
 # configuration, so that a package compiled once serves the tests, the lint, the tools, the binaries the
 # tests build and the images (on a fresh machine, each other configuration compiled the dependencies again).
-# The toolchain's programs run through hack/toolexec.sh, which makes their garbage collector run less often
-# (about an eighth less CPU to build from an empty cache). GOFLAGS keeps what `go env GOFLAGS` holds already
-# (once, when make runs make).
+# GOFLAGS keeps what `go env GOFLAGS` holds already (once, when make runs make).
 export CGO_ENABLED := 0
-export GOFLAGS := $(strip -trimpath -toolexec=$(CURDIR)/hack/toolexec.sh \
-	$(filter-out -trimpath -toolexec=%,$(shell $(GO) env GOFLAGS)))
+export GOFLAGS := $(strip -trimpath $(filter-out -trimpath,$(shell $(GO) env GOFLAGS)))
 BIN     := $(CURDIR)/bin
 OUT     := $(CURDIR)/_output
 # The tools have go.mod files of their own, which -modfile names; workspace mode (go.work) refuses -modfile.
 BUF     := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/buf/go.mod buf
-# golangci-lint runs with GOGC=400 as the toolchain's programs do (hack/toolexec.sh): linting
-# examples/lvm-csi with an empty lint cache took 27 CPU-seconds so against 36, and 1.2 GB against 0.6.
-LINT    := GOGC=400 GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/lint/go.mod golangci-lint
+LINT    := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/lint/go.mod golangci-lint
 PROMTOOL := GOWORK=off GOFLAGS="$(GOFLAGS) -tags=remove_all_sd" $(GO) tool -modfile=$(CURDIR)/tools/promtool/go.mod promtool
 # The Go modules, tied by go.work: crust, the two reference implementations, and the tests.
 MODULES := . examples/lvm-csi examples/microvm test

@@ -39,8 +39,7 @@ OUT=${OUT:-$(cd "$here/../.." && pwd)/_output/k8s}
 BIN=$OUT/bin
 SRC=$OUT/src
 # GOWORK=off: these are modules of their own under _output, not members of crust's go.work.
-# The toolchain's programs run through hack/toolexec.sh, as every build of the tree does.
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=mod -toolexec=$here/../toolexec.sh" GOWORK=off
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod GOWORK=off
 mkdir -p "$BIN" "$SRC"
 
 stamp() { echo "$BIN/.$1.version"; }
