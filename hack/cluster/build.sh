@@ -10,30 +10,24 @@
 # staging module with its published v0.X.Y.
 #
 # The sidecars are built in a second throwaway module, against the libraries Kubernetes is built with:
-# their own releases pin older Kubernetes libraries (v0.33), and building those was about a third of a
-# fresh machine's cluster build. That module replaces each module of Kubernetes' build with the version
+# their own releases pin other versions of Kubernetes' libraries (csi-provisioner v6.4.0 replaces them
+# with v0.36.1), and building the sidecars' own versions was about a third of a fresh machine's cluster
+# build (measured with v0.33's). That module replaces each module of Kubernetes' build with the version
 # Kubernetes is built with, so that every package the sidecars share with Kubernetes compiles once; the
-# modules only the sidecars use come at the sidecars' versions, but for the Gateway API types, whose
-# release for v0.34's libraries is SIDECAR_GATEWAY_API (the provisioner reads ReferenceGrants with them).
+# modules only the sidecars use come at the sidecars' versions.
 set -euo pipefail
 
-# crust's own modules use Kubernetes' v0.37 libraries, and this release is built with v0.34's. So a fresh
-# machine compiles about 650 packages (client-go, apimachinery, api, grpc, protobuf and more) at both
-# versions: 6.2 CPU-minutes, measured. Kubernetes v1.37.2, which the module proxy serves, would share
-# them, but the sidecars pinned here do not build with its libraries (tried 2026-11-29): csi-provisioner
-# v5.3.0's CSIStorageCapacity informer bridge lacks a method client-go v0.37's informers have
-# (TypedInformer); csi-lib-utils v0.22.0, which the sidecars pin, calls otelgrpc's interceptors, which
-# that release's otelgrpc (v0.68.0) no longer has (csi-lib-utils v0.25.0 builds); and the Gateway API
-# release made for v0.37 (v1.7.0) needs Go 1.27 (v1.6.3 builds). Moving takes csi-provisioner v6 and the
-# new tags of the e2e suite's images (agnhost 2.66.1, busybox 1.37.0-2, nginx 1.27.0-2, pause 3.10.2).
-# kubelet v1.35 and later start on this cgroup v1 host only with failCgroupV1: false, which up.sh sets
-# already.
-K8S_VERSION=${K8S_VERSION:-v1.34.4}
-PROVISIONER_VERSION=${PROVISIONER_VERSION:-v5.3.0}
-RESIZER_VERSION=${RESIZER_VERSION:-v1.14.0}
-SIDECAR_GATEWAY_API=${SIDECAR_GATEWAY_API:-v1.4.0}
-PROVISIONER_PKG=github.com/kubernetes-csi/external-provisioner/v5/cmd/csi-provisioner
-RESIZER_PKG=github.com/kubernetes-csi/external-resizer/cmd/csi-resizer
+# The release is the one whose libraries crust's own modules use (v0.37), and the sidecars are the releases
+# made for it, so that a fresh machine compiles the libraries the two share once (k8s_module builds
+# Kubernetes with crust's versions of them). With v1.34.4 and csi-provisioner v5.3.0, whose libraries were
+# older, about 650 packages (client-go, apimachinery, api, grpc, protobuf and more) compiled at both
+# versions: 6.2 CPU-minutes, measured. kubelet v1.35 and later start on this cgroup v1 host only with
+# failCgroupV1: false, which up.sh sets.
+K8S_VERSION=${K8S_VERSION:-v1.37.2}
+PROVISIONER_VERSION=${PROVISIONER_VERSION:-v6.4.0}
+RESIZER_VERSION=${RESIZER_VERSION:-v2.3.0}
+PROVISIONER_PKG=github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner
+RESIZER_PKG=github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer
 here=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$(cd "$here/../.." && pwd)/_output/k8s}
 BIN=$OUT/bin
@@ -52,14 +46,18 @@ downloaded() {
 	go mod download -json "$2" | sed -n "s/.*\"$1\": \"\(.*\)\".*/\1/p"
 }
 
-# k8s_module: the directory of a throwaway consumer module that requires k8s.io/kubernetes and replaces
-# each staging module it pins at v0.0.0 with its published v0.X.Y (made once).
+# k8s_module: the directory of a throwaway consumer module that requires k8s.io/kubernetes, replaces each
+# staging module it pins at v0.0.0 with its published v0.X.Y, and requires crust's version of every other
+# module both require, so that where crust's is the newer, the package compiled for crust's tests serves
+# Kubernetes too (made once).
 k8s_module() {
 	local mod=$SRC/kubernetes-$K8S_VERSION
 	if [ ! -f "$mod/main.go" ]; then
 		mkdir -p "$mod"
-		local gomod
+		local gomod ours
 		gomod=$(downloaded GoMod "k8s.io/kubernetes@$K8S_VERSION")
+		# The versions crust's workspace (go.work) builds with: "module version" lines.
+		ours=$(cd "$here/../.." && env -u GOWORK GOFLAGS= go list -m -f '{{if not .Main}}{{.Path}} {{.Version}}{{end}}' all)
 		{
 			echo "module crust.dev/k8sbuild"
 			echo
@@ -69,6 +67,9 @@ k8s_module() {
 			echo
 			# Every staging module kubernetes requires at v0.0.0, at its published version.
 			grep -E '^\s+k8s\.io/\S+ v0\.0\.0$' "$gomod" | awk -v v="v0.${K8S_VERSION#v1.}" '{print "replace " $1 " => " $1 " " v}'
+			# Crust's version of every other module kubernetes requires; the newer of the two wins.
+			awk 'NR == FNR { ours[$1] = $2; next } /^\t/ && $2 ~ /^v/ && $2 != "v0.0.0" && ($1 in ours) { print "require " $1 " " ours[$1] }' \
+				<(echo "$ours") "$gomod"
 		} >"$mod/go.mod"
 		printf 'package main\n\nimport _ "k8s.io/kubernetes/cmd/kubelet/app"\n\nfunc main() {}\n' >"$mod/main.go"
 		(cd "$mod" && go mod tidy >/dev/null 2>&1 || true)
@@ -137,7 +138,7 @@ build_ginkgo() {
 # sidecar_module: the directory of a throwaway module that requires the CSI sidecars, with every module
 # of Kubernetes' build (k8s_module) replaced by the version Kubernetes is built with (made once).
 sidecar_module() {
-	local mod=$SRC/sidecars-$K8S_VERSION-$PROVISIONER_VERSION-$RESIZER_VERSION-$SIDECAR_GATEWAY_API k8s
+	local mod=$SRC/sidecars-$K8S_VERSION-$PROVISIONER_VERSION-$RESIZER_VERSION k8s
 	if [ ! -f "$mod/go.mod" ]; then
 		k8s=$(k8s_module)
 		rm -rf "$mod.tmp"
@@ -145,7 +146,6 @@ sidecar_module() {
 		{
 			printf 'module crust.dev/sidecarbuild\n\ngo 1.24\n\n'
 			(cd "$k8s" && go list -m -f '{{if not .Main}}replace {{.Path}} => {{with .Replace}}{{.Path}} {{.Version}}{{else}}{{.Path}} {{.Version}}{{end}}{{end}}' all)
-			echo "replace sigs.k8s.io/gateway-api => sigs.k8s.io/gateway-api $SIDECAR_GATEWAY_API"
 		} >"$mod.tmp/go.mod"
 		# go get names every module it adds; only a failure's output is shown.
 		if ! (cd "$mod.tmp" && go get "$PROVISIONER_PKG@$PROVISIONER_VERSION" "$RESIZER_PKG@$RESIZER_VERSION" >get.log 2>&1); then

@@ -174,7 +174,7 @@ if [ -z "${ALREADY_UP:-}" ]; then
 		[plugins."io.containerd.internal.v1.opt"]
 		  path = "$RUN/containerd/opt"
 		[plugins."io.containerd.grpc.v1.cri"]
-		  sandbox_image = "localhost/pause:3.10"
+		  sandbox_image = "localhost/pause:3.10.2"
 		  restrict_oom_score_adj = true
 		  netns_mounts_under_state_dir = true
 		  stream_server_address = "127.0.0.1"
@@ -242,7 +242,7 @@ if [ -z "${ALREADY_UP:-}" ]; then
 		--bind-address 127.0.0.1 --secure-port "$KCM_PORT" --leader-elect=false --use-service-account-credentials \
 		--root-ca-file "$pki/ca.crt" --service-account-private-key-file "$pki/sa.key" \
 		--cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
-		--controllers '*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle' --profiling=false
+		--controllers '*,-nodeipam' --profiling=false
 	start kube-scheduler "$K8S_BIN/kube-scheduler" \
 		--kubeconfig "$pki/kube-scheduler.kubeconfig" --authentication-kubeconfig "$pki/kube-scheduler.kubeconfig" \
 		--authorization-kubeconfig "$pki/kube-scheduler.kubeconfig" \

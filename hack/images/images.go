@@ -84,8 +84,8 @@ var specs = []spec{
 			return b.goBinaries(t, "/usr/local/bin", "./test/cluster/cmd/crust-test-registrar")
 		},
 	},
-	sigStorage("csi-provisioner", "v5.3.0"),
-	sigStorage("csi-resizer", "v1.14.0"),
+	sigStorage("csi-provisioner", "v6.4.0"),
+	sigStorage("csi-resizer", "v2.3.0"),
 	{
 		short: "busybox", repo: "localhost/busybox", tag: "latest",
 		entrypoint: []string{"/bin/sh"},
@@ -94,7 +94,8 @@ var specs = []spec{
 		},
 	},
 	{
-		short: "pause", repo: "localhost/pause", tag: "3.10",
+		// The node's sandbox image (hack/cluster/up.sh), under the name the e2e suite gives it too.
+		short: "pause", repo: "localhost/pause", tag: "3.10.2",
 		entrypoint: []string{"/pause"},
 		fill: func(b *builder, t *fsTree) error {
 			return b.goBinaries(t, "/", "./hack/images/pause")
@@ -103,38 +104,31 @@ var specs = []spec{
 	// The images Kubernetes' storage e2e suite runs (make conformance), under the names e2e.test gives
 	// them with its registries remapped to localhost (test/conformance/repo-list.yaml).
 	{
-		short: "e2e-pause", repo: "localhost/pause", tag: "3.10.1",
-		entrypoint: []string{"/pause"},
-		fill: func(b *builder, t *fsTree) error {
-			return b.goBinaries(t, "/", "./hack/images/pause")
-		},
-	},
-	{
 		// Busybox, with the host's dd: the suite writes with oflag=nocache, which busybox's dd lacks.
-		short: "e2e-busybox", repo: "localhost/e2e-test-images/busybox", tag: "1.37.0-1",
+		short: "e2e-busybox", repo: "localhost/e2e-test-images/busybox", tag: "1.37.0-2",
 		entrypoint: []string{"/bin/sh"},
 		fill:       func(_ *builder, t *fsTree) error { return e2eTools(t) },
 	},
 	{
 		// The suite's exec test runs a shell script, not nginx, in its nginx image; busybox serves.
-		short: "e2e-nginx", repo: "localhost/e2e-test-images/nginx", tag: "1.14-4",
+		short: "e2e-nginx", repo: "localhost/e2e-test-images/nginx", tag: "1.27.0-2",
 		entrypoint: []string{"/bin/sh"},
 		fill:       func(_ *builder, t *fsTree) error { return e2eTools(t) },
 	},
 	{
 		// The suite's multi-volume tests read raw block devices with a Debian image's tools; busybox with
 		// the host's dd serves.
-		short: "e2e-dnsutils", repo: "localhost/e2e-test-images/jessie-dnsutils", tag: "1.7",
+		short: "e2e-glibc-dns", repo: "localhost/e2e-test-images/glibc-dns-testing", tag: "2.1.1",
 		entrypoint: []string{"/bin/sh"},
 		fill:       func(_ *builder, t *fsTree) error { return e2eTools(t) },
 	},
 	{
 		// agnhost from the release's source, with busybox and the host's nsenter (the suite's host-exec
 		// pods enter the node's mount namespace with it).
-		short: "agnhost", repo: "localhost/e2e-test-images/agnhost", tag: "2.56",
+		short: "agnhost", repo: "localhost/e2e-test-images/agnhost", tag: "2.66.1",
 		entrypoint: []string{"/agnhost"},
 		fill: func(b *builder, t *fsTree) error {
-			if err := b.prebuilt(t, "agnhost", "2.56"); err != nil {
+			if err := b.prebuilt(t, "agnhost", "2.66.1"); err != nil {
 				return err
 			}
 			return e2eTools(t)

@@ -132,7 +132,7 @@ func TestImages(t *testing.T) {
 		{
 			// The e2e suite's busybox: its shell is the host's bash and its dd the host's (oflag=nocache), so
 			// that sh -c "dd ..." runs the host's dd.
-			short: "e2e-busybox", ref: "localhost/e2e-test-images/busybox:1.37.0-1", entrypoint: []string{"/bin/sh"}, needs: "/bin/busybox",
+			short: "e2e-busybox", ref: "localhost/e2e-test-images/busybox:1.37.0-2", entrypoint: []string{"/bin/sh"}, needs: "/bin/busybox",
 			check: func(t *testing.T, files map[string]node) {
 				if _, p := resolve(t, files, "/bin/sh"); p != "usr/bin/bash" {
 					t.Errorf("/bin/sh resolves to %s, want usr/bin/bash", p)
@@ -143,7 +143,7 @@ func TestImages(t *testing.T) {
 			},
 		},
 		{
-			short: "pause", ref: "localhost/pause:3.10", entrypoint: []string{"/pause"},
+			short: "pause", ref: "localhost/pause:3.10.2", entrypoint: []string{"/pause"},
 			check: func(t *testing.T, files map[string]node) {
 				p, ok := files["pause"]
 				if !ok || p.hdr.Typeflag != tar.TypeReg || p.hdr.Mode != 0o755 {

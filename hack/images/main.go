@@ -26,10 +26,10 @@
 //	crust-csi-proxy  REPO/crust-csi-proxy:TAG                  /usr/local/bin/crust-csi-proxy, the mount tools
 //	crust-lvm-csi    REPO/crust-lvm-csi:TAG                    /usr/local/bin/crust-lvm-csi, the mount tools, lvm
 //	csi-registrar    REPO/csi-registrar:TAG                    /usr/local/bin/crust-test-registrar
-//	csi-provisioner  localhost/sig-storage/csi-provisioner:v5.3.0  /csi-provisioner from -k8s-bin
-//	csi-resizer      localhost/sig-storage/csi-resizer:v1.14.0     /csi-resizer from -k8s-bin
+//	csi-provisioner  localhost/sig-storage/csi-provisioner:v6.4.0  /csi-provisioner from -k8s-bin
+//	csi-resizer      localhost/sig-storage/csi-resizer:v2.3.0      /csi-resizer from -k8s-bin
 //	busybox          localhost/busybox:latest                  /bin/busybox (busybox-static), /bin/APPLET links
-//	pause            localhost/pause:3.10                      /pause (hack/images/pause)
+//	pause            localhost/pause:3.10.2                    /pause (hack/images/pause)
 //
 // The mount tools are mount, umount, blkid, blockdev, losetup, fsck, e2fsck, fsck.ext3, fsck.ext4,
 // xfs_repair, mkfs.ext3, mkfs.ext4, mkfs.xfs, resize2fs and xfs_growfs, with /etc/mke2fs.conf.
