@@ -32,10 +32,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$(cd "$here/../.." && pwd)/_output/k8s}
 BIN=$OUT/bin
 SRC=$OUT/src
-# GOWORK=off: these are modules of their own under _output, not members of crust's go.work. The caller's
-# GOFLAGS stay (the Makefile's, and .ci/run's compiler flags), so that packages crust's builds compiled
-# already are not compiled again.
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod" GOWORK=off
+# GOWORK=off: these are modules of their own under _output, not members of crust's go.work.
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod GOWORK=off
 mkdir -p "$BIN" "$SRC"
 
 stamp() { echo "$BIN/.$1.version"; }
