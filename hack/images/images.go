@@ -116,7 +116,7 @@ var specs = []spec{
 		fill:       func(_ *builder, t *fsTree) error { return e2eTools(t) },
 	},
 	{
-		// The suite's multi-volume tests read raw block devices with a Debian image's tools; busybox with
+		// The suite's multi-volume tests read raw block devices with this image's tools; busybox with
 		// the host's dd serves.
 		short: "e2e-glibc-dns", repo: "localhost/e2e-test-images/glibc-dns-testing", tag: "2.1.1",
 		entrypoint: []string{"/bin/sh"},
