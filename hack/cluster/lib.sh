@@ -32,10 +32,10 @@ SCHEDULER_PORT=${SCHEDULER_PORT:-10259}
 CRUST_PORTS=(9809 9810)
 
 # The bridge the CNI plugin makes, and the pod subnet on it.
-BRIDGE=k8stest0
+BRIDGE=${BRIDGE:-k8stest0}
 POD_SUBNET=10.88.77.0/24
 # The volume group the example driver serves (deploy/examples), on a sparse file on a loop device.
-VG_NAME=crust-example
+VG_NAME=${VG_NAME:-crust-example}
 VG_SIZE=${VG_SIZE:-8G}
 # Sysctls kubelet or the CNI plugin may change; saved at start, restored at teardown.
 SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom kernel.keys.root_maxkeys
@@ -56,6 +56,44 @@ die() { log "error: $*"; exit 1; }
 pid_alive() {
 	local f=$RUN/pids/$1.pid
 	[ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+}
+
+# clear_remains: clears what a cluster stopped before down.sh could run leaves on the host, where no
+# $RUN names it any more, and what would stop the next cluster: its CNI bridge (clear_bridge) and the
+# loop device of its volume group (clear_volume_group). Call it only once the cluster's ports are known
+# to be free, so that no cluster of this tree is running. Nothing to clear is not an error.
+clear_remains() { clear_bridge && clear_volume_group; }
+
+# clear_bridge makes way for the CNI bridge. A bridge of that name with no ports is the remains of a
+# cluster (its pods' interfaces went with their network namespaces): it carries nothing, so it is
+# removed, and said so. Anything else of that name is left alone and refused, naming what it is.
+clear_bridge() {
+	local d=/sys/class/net/$BRIDGE ports
+	[ -e "$d" ] || return 0
+	if [ ! -d "$d/bridge" ]; then
+		log "error: network interface $BRIDGE exists and is not a bridge"
+		return 1
+	fi
+	ports=$(ls "$d/brif")
+	if [ -n "$ports" ]; then
+		log "error: bridge $BRIDGE exists and has ports (${ports//$'\n'/ }): something else is using it"
+		return 1
+	fi
+	ip link del "$BRIDGE" || return 1
+	log "removed bridge $BRIDGE: it had no ports, the remains of a cluster stopped before cluster-down"
+}
+
+# clear_volume_group detaches every loop device that carries a physical volume of $VG_NAME, the volume
+# group's file of a cluster that stays attached when the cluster is killed: the example driver refuses a
+# volume group whose name two groups have. The file itself is left as it is.
+clear_volume_group() {
+	local dev file vg
+	while read -r dev file; do
+		vg=$(lvm_ "$dev" pvs --noheadings -o vg_name "$dev" 2>/dev/null) || continue
+		[ "${vg//[[:space:]]/}" = "$VG_NAME" ] || continue
+		losetup -d "$dev" || return 1
+		log "detached $dev ($file): it carried volume group $VG_NAME, the remains of a cluster stopped before cluster-down"
+	done < <(losetup -n -l -O NAME,BACK-FILE)
 }
 
 # in_ns CMD...: runs CMD in the node's mount namespace.

@@ -44,11 +44,21 @@ if [ -d "$RUN" ]; then
 	fi
 fi
 
-wait_for() { # wait_for SECONDS WHAT CMD...: polls CMD every 0.2 s until it succeeds
-	local limit=$1 what=$2 end
+# wait_for SECONDS WHAT CMD...: polls CMD every 0.2 s until it succeeds. It fails at once, naming the
+# process, when one that start() started has exited: none of them ends on its own.
+wait_for() {
+	local limit=$1 what=$2 end f
 	shift 2
 	end=$(($(date +%s) + limit))
 	until "$@" >/dev/null 2>&1; do
+		for f in "$RUN"/pids/*.pid; do
+			[ -s "$f" ] || continue
+			f=$(basename "$f" .pid)
+			if ! pid_alive "$f"; then
+				log "$f exited while waiting for $what; its log is $RUN/logs/$f.log"
+				return 1
+			fi
+		done
 		if [ "$(date +%s)" -ge "$end" ]; then
 			log "timed out after ${limit}s waiting for $what"
 			return 1
@@ -87,7 +97,7 @@ if [ -z "${ALREADY_UP:-}" ]; then
 	if [ -n "$(ss -Hltn "src $APISERVER_ADDR:$APISERVER_PORT or src 0.0.0.0:$APISERVER_PORT")" ]; then
 		die "$APISERVER_ADDR:$APISERVER_PORT, the API server's address, is in use"
 	fi
-	ip link show "$BRIDGE" >/dev/null 2>&1 && die "network interface $BRIDGE exists already"
+	clear_remains || exit 1
 
 	mkdir -p "$RUN"/{pids,logs,pki,etcd,containerd,cni/net.d,cni/ipam,ns/var/lib/kubelet,ns/var/lib/cni,ns/var/log/pods,vg}
 	: >"$RUN/host-dirs"

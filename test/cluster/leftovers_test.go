@@ -2,12 +2,16 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -119,4 +123,100 @@ func leftovers(root, run string, before hostState) []string {
 		}
 	}
 	return found
+}
+
+// TestClusterUpClearsRemains checks how cluster-up clears the remains of a cluster killed before
+// cluster-down (lib.sh's clear_remains): a bridge of the CNI bridge's name with no ports is removed, and a
+// loop device carrying a physical volume of the example volume group is detached; a bridge with ports, or
+// an interface of that name that is not a bridge, is refused, named and left as it is, and so is every
+// other loop device. It runs with a bridge and volume group name of its own, so that the tier's cluster
+// is not touched, and checks that the cluster's volume group stays attached.
+func TestClusterUpClearsRemains(t *testing.T) {
+	c := get(t)
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	name := "crusttb" + hex.EncodeToString(b[:]) // 13 bytes: interface names have at most 15
+	lib := filepath.Join(c.root, "hack", "cluster", "lib.sh")
+	// lib runs script after sourcing lib.sh, with the bridge and the volume group named name.
+	libRun := func(script string, args ...string) (string, error) {
+		cmd := exec.Command("bash", append([]string{"-c", `source "$0" && ` + script, lib}, args...)...)
+		cmd.Env = append(os.Environ(), "BRIDGE="+name, "VG_NAME="+name)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	run := func(t *testing.T, name string, args ...string) string {
+		t.Helper()
+		out, err := exec.Command(name, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	exists := func(n string) bool { return exec.Command("ip", "link", "show", n).Run() == nil }
+	attached := func(dev string) bool {
+		out, _ := exec.Command("losetup", "-n", "-l", "-O", "NAME").Output()
+		return slices.Contains(strings.Fields(string(out)), dev)
+	}
+	clusterVG, err := os.ReadFile(filepath.Join(c.run, "vg", "device"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		make    func(t *testing.T) (loop string) // what a killed cluster left; loop is a loop device made, if any
+		wantErr string                           // "" when clear_remains must succeed and leave none of it
+	}{
+		{name: "nothing left"},
+		{name: "idle bridge", make: func(t *testing.T) string { run(t, "ip", "link", "add", name, "type", "bridge"); return "" }},
+		{name: "volume group's loop device", make: func(t *testing.T) string {
+			f := filepath.Join(t.TempDir(), "pv.img")
+			run(t, "truncate", "-s", "64M", f)
+			dev := run(t, "losetup", "--find", "--show", f)
+			t.Cleanup(func() { _ = exec.Command("losetup", "-d", dev).Run() })
+			if out, err := libRun(`lvm_ "$1" pvcreate --yes "$1" && lvm_ "$1" vgcreate --yes "$VG_NAME" "$1"`, dev); err != nil {
+				t.Fatalf("making volume group %s on %s: %v\n%s", name, dev, err, out)
+			}
+			return dev
+		}},
+		{name: "bridge with a port", wantErr: "has ports (" + name + "p)", make: func(t *testing.T) string {
+			run(t, "ip", "link", "add", name, "type", "bridge")
+			run(t, "ip", "link", "add", name+"p", "type", "veth", "peer", "name", name+"q")
+			run(t, "ip", "link", "set", name+"p", "master", name)
+			return ""
+		}},
+		{name: "not a bridge", wantErr: "is not a bridge", make: func(t *testing.T) string {
+			run(t, "ip", "link", "add", name, "type", "veth", "peer", "name", name+"q")
+			return ""
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Cleanup(func() {
+				// Deleting one end of a veth pair deletes both.
+				_ = exec.Command("ip", "link", "del", name+"p").Run()
+				_ = exec.Command("ip", "link", "del", name).Run()
+			})
+			var loop string
+			if tc.make != nil {
+				loop = tc.make(t)
+			}
+			out, err := libRun("clear_remains")
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("clear_remains: %v\n%s", err, out)
+			case tc.wantErr == "" && exists(name):
+				t.Fatalf("clear_remains left the bridge %s\n%s", name, out)
+			case tc.wantErr == "" && loop != "" && attached(loop):
+				t.Fatalf("clear_remains left %s attached\n%s", loop, out)
+			case tc.wantErr != "" && err == nil:
+				t.Fatalf("clear_remains succeeded, want an error naming %q\n%s", tc.wantErr, out)
+			case tc.wantErr != "" && !strings.Contains(out, tc.wantErr):
+				t.Fatalf("clear_remains said %q, want %q", out, tc.wantErr)
+			case tc.wantErr != "" && !exists(name):
+				t.Fatalf("clear_remains removed %s, which it refused", name)
+			}
+			if dev := strings.TrimSpace(string(clusterVG)); !attached(dev) {
+				t.Fatalf("clear_remains detached %s, the cluster's volume group", dev)
+			}
+		})
+	}
 }
