@@ -15,7 +15,7 @@ source "$(dirname "$0")/lib.sh"
 stop() {
 	local n pids=()
 	for n in "$@"; do
-		pid_alive "$n" && pids+=("$(cat "$RUN/pids/$n.pid")")
+		pid_alive "$n" && pids+=("$(pid_of "$n")")
 	done
 	[ ${#pids[@]} -gt 0 ] || return 0
 	kill -TERM "${pids[@]}" 2>/dev/null
@@ -31,13 +31,16 @@ stop() {
 # the tests started), until none is left.
 kill_ns() {
 	pid_alive ns || return 0
-	local nsid p left
-	nsid=$(readlink "/proc/$(cat "$RUN/pids/ns.pid")/ns/mnt")
+	local nsid p left holder
+	holder=$(pid_of ns)
+	nsid=$(readlink "/proc/$holder/ns/mnt")
+	# Never the host's own namespace: that would be every process of the machine.
+	[ -n "$nsid" ] && [ "$nsid" != "$(readlink /proc/self/ns/mnt)" ] || return 0
 	for _ in $(seq 50); do
 		left=0
 		for p in /proc/[0-9]*; do
 			p=${p#/proc/}
-			[ "$p" = "$(cat "$RUN/pids/ns.pid")" ] && continue
+			[ "$p" = "$holder" ] && continue
 			if [ "$(readlink "/proc/$p/ns/mnt" 2>/dev/null)" = "$nsid" ]; then
 				kill -KILL "$p" 2>/dev/null && left=1
 			fi

@@ -1,7 +1,7 @@
 # Shared settings of hack/cluster/up.sh and down.sh. Everything the cluster writes lives under $RUN,
 # apart from the mount-point directories listed in $RUN/host-dirs, which down.sh removes again.
 #
-# The node runs in a mount namespace of its own (held by one `sleep` process, $RUN/pids/ns.pid): inside
+# The node runs in a mount namespace of its own (held by one `sleep` process, recorded as ns): inside
 # it, /run is a fresh tmpfs and /var/lib/kubelet, /var/lib/cni and /var/log/pods are bind mounts of
 # directories under $RUN. So the node uses the standard paths that deploy/ names, while nothing it mounts
 # or creates there is seen on the host, and everything it mounted goes away with its processes.
@@ -52,10 +52,61 @@ node_name() {
 log() { printf '%s cluster: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# pid_alive NAME: the process recorded as NAME is running.
+# The node's processes are recorded in $RUN/pids/NAME.pid as "PID START": the pid and the start time
+# (field 22 of /proc/PID/stat) of the process, written by the process itself (RECORD_SELF, with the file's
+# name in $pidfile) before it execs its program. A pid alone would name whichever process has that pid
+# now: once the cluster's processes are gone without down.sh and the pids have wrapped (pid_max is 32768
+# on these machines), an unrelated one, which down.sh would then stop.
+# shellcheck disable=SC2016 # expanded by the shell that runs it
+RECORD_SELF='read -r s </proc/self/stat; s=${s##*") "}; echo "$$ $(echo $s | cut -d" " -f20)" >"$pidfile"'
+
+# pid_of NAME: the pid recorded as NAME.
+pid_of() { cut -d' ' -f1 "$RUN/pids/$1.pid"; }
+
+# pid_alive NAME: the process recorded as NAME is running: its pid has the start time recorded with it.
 pid_alive() {
-	local f=$RUN/pids/$1.pid
-	[ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+	local f=$RUN/pids/$1.pid pid start stat
+	read -r pid start <"$f" 2>/dev/null && [ -n "$start" ] || return 1
+	stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+	stat=${stat##*") "}
+	# shellcheck disable=SC2086 # one word per field
+	set -- $stat
+	[ "${20}" = "$start" ]
+}
+
+# wait_for SECONDS WHAT CMD...: polls CMD every 0.2 s until it succeeds. It fails at once, naming the
+# process, when one that start() started has exited: none of them ends on its own.
+wait_for() {
+	local limit=$1 what=$2 end f
+	shift 2
+	end=$(($(date +%s) + limit))
+	until "$@" >/dev/null 2>&1; do
+		for f in "$RUN"/pids/*.pid; do
+			[ -s "$f" ] || continue
+			f=$(basename "$f" .pid)
+			if ! pid_alive "$f"; then
+				log "$f exited while waiting for $what; its log is $RUN/logs/$f.log"
+				return 1
+			fi
+		done
+		if [ "$(date +%s)" -ge "$end" ]; then
+			log "timed out after ${limit}s waiting for $what"
+			return 1
+		fi
+		sleep 0.2
+	done
+}
+
+# start NAME CMD...: runs CMD in the node's mount namespace, in its own session, appending to
+# $RUN/logs/NAME.log, recorded as NAME (RECORD_SELF); returns once it is recorded. A process recorded as
+# NAME before must have ended: its record goes.
+start() {
+	local name=$1
+	shift
+	rm -f "$RUN/pids/$name.pid"
+	setsid nsenter -t "$(pid_of ns)" -m -- sh -c "pidfile=\$0; $RECORD_SELF; exec \"\$@\"" "$RUN/pids/$name.pid" "$@" \
+		>>"$RUN/logs/$name.log" 2>&1 </dev/null &
+	wait_for 5 "$name to start" test -s "$RUN/pids/$name.pid"
 }
 
 # clear_remains: clears what a cluster stopped before down.sh could run leaves on the host, where no
@@ -97,7 +148,7 @@ clear_volume_group() {
 }
 
 # in_ns CMD...: runs CMD in the node's mount namespace.
-in_ns() { nsenter -t "$(cat "$RUN/pids/ns.pid")" -m -- "$@"; }
+in_ns() { nsenter -t "$(pid_of ns)" -m -- "$@"; }
 
 kubectl_() { "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_OUT" "$@"; }
 

@@ -44,39 +44,6 @@ if [ -d "$RUN" ]; then
 	fi
 fi
 
-# wait_for SECONDS WHAT CMD...: polls CMD every 0.2 s until it succeeds. It fails at once, naming the
-# process, when one that start() started has exited: none of them ends on its own.
-wait_for() {
-	local limit=$1 what=$2 end f
-	shift 2
-	end=$(($(date +%s) + limit))
-	until "$@" >/dev/null 2>&1; do
-		for f in "$RUN"/pids/*.pid; do
-			[ -s "$f" ] || continue
-			f=$(basename "$f" .pid)
-			if ! pid_alive "$f"; then
-				log "$f exited while waiting for $what; its log is $RUN/logs/$f.log"
-				return 1
-			fi
-		done
-		if [ "$(date +%s)" -ge "$end" ]; then
-			log "timed out after ${limit}s waiting for $what"
-			return 1
-		fi
-		sleep 0.2
-	done
-}
-
-# start NAME CMD...: runs CMD in the node's mount namespace, in its own session, logging to
-# $RUN/logs/NAME.log; its pid goes to $RUN/pids/NAME.pid.
-start() {
-	local name=$1
-	shift
-	setsid nsenter -t "$(cat "$RUN/pids/ns.pid")" -m -- sh -c 'echo $$ >"$0"; exec "$@"' "$RUN/pids/$name.pid" "$@" \
-		>"$RUN/logs/$name.log" 2>&1 </dev/null &
-	wait_for 5 "$name to start" test -s "$RUN/pids/$name.pid"
-}
-
 if [ -z "${ALREADY_UP:-}" ]; then
 	# A start that fails takes down what it started, after showing why.
 	on_exit() {
@@ -118,10 +85,11 @@ if [ -z "${ALREADY_UP:-}" ]; then
 		mkdir -p /run/lock
 		for d in /var/lib/kubelet /var/lib/cni /var/log/pods; do mount --bind "$1/ns$d" "$d"; done
 		mount --make-rshared /
-		echo $$ >"$1/pids/ns.pid"
+		pidfile=$1/pids/ns.pid
+		'"$RECORD_SELF"'
 		exec sleep infinity' _ "$RUN" >"$RUN/logs/ns.log" 2>&1 </dev/null &
 	wait_for 5 "the mount namespace" test -s "$RUN/pids/ns.pid"
-	log "mount namespace $(cat "$RUN/pids/ns.pid") ($(elapsed))"
+	log "mount namespace $(pid_of ns) ($(elapsed))"
 
 	# PKI: one CA, EC P-256 leaf certificates for server and client use.
 	pki=$RUN/pki
@@ -217,7 +185,7 @@ if [ -z "${ALREADY_UP:-}" ]; then
 	wait_for 30 containerd ctr -a "$RUN/containerd/containerd.sock" version
 	# Node-local clients (crustd's CRI lookups) find the CRI socket where containerd puts it on a real
 	# node: bound there in the node's /run, which goes away with the namespace.
-	nsenter -t "$(cat "$RUN/pids/ns.pid")" -m -- sh -c 'mkdir -p /run/containerd && : >/run/containerd/containerd.sock &&
+	in_ns sh -c 'mkdir -p /run/containerd && : >/run/containerd/containerd.sock &&
 		mount --bind "$0" /run/containerd/containerd.sock' "$RUN/containerd/containerd.sock"
 	log "containerd ($(elapsed))"
 	while read -r archive ref; do

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -136,13 +137,9 @@ func TestClusterUpClearsRemains(t *testing.T) {
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	name := "crusttb" + hex.EncodeToString(b[:]) // 13 bytes: interface names have at most 15
-	lib := filepath.Join(c.root, "hack", "cluster", "lib.sh")
-	// lib runs script after sourcing lib.sh, with the bridge and the volume group named name.
+	// libRun runs script with lib.sh, the bridge and the volume group named name.
 	libRun := func(script string, args ...string) (string, error) {
-		cmd := exec.Command("bash", append([]string{"-c", `source "$0" && ` + script, lib}, args...)...)
-		cmd.Env = append(os.Environ(), "BRIDGE="+name, "VG_NAME="+name)
-		out, err := cmd.CombinedOutput()
-		return string(out), err
+		return c.lib([]string{"BRIDGE=" + name, "VG_NAME=" + name}, script, args...)
 	}
 	run := func(t *testing.T, name string, args ...string) string {
 		t.Helper()
@@ -218,5 +215,86 @@ func TestClusterUpClearsRemains(t *testing.T) {
 				t.Fatalf("clear_remains detached %s, the cluster's volume group", dev)
 			}
 		})
+	}
+}
+
+// lib runs script with bash once it has sourced hack/cluster/lib.sh, with env added to the environment,
+// and returns what it printed.
+func (c *cluster) lib(env []string, script string, args ...string) (string, error) {
+	cmd := exec.Command("bash", append([]string{"-c", "source \"$0\" || exit\n" + script,
+		filepath.Join(c.root, "hack", "cluster", "lib.sh")}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// TestRecordedProcesses checks how hack/cluster/lib.sh names the node's processes, which down.sh stops:
+// a process records itself (RECORD_SELF) as its pid and start time, and a record stands for a running
+// process only while that pid has that start time. A record of a process that is gone, whose pid another
+// process may have by now, or a record without a start time, stands for none, so down.sh stops nothing
+// through it.
+func TestRecordedProcesses(t *testing.T) {
+	c := get(t)
+	run := t.TempDir()
+	if err := os.Mkdir(filepath.Join(run, "pids"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sh := func(script string, args ...string) (string, error) {
+		return c.lib([]string{"RUN=" + run}, script, args...)
+	}
+	record := func(name, content string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(run, "pids", name+".pid"), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	alive := func(name string) bool { _, err := sh(`pid_alive "$1"`, name); return err == nil }
+	startTime := func(pid int) string {
+		t.Helper()
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := string(b)
+		return strings.Fields(s[strings.LastIndex(s, ")")+2:])[19] // field 22
+	}
+
+	// A process that records itself as start() makes it do, then execs.
+	if out, err := sh(`sh -c "pidfile=\$0; $RECORD_SELF; exec sleep 600" "$RUN/pids/self.pid" >/dev/null 2>&1 &
+		wait_for 5 "the record" test -s "$RUN/pids/self.pid"`); err != nil {
+		t.Fatalf("recording: %v\n%s", err, out)
+	}
+	pid, err := (&cluster{run: run}).recordedPID("self")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) != "sleep" {
+		t.Fatalf("recorded pid %d is %q, not the sleep the recording shell exec'd", pid, comm)
+	}
+	if !alive("self") {
+		t.Fatalf("the record of running process %d stands for none", pid)
+	}
+	st := startTime(pid)
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, record string }{
+		{"another start time", fmt.Sprintf("%d %s1\n", pid, st)},
+		{"no start time", fmt.Sprintf("%d\n", pid)},
+		{"a process that is gone", fmt.Sprintf("%d %s\n", gone.Process.Pid, st)},
+		{"empty", ""},
+	} {
+		record("x", tc.record)
+		if alive("x") {
+			t.Errorf("%s: record %q stands for a running process", tc.name, tc.record)
+		}
+	}
+	if err := os.Remove(filepath.Join(run, "pids", "x.pid")); err != nil {
+		t.Fatal(err)
+	}
+	if alive("x") {
+		t.Error("no record stands for a running process")
 	}
 }

@@ -111,11 +111,8 @@ func (c *cluster) healthy() bool {
 }
 
 func (c *cluster) connect() error {
-	b, err := os.ReadFile(filepath.Join(c.run, "pids", "ns.pid"))
-	if err != nil {
-		return err
-	}
-	if c.nsPID, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+	var err error
+	if c.nsPID, err = c.recordedPID("ns"); err != nil {
 		return err
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.kubeconfig)
@@ -135,6 +132,21 @@ func (c *cluster) connect() error {
 	}
 	c.node = nodes.Items[0].Name
 	return nil
+}
+
+// recordedPID is the pid of the node's process recorded as name (hack/cluster/lib.sh: "PID START" in
+// $RUN/pids/NAME.pid).
+func (c *cluster) recordedPID(name string) (int, error) {
+	f := filepath.Join(c.run, "pids", name+".pid")
+	b, err := os.ReadFile(f)
+	if err != nil {
+		return 0, err
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) != 2 {
+		return 0, fmt.Errorf("%s: %q is not \"PID START\"", f, b)
+	}
+	return strconv.Atoi(fields[0])
 }
 
 // get returns the cluster, or fails t when it could not be set up.

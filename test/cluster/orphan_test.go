@@ -121,17 +121,12 @@ func TestOrphanCollector(t *testing.T) {
 	c.waitPodDirGone(t, string(live.UID))
 }
 
-// stopKubelet stops the node's kubelet and returns what starts it again, as hack/cluster/up.sh started
-// it (same command line, same log, its pid file); the start waits until the node is Ready, and happens at
-// cleanup if the test did not get there.
+// stopKubelet stops the node's kubelet and returns what starts it again, with hack/cluster/lib.sh's
+// start as hack/cluster/up.sh started it (same command line, same log, recorded as kubelet); the start
+// waits until the node is Ready, and happens at cleanup if the test did not get there.
 func (c *cluster) stopKubelet(t *testing.T) (start func()) {
 	t.Helper()
-	pidFile := filepath.Join(c.run, "pids", "kubelet.pid")
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	pid, err := c.recordedPID("kubelet")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +136,7 @@ func (c *cluster) stopKubelet(t *testing.T) (start func()) {
 	}
 	argv := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
 	if filepath.Base(argv[0]) != "kubelet" {
-		t.Fatalf("pid %d of %s is %v, not kubelet", pid, pidFile, argv)
+		t.Fatalf("pid %d, recorded as kubelet, is %v", pid, argv)
 	}
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -156,18 +151,9 @@ func (c *cluster) stopKubelet(t *testing.T) (start func()) {
 			return
 		}
 		started = true
-		logf, err := os.OpenFile(filepath.Join(c.run, "logs", "kubelet.log"), os.O_WRONLY|os.O_APPEND, 0)
-		if err != nil {
-			t.Fatal(err)
+		if out, err := c.lib([]string{"RUN=" + c.run}, `start kubelet "$@"`, argv...); err != nil {
+			t.Fatalf("starting kubelet again: %v\n%s", err, out)
 		}
-		defer func() { _ = logf.Close() }()
-		args := append([]string{"nsenter", "-t", strconv.Itoa(c.nsPID), "-m", "--", "sh", "-c", `echo $$ >"$0"; exec "$@"`, pidFile}, argv...)
-		cmd := exec.Command("setsid", args...)
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() { _ = cmd.Wait() }() // setsid exits at once when it had to fork
 		t0 := time.Now()
 		port := os.Getenv("KUBELET_HEALTHZ_PORT")
 		if port == "" {
