@@ -1,5 +1,6 @@
-# Shared settings of hack/cluster/up.sh and down.sh. Everything the cluster writes lives under $RUN,
-# apart from the mount-point directories listed in $RUN/host-dirs, which down.sh removes again.
+# Shared settings and functions of hack/cluster/up.sh and down.sh, which the cluster tier's tests also
+# call. Everything the cluster writes lives under $RUN, apart from the mount-point directories listed in
+# $RUN/host-dirs, which down.sh removes again.
 #
 # The node runs in a mount namespace of its own (held by one `sleep` process, recorded as ns): inside
 # it, /run is a fresh tmpfs and /var/lib/kubelet, /var/lib/cni and /var/log/pods are bind mounts of
