@@ -36,6 +36,11 @@ done
 echo "== waiting for the cluster tier's binaries and images (built in the background: $log)"
 bg_wait "building the cluster tier's binaries and images"
 echo "== test test/cluster"
-(cd test && $GOTEST -p 1 ./cluster)
+# A test binary that ends without TestMain's teardown (go test's timeout panics) would leave the node
+# running, and its ports would stop the next run on this machine: whatever it left is taken down.
+if ! (cd test && $GOTEST -p 1 ./cluster); then
+	"${MAKE:-make}" --no-print-directory cluster-down || true
+	exit 1
+fi
 bg_wait "building promtool"
 "${MAKE:-make}" --no-print-directory test-rules
