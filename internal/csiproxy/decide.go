@@ -3,6 +3,9 @@ package csiproxy
 import (
 	"context"
 	"errors"
+	"fmt"
+	"path"
+	"strings"
 	"time"
 
 	"crust.dev/crust/pkg/volume"
@@ -80,8 +83,40 @@ type DecideInput struct {
 	StagedAsBlock bool
 	// Pods is nil without --kubeconfig.
 	Pods PodSource
-	// Handlers are the microVM runtime handler names.
-	Handlers map[string]bool
+	// Handlers are the microVM runtime handlers' patterns.
+	Handlers Handlers
+}
+
+// Handlers are the patterns of --microvm-handlers: a pod whose RuntimeClass handler matches one of them
+// (path.Match: "kata" matches kata alone, "kata-*" every handler that starts with "kata-") is a microVM
+// pod. Make them with ParseHandlers.
+type Handlers []string
+
+// ParseHandlers checks each pattern's syntax and returns the non-empty ones; a malformed pattern is an
+// error naming the flag and the pattern.
+func ParseHandlers(patterns []string) (Handlers, error) {
+	var h Handlers
+	for _, p := range patterns {
+		if p == "" {
+			continue
+		}
+		// path.Match checks the whole pattern, whatever the name, before it answers false.
+		if _, err := path.Match(p, ""); err != nil {
+			return nil, fmt.Errorf("--microvm-handlers: pattern %q: %w (patterns use path.Match syntax: *, ?, [a-z])", p, err)
+		}
+		h = append(h, p)
+	}
+	return h, nil
+}
+
+// Match returns the first pattern that matches handler.
+func (h Handlers) Match(handler string) (pattern string, ok bool) {
+	for _, p := range h {
+		if m, _ := path.Match(p, handler); m {
+			return p, true
+		}
+	}
+	return "", false
 }
 
 // Decide applies the deferral rules of the package documentation. It fails (wrapping errPodNotSeen)
@@ -122,10 +157,11 @@ func Decide(in DecideInput) (Decision, string, error) {
 	if !ok {
 		handler = p.RuntimeClassName
 	}
-	if in.Handlers[handler] {
-		return Defer, "pod's runtime handler " + handler + " is a microVM handler", nil
+	if p, ok := in.Handlers.Match(handler); ok {
+		return Defer, "pod's runtime handler " + handler + " is a microVM handler (matches --microvm-handlers pattern " + p + ")", nil
 	}
-	return HostMount, "pod's runtime handler " + handler + " is not a microVM handler", nil
+	return HostMount, "pod's runtime handler " + handler + " is not a microVM handler (matches none of --microvm-handlers " +
+		strings.Join(in.Handlers, ",") + ")", nil
 }
 
 // decideWaiting is Decide, retried while the pod is not yet in the cache, for at most wait.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,7 +54,7 @@ func TestDecide(t *testing.T) {
 		// fast-vm's handler is kata-qemu; "kata" is not in the cache, so its name is the handler.
 		classes: map[string]string{"fast-vm": "kata-qemu", "gvisor": "runsc"},
 	}
-	handlers := map[string]bool{"kata": true, "kata-qemu": true}
+	handlers := Handlers{"kata", "kata-qemu"}
 	on := map[string]string{DeferKey: "true"}
 	withPod := func(name, uid string) map[string]string {
 		m := map[string]string{DeferKey: "True", podNamespaceKey: "ns", podNameKey: name}
@@ -100,6 +102,81 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+// The default patterns of deploy/csi-proxy match every RuntimeClass handler kata-deploy creates and
+// crust-microvm, and nothing else; Decide names the pattern that matched.
+func TestHandlersMatch(t *testing.T) {
+	defaults, err := ParseHandlers([]string{"kata", "kata-*", "crust-microvm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		handlers Handlers
+		handler  string
+		want     string // the pattern that matches; "" for none
+	}{
+		{defaults, "kata", "kata"},
+		{defaults, "kata-qemu", "kata-*"},
+		{defaults, "kata-clh", "kata-*"},
+		{defaults, "kata-fc", "kata-*"},
+		{defaults, "kata-dragonball", "kata-*"},
+		{defaults, "kata-qemu-runtime-rs", "kata-*"},
+		{defaults, "kata-qemu-tdx", "kata-*"},
+		{defaults, "kata-qemu-snp", "kata-*"},
+		{defaults, "kata-qemu-coco-dev", "kata-*"},
+		{defaults, "kata-qemu-nvidia-gpu", "kata-*"},
+		{defaults, "crust-microvm", "crust-microvm"},
+		{defaults, "runc", ""},
+		{defaults, "runsc", ""},
+		{defaults, "gvisor", ""},
+		{defaults, "katana", ""}, // neither kata nor kata-*
+		{defaults, "kata-", "kata-*"},
+		{defaults, "my-kata", ""},
+		{defaults, "crust-microvm-2", ""},
+		{defaults, "", ""},
+		{Handlers{"kata-qemu?"}, "kata-qemu2", "kata-qemu?"},
+		{Handlers{"kata-[cf]*"}, "kata-clh", "kata-[cf]*"},
+		{Handlers{"kata-[cf]*"}, "kata-qemu", ""},
+		{nil, "kata", ""},
+	} {
+		got, ok := tc.handlers.Match(tc.handler)
+		if got != tc.want || ok != (tc.want != "") {
+			t.Errorf("%v.Match(%q) = %q, %v; want %q", tc.handlers, tc.handler, got, ok, tc.want)
+		}
+		pods := fakePods{pods: map[string]Pod{"ns/p": {Namespace: "ns", Name: "p", RuntimeClassName: "rc"}},
+			classes: map[string]string{"rc": tc.handler}}
+		d, why, err := Decide(DecideInput{Capability: mountCap(), Pods: pods, Handlers: tc.handlers,
+			VolumeContext: map[string]string{DeferKey: "true", podNamespaceKey: "ns", podNameKey: "p"}})
+		switch {
+		case err != nil:
+			t.Errorf("handler %q: %v", tc.handler, err)
+		case tc.want != "" && (d != Defer || !strings.Contains(why, "pattern "+tc.want+")")):
+			t.Errorf("handler %q: %v (%s); want defer naming pattern %s", tc.handler, d, why, tc.want)
+		case tc.want == "" && d != HostMount:
+			t.Errorf("handler %q: %v (%s); want host-mount", tc.handler, d, why)
+		}
+	}
+}
+
+// A malformed pattern stops the proxy at start with the flag and the pattern named; empty ones are
+// dropped.
+func TestParseHandlers(t *testing.T) {
+	for _, bad := range []string{"kata-[", "kata-[]", `kata\`} {
+		_, err := ParseHandlers([]string{"kata", bad})
+		if err == nil || !strings.Contains(err.Error(), "--microvm-handlers") || !strings.Contains(err.Error(), strconv.Quote(bad)) {
+			t.Errorf("ParseHandlers(%q) = %v; want an error naming --microvm-handlers and the pattern", bad, err)
+		}
+		_, err = New(context.Background(), Config{DriverAddress: "/nonexistent.sock", CrustSocket: "/nonexistent.sock",
+			StateDir: "/nonexistent", MicroVMHandlers: []string{bad}}, nil, Deps{})
+		if err == nil || !strings.Contains(err.Error(), strconv.Quote(bad)) {
+			t.Errorf("New with --microvm-handlers=%s: %v; want the pattern refused", bad, err)
+		}
+	}
+	h, err := ParseHandlers([]string{"", "kata", ""})
+	if err != nil || len(h) != 1 || h[0] != "kata" {
+		t.Errorf("ParseHandlers = %v, %v; want [kata]", h, err)
+	}
+}
+
 // TestInformerPods runs the real informer code on client-go's fake clientset (no API server runs here).
 // The fake ignores field selectors, so the spec.nodeName restriction itself is not exercised; the test
 // checks that pods and RuntimeClasses reach the cache, that late pods are waited for, and the decisions.
@@ -116,7 +193,7 @@ func TestInformerPods(t *testing.T) {
 	)
 	ip := syncedInformers(ctx, t, cs)
 	in := func(name string) DecideInput {
-		return DecideInput{Capability: mountCap(), Pods: ip, Handlers: map[string]bool{"kata-qemu": true},
+		return DecideInput{Capability: mountCap(), Pods: ip, Handlers: Handlers{"kata-qemu"},
 			VolumeContext: map[string]string{DeferKey: "true", podNamespaceKey: "ns", podNameKey: name}}
 	}
 	if d, why, err := Decide(in("vm")); err != nil || d != Defer {

@@ -45,7 +45,8 @@
 //     spec.nodeName); a pod not (yet) in the cache, or whose UID differs from pod.uid, fails the call with
 //     UNAVAILABLE so that kubelet retries. A pod without runtimeClassName is not a microVM pod. A pod with
 //     one is a microVM pod when the RuntimeClass's handler (read from a RuntimeClass informer; the
-//     RuntimeClass name itself when it is not in the cache) is one of --microvm-handlers.
+//     RuntimeClass name itself when it is not in the cache) matches one of the patterns of
+//     --microvm-handlers (path.Match syntax: kata-* matches every handler whose name starts with kata-).
 //   - A microVM pod: deferred. Any other pod: host-mounted.
 //
 // Deferred: the driver publishes raw block to a private path (beside kubelet's target, in the proxy's

@@ -38,7 +38,8 @@ type Config struct {
 	DriverAddress string
 	// CrustSocket is crustd's API socket.
 	CrustSocket string
-	// MicroVMHandlers are the runtime handler names whose pods get deferred volumes (with Kubeconfig).
+	// MicroVMHandlers are the patterns (ParseHandlers) of the runtime handlers whose pods get deferred
+	// volumes (with Kubeconfig).
 	MicroVMHandlers []string
 	// Kubeconfig, when set, turns on pod look-ups; empty means: defer whenever the volume context asks.
 	Kubeconfig string
@@ -87,7 +88,7 @@ type Proxy struct {
 	pods     PodSource
 	classes  ClassSource          // nil without --kubeconfig
 	events   record.EventRecorder // nil without --kubeconfig
-	handlers map[string]bool
+	handlers Handlers
 	mounter  *mount.SafeFormatAndMount
 	resizer  *mount.ResizeFs
 	codec    rawCodec
@@ -137,18 +138,17 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) (*Proxy, 
 	if cfg.StateDir == "" && deps.Journal == nil {
 		return nil, errors.New("--state-dir is required")
 	}
+	handlers, err := ParseHandlers(cfg.MicroVMHandlers)
+	if err != nil {
+		return nil, err
+	}
 	p := &Proxy{
 		cfg: cfg, log: log, codec: newRawCodec(), pods: deps.Pods, journal: deps.Journal,
 		locks:    keylock.New(cfg.LockWait),
 		metrics:  metrics.New(),
-		handlers: map[string]bool{},
+		handlers: handlers,
 		mounter:  mount.NewSafeFormatAndMount(mount.New(""), utilexec.New()),
 		resizer:  mount.NewResizeFs(utilexec.New()),
-	}
-	for _, h := range cfg.MicroVMHandlers {
-		if h != "" {
-			p.handlers[h] = true
-		}
 	}
 	cs := deps.Clientset
 	if p.pods == nil && (cs != nil || cfg.Kubeconfig != "") {
@@ -159,7 +159,6 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) (*Proxy, 
 			return nil, errors.New("--kubeconfig needs --node-name (or $NODE_NAME)")
 		}
 		if cs == nil {
-			var err error
 			if cs, err = kubeClient(cfg.Kubeconfig); err != nil {
 				return nil, err
 			}
@@ -180,7 +179,6 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) (*Proxy, 
 			return nil, err
 		}
 	}
-	var err error
 	if p.driver, err = client.DialUnix(cfg.DriverAddress, deps.DialOptions...); err != nil {
 		return nil, fmt.Errorf("--driver-address: %w", err)
 	}

@@ -99,7 +99,7 @@ func TestRawBlockOfMicroVMPodPassesThrough(t *testing.T) {
 	ctx := context.Background()
 	volCtx := map[string]string{DeferKey: "true", podNamespaceKey: "ns", podNameKey: "vm", podUIDKey: "u-vm", "z": "1", "a": "2"}
 	if d, why, err := Decide(DecideInput{Capability: blockCap(), VolumeContext: volCtx, Pods: pods,
-		Handlers: map[string]bool{"kata": true}}); d != PassThrough || why != ReasonRawBlock || err != nil {
+		Handlers: Handlers{"kata"}}); d != PassThrough || why != ReasonRawBlock || err != nil {
 		t.Fatalf("Decide = %v, %q, %v", d, why, err)
 	}
 
