@@ -37,22 +37,7 @@ func TestOrphanCollectedAsItsPodDirectoryGoes(t *testing.T) {
 
 	publish := func(uid, pv string) string {
 		t.Helper()
-		target := harness.PodTarget(t, cfg.KubeletDir, uid, pv)
-		img := filepath.Join(root, crustdtest.ImageDir, pv+".img")
-		if err := os.WriteFile(img, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Truncate(img, 16<<20); err != nil {
-			t.Fatal(err)
-		}
-		req := &csi.NodePublishVolumeRequest{VolumeId: pv, TargetPath: target, VolumeCapability: &csi.VolumeCapability{
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-		}}
-		if _, err := c.Publish(ctx, req, img, client.VolumeType(crustv1.VolumeType_VOLUME_TYPE_FILE)); err != nil {
-			t.Fatal(err)
-		}
-		return target
+		return publishFile(ctx, t, c, cfg, root, uid, pv)
 	}
 	orphan := publish("aaaaaaaa-0000-4000-8000-00000000000a", "pv-orphan")
 	live := publish("aaaaaaaa-0000-4000-8000-00000000000b", "pv-live")
@@ -80,4 +65,26 @@ func TestGCIntervalMustBePositive(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "--gc-interval") {
 		t.Fatalf("crustd with --gc-interval 0: %v, want an error naming --gc-interval", err)
 	}
+}
+
+// publishFile publishes a new 16 MiB image file named pv under root's image directory (cfg being
+// crustdtest.FileConfig(root)) for pod uid through c, and returns its target path.
+func publishFile(ctx context.Context, t *testing.T, c *client.Client, cfg daemon.Config, root, uid, pv string) string {
+	t.Helper()
+	target := harness.PodTarget(t, cfg.KubeletDir, uid, pv)
+	img := filepath.Join(root, crustdtest.ImageDir, pv+".img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	req := &csi.NodePublishVolumeRequest{VolumeId: pv, TargetPath: target, VolumeCapability: &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}}
+	if _, err := c.Publish(ctx, req, img, client.VolumeType(crustv1.VolumeType_VOLUME_TYPE_FILE)); err != nil {
+		t.Fatal(err)
+	}
+	return target
 }

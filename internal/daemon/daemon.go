@@ -35,12 +35,16 @@ import (
 
 // Config is crustd's configuration; the flags of NewCommand fill it.
 type Config struct {
-	Socket       string
-	StateDir     string
-	KataDir      string   // "" disables the Kata projection
-	KataShimDirs []string // where Kata shims serve stats and resize, tried in order; empty: Kata's defaults
-	KubeletDir   string
-	DeviceAllow  []string
+	Socket   string
+	StateDir string
+	// StoreWriteVersion is the record format version the store writes (store.Options.WriteVersion): by
+	// default the one the previous release reads, so that a rollback keeps every descriptor; 0 means the
+	// store's default. Records of every version the store knows are read whatever it is.
+	StoreWriteVersion int
+	KataDir           string   // "" disables the Kata projection
+	KataShimDirs      []string // where Kata shims serve stats and resize, tried in order; empty: Kata's defaults
+	KubeletDir        string
+	DeviceAllow       []string
 	// DeviceAllowKinds are the kinds of block device allowed (loop, dm, ...), decided from sysfs; empty
 	// allows every kind.
 	DeviceAllowKinds []string
@@ -71,20 +75,21 @@ type Config struct {
 // Defaults returns crustd's default configuration, the flags' defaults.
 func Defaults() Config {
 	return Config{
-		Socket:       "/run/crust/crust.sock",
-		StateDir:     "/run/crust",
-		KataDir:      katafmt.DefaultDir,
-		KataShimDirs: katafmt.DefaultShimDirs(),
-		CRIEndpoint:  crisandbox.DefaultEndpoint,
-		CRITimeout:   crisandbox.DefaultTimeout,
-		KubeletDir:   "/var/lib/kubelet",
-		DeviceAllow:  []string{"/dev/*"},
-		AllowUIDs:    []uint32{0},
-		HTTPAddr:     "127.0.0.1:9809",
-		LockWait:     2 * time.Second,
-		GCInterval:   time.Minute,
-		HandlerGrace: handlerwatch.DefaultGrace,
-		LogFormat:    "text",
+		Socket:            "/run/crust/crust.sock",
+		StateDir:          "/run/crust",
+		StoreWriteVersion: store.DefaultWriteVersion,
+		KataDir:           katafmt.DefaultDir,
+		KataShimDirs:      katafmt.DefaultShimDirs(),
+		CRIEndpoint:       crisandbox.DefaultEndpoint,
+		CRITimeout:        crisandbox.DefaultTimeout,
+		KubeletDir:        "/var/lib/kubelet",
+		DeviceAllow:       []string{"/dev/*"},
+		AllowUIDs:         []uint32{0},
+		HTTPAddr:          "127.0.0.1:9809",
+		LockWait:          2 * time.Second,
+		GCInterval:        time.Minute,
+		HandlerGrace:      handlerwatch.DefaultGrace,
+		LogFormat:         "text",
 	}
 }
 
@@ -93,6 +98,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	start := time.Now()
 	if cfg.GCInterval <= 0 {
 		return fmt.Errorf("--gc-interval %s: must be positive", cfg.GCInterval)
+	}
+	if v := cfg.StoreWriteVersion; v != 0 && (v < store.OldestVersion || v > store.NewestVersion) {
+		return fmt.Errorf("--store-write-version %d: must be a record format version from %d to %d", v, store.OldestVersion, store.NewestVersion)
 	}
 	v, err := validate.New(validate.Config{
 		KubeletDir: cfg.KubeletDir, DeviceAllow: cfg.DeviceAllow, DeviceAllowKinds: cfg.DeviceAllowKinds,
@@ -114,7 +122,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("--state-dir: %w", err)
 	}
 	defer lock.Release()
-	st, loaded, err := store.Open(cfg.StateDir, bootID, log)
+	st, loaded, err := store.OpenWith(cfg.StateDir, bootID, store.Options{WriteVersion: cfg.StoreWriteVersion, Log: log})
 	if err != nil {
 		return err
 	}
@@ -228,6 +236,10 @@ func NewCommand() *cobra.Command {
 	f := cmd.Flags()
 	command.AddSocketFlag(f, &cfg.Socket, cfg.Socket, "unix socket to serve the API on (created 0600)", "socket")
 	f.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the crash-safe descriptor store")
+	f.IntVar(&cfg.StoreWriteVersion, "store-write-version", cfg.StoreWriteVersion, fmt.Sprintf(
+		"record format version the store writes, %d to %d (records of every one are read); at start, records of a newer one are rewritten in it. "+
+			"The default is the newest the previous release reads, so that a rollback keeps every descriptor: 1 (v0.1.0 reads 1 alone) until v0.3.0 makes it 2",
+		store.OldestVersion, store.NewestVersion))
 	f.StringVar(&cfg.KataDir, "kata-dir", cfg.KataDir, `Kata direct-volume directory to project descriptors into ("" disables)`)
 	f.StringSliceVar(&cfg.KataShimDirs, "kata-shim-dirs", cfg.KataShimDirs,
 		"directories of Kata sandboxes, tried in order for <dir>/<sandbox id>/shim-monitor.sock (stats and resize of volumes a Kata shim uses)")

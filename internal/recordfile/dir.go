@@ -21,8 +21,13 @@ const corruptTimeFormat = "20060102T150405.000000000Z"
 
 // Options say what records a Dir holds and how it is opened.
 type Options struct {
-	// Version is the record format version written, and the newest read (see Encode and Decode).
+	// Version is the newest record format version read (see Encode and Decode), and the one written unless
+	// WriteVersion says otherwise.
 	Version int
+	// WriteVersion is the version Put writes, from the oldest version read to Version; 0 means Version. A
+	// user writes an older version than it reads so that the previous release of its program, which reads
+	// only that one, can take the records over.
+	WriteVersion int
 	// OldestVersion is the oldest version read; 0 reads Version alone. Its records are handed to the
 	// check with their version, which the user decodes by.
 	OldestVersion int
@@ -80,10 +85,19 @@ type Dir struct {
 // a symbolic link or not a directory, when dir is owned by another user or writable by others, or when a
 // record is of a newer format version. It fails on an I/O error reading a record (the record may well be
 // good: moving it aside would lose it, and a restart retries). It does not fail because of a damaged
-// record: that is moved into corrupt/, logged and reported.
+// record: that is moved into corrupt/, logged and reported. It fails with errdefs.ErrInvalidArgument,
+// having changed nothing, on an empty boot id or a WriteVersion outside the versions read.
 func Open(dir string, opt Options, check Check) (_ *Dir, _ *Report, err error) {
 	if opt.BootID == "" {
 		return nil, nil, fmt.Errorf("empty boot id: %w", errdefs.ErrInvalidArgument)
+	}
+	oldest := cmp.Or(opt.OldestVersion, opt.Version)
+	if opt.WriteVersion == 0 {
+		opt.WriteVersion = opt.Version
+	}
+	if opt.WriteVersion < oldest || opt.WriteVersion > opt.Version {
+		return nil, nil, fmt.Errorf("write version %d: not one of the versions read, %d to %d: %w",
+			opt.WriteVersion, oldest, opt.Version, errdefs.ErrInvalidArgument)
 	}
 	log := opt.Log
 	if log == nil {
@@ -151,7 +165,7 @@ func Open(dir string, opt Options, check Check) (_ *Dir, _ *Report, err error) {
 			v.err = fmt.Errorf("read %s: %w", d.records.Join(*name), err)
 			return
 		}
-		rec, err := Decode(data, cmp.Or(opt.OldestVersion, opt.Version), opt.Version, opt.Field)
+		rec, err := Decode(data, oldest, opt.Version, opt.Field)
 		switch {
 		case errors.Is(err, ErrNewerVersion):
 			v.err = fmt.Errorf("%s: %w; refusing to load anything so that a downgrade loses nothing: %w",
@@ -220,12 +234,13 @@ func precondition(err error) error {
 	return err
 }
 
-// Put stores payload as the record name, replacing it if there is one. The record is durable when Put
+// Put stores payload, which must be in the encoding of Options.WriteVersion, as the record name, replacing
+// it if there is one. The record is durable when Put
 // returns nil; when it returns an error, the stored record is the old one or the new one, and calling Put
 // again is safe. A record larger than MaxSize is refused with errdefs.ErrInvalidArgument, so that
 // everything Put accepts Open loads.
 func (d *Dir) Put(name string, payload []byte) error {
-	b, err := Encode(d.opt.Version, d.opt.BootID, d.opt.Field, payload)
+	b, err := Encode(d.opt.WriteVersion, d.opt.BootID, d.opt.Field, payload)
 	if err != nil {
 		return err
 	}

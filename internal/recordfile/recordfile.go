@@ -49,7 +49,9 @@
 //     corrupt/, logged at Warn, reported.
 //  3. Dropped by the user's Check: deleted, reported.
 //  4. Otherwise kept: the Check holds what it needs of it. A user that changes its payload's encoding
-//     writes a new version and keeps reading the old ones, telling them apart by Loaded.Version.
+//     takes a new version and keeps reading the old ones, telling them apart by Loaded.Version; it keeps
+//     writing the old one (Options.WriteVersion) until the previous release of its program reads the new
+//     one, so that a rollback loses nothing.
 package recordfile
 
 import (

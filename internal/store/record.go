@@ -16,12 +16,24 @@ import (
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
-// Record format versions: recordVersion is the one this code writes, and the newest it reads; it reads
-// every version from oldestRecordVersion on.
+// Record format versions: this code reads every version from oldestRecordVersion to recordVersion, and
+// writes the one Options.WriteVersion names.
 const (
 	recordVersion       = 2 // payload: the base64 of the protobuf encoding of the volume
 	oldestRecordVersion = 1 // payload: the protojson encoding of the volume
 )
+
+// The record format versions a store reads, and may be told to write (Options.WriteVersion).
+const (
+	OldestVersion = oldestRecordVersion
+	NewestVersion = recordVersion
+)
+
+// DefaultWriteVersion is the record format version Put writes unless Options say otherwise: the newest
+// version the previous release of crust reads, so that rolling crustd back to it loses no descriptor. The
+// previous release, v0.1.0, reads version 1 alone; the default moves to 2 in v0.3.0, the first release
+// whose previous one (v0.2.0) reads version 2, as the package documentation says.
+const DefaultWriteVersion = 1
 
 // maxRecordSize bounds a record file. Put refuses a larger record, so anything Put accepts Open loads.
 const maxRecordSize = recordfile.MaxSize
@@ -46,14 +58,20 @@ func keyOf(target string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// encodeVolume returns the payload of v in the record version this code writes: a JSON string holding
-// the standard base64 of v's protobuf encoding.
-func encodeVolume(v *crustv1.Volume) ([]byte, error) {
-	bin, err := proto.Marshal(v)
-	if err != nil {
-		return nil, err
+// encodeVolume returns the payload of v in the given record version: in version 2 a JSON string holding
+// the standard base64 of v's protobuf encoding, in version 1 v's protojson encoding.
+func encodeVolume(version int, v *crustv1.Volume) ([]byte, error) {
+	switch version {
+	case oldestRecordVersion:
+		return protojson.Marshal(v)
+	case recordVersion:
+		bin, err := proto.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(bin) // a []byte is written as its base64
 	}
-	return json.Marshal(bin) // a []byte is written as its base64
+	return nil, fmt.Errorf("record version %d is not written here", version)
 }
 
 // base64String returns the bytes that the JSON string s holds in standard base64, as json.Unmarshal into

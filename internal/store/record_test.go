@@ -21,7 +21,7 @@ func FuzzDecodeRecord(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	current, err := encodeVolume(fullVol("/k/x"))
+	current, err := encodeVolume(recordVersion, fullVol("/k/x"))
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -102,7 +102,7 @@ var errNewerVersion = recordfile.ErrNewerVersion
 
 // encodeRecord returns the record of v written under bootID.
 func encodeRecord(bootID string, v *crustv1.Volume) ([]byte, error) {
-	payload, err := encodeVolume(v)
+	payload, err := encodeVolume(recordVersion, v)
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -84,8 +85,15 @@ func testLogger(buf *bytes.Buffer) *slog.Logger {
 
 func mustOpen(t *testing.T, dir, boot string) (*Store, *LoadReport) {
 	t.Helper()
+	return mustOpenWith(t, dir, boot, Options{})
+}
+
+// mustOpenWith is mustOpen with opt, its Log replaced by the test's.
+func mustOpenWith(t *testing.T, dir, boot string, opt Options) (*Store, *LoadReport) {
+	t.Helper()
 	var logs bytes.Buffer
-	s, r, err := Open(dir, boot, testLogger(&logs))
+	opt.Log = testLogger(&logs)
+	s, r, err := OpenWith(dir, boot, opt)
 	if err != nil {
 		t.Fatalf("Open: %v\nlogs:\n%s", err, logs.String())
 	}
@@ -120,7 +128,7 @@ func rawRecord(version int, bootID string, payload []byte) []byte {
 	return fmt.Appendf(nil, `{"version":%d,"bootId":%q,"sha256":"%x","volume":%s}`+"\n", version, bootID, sum, payload)
 }
 
-// payloadOf is the payload of v in the record version this code writes.
+// payloadOf is the payload of v in record version 2.
 func payloadOf(t *testing.T, v *crustv1.Volume) []byte {
 	t.Helper()
 	bin, err := proto.Marshal(v)
@@ -204,43 +212,109 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
-// TestRecordFormat pins the documented on-disk format.
+// TestRecordFormat pins the documented on-disk format, in each version a store writes: by default the
+// version the previous release reads.
 func TestRecordFormat(t *testing.T) {
-	dir := t.TempDir()
-	s, _ := mustOpen(t, dir, bootA)
-	v := fullVol("/k/pods/p/mount")
-	mustPut(t, s, v)
+	for _, tc := range []struct {
+		name         string
+		writeVersion int // Options.WriteVersion
+		want         int // the version in the file
+	}{
+		{"default", 0, 1},
+		{"version 1", 1, 1},
+		{"version 2", 2, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s, _ := mustOpenWith(t, dir, bootA, Options{WriteVersion: tc.writeVersion})
+			v := fullVol("/k/pods/p/mount")
+			mustPut(t, s, v)
+			path := recordPath(dir, "/k/pods/p/mount")
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("record not at the documented path: %v", err)
+			}
+			prefix := fmt.Sprintf(`{"version":%d,"bootId":"%s","sha256":"`, tc.want, bootA)
+			if !bytes.HasPrefix(data, []byte(prefix)) || !bytes.HasSuffix(data, []byte("}\n")) || bytes.Count(data, []byte("\n")) != 1 {
+				t.Fatalf("record does not have the documented shape:\n%s", data)
+			}
+			rest := data[len(prefix):]
+			sum, rest, ok := bytes.Cut(rest, []byte(`","volume":`))
+			if !ok {
+				t.Fatalf("no volume member after the checksum:\n%s", data)
+			}
+			payload := rest[:len(rest)-2]
+			if got := sha256.Sum256(payload); hex.EncodeToString(got[:]) != string(sum) {
+				t.Errorf("sha256 %s is not the checksum of the payload bytes", sum)
+			}
+			if got := documentedPayload(t, tc.want, payload); !proto.Equal(got, v) {
+				t.Errorf("payload holds %v, want %v", got, v)
+			}
+		})
+	}
+}
 
-	path := recordPath(dir, "/k/pods/p/mount")
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("record not at the documented path: %v", err)
-	}
-	prefix := `{"version":2,"bootId":"` + bootA + `","sha256":"`
-	if !bytes.HasPrefix(data, []byte(prefix)) || !bytes.HasSuffix(data, []byte("}\n")) || bytes.Count(data, []byte("\n")) != 1 {
-		t.Fatalf("record does not have the documented shape:\n%s", data)
-	}
-	rest := data[len(prefix):]
-	sum, rest, ok := bytes.Cut(rest, []byte(`","volume":`))
-	if !ok {
-		t.Fatalf("no volume member after the checksum:\n%s", data)
-	}
-	payload := rest[:len(rest)-2]
-	if got := sha256.Sum256(payload); hex.EncodeToString(got[:]) != string(sum) {
-		t.Errorf("sha256 %s is not the checksum of the payload bytes", sum)
-	}
-	// A JSON string of the standard base64, with padding, of the protobuf encoding.
+// documentedPayload decodes a payload of the given version by the documented format: in version 1 the
+// protojson encoding of the volume, in version 2 a JSON string of the standard base64, with padding, of
+// its protobuf encoding.
+func documentedPayload(t *testing.T, version int, payload []byte) *crustv1.Volume {
+	t.Helper()
 	got := &crustv1.Volume{}
+	if version == 1 {
+		if err := protojson.Unmarshal(payload, got); err != nil {
+			t.Fatalf("payload is not the protojson of a volume: %v\n%s", err, payload)
+		}
+		return got
+	}
 	if len(payload) < 2 || payload[0] != '"' || payload[len(payload)-1] != '"' {
 		t.Fatalf("payload is not a JSON string:\n%s", payload)
 	}
-	b64 := payload[1 : len(payload)-1]
-	bin, err := base64.StdEncoding.DecodeString(string(b64))
+	bin, err := base64.StdEncoding.DecodeString(string(payload[1 : len(payload)-1]))
 	if err != nil {
 		t.Fatalf("payload is not standard base64: %v\n%s", err, payload)
 	}
-	if err := proto.Unmarshal(bin, got); err != nil || !proto.Equal(got, v) {
-		t.Errorf("payload is not the base64 of the protobuf encoding of the volume (err %v):\n%s", err, payload)
+	if err := proto.Unmarshal(bin, got); err != nil {
+		t.Fatalf("payload is not the base64 of the protobuf encoding of a volume: %v\n%s", err, payload)
+	}
+	return got
+}
+
+// A store told to write an older version than some of its records rewrites, at Open, the records of this
+// boot in that version, so that the previous release can start on them; a record of another boot is
+// dropped as ever, and an older record is left as it is.
+func TestOpenRewritesNewerRecords(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := mustOpenWith(t, dir, bootA, Options{WriteVersion: 2})
+	a, b := fullVol("/k/pods/a/mount"), vol("/k/pods/b/mount")
+	mustPut(t, s, a, b)
+	_, r := mustOpen(t, dir, bootA)
+	if len(r.Volumes) != 2 || !proto.Equal(r.Volumes[0], a) || !proto.Equal(r.Volumes[1], b) {
+		t.Fatalf("loaded %v, want %v and %v", r.Volumes, a, b)
+	}
+	for _, v := range []*crustv1.Volume{a, b} {
+		data, err := os.ReadFile(recordPath(dir, v.GetSpec().GetVolumeTargetPath()))
+		if err != nil || !bytes.HasPrefix(data, []byte(`{"version":1,`)) {
+			t.Fatalf("the record of %s after Open: %s, %v; want version 1", v.GetSpec().GetVolumeTargetPath(), data, err)
+		}
+	}
+	// Told to write version 2 again, Open leaves version 1 records as they are: every release reads them.
+	mustOpenWith(t, dir, bootA, Options{WriteVersion: 2})
+	if data, err := os.ReadFile(recordPath(dir, "/k/pods/a/mount")); err != nil || !bytes.HasPrefix(data, []byte(`{"version":1,`)) {
+		t.Fatalf("a version 1 record after Open writing version 2: %s, %v; want it untouched", data, err)
+	}
+}
+
+// A write version the store does not write fails Open, naming it, before the directory is touched.
+func TestOpenRefusesUnknownWriteVersion(t *testing.T) {
+	for _, version := range []int{-1, NewestVersion + 1} {
+		dir := filepath.Join(t.TempDir(), "state")
+		_, _, err := OpenWith(dir, bootA, Options{WriteVersion: version})
+		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), fmt.Sprintf("write version %d", version)) {
+			t.Errorf("WriteVersion %d: %v; want an invalid argument naming the write version", version, err)
+		}
+		if _, err := os.Lstat(dir); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("WriteVersion %d: the directory was made (%v)", version, err)
+		}
 	}
 }
 
@@ -504,15 +578,15 @@ func TestUnknownFieldsIgnored(t *testing.T) {
 	}
 }
 
-// Records crustd wrote before version 2 (protojson payloads) load as they were, and a Put writes the
-// volume again in version 2.
+// Records crustd wrote before version 2 (protojson payloads) load as they were, and a Put by a store
+// writing version 2 writes the volume again in version 2.
 func TestReadsVersion1(t *testing.T) {
 	dir := t.TempDir()
 	mustOpen(t, dir, bootA)
 	v := fullVol("/k/pods/old/mount")
 	writeFile(t, recordPath(dir, "/k/pods/old/mount"), rawRecord(1, bootA, payloadV1Of(t, v)))
 	writeFile(t, recordPath(dir, "/k/pods/gone/mount"), rawRecord(1, bootB, payloadV1Of(t, vol("/k/pods/gone/mount"))))
-	s, r := mustOpen(t, dir, bootA)
+	s, r := mustOpenWith(t, dir, bootA, Options{WriteVersion: 2})
 	if len(r.Volumes) != 1 || !proto.Equal(r.Volumes[0], v) || !slices.Equal(r.Dropped, []string{"/k/pods/gone/mount"}) || len(r.Corrupt) != 0 {
 		t.Fatalf("Volumes %v, Dropped %v, Corrupt %v; want the version 1 record loaded and the other boot's dropped",
 			r.Volumes, r.Dropped, r.Corrupt)
