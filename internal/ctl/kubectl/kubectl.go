@@ -1,5 +1,6 @@
 // Package kubectl is kubectl-crust, the kubectl plugin `kubectl crust ls|get|doctor [--node N]`: crustctl's
-// view of crustd, for one node or for every node at once, from wherever kubectl works.
+// view of crustd, for one node or for every node at once, from wherever kubectl works; and `kubectl crust
+// inject`, which adds crust-csi-proxy to a driver's manifests (internal/inject) and talks to no cluster.
 //
 // Promises: it finds the running crustd pod of each node (label app.kubernetes.io/name=crustd, in
 // crust-system unless -n says otherwise), runs crustctl in it through the API server (pods/exec; it needs
@@ -132,6 +133,7 @@ namespace. It changes nothing.`,
 				return o.run(cmd, []string{"doctor"}, func() proto.Message { return &crustv1.ListProblemsResponse{} })
 			},
 		},
+		injectCommand(o),
 		command.VersionCommand(nil),
 	)
 	command.SetVersion(root)

@@ -148,3 +148,29 @@ func TestNodeThatFails(t *testing.T) {
 		t.Errorf("json: %s", stdout.String())
 	}
 }
+
+// TestInject: `kubectl crust inject` takes -n as the namespace of objects that name none, says on stderr
+// what it did, talks to no cluster, and writes nothing when it refuses.
+func TestInject(t *testing.T) {
+	noCluster := func(string, string) (kubernetes.Interface, Exec, error) {
+		t.Fatal("inject connected to a cluster")
+		return nil, nil, nil
+	}
+	const in = "../../inject/testdata/statefulset.yaml"
+	var out, errb bytes.Buffer
+	if code := Main([]string{"inject", "-n", "storage", "-f", in}, &out, &errb, noCluster); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "name: crust-csi-proxy-controller") || !strings.Contains(out.String(), "name: crust-csi-proxy:storage:csi-hostpathplugin-sa") {
+		t.Errorf("output lacks the proxies or the binding in namespace storage:\n%s", out.String())
+	}
+	if !strings.HasPrefix(errb.String(), "injected StatefulSet storage/csi-hostpathplugin: kubelet dials ") {
+		t.Errorf("stderr %q", errb.String())
+	}
+	out.Reset()
+	errb.Reset()
+	if code := Main([]string{"inject", "-f", in}, &out, &errb, noCluster); code != 1 || out.Len() > 0 ||
+		!strings.Contains(errb.String(), "StatefulSet csi-hostpathplugin: it names no namespace") {
+		t.Errorf("without -n: exit %d, stdout %d bytes, stderr %q", code, out.Len(), errb.String())
+	}
+}
