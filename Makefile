@@ -24,16 +24,25 @@ ALLPKGS := ./... $(patsubst %,./%/...,$(filter-out .,$(MODULES)))
 # package each test imports, the dependencies' included.
 GOTEST  ?= $(GO) test -count=1 -timeout 40m -vet=off
 GUEST   := $(OUT)/guest
-# The one version of every binary, stamped into pkg/version (an unstamped build says "devel" and its
-# VCS revision). Override with `make build VERSION=v0.2.0`.
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
-GOLDFLAGS := -X crust.dev/crust/pkg/version.version=$(VERSION)
+# The one version of crust: the file VERSION, which deploy/'s image tags and the chart name (a test,
+# hack/release, holds them and this Makefile to it); vX.Y.Z for a release, vX.Y.Z-dev between releases.
+# The binaries are stamped with it into pkg/version (an unstamped build says "devel" and its VCS
+# revision), a -dev version with the commit after a "+" (v0.2.0-dev+a8400b2, "-dirty" with changes), so
+# that two builds between releases tell apart. Override with `make build VERSION=v0.2.0`.
+VERSION ?= $(strip $(file <$(CURDIR)/VERSION))
+BUILD_VERSION ?= $(if $(findstring -dev,$(VERSION)),$(VERSION)+$(shell git describe --always --dirty 2>/dev/null || echo unknown),$(VERSION))
+GOLDFLAGS := -X crust.dev/crust/pkg/version.version=$(BUILD_VERSION)
 # The VM tests find the guest kernel and initramfs here.
 export CRUST_GUEST_ASSETS := $(GUEST)
 # Debian packages the tests and the demo use (installed only when missing); the second line is the
 # real-cluster tier's: etcd, containerd, runc and the CNI plugins run the test node.
 DEB_PKGS := e2fsprogs xfsprogs btrfs-progs lvm2 util-linux kmod cpio busybox-static qemu-system-x86 fio \
 	etcd-server containerd runc containernetworking-plugins openssl bc curl iproute2
+
+.PHONY: version
+version: ## Print the version (the file VERSION) and, on a second line, the one the binaries are stamped with
+	@echo $(VERSION)
+	@echo $(BUILD_VERSION)
 
 .PHONY: help
 help: ## Show this help
@@ -61,13 +70,13 @@ IMAGE_TAG  ?= $(shell sed -n 's|^ *image: *.*/crustd:\(.*\)|\1|p' deploy/crustd/
 
 .PHONY: images
 images: ## Build crust's own images (crustd, the CSI proxy, the reference driver) as deploy/ names them, into _output/images; builds no Kubernetes
-	$(GO) run ./hack/images -out $(OUT)/images -repo $(IMAGE_REPO) -tag $(IMAGE_TAG) -version $(VERSION) \
+	$(GO) run ./hack/images -out $(OUT)/images -repo $(IMAGE_REPO) -tag $(IMAGE_TAG) -version $(BUILD_VERSION) \
 		crustd crust-csi-proxy crust-lvm-csi
 
 .PHONY: test-images
 test-images: ## Build every image the cluster tier runs: crust's, the test registrar, the CSI sidecars (Kubernetes built from source), busybox, pause, the storage e2e suite's; and e2e.test
 	hack/cluster/build.sh --e2e
-	$(GO) run ./hack/images -out $(OUT)/images -k8s-bin $(OUT)/k8s/bin -version $(VERSION)
+	$(GO) run ./hack/images -out $(OUT)/images -k8s-bin $(OUT)/k8s/bin -version $(BUILD_VERSION)
 
 .PHONY: cluster-up
 cluster-up: deps test-images ## Start a real single-node Kubernetes with crust deployed from deploy/; prints the kubeconfig's path

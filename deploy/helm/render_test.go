@@ -58,7 +58,7 @@ var (
 	// helmLabels are the labels the chart adds to the metadata of each of its objects (templates/
 	// _helpers.tpl, crust.labels); deploy/ has none of them.
 	helmLabels = map[string]string{
-		"helm.sh/chart":                "crust-0.1.0",
+		"helm.sh/chart":                "crust-0.2.0-dev",
 		"app.kubernetes.io/managed-by": "Helm",
 	}
 	// onlyKustomize are the objects of deploy/ that the chart does not render: the namespace, which a

@@ -67,7 +67,7 @@ func Defaults() Options {
 }
 
 // DefaultImage is the proxy's image as deploy/csi-proxy names it.
-const DefaultImage = "crust/crust-csi-proxy:v0.1.0"
+const DefaultImage = "crust/crust-csi-proxy:v0.2.0-dev"
 
 // Names of what the injection adds. The proxies' containers are how it knows a pod it injected before.
 const (
