@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -28,29 +27,8 @@ import (
 const (
 	deployDir    = ".."    // deploy/, the kustomize tree: the source
 	chartDir     = "crust" // the chart rendered from it
-	postRenderer = "csi-proxy-post-renderer.sh"
 	namespace    = "crust-system" // deploy/kustomization.yaml's namespace, and the test's release namespace
 )
-
-// asKustomize makes this test binary act as `kustomize build DIR` when the post-renderer calls it
-// (CRUST_KUSTOMIZE), so that the post-renderer runs with the same kustomize as the rest of the test and
-// needs no kubectl.
-const asKustomize = "CRUST_HELM_TEST_AS_KUSTOMIZE"
-
-func TestMain(m *testing.M) {
-	if os.Getenv(asKustomize) == "1" {
-		out, err := kustomizeBuild(os.Args[len(os.Args)-1])
-		if err == nil {
-			_, err = os.Stdout.Write(out)
-		}
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
 
 // The chart's intended differences from deploy/: everything else must be equal, object for object and
 // field for field.
@@ -230,129 +208,6 @@ func TestChartValues(t *testing.T) {
 	}
 }
 
-// TestPostRendererIsTheOverlay installs, with Helm and the post-renderer, a chart that knows nothing of
-// crust (the example LVM driver as kustomize renders it without the proxy, less the label
-// crust.dev/csi-proxy and the namespaces, as a driver's chart would render it) and checks that the result
-// is what the kustomize overlay deploy/examples makes of the same driver: the proxy added to the node
-// DaemonSet and the controller Deployment, its RBAC and ConfigMap, the driver's socket moved.
-func TestPostRendererIsTheOverlay(t *testing.T) {
-	examples := filepath.Join(deployDir, "examples")
-	driver, err := kustomizeBuild(filepath.Join(examples, "lvm-driver"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var plain []string
-	for _, doc := range splitDocs(t, driver) {
-		var o map[string]any
-		if err := yaml.Unmarshal(doc, &o); err != nil {
-			t.Fatal(err)
-		}
-		meta := o["metadata"].(map[string]any)
-		delete(meta, "namespace")
-		if labels, ok := meta["labels"].(map[string]any); ok {
-			delete(labels, "crust.dev/csi-proxy")
-		}
-		b, err := yaml.Marshal(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		plain = append(plain, string(b))
-	}
-	driverChart := &chart.Chart{
-		Metadata:  &chart.Metadata{APIVersion: chart.APIVersionV2, Name: "some-driver", Version: "1.0.0"},
-		Templates: []*chart.File{{Name: "templates/driver.yaml", Data: []byte(strings.Join(plain, "---\n"))}},
-	}
-
-	overlay, err := kustomizeBuild(examples)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := decode(t, overlay)
-	// The overlay's own resources, not the driver's nor the proxy's: the post-renderer is not given them.
-	k, err := os.ReadFile(filepath.Join(examples, "kustomization.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var kust struct{ Resources []string }
-	if err := yaml.Unmarshal(k, &kust); err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range kust.Resources {
-		if !strings.HasSuffix(r, ".yaml") {
-			continue // a directory: the driver
-		}
-		b, err := os.ReadFile(filepath.Join(examples, r))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for k := range decode(t, b) {
-			delete(want, k)
-		}
-	}
-
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	kustomizers := map[string]string{"krusty": self}
-	if _, err := exec.LookPath("kubectl"); err == nil {
-		kustomizers["kubectl"] = "kubectl kustomize" // the default where kustomize is not installed
-	}
-	// With --name-suffix, the same but for the names of the proxy's ClusterRole and ClusterRoleBinding,
-	// and the binding's roleRef.
-	const suffixed = "crust-csi-proxy-some-driver"
-	wantSuffixed := map[string]map[string]any{}
-	for k, o := range want {
-		wantSuffixed[k] = o
-	}
-	for _, kind := range []string{"ClusterRole", "ClusterRoleBinding"} {
-		o := wantSuffixed[kind+"/crust-csi-proxy"]
-		if o == nil {
-			t.Fatalf("the overlay renders no %s crust-csi-proxy", kind)
-		}
-		b, err := yaml.Marshal(o) // a deep copy
-		if err != nil {
-			t.Fatal(err)
-		}
-		var c map[string]any
-		if err := yaml.Unmarshal(b, &c); err != nil {
-			t.Fatal(err)
-		}
-		c["metadata"].(map[string]any)["name"] = suffixed
-		if ref, ok := c["roleRef"].(map[string]any); ok {
-			ref["name"] = suffixed
-		}
-		delete(wantSuffixed, kind+"/crust-csi-proxy")
-		wantSuffixed[kind+"/"+suffixed] = c
-	}
-	for name, command := range kustomizers {
-		for _, suffix := range []string{"", "some-driver"} {
-			t.Run(name+"/suffix="+suffix, func(t *testing.T) {
-				t.Setenv("CRUST_KUSTOMIZE", command)
-				t.Setenv(asKustomize, map[bool]string{true: "1"}[name == "krusty"])
-				args := []string{"--namespace=crust-lvm-csi",
-					"--daemonset=crust-lvm-csi-node",
-					"--deployment=crust-lvm-csi-controller",
-					"--patch=" + filepath.Join(examples, "driver-socket.yaml"),
-					"--patch=" + filepath.Join(examples, "proxy-config.yaml")}
-				w := want
-				if suffix != "" {
-					args, w = append(args, "--name-suffix="+suffix), wantSuffixed
-				}
-				pr, err := postrender.NewExec("./"+postRenderer, args...)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got := decode(t, install(t, driverChart, "crust-lvm-csi", nil, pr))
-				compare(t, "kustomize "+inRepo(examples)+" (its own resources aside)", w, "helm install with "+postRenderer, got)
-			})
-		}
-	}
-	if kustomizers["kubectl"] == "" {
-		t.Log("kubectl not found: the post-renderer ran with this test's kustomize only")
-	}
-}
-
 // inRepo names a path of this directory as from the repository's root (deploy/...), for messages.
 func inRepo(p string) string {
 	return filepath.ToSlash(filepath.Join("deploy", "helm", p))
@@ -381,15 +236,24 @@ func helmTemplate(t *testing.T, values map[string]any) []byte {
 // would, in namespace, post-rendered by pr when it is not nil.
 func install(t *testing.T, c *chart.Chart, namespace string, values map[string]any, pr postrender.PostRenderer) []byte {
 	t.Helper()
+	m, err := render(t, c, namespace, values, pr)
+	if err != nil {
+		t.Fatalf("helm template %s: %v", c.Name(), err)
+	}
+	return m
+}
+
+// render is install's, returning the error.
+func render(t *testing.T, c *chart.Chart, namespace string, values map[string]any, pr postrender.PostRenderer) ([]byte, error) {
 	i := action.NewInstall(&action.Configuration{Log: t.Logf})
 	i.DryRun, i.ClientOnly, i.Replace = true, true, true
 	i.ReleaseName, i.Namespace = c.Name(), namespace
 	i.PostRenderer = pr
 	rel, err := i.Run(c, values)
 	if err != nil {
-		t.Fatalf("helm template %s: %v", c.Name(), err)
+		return nil, err
 	}
-	return []byte(rel.Manifest)
+	return []byte(rel.Manifest), nil
 }
 
 // splitDocs splits a stream of YAML documents, dropping the empty ones.
