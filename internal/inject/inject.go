@@ -6,7 +6,8 @@
 //   - It finds the node plugin by its node-driver-registrar container and the controller by its
 //     external-provisioner or external-resizer containers, in DaemonSets, Deployments, StatefulSets,
 //     ReplicaSets and Pods, and in a pod that holds both. A sidecar is known by its image or by its
-//     command, whichever names it.
+//     command, whichever names it, among the pod's containers and its native sidecars (init containers
+//     that restart always).
 //   - It reads the sidecars' flags in every form a Go program accepts, resolves $(VAR) from the
 //     container's env and the ConfigMaps of the input, and places each socket through the container's
 //     volumeMounts and the pod's volumes, whatever the socket's name.
@@ -342,6 +343,9 @@ func (p *pod) place(c *corev1.Container, flag, def string, cms map[string]map[st
 		return placed{}, fmt.Errorf("container %s, --%s: socket %s is in volume %s mounted with subPathExpr, which is known only on the node", c.Name, flag, sock, best.Name)
 	}
 	rel := strings.TrimPrefix(strings.TrimPrefix(sock, path.Clean(best.MountPath)), "/")
+	if rel == "" {
+		return placed{}, fmt.Errorf("container %s, --%s: socket %s is volume %s itself, not a file in a directory the proxy's socket could sit beside", c.Name, flag, sock, best.Name)
+	}
 	return placed{volume: best.Name, rel: path.Join(best.SubPath, rel)}, nil
 }
 
@@ -358,17 +362,16 @@ func (p *pod) hostPath(s placed) (string, bool) {
 // inject adds the proxies p's pod needs. It returns what it did ("" when p is no CSI driver pod,
 // "unchanged" when it has its proxies already).
 func (p *pod) inject(o Options, cms map[string]map[string]string) (string, error) {
-	var regs, ctrls []int
-	for i := range p.spec.Containers {
-		c := &p.spec.Containers[i]
-		if c.Name == NodeContainer || c.Name == ControllerContainer {
+	var regs, ctrls []sidecar
+	for _, sc := range p.sidecars() {
+		if sc.Name == NodeContainer || sc.Name == ControllerContainer {
 			return "unchanged", nil
 		}
-		switch roleOf(c) {
+		switch roleOf(sc.Container) {
 		case registrar:
-			regs = append(regs, i)
+			regs = append(regs, sc)
 		case provisioner, resizer:
-			ctrls = append(ctrls, i)
+			ctrls = append(ctrls, sc)
 		}
 	}
 	if len(regs)+len(ctrls) == 0 {
@@ -378,21 +381,19 @@ func (p *pod) inject(o Options, cms map[string]map[string]string) (string, error
 		return "", errors.New("it names no namespace, and none was given (--namespace): its ServiceAccount's namespace must be known")
 	}
 	if len(regs) > 1 {
-		return "", fmt.Errorf("containers %s and %s both run node-driver-registrar: one driver a pod", p.spec.Containers[regs[0]].Name, p.spec.Containers[regs[1]].Name)
+		return "", fmt.Errorf("containers %s and %s both run node-driver-registrar: one driver a pod", regs[0].Name, regs[1].Name)
 	}
 	if err := p.checkPorts(o); err != nil {
 		return "", err
 	}
 	var added []corev1.Container
 	var did []string
-	changed := map[int]bool{}
 	if len(regs) == 1 {
-		c, what, err := p.node(&p.spec.Containers[regs[0]], o, cms)
+		c, what, err := p.node(regs[0].Container, o, cms)
 		if err != nil {
 			return "", err
 		}
 		added, did = append(added, c), append(did, what)
-		changed[regs[0]] = true
 		p.nodeProxy = true
 	}
 	if len(ctrls) > 0 {
@@ -401,19 +402,39 @@ func (p *pod) inject(o Options, cms map[string]map[string]string) (string, error
 			return "", err
 		}
 		added, did = append(added, c), append(did, what)
-		for _, i := range ctrls {
-			changed[i] = true
-		}
 	}
-	if err := p.apply(added, changed, o); err != nil {
+	if err := p.apply(added, append(regs, ctrls...), o); err != nil {
 		return "", err
 	}
 	return strings.Join(did, "; "), nil
 }
 
+// sidecar is a container that may be one of the driver's sidecars: one of the pod's containers, or a
+// native sidecar (an init container that restarts always and runs beside them).
+type sidecar struct {
+	*corev1.Container
+	list  string // "containers" or "initContainers"
+	index int
+}
+
+func (p *pod) sidecars() []sidecar {
+	var out []sidecar
+	for i := range p.spec.Containers {
+		out = append(out, sidecar{&p.spec.Containers[i], "containers", i})
+	}
+	for i := range p.spec.InitContainers {
+		c := &p.spec.InitContainers[i]
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			out = append(out, sidecar{c, "initContainers", i})
+		}
+	}
+	return out
+}
+
 // checkPorts refuses proxy ports that a container of the pod declares already.
 func (p *pod) checkPorts(o Options) error {
-	for _, c := range p.spec.Containers {
+	for _, sc := range p.sidecars() {
+		c := sc.Container
 		for _, port := range c.Ports {
 			for _, ours := range []struct {
 				n    int32
@@ -481,22 +502,22 @@ func (p *pod) stateName() string {
 }
 
 // controller wires the provisioner and resizer to a controller proxy that dials the socket they dialled.
-func (p *pod) controller(ctrls []int, o Options, cms map[string]map[string]string) (corev1.Container, string, error) {
+func (p *pod) controller(ctrls []sidecar, o Options, cms map[string]map[string]string) (corev1.Container, string, error) {
 	var sock placed
-	for n, i := range ctrls {
-		c := &p.spec.Containers[i]
+	for n, sc := range ctrls {
+		c := sc.Container
 		s, err := p.place(c, "csi-address", "/run/csi/socket", cms)
 		if err != nil {
 			return corev1.Container{}, "", err
 		}
 		if n > 0 && s != sock {
-			return corev1.Container{}, "", fmt.Errorf("containers %s and %s dial different sockets (%s; %s): one controller a pod", p.spec.Containers[ctrls[0]].Name, c.Name, sock, s)
+			return corev1.Container{}, "", fmt.Errorf("containers %s and %s dial different sockets (%s; %s): one controller a pod", ctrls[0].Name, c.Name, sock, s)
 		}
 		sock = s
 	}
 	var names []string
-	for _, i := range ctrls {
-		c := &p.spec.Containers[i]
+	for _, sc := range ctrls {
+		c := sc.Container
 		for _, m := range c.VolumeMounts {
 			if m.Name == sock.volume {
 				// The proxy's socket as this sidecar sees it: beside the driver's, through the same mount.
@@ -547,17 +568,17 @@ func (p *pod) proxyContainer(name string, port int32, sock placed, own string, o
 
 // apply writes the changed sidecars' argv, the proxies, their volumes and the pod label into the
 // object's own map, leaving every other container's map as it was.
-func (p *pod) apply(added []corev1.Container, changed map[int]bool, o Options) error {
+func (p *pod) apply(added []corev1.Container, changed []sidecar, o Options) error {
 	spec := p.tmpl["spec"].(map[string]any)
-	containers, _ := spec["containers"].([]any)
-	for i := range changed {
-		c := containers[i].(map[string]any)
-		for key, words := range map[string][]string{"command": p.spec.Containers[i].Command, "args": p.spec.Containers[i].Args} {
+	for _, sc := range changed {
+		c := spec[sc.list].([]any)[sc.index].(map[string]any)
+		for key, words := range map[string][]string{"command": sc.Command, "args": sc.Args} {
 			if len(words) > 0 {
 				c[key] = toAny(words)
 			}
 		}
 	}
+	containers, _ := spec["containers"].([]any)
 	for _, c := range added {
 		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&c)
 		if err != nil {

@@ -47,6 +47,10 @@ var shapes = []driverShape{
 		{kind: "StatefulSet", name: "csi-hostpathplugin", driver: "hostpath", driverSocket: vpath{"socket-dir", "csi.sock"},
 			registration: "/var/lib/kubelet/plugins/csi-hostpath/csi.sock", controller: true, account: "csi-hostpathplugin-sa"},
 	}},
+	{file: "native-sidecar.yaml", pods: []shapePod{
+		{kind: "DaemonSet", name: "nvme-node", driver: "nvme", driverSocket: vpath{"plugins", "nvme.example.com/nvme.sock"},
+			registration: "/var/lib/kubelet/plugins/nvme.example.com/nvme.sock", account: "nvme-node"},
+	}},
 	{file: "chart-commands.yaml", pods: []shapePod{
 		{kind: "DaemonSet", name: "blockdrv-node", driver: "driver", driverSocket: vpath{"plugin-dir", "blockdrv.sock"},
 			registration: "/var/lib/kubelet/plugins/blockdrv.example.com/blockdrv.sock", hostNetwork: true, account: "default"},
@@ -107,16 +111,16 @@ func checkPod(t *testing.T, sp shapePod, namespace string, before, after map[str
 	oldMaps, newMaps := containerMaps(before[key]), containerMaps(after[key])
 
 	// The driver's containers, and every container that is no rewired sidecar, are as they were.
-	for i, c := range was.Containers {
+	for _, c := range append(was.Containers, was.InitContainers...) {
 		r := roleOf(&c)
 		if r == other {
-			if !reflect.DeepEqual(newMaps[i], oldMaps[i]) {
-				t.Errorf("container %s changed:\nwas %v\nnow %v", c.Name, oldMaps[i], newMaps[i])
+			if !reflect.DeepEqual(newMaps[c.Name], oldMaps[c.Name]) {
+				t.Errorf("container %s changed:\nwas %v\nnow %v", c.Name, oldMaps[c.Name], newMaps[c.Name])
 			}
 			continue
 		}
 		// A rewired sidecar differs in its command and args alone.
-		o, n := withoutArgv(oldMaps[i]), withoutArgv(newMaps[i])
+		o, n := withoutArgv(oldMaps[c.Name]), withoutArgv(newMaps[c.Name])
 		if !reflect.DeepEqual(o, n) {
 			t.Errorf("sidecar %s changed beyond its argv", c.Name)
 		}
@@ -136,9 +140,9 @@ func checkPod(t *testing.T, sp shapePod, namespace string, before, after map[str
 	if node != nil {
 		// kubelet's registration path is a socket the node proxy serves, beside the driver's.
 		var reg *corev1.Container
-		for i := range now.Containers {
-			if roleOf(&now.Containers[i]) == registrar {
-				reg = &now.Containers[i]
+		for _, c := range append(now.Containers, now.InitContainers...) {
+			if roleOf(&c) == registrar {
+				reg = &c
 			}
 		}
 		regPath := flagValue(t, reg, "kubelet-registration-path")
@@ -261,7 +265,8 @@ func flagValue(t *testing.T, c *corev1.Container, name string) string {
 	return strings.TrimPrefix(v, "unix://")
 }
 
-// volumePathOf places a path c names in the volume c mounts there (subPaths are not used here).
+// volumePathOf places a path c names in the volume c mounts there (the containers it is asked about
+// mount whole volumes).
 func volumePathOf(t *testing.T, c *corev1.Container, p string) vpath {
 	t.Helper()
 	for _, m := range c.VolumeMounts {
@@ -331,11 +336,15 @@ func podSpec(t *testing.T, obj *unstructured.Unstructured) *corev1.PodSpec {
 	return &spec
 }
 
-func containerMaps(obj *unstructured.Unstructured) []map[string]any {
-	list, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
-	out := make([]map[string]any, len(list))
-	for i, c := range list {
-		out[i] = c.(map[string]any)
+// containerMaps are the maps of the containers and init containers, by name.
+func containerMaps(obj *unstructured.Unstructured) map[string]map[string]any {
+	out := map[string]map[string]any{}
+	for _, list := range []string{"containers", "initContainers"} {
+		l, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", list)
+		for _, c := range l {
+			m := c.(map[string]any)
+			out[m["name"].(string)] = m
+		}
 	}
 	return out
 }

@@ -40,6 +40,8 @@ func TestRefuses(t *testing.T) {
 			"--csi-address=$(ADDRESS)\n            - --kubelet-registration-path=/var/lib/kubelet/plugins/csi-hostpath/csi.sock\n"+
 				"          env:\n            - name: ADDRESS\n              valueFrom: {fieldRef: {fieldPath: metadata.name}}\n"), "hostpath",
 			[]string{sts, "$(ADDRESS) cannot be resolved: it comes from a field"}},
+		{"socket is a volume", edit("- mountPath: /csi\n              name: socket-dir\n            - mountPath: /registration", "- mountPath: /csi/csi.sock\n              name: socket-dir\n            - mountPath: /registration"), "hostpath",
+			[]string{sts, "socket /csi/csi.sock is volume socket-dir itself"}},
 		{"no namespace", string(base), "", []string{"StatefulSet csi-hostpathplugin: it names no namespace"}},
 		{"port taken", edit("containerPort: 9898", "containerPort: 9810"), "hostpath",
 			[]string{sts, "port 9810, the proxy's, is declared by container hostpath: choose another with --node-port"}},
