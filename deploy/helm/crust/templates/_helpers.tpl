@@ -9,6 +9,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/*
+crust.criDir: the host directory of criEndpoint's socket (the endpoint less its unix: scheme and the
+socket's name). crustd gets it at the same path, so that --cri-endpoint names the socket inside the
+container as on the host; a directory, so that a runtime restarted with a new socket is still reached.
+Empty when criEndpoint is "": no CRI look-ups, nothing mounted.
+*/}}
+{{- define "crust.criDir" -}}
+{{- with .Values.criEndpoint -}}{{ trimPrefix "unix:" . | trimPrefix "//" | dir }}{{- end -}}
+{{- end -}}
+
+{{/*
 crust.httpHost: the address crustd's HTTP server binds: the node's loopback, or the node's IP from the
 NODE_IP variable (metrics.listenOnNodeIP).
 */}}
