@@ -124,7 +124,7 @@ test-rules: ## promtool test rules on the shipped alerts (deploy/monitoring)
 # deploy/helm is a Go module of its own, outside go.work, so that Helm's and kustomize's dependencies stay
 # out of crust's module (it also pins a helm command: deploy/helm/README.md).
 .PHONY: test-helm
-test-helm: ## The Helm chart (deploy/helm) renders what deploy/ does, and its CSI proxy post-renderer what deploy/examples does; seconds once built
+test-helm: ## The Helm chart (deploy/helm) renders what deploy/ does, and its post-renderers (Helm 3's and Helm 4's plugin) what kubectl crust inject does; seconds once built
 	cd deploy/helm && GOWORK=off $(GOTEST) ./...
 
 .PHONY: test
