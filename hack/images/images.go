@@ -7,11 +7,17 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 // mountTools are the host commands the CSI proxy and the reference driver run: what k8s.io/mount-utils'
@@ -64,7 +70,7 @@ var specs = []spec{
 			if err := b.goBinaries(t, "/usr/local/bin", "./cmd/crust-csi-proxy"); err != nil {
 				return err
 			}
-			return hostTools(t, mountTools...)
+			return b.hostTools(t, mountTools...)
 		},
 	},
 	{
@@ -74,7 +80,7 @@ var specs = []spec{
 			if err := b.goBinaries(t, "/usr/local/bin", "./examples/lvm-csi/cmd/crust-lvm-csi"); err != nil {
 				return err
 			}
-			return hostTools(t, append([]string{"lvm"}, mountTools...)...)
+			return b.hostTools(t, append([]string{"lvm"}, mountTools...)...)
 		},
 	},
 	{
@@ -89,8 +95,8 @@ var specs = []spec{
 	{
 		short: "busybox", repo: "localhost/busybox", tag: "latest",
 		entrypoint: []string{"/bin/sh"},
-		fill: func(_ *builder, t *fsTree) error {
-			return busybox(t, "/bin/busybox", "/bin")
+		fill: func(b *builder, t *fsTree) error {
+			return b.busybox(t, "/bin/busybox", "/bin")
 		},
 	},
 	{
@@ -107,20 +113,20 @@ var specs = []spec{
 		// Busybox, with the host's dd: the suite writes with oflag=nocache, which busybox's dd lacks.
 		short: "e2e-busybox", repo: "localhost/e2e-test-images/busybox", tag: "1.37.0-2",
 		entrypoint: []string{"/bin/sh"},
-		fill:       func(_ *builder, t *fsTree) error { return e2eTools(t) },
+		fill:       func(b *builder, t *fsTree) error { return b.e2eTools(t) },
 	},
 	{
 		// The suite's exec test runs a shell script, not nginx, in its nginx image; busybox serves.
 		short: "e2e-nginx", repo: "localhost/e2e-test-images/nginx", tag: "1.27.0-2",
 		entrypoint: []string{"/bin/sh"},
-		fill:       func(_ *builder, t *fsTree) error { return e2eTools(t) },
+		fill:       func(b *builder, t *fsTree) error { return b.e2eTools(t) },
 	},
 	{
 		// The suite's multi-volume tests read raw block devices with this image's tools; busybox with
 		// the host's dd serves.
 		short: "e2e-glibc-dns", repo: "localhost/e2e-test-images/glibc-dns-testing", tag: "2.1.1",
 		entrypoint: []string{"/bin/sh"},
-		fill:       func(_ *builder, t *fsTree) error { return e2eTools(t) },
+		fill:       func(b *builder, t *fsTree) error { return b.e2eTools(t) },
 	},
 	{
 		// agnhost from the release's source, with busybox and the host's nsenter (the suite's host-exec
@@ -131,7 +137,7 @@ var specs = []spec{
 			if err := b.prebuilt(t, "agnhost", "2.66.1"); err != nil {
 				return err
 			}
-			return e2eTools(t)
+			return b.e2eTools(t)
 		},
 	},
 }
@@ -143,14 +149,14 @@ var e2eHostTools = []string{"dd", "nsenter", "bash"}
 // rest. The shell cannot be busybox's: a static busybox's sh runs its own applets before anything on
 // PATH, so the suite's `sh -c "... | dd oflag=nocache"` got busybox's dd, which lacks nocache. Nor can
 // it be dash: the suite's scripts use `let`.
-func e2eTools(t *fsTree) error {
-	if err := hostTools(t, e2eHostTools...); err != nil {
+func (b *builder) e2eTools(t *fsTree) error {
+	if err := b.hostTools(t, e2eHostTools...); err != nil {
 		return err
 	}
 	if err := t.symlink("/usr/bin/sh", "bash"); err != nil {
 		return err
 	}
-	return busybox(t, "/bin/busybox", "/usr/bin", append(slices.Clone(e2eHostTools), "sh")...)
+	return b.busybox(t, "/bin/busybox", "/usr/bin", append(slices.Clone(e2eHostTools), "sh")...)
 }
 
 // ref returns the image's reference: for crust's own images (no fixed tag), repo/NAME:tag.
@@ -167,6 +173,7 @@ type builder struct {
 	k8sBin  string // directory with the prebuilt sidecar binaries
 	work    string // scratch directory for the Go builds
 	version string // stamped into pkg/version; "" leaves it unstamped
+	arch    string // the GOARCH the image is for: its Go programs are built for it
 }
 
 // newBuilder finds the module root from the working directory (go env GOMOD) and makes a scratch
@@ -184,23 +191,16 @@ func newBuilder(k8sBin, version string) (*builder, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &builder{modRoot: filepath.Dir(gomod), k8sBin: k8sBin, work: work, version: version}, nil
+	return &builder{modRoot: filepath.Dir(gomod), k8sBin: k8sBin, work: work, version: version, arch: "amd64"}, nil
 }
 
-// build makes the image of s, tagged ref, and writes it to the archive file.
+// build makes the linux/amd64 image of s, tagged ref, and writes it to the docker archive file.
 func (b *builder) build(s *spec, ref, file string) error {
 	tag, err := name.NewTag(ref)
 	if err != nil {
 		return err
 	}
-	t := newTree()
-	if err := t.skeleton(); err != nil {
-		return err
-	}
-	if err := s.fill(b, t); err != nil {
-		return err
-	}
-	img, err := t.image(s.entrypoint)
+	img, err := b.image(s, false)
 	if err != nil {
 		return err
 	}
@@ -212,8 +212,82 @@ func (b *builder) build(s *spec, ref, file string) error {
 	return os.Rename(tmp, file)
 }
 
+// image makes the image of s for b.arch, with OCI media types when oci is set (else Docker's).
+func (b *builder) image(s *spec, oci bool) (v1.Image, error) {
+	t := newTree()
+	if err := t.skeleton(); err != nil {
+		return nil, err
+	}
+	if err := s.fill(b, t); err != nil {
+		return nil, err
+	}
+	return t.image(s.entrypoint, b.arch, oci)
+}
+
+// buildIndex makes the image of s for each of arches (GOARCH names, all linux) and writes them, as one
+// OCI image index named ref, to file: an OCI image layout in a tar archive (an oci-archive), whose
+// index.json points at the index with the annotations org.opencontainers.image.ref.name (the tag) and
+// io.containerd.image.name (ref), as `ctr images import` and skopeo's oci-archive: read it.
+func (b *builder) buildIndex(s *spec, ref, file string, arches []string) error {
+	tag, err := name.NewTag(ref)
+	if err != nil {
+		return err
+	}
+	var adds []mutate.IndexAddendum
+	for _, arch := range arches {
+		ab := *b
+		ab.arch = arch
+		img, err := ab.image(s, true)
+		if err != nil {
+			return fmt.Errorf("linux/%s: %w", arch, err)
+		}
+		adds = append(adds, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{
+			Platform: &v1.Platform{OS: "linux", Architecture: arch},
+		}})
+	}
+	idx := mutate.AppendManifests(mutate.IndexMediaType(empty.Index, types.OCIImageIndex), adds...)
+	dir, err := os.MkdirTemp(b.work, "layout-")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	lp, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return err
+	}
+	if err := lp.AppendIndex(idx, layout.WithAnnotations(map[string]string{
+		"org.opencontainers.image.ref.name": tag.TagStr(),
+		"io.containerd.image.name":          containerdName(tag),
+	})); err != nil {
+		return err
+	}
+	tmp := file + ".tmp"
+	if err := tarDir(dir, tmp); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, file)
+}
+
+// containerdName is the name containerd gives tag: Docker Hub's registry as docker.io.
+func containerdName(tag name.Tag) string {
+	if tag.RegistryStr() == name.DefaultRegistry {
+		return "docker.io/" + tag.RepositoryStr() + ":" + tag.TagStr()
+	}
+	return tag.Name()
+}
+
+// foreignArch is the error for host files that an image for b.arch cannot carry, or nil when the image
+// is for this machine's architecture.
+func (b *builder) foreignArch(what string) error {
+	if b.arch == runtime.GOARCH {
+		return nil
+	}
+	return fmt.Errorf("%s come from this %s machine: an image for %s cannot carry them", what, runtime.GOARCH, b.arch)
+}
+
 // goBinaries builds the main packages pkgs (paths relative to the module root) statically for
-// linux/amd64, stripped and trimmed, and adds each to the tree in dir, named as go build names it.
+// linux/b.arch, stripped and trimmed, and adds each to the tree in dir, named as go build names it.
 func (b *builder) goBinaries(t *fsTree, dir string, pkgs ...string) error {
 	for _, pkg := range pkgs {
 		if _, err := os.Stat(filepath.Join(b.modRoot, pkg)); err != nil {
@@ -231,7 +305,7 @@ func (b *builder) goBinaries(t *fsTree, dir string, pkgs ...string) error {
 	args := append([]string{"build", "-trimpath", "-ldflags", ldflags, "-o", out + "/"}, pkgs...)
 	cmd := exec.Command("go", args...)
 	cmd.Dir = b.modRoot
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+b.arch)
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = os.Stderr, &stderr
 	if err := cmd.Run(); err != nil {
@@ -277,8 +351,12 @@ func (b *builder) prebuilt(t *fsTree, bin, version string) error {
 }
 
 // hostTools adds each host command with its libraries (addHostTool), the merged-/usr root symlinks and,
-// when the host has it, /etc/mke2fs.conf (mke2fs reads it).
-func hostTools(t *fsTree, names ...string) error {
+// when the host has it, /etc/mke2fs.conf (mke2fs reads it). It fails for an image of another
+// architecture than this machine's.
+func (b *builder) hostTools(t *fsTree, names ...string) error {
+	if err := b.foreignArch("the host tools " + strings.Join(names, ", ")); err != nil {
+		return err
+	}
 	if err := t.addRootLinks(); err != nil {
 		return err
 	}
@@ -296,8 +374,12 @@ func hostTools(t *fsTree, names ...string) error {
 }
 
 // busybox adds the static busybox at src as DIR/busybox and a symlink DIR/APPLET -> busybox for each
-// applet it lists (busybox --list), but those named in except.
-func busybox(t *fsTree, src, dir string, except ...string) error {
+// applet it lists (busybox --list), but those named in except. It fails for an image of another
+// architecture than this machine's.
+func (b *builder) busybox(t *fsTree, src, dir string, except ...string) error {
+	if err := b.foreignArch("busybox and its applets"); err != nil {
+		return err
+	}
 	static, err := isStatic(src)
 	if err != nil {
 		return fmt.Errorf("%w (install busybox-static)", err)

@@ -11,10 +11,12 @@ import (
 	"path"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
@@ -164,7 +166,7 @@ func TestImages(t *testing.T) {
 				t.Fatal(err)
 			}
 			out := t.TempDir()
-			if err := run(out, "crust", "test", t.TempDir(), "", sel); err != nil {
+			if err := run(out, "crust", "test", t.TempDir(), "", nil, sel); err != nil {
 				t.Fatal(err)
 			}
 			list, err := os.ReadFile(filepath.Join(out, "images.txt"))
@@ -340,5 +342,83 @@ func TestTree(t *testing.T) {
 	}
 	if h := files["usr"].hdr; h.Typeflag != tar.TypeDir || h.Mode != 0o755 {
 		t.Errorf("/usr: %+v, want a 0755 directory", h)
+	}
+}
+
+// With -platforms, an image is one OCI image index in an oci-archive, holding an image of each platform
+// asked for, named as deploy/ names it; an image that carries host files is refused for a foreign
+// architecture.
+func TestImageIndexArchive(t *testing.T) {
+	arches, err := parsePlatforms("linux/amd64,linux/arm64")
+	if err != nil || !reflect.DeepEqual(arches, []string{"amd64", "arm64"}) {
+		t.Fatalf("parsePlatforms: %v, %v", arches, err)
+	}
+	for _, bad := range []string{"linux/s390x", "amd64", "linux/amd64,linux/amd64"} {
+		if _, err := parsePlatforms(bad); err == nil {
+			t.Errorf("parsePlatforms(%q) accepted", bad)
+		}
+	}
+	sel, err := selectSpecs([]string{"pause"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	if err := run(out, "crust", "test", t.TempDir(), "", arches, sel); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	untar := exec.Command("tar", "-xf", filepath.Join(out, "pause-3.10.2.oci.tar"), "-C", dir)
+	if b, err := untar.CombinedOutput(); err != nil {
+		t.Fatalf("tar -x: %v\n%s", err, b)
+	}
+	top, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm, err := top.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tm.Manifests) != 1 || tm.Manifests[0].Annotations["io.containerd.image.name"] != "localhost/pause:3.10.2" ||
+		tm.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != "3.10.2" {
+		t.Fatalf("index.json: %+v, want one index named localhost/pause:3.10.2", tm.Manifests)
+	}
+	idx, err := top.ImageIndex(tm.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, d := range im.Manifests {
+		img, err := idx.Image(d.Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cf, err := img.ConfigFile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Platform == nil || d.Platform.Architecture != cf.Architecture || cf.OS != "linux" {
+			t.Errorf("manifest %s: platform %+v, config %s/%s", d.Digest, d.Platform, cf.OS, cf.Architecture)
+		}
+		got = append(got, cf.Architecture)
+	}
+	if !reflect.DeepEqual(got, arches) {
+		t.Errorf("the index holds %v, want %v", got, arches)
+	}
+
+	foreign := "arm64"
+	if runtime.GOARCH == "arm64" {
+		foreign = "amd64"
+	}
+	sel, err = selectSpecs([]string{"busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run(t.TempDir(), "crust", "test", t.TempDir(), "", []string{foreign}, sel); err == nil || !strings.Contains(err.Error(), "busybox") {
+		t.Errorf("busybox for %s: %v, want it refused", foreign, err)
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"path"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 // defaultPath is every image's PATH.
@@ -165,19 +168,26 @@ func (t *fsTree) tar() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// image returns a linux/amd64 image whose single layer is the tree, with the entrypoint and PATH.
-func (t *fsTree) image(entrypoint []string) (v1.Image, error) {
+// image returns a linux/arch image (arch a GOARCH name) whose single layer is the tree, with the
+// entrypoint and PATH; with OCI media types when oci is set, else Docker's.
+func (t *fsTree) image(entrypoint []string, arch string, oci bool) (v1.Image, error) {
 	b, err := t.tar()
 	if err != nil {
 		return nil, err
 	}
+	opts := []tarball.LayerOption{tarball.WithCompressedCaching}
+	base := empty.Image
+	if oci {
+		opts = append(opts, tarball.WithMediaType(types.OCILayer))
+		base = mutate.ConfigMediaType(mutate.MediaType(base, types.OCIManifestSchema1), types.OCIConfigJSON)
+	}
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(b)), nil
-	}, tarball.WithCompressedCaching)
+	}, opts...)
 	if err != nil {
 		return nil, err
 	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
+	img, err := mutate.AppendLayers(base, layer)
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +197,7 @@ func (t *fsTree) image(entrypoint []string) (v1.Image, error) {
 	}
 	cf = cf.DeepCopy()
 	cf.OS = "linux"
-	cf.Architecture = "amd64"
+	cf.Architecture = arch
 	epoch := v1.Time{Time: time.Unix(0, 0).UTC()}
 	cf.Created = epoch
 	for i := range cf.History {
@@ -198,4 +208,68 @@ func (t *fsTree) image(entrypoint []string) (v1.Image, error) {
 	cf.Config.Env = []string{defaultPath}
 	cf.Config.WorkingDir = "/"
 	return mutate.ConfigFile(img, cf)
+}
+
+// tarDir writes the files under dir (regular files and directories only, as an OCI image layout has) to
+// the tar archive file, with paths relative to dir: sorted, owned by 0:0, modification time 0, files
+// 0644 and directories 0755, so that the same contents give the same archive.
+func tarDir(dir, file string) error {
+	var paths []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return err
+		}
+		if !d.IsDir() && !d.Type().IsRegular() {
+			return fmt.Errorf("%s: not a regular file or directory", p)
+		}
+		paths = append(paths, p)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	sort.Strings(paths)
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = f.Close() }()
+	tw := tar.NewWriter(f)
+	for _, p := range paths {
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		h := &tar.Header{Typeflag: tar.TypeReg, Name: filepath.ToSlash(rel), Mode: 0o644, Size: fi.Size(), ModTime: time.Unix(0, 0)}
+		if fi.IsDir() {
+			h.Typeflag, h.Name, h.Mode, h.Size = tar.TypeDir, h.Name+"/", 0o755, 0
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if !fi.IsDir() {
+			if err := copyFile(tw, p); err != nil {
+				return err
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// copyFile copies the contents of the file p to w.
+func copyFile(w io.Writer, p string) error {
+	src, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = src.Close() }()
+	_, err = io.Copy(w, src)
+	return err
 }

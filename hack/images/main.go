@@ -1,7 +1,8 @@
 // Command images builds crust's container images and the few it needs from elsewhere as image
 // archives, with go-containerregistry and without a registry or Docker:
 //
-//	go run ./hack/images [-out _output/images] [-repo localhost/crust] [-tag dev] [-version V] [-k8s-bin _output/k8s/bin] [SHORT...]
+//	go run ./hack/images [-out _output/images] [-repo localhost/crust] [-tag dev] [-version V] [-k8s-bin _output/k8s/bin]
+//	    [-platforms linux/amd64,linux/arm64] [SHORT...]
 //
 // It promises, for each image (all of them, or the short names given):
 //
@@ -16,7 +17,13 @@
 //     real /usr path with the host's symlinks to it (mkfs.ext4 -> mke2fs) and the merged-/usr root
 //     symlinks (bin -> usr/bin, sbin, lib, lib64);
 //
-// and OUT/images.txt, one line "ARCHIVE REF" per image built by this run, ARCHIVE being the archive's
+// With -platforms, each image is instead built for every platform named and written as one OCI image
+// index to OUT/SHORT-TAG.oci.tar (an OCI image layout in a tar archive, which `ctr images import` and
+// skopeo's oci-archive: read), its Go programs built for each architecture. An image that carries host
+// tools or busybox can be built only for this machine's architecture: asked for another, it fails,
+// saying so.
+//
+// It writes OUT/images.txt, one line "ARCHIVE REF" per image built by this run, ARCHIVE being the archive's
 // file name in OUT. It prints "REF ARCHIVE SIZE MiB" per image, and exits non-zero, naming the images
 // that failed, when any did (the others are still written and listed).
 //
@@ -40,6 +47,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -49,6 +57,7 @@ func main() {
 	tag := flag.String("tag", "dev", "tag of crust's own images")
 	version := flag.String("version", "", `version stamped into crust's binaries (pkg/version); "" leaves them "devel" with their VCS revision`)
 	k8sBin := flag.String("k8s-bin", "_output/k8s/bin", "directory with the csi-provisioner and csi-resizer binaries")
+	platforms := flag.String("platforms", "", `comma-separated platforms, such as linux/amd64,linux/arm64, to build each image for, into one OCI image index archive OUT/SHORT-TAG.oci.tar; "" writes a linux/amd64 docker archive OUT/SHORT.tar`)
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: images [flags] [%s]\n", strings.Join(shortNames(), " | "))
 		flag.PrintDefaults()
@@ -59,7 +68,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "images:", err)
 		os.Exit(2)
 	}
-	if err := run(*out, *repo, *tag, *k8sBin, *version, selected); err != nil {
+	arches, err := parsePlatforms(*platforms)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "images: -platforms:", err)
+		os.Exit(2)
+	}
+	if err := run(*out, *repo, *tag, *k8sBin, *version, arches, selected); err != nil {
 		fmt.Fprintln(os.Stderr, "images:", err)
 		os.Exit(1)
 	}
@@ -96,8 +110,32 @@ func selectSpecs(names []string) ([]*spec, error) {
 	return sel, nil
 }
 
-// run builds the selected images into out and writes out/images.txt listing those that succeeded.
-func run(out, repo, tag, k8sBin, version string, selected []*spec) error {
+// platformArches are the platforms -platforms accepts, and the GOARCH each builds for.
+var platformArches = map[string]string{"linux/amd64": "amd64", "linux/arm64": "arm64"}
+
+// parsePlatforms returns the GOARCH of each platform of the comma-separated list s, in its order; none
+// for an empty s.
+func parsePlatforms(s string) ([]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var arches []string
+	for _, p := range strings.Split(s, ",") {
+		arch, ok := platformArches[p]
+		if !ok {
+			return nil, fmt.Errorf("%q is not a platform built here (linux/amd64, linux/arm64)", p)
+		}
+		if slices.Contains(arches, arch) {
+			return nil, fmt.Errorf("%q is named twice", p)
+		}
+		arches = append(arches, arch)
+	}
+	return arches, nil
+}
+
+// run builds the selected images into out and writes out/images.txt listing those that succeeded: a
+// docker archive each when arches is empty, else an OCI image index archive each of those architectures.
+func run(out, repo, tag, k8sBin, version string, arches []string, selected []*spec) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
@@ -110,7 +148,12 @@ func run(out, repo, tag, k8sBin, version string, selected []*spec) error {
 	for _, s := range selected {
 		ref := s.ref(repo, tag)
 		file := filepath.Join(out, s.short+".tar")
-		if err := b.build(s, ref, file); err != nil {
+		build := func() error { return b.build(s, ref, file) }
+		if len(arches) > 0 {
+			file = filepath.Join(out, s.short+"-"+ref[strings.LastIndex(ref, ":")+1:]+".oci.tar")
+			build = func() error { return b.buildIndex(s, ref, file, arches) }
+		}
+		if err := build(); err != nil {
 			fmt.Fprintf(os.Stderr, "images: %s (%s): %v\n", s.short, ref, err)
 			failed = append(failed, s.short)
 			continue
