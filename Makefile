@@ -73,6 +73,23 @@ images: ## Build crust's own images (crustd, the CSI proxy, the reference driver
 	$(GO) run ./hack/images -out $(OUT)/images -repo $(IMAGE_REPO) -tag $(IMAGE_TAG) -version $(BUILD_VERSION) \
 		crustd crust-csi-proxy crust-lvm-csi
 
+# What `make release` writes, and for which platforms. The proxy's and the example driver's images carry
+# this machine's mount tools (hack/images), so they are built for its architecture alone.
+RELEASE_DIR := $(OUT)/release
+RELEASE_PLATFORMS := linux/amd64,linux/arm64
+RELEASE_TOOL_PLATFORMS := linux/$(shell $(GO) env GOARCH)
+
+.PHONY: release
+release: ## Write the release of VERSION into _output/release: image index archives (crustd for amd64 and arm64), the packaged chart, an SBOM and SHA256SUMS; not part of make test
+	rm -rf $(RELEASE_DIR)
+	$(GO) run ./hack/images -out $(RELEASE_DIR) -repo $(IMAGE_REPO) -tag $(VERSION) -version $(BUILD_VERSION) \
+		-platforms $(RELEASE_PLATFORMS) crustd
+	$(GO) run ./hack/images -out $(RELEASE_DIR) -repo $(IMAGE_REPO) -tag $(VERSION) -version $(BUILD_VERSION) \
+		-platforms $(RELEASE_TOOL_PLATFORMS) crust-csi-proxy crust-lvm-csi
+	cd deploy/helm && GOWORK=off $(GO) run ./cmd/chart-package -out $(RELEASE_DIR) -version $(patsubst v%,%,$(VERSION)) crust
+	$(GO) run ./hack/release -dir $(RELEASE_DIR)
+	cd $(RELEASE_DIR) && sha256sum -c --quiet SHA256SUMS && ls -l
+
 .PHONY: test-images
 test-images: ## Build every image the cluster tier runs: crust's, the test registrar, the CSI sidecars (Kubernetes built from source), busybox, pause, the storage e2e suite's; and e2e.test
 	hack/cluster/build.sh --e2e

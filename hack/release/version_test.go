@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -141,19 +140,3 @@ func readFile(t *testing.T, rel string) string {
 	}
 	return string(bytes.ReplaceAll(b, []byte("\r\n"), []byte("\n")))
 }
-
-// readVersion returns the version the file VERSION under root holds: one line, vMAJOR.MINOR.PATCH with
-// an optional pre-release suffix (v0.2.0, v0.2.0-dev).
-func readVersion(root string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(root, "VERSION"))
-	if err != nil {
-		return "", err
-	}
-	v := strings.TrimSuffix(string(b), "\n")
-	if !versionSyntax.MatchString(v) {
-		return "", fmt.Errorf("VERSION: %q is not one line vMAJOR.MINOR.PATCH[-PRERELEASE]", v)
-	}
-	return v, nil
-}
-
-var versionSyntax = regexp.MustCompile(`^v(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?$`)
