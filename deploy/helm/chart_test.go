@@ -7,6 +7,11 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
 	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -104,6 +109,147 @@ func TestKustomizeDistributions(t *testing.T) {
 			want := daemonSet(t, helmTemplate(t, map[string]any{"kubeletDir": c.kubeletDir, "criEndpoint": c.criEndpoint}))
 			if d := cmp.Diff(want.Spec, daemonSet(t, out).Spec); d != "" {
 				t.Errorf("crustd's DaemonSet differs (-helm template +kustomize build %s):\n%s", inRepo(component), d)
+			}
+		})
+	}
+}
+
+// nonDefaults sets every value of the chart to something other than its default.
+var nonDefaults = map[string]any{
+	"image":             map[string]any{"repository": "registry.example.com/crust/crustd", "tag": "v9.9.9", "pullPolicy": "Always"},
+	"imagePullSecrets":  []any{map[string]any{"name": "registry-example-com"}},
+	"podLabels":         map[string]any{"team": "storage"},
+	"podAnnotations":    map[string]any{"example.com/owner": "storage"},
+	"priorityClassName": "",
+	"updateStrategy":    map[string]any{"type": "OnDelete"},
+	"kubeletDir":        "/var/lib/k0s/kubelet",
+	"kataDir":           "/run/kata/dv",
+	"criEndpoint":       "",
+	"deviceAllow":       "/dev/loop*",
+	"log":               map[string]any{"level": "debug", "format": "text"},
+	"metrics":           map[string]any{"port": 19809, "listenOnNodeIP": true, "secure": map[string]any{"enabled": true, "port": 19443}},
+	"affinity":          map[string]any{"nodeAffinity": map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{"nodeSelectorTerms": []any{map[string]any{"matchExpressions": []any{map[string]any{"key": "example.com/vm", "operator": "Exists"}}}}}}},
+	"nodeSelector":      map[string]any{"kubernetes.io/arch": "amd64"},
+	"tolerations":       []any{map[string]any{"operator": "Exists"}},
+	"resources":         map[string]any{"limits": map[string]any{"memory": "256Mi", "cpu": "1"}},
+	"extraArgs":         []any{"--device-allow-kind=loop,dm"},
+	"monitoring":        map[string]any{"enabled": true},
+}
+
+// `helm lint` (Helm's lint package, which `helm lint` runs) finds nothing of severity warning or above in
+// the chart, with its default values and with nonDefaults.
+func TestChartLint(t *testing.T) {
+	for name, values := range map[string]map[string]any{"defaults": nil, "non-defaults": nonDefaults} {
+		t.Run(name, func(t *testing.T) {
+			l := lint.All(chartDir, values, namespace, true)
+			for _, m := range l.Messages {
+				if m.Severity >= support.WarningSev {
+					t.Errorf("helm lint: %v", m)
+				} else {
+					t.Logf("helm lint: %v", m)
+				}
+			}
+		})
+	}
+}
+
+// The values of the pod's metadata and scheduling reach the DaemonSet, and leave its selector alone.
+func TestChartPodValues(t *testing.T) {
+	ds := daemonSet(t, helmTemplate(t, nonDefaults))
+	pod := ds.Spec.Template
+	if pod.Labels["team"] != "storage" || pod.Labels["app.kubernetes.io/name"] != "crustd" || pod.Annotations["example.com/owner"] != "storage" {
+		t.Errorf("pod labels %v, annotations %v", pod.Labels, pod.Annotations)
+	}
+	if len(ds.Spec.Selector.MatchLabels) != 1 || ds.Spec.Selector.MatchLabels["app.kubernetes.io/name"] != "crustd" {
+		t.Errorf("selector %v: want app.kubernetes.io/name=crustd alone", ds.Spec.Selector.MatchLabels)
+	}
+	if s := ds.Spec.UpdateStrategy; s.Type != appsv1.OnDeleteDaemonSetStrategyType || s.RollingUpdate != nil {
+		t.Errorf("updateStrategy %+v: want OnDelete without rollingUpdate (the API refuses it)", s)
+	}
+	spec := pod.Spec
+	if spec.PriorityClassName != "" || len(spec.ImagePullSecrets) != 1 || spec.ImagePullSecrets[0].Name != "registry-example-com" {
+		t.Errorf("priorityClassName %q, imagePullSecrets %v", spec.PriorityClassName, spec.ImagePullSecrets)
+	}
+	if spec.NodeSelector["kubernetes.io/arch"] != "amd64" || spec.Tolerations[0].Key != "" {
+		t.Errorf("nodeSelector %v, tolerations %v", spec.NodeSelector, spec.Tolerations)
+	}
+	// A list replaces the default's: one term, the values'.
+	if terms := spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms; len(terms) != 1 ||
+		terms[0].MatchExpressions[0].Key != "example.com/vm" {
+		t.Errorf("node affinity terms %+v: want the values' one", terms)
+	}
+}
+
+// values.schema.json refuses a bad value before anything renders, naming the value and what it may be.
+func TestChartSchema(t *testing.T) {
+	c, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		values map[string]any
+		want   []string // in the error
+	}{
+		{map[string]any{"log": map[string]any{"level": "loud"}}, []string{"/log/level", "'debug', 'info', 'warn', 'error'"}},
+		{map[string]any{"log": map[string]any{"format": "xml"}}, []string{"/log/format", "'json', 'text'"}},
+		{map[string]any{"image": map[string]any{"pullPolicy": "Sometimes"}}, []string{"/image/pullPolicy"}},
+		{map[string]any{"updateStrategy": map[string]any{"type": "Recreate"}}, []string{"/updateStrategy/type"}},
+		{map[string]any{"metrics": map[string]any{"port": "9809"}}, []string{"/metrics/port", "integer"}},
+		{map[string]any{"kubeletDir": "var/lib/kubelet"}, []string{"/kubeletDir"}},
+		{map[string]any{"criEndpoint": "tcp://10.0.0.1:1234"}, []string{"/criEndpoint"}},
+		{map[string]any{"podLabels": map[string]any{"app.kubernetes.io/name": "other"}}, []string{"/podLabels/app.kubernetes.io~1name"}},
+		{map[string]any{"imagePullSecrets": []any{"registry-example-com"}}, []string{"/imagePullSecrets/0"}},
+	} {
+		_, err := chartutil.ToRenderValues(c, tc.values, chartutil.ReleaseOptions{Name: "crust", Namespace: namespace}, nil)
+		if err == nil {
+			t.Errorf("values %v: accepted", tc.values)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("values %v: error %q does not say %q", tc.values, err, w)
+			}
+		}
+	}
+	for name, values := range map[string]map[string]any{"defaults": nil, "non-defaults": nonDefaults} {
+		if _, err := chartutil.ToRenderValues(c, values, chartutil.ReleaseOptions{Name: "crust", Namespace: namespace}, nil); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// NOTES.txt names what was installed and the next steps: the node label (as the default affinity wants
+// it, or the operator's own choice), the proxy's injection and the classes.
+func TestChartNotes(t *testing.T) {
+	c, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		want   []string
+	}{
+		{"defaults", nil, []string{"crust " + c.Metadata.AppVersion + " is installed in the namespace " + namespace,
+			"carry crust.dev/microvm=true or\n   katacontainers.io/kata-runtime=true", "kubectl label node NODE crust.dev/microvm=true",
+			"kubectl -n " + namespace + " rollout status daemonset/crustd", "kubectl crust inject", "crust.dev/defer"}},
+		{"non-defaults", nonDefaults, []string{"registry.example.com/crust/crustd:v9.9.9", "crust's monitoring objects",
+			"your affinity and nodeSelector values select"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, err := chartutil.ToRenderValues(c, tc.values, chartutil.ReleaseOptions{Name: "crust", Namespace: namespace}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := engine.Render(c, v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			notes := out[c.Name()+"/templates/NOTES.txt"]
+			for _, w := range tc.want {
+				if !strings.Contains(notes, w) {
+					t.Errorf("NOTES.txt lacks %q:\n%s", w, notes)
+				}
 			}
 		})
 	}
