@@ -12,7 +12,8 @@
 //   - SHA256SUMS, the SHA-256 of every other file, in the format `sha256sum -c` checks.
 //
 // It fails, naming the file, on a file whose name lacks the version, on an image archive it cannot
-// read, and when the directory holds no image archive or no chart. It removes hack/images' images.txt,
+// read or whose image is not tagged with the version, and when the directory holds no image archive or
+// no chart. It removes hack/images' images.txt,
 // which is not a release artifact.
 package main
 
@@ -93,6 +94,11 @@ func finish(dir, version string) error {
 		p, err := programsOf(filepath.Join(dir, a))
 		if err != nil {
 			return fmt.Errorf("%s: %w", filepath.Join(dir, a), err)
+		}
+		for _, prog := range p {
+			if !strings.HasSuffix(prog.image, ":"+version) {
+				return fmt.Errorf("%s: the image is named %s, not tagged %s", filepath.Join(dir, a), prog.image, version)
+			}
 		}
 		programs = append(programs, p...)
 	}

@@ -98,6 +98,14 @@ func TestFinish(t *testing.T) {
 		t.Errorf("the SBOM's libraries %v lack go-containerregistry, which the program links", libs)
 	}
 
+	writeIndexArchive(t, filepath.Join(dir, "old-"+testVersion+".oci.tar"), "docker.io/crust/old:v1.2.2",
+		map[string][]byte{"usr/local/bin/fake": prog})
+	if err := finish(dir, testVersion); err == nil || !strings.Contains(err.Error(), "old-"+testVersion+".oci.tar") {
+		t.Errorf("finish with an image tagged v1.2.2: %v, want it refused by name", err)
+	}
+	if err := os.Remove(filepath.Join(dir, "old-"+testVersion+".oci.tar")); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "notes.txt"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
