@@ -25,9 +25,9 @@ import (
 )
 
 const (
-	deployDir    = ".."    // deploy/, the kustomize tree: the source
-	chartDir     = "crust" // the chart rendered from it
-	namespace    = "crust-system" // deploy/kustomization.yaml's namespace, and the test's release namespace
+	deployDir = ".."           // deploy/, the kustomize tree: the source
+	chartDir  = "crust"        // the chart rendered from it
+	namespace = "crust-system" // deploy/kustomization.yaml's namespace, and the test's release namespace
 )
 
 // The chart's intended differences from deploy/: everything else must be equal, object for object and
