@@ -67,6 +67,34 @@ func Defaults() Options {
 	}
 }
 
+// check refuses options the proxies could not run with, naming the flag.
+func (o Options) check() error {
+	var errs []error
+	if o.Image == "" {
+		errs = append(errs, errors.New("--image: empty"))
+	}
+	if !path.IsAbs(o.KubeletDir) || path.Clean(o.KubeletDir) != o.KubeletDir {
+		errs = append(errs, fmt.Errorf("--kubelet-dir %q: not an absolute, clean path", o.KubeletDir))
+	}
+	for _, p := range strings.Split(o.MicroVMHandlers, ",") {
+		if _, err := path.Match(p, ""); err != nil || p == "" {
+			errs = append(errs, fmt.Errorf("--microvm-handlers: pattern %q is not a path.Match pattern", p))
+		}
+	}
+	for _, p := range []struct {
+		flag string
+		n    int32
+	}{{"--node-port", o.NodePort}, {"--controller-port", o.ControllerPort}} {
+		if p.n < 1 || p.n > 65535 {
+			errs = append(errs, fmt.Errorf("%s %d: not a port", p.flag, p.n))
+		}
+	}
+	if o.NodePort == o.ControllerPort {
+		errs = append(errs, fmt.Errorf("--node-port and --controller-port are both %d: a pod may hold both proxies", o.NodePort))
+	}
+	return errors.Join(errs...)
+}
+
 // DefaultImage is the proxy's image as deploy/csi-proxy names it.
 const DefaultImage = "crust/crust-csi-proxy:v0.2.0-dev"
 
@@ -98,6 +126,9 @@ type Result struct {
 // Inject reads a stream of manifests (YAML or JSON documents, as `helm template` or `kustomize build`
 // write them) from r and writes them to w with crust added. On error it writes nothing.
 func Inject(r io.Reader, w io.Writer, o Options) (Result, error) {
+	if err := o.check(); err != nil {
+		return Result{}, err
+	}
 	docs, err := readDocs(r)
 	if err != nil {
 		return Result{}, err

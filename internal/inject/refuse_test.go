@@ -68,6 +68,27 @@ func TestRefuses(t *testing.T) {
 	}
 }
 
+// TestRefusesOptions: options the proxies could not run with are errors naming the flag.
+func TestRefusesOptions(t *testing.T) {
+	for _, c := range []struct {
+		set  func(*Options)
+		want string
+	}{
+		{func(o *Options) { o.Image = "" }, "--image: empty"},
+		{func(o *Options) { o.KubeletDir = "var/lib/kubelet" }, `--kubelet-dir "var/lib/kubelet": not an absolute, clean path`},
+		{func(o *Options) { o.MicroVMHandlers = "kata,kata-[" }, `--microvm-handlers: pattern "kata-[" is not a path.Match pattern`},
+		{func(o *Options) { o.NodePort = 0 }, "--node-port 0: not a port"},
+		{func(o *Options) { o.ControllerPort = o.NodePort }, "--node-port and --controller-port are both 9810"},
+	} {
+		o := Defaults()
+		c.set(&o)
+		var out bytes.Buffer
+		if _, err := Inject(strings.NewReader(""), &out, o); err == nil || !strings.Contains(err.Error(), c.want) || out.Len() > 0 {
+			t.Errorf("%s: %v (wrote %d bytes)", c.want, err, out.Len())
+		}
+	}
+}
+
 func TestFlags(t *testing.T) {
 	for _, c := range []struct {
 		command, args []string
