@@ -6,9 +6,11 @@
 // It promises that, when it exits 0, the directory holds:
 //
 //   - the image archives and the chart, every file name carrying the version of the file VERSION;
-//   - crust-vVERSION.cdx.json, an SBOM (CycloneDX 1.5 JSON) of every Go program in the images, one
-//     component per program and platform, made from the build information Go wrote into the binary
-//     (what `go version -m` prints), with the Go modules it links as components it depends on;
+//   - crust-vVERSION.cdx.json, an SBOM (CycloneDX 1.5 JSON) of the images: one component per image and
+//     platform; one per Go program in it, made from the build information Go wrote into the binary
+//     (what `go version -m` prints), with the Go modules it links as components it depends on; and the
+//     Debian packages of this machine that the image's other files (host tools, their libraries) come
+//     from, as dpkg knows them (none where dpkg is not installed);
 //   - SHA256SUMS, the SHA-256 of every other file, in the format `sha256sum -c` checks.
 //
 // It fails, naming the file, on a file whose name lacks the version, on an image archive it cannot
@@ -28,6 +30,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -89,23 +92,33 @@ func finish(dir, version string) error {
 	if len(archives) == 0 || len(charts) == 0 {
 		return fmt.Errorf("%s: %d image archives and %d charts, want at least one of each", dir, len(archives), len(charts))
 	}
-	var programs []program
+	var (
+		images   []imageContent
+		programs int
+		files    []string
+	)
 	for _, a := range archives {
-		p, err := programsOf(filepath.Join(dir, a))
+		cs, err := contentsOf(filepath.Join(dir, a))
 		if err != nil {
 			return fmt.Errorf("%s: %w", filepath.Join(dir, a), err)
 		}
-		for _, prog := range p {
-			if !strings.HasSuffix(prog.image, ":"+version) {
-				return fmt.Errorf("%s: the image is named %s, not tagged %s", filepath.Join(dir, a), prog.image, version)
+		for _, c := range cs {
+			if !strings.HasSuffix(c.image, ":"+version) {
+				return fmt.Errorf("%s: the image is named %s, not tagged %s", filepath.Join(dir, a), c.image, version)
 			}
+			programs += len(c.programs)
+			files = append(files, c.files...)
 		}
-		programs = append(programs, p...)
+		images = append(images, cs...)
 	}
-	if len(programs) == 0 {
+	if programs == 0 {
 		return fmt.Errorf("%s: the images hold no Go program", dir)
 	}
-	sbom, err := json.MarshalIndent(cycloneDX(version, programs), "", "  ")
+	debs, err := debPackages(files)
+	if err != nil {
+		return err
+	}
+	sbom, err := json.MarshalIndent(cycloneDX(version, images, debs), "", "  ")
 	if err != nil {
 		return err
 	}
@@ -147,6 +160,54 @@ func fileSHA256(p string) (string, error) {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// A release is built on the machine that runs this command, so the host files in its images are this
+// machine's: dpkg says which package each came from.
+
+// deb is a Debian package installed here.
+type deb struct{ name, arch, version string }
+
+// debPackages returns the Debian package each of paths (files in an image, copied from this machine at
+// their real /usr paths, which dpkg may know under the path without /usr) came from, by path; a path dpkg
+// does not know is left out, and so is everything when dpkg-query is not installed.
+func debPackages(paths []string) (map[string]deb, error) {
+	if _, err := exec.LookPath("dpkg-query"); err != nil || len(paths) == 0 {
+		return nil, nil //nolint:nilerr // no dpkg: no packages to name
+	}
+	owner := map[string]string{} // path -> package:arch
+	for _, p := range slices.Compact(slices.Sorted(slices.Values(paths))) {
+		for _, q := range []string{p, strings.TrimPrefix(p, "/usr")} {
+			out, err := exec.Command("dpkg-query", "-S", q).Output()
+			if err != nil {
+				continue // not this path: dpkg-query exits 1
+			}
+			if pkg, _, ok := strings.Cut(strings.SplitN(string(out), "\n", 2)[0], ": "); ok {
+				owner[p] = strings.Split(pkg, ", ")[0]
+				break
+			}
+		}
+	}
+	versions := map[string]deb{}
+	for _, pkg := range owner {
+		if _, ok := versions[pkg]; ok {
+			continue
+		}
+		out, err := exec.Command("dpkg-query", "-W", "-f", "${Package} ${Architecture} ${Version}", pkg).Output()
+		if err != nil {
+			return nil, fmt.Errorf("dpkg-query -W %s: %w", pkg, err)
+		}
+		f := strings.Fields(string(out))
+		if len(f) != 3 {
+			return nil, fmt.Errorf("dpkg-query -W %s: %q is not NAME ARCH VERSION", pkg, out)
+		}
+		versions[pkg] = deb{f[0], f[1], f[2]}
+	}
+	byPath := map[string]deb{}
+	for p, pkg := range owner {
+		byPath[p] = versions[pkg]
+	}
+	return byPath, nil
 }
 
 // program is one Go program found in an image.

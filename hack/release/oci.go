@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -16,10 +17,18 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 )
 
-// programsOf returns the Go programs in every image of the OCI image index archive file (an OCI image
-// layout in a tar archive, as hack/images -platforms writes it): each regular, executable file of an
-// image's filesystem that carries Go's build information.
-func programsOf(file string) ([]program, error) {
+// imageContent is what one platform's image of an archive holds.
+type imageContent struct {
+	image    string    // the image's name (io.containerd.image.name)
+	platform string    // os/arch
+	programs []program // its Go programs
+	files    []string  // the paths of its other regular files, sorted
+}
+
+// contentsOf returns what every image of the OCI image index archive file (an OCI image layout in a tar
+// archive, as hack/images -platforms writes it) holds: its Go programs, each regular, executable file
+// that carries Go's build information, and its other regular files.
+func contentsOf(file string) ([]imageContent, error) {
 	dir, err := os.MkdirTemp("", "crust-release-")
 	if err != nil {
 		return nil, err
@@ -36,7 +45,7 @@ func programsOf(file string) ([]program, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []program
+	var out []imageContent
 	for _, d := range tm.Manifests {
 		name := d.Annotations["io.containerd.image.name"]
 		if name == "" {
@@ -58,48 +67,48 @@ func programsOf(file string) ([]program, error) {
 			if err != nil {
 				return nil, err
 			}
-			ps, err := goPrograms(img)
-			if err != nil {
+			c := imageContent{image: name, platform: m.Platform.OS + "/" + m.Platform.Architecture}
+			if err := c.read(img); err != nil {
 				return nil, fmt.Errorf("%s (%s): %w", name, m.Platform, err)
 			}
-			for i := range ps {
-				ps[i].image, ps[i].platform = name, m.Platform.OS+"/"+m.Platform.Architecture
-			}
-			out = append(out, ps...)
+			out = append(out, c)
 		}
 	}
-	sortPrograms(out)
 	return out, nil
 }
 
-// goPrograms returns the Go programs of img's filesystem, with their paths; image and platform are left
-// to the caller.
-func goPrograms(img v1.Image) ([]program, error) {
+// read fills c's programs and files from img's filesystem.
+func (c *imageContent) read(img v1.Image) error {
 	rc := mutate.Extract(img)
 	defer func() { _ = rc.Close() }()
 	tr := tar.NewReader(rc)
-	var out []program
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return out, nil
+			break
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if h.Typeflag != tar.TypeReg || h.Mode&0o111 == 0 {
+		if h.Typeflag != tar.TypeReg {
 			continue
 		}
-		data, err := io.ReadAll(tr)
-		if err != nil {
-			return nil, err
+		p := "/" + strings.TrimPrefix(h.Name, "/")
+		if h.Mode&0o111 != 0 {
+			data, err := io.ReadAll(tr)
+			if err != nil {
+				return err
+			}
+			if info, err := buildinfo.Read(bytes.NewReader(data)); err == nil {
+				c.programs = append(c.programs, program{image: c.image, platform: c.platform, path: p, info: info})
+				continue
+			}
 		}
-		info, err := buildinfo.Read(bytes.NewReader(data))
-		if err != nil {
-			continue // not a Go program (a host tool, a library)
-		}
-		out = append(out, program{path: "/" + strings.TrimPrefix(h.Name, "/"), info: info})
+		c.files = append(c.files, p) // a host tool, a library, a configuration file
 	}
+	sortPrograms(c.programs)
+	slices.Sort(c.files)
+	return nil
 }
 
 // untar extracts the tar archive file, which may hold only directories and regular files with relative

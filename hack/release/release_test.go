@@ -34,7 +34,7 @@ func TestFinish(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeIndexArchive(t, filepath.Join(dir, "fake-"+testVersion+".oci.tar"), "docker.io/crust/fake:"+testVersion,
-		map[string][]byte{"usr/local/bin/fake": prog, "usr/bin/not-go": []byte("#!/bin/sh\n")})
+		map[string][]byte{"usr/local/bin/fake": prog, "usr/bin/not-go": []byte("#!/bin/sh\n"), "usr/bin/dpkg": []byte("a host tool")})
 	if err := os.WriteFile(filepath.Join(dir, "crust-1.2.3-dev.tgz"), []byte("chart"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -96,6 +96,9 @@ func TestFinish(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(libs, " "), "pkg:golang/github.com/google/go-containerregistry@") {
 		t.Errorf("the SBOM's libraries %v lack go-containerregistry, which the program links", libs)
+	}
+	if _, err := exec.LookPath("dpkg-query"); err == nil && !strings.Contains(strings.Join(libs, " "), "pkg:deb/debian/dpkg@") {
+		t.Errorf("the SBOM's libraries %v lack the Debian package dpkg, which /usr/bin/dpkg in the image comes from", libs)
 	}
 
 	writeIndexArchive(t, filepath.Join(dir, "old-"+testVersion+".oci.tar"), "docker.io/crust/old:v1.2.2",

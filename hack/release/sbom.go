@@ -40,37 +40,58 @@ type (
 	}
 )
 
-// cycloneDX returns the SBOM of crust at version: the release as its subject, one application component
-// per program and platform (its image, platform, path in the image and Go toolchain as properties), and
-// one library component per Go module any program links, by its package URL (pkg:golang/PATH@VERSION,
-// a replaced module by its replacement), each program depending on the modules it links. The serial
-// number is derived from the content, so that the same programs give the same document.
-func cycloneDX(version string, programs []program) bom {
+// cycloneDX returns the SBOM of crust at version: the release as its subject; a container component
+// per image and platform, depending on its programs and packages; an application component per
+// program and platform (its image, platform, path in the image and Go toolchain as properties),
+// depending on the Go modules it links; a library component per Go module by its package URL
+// (pkg:golang/PATH@VERSION, a replaced module by its replacement), and per Debian package of debs that
+// an image's files come from (pkg:deb/debian/NAME@VERSION?arch=ARCH). The serial number is derived from
+// the content, so that the same images give the same document.
+func cycloneDX(version string, images []imageContent, debs map[string]deb) bom {
 	doc := bom{
 		BOMFormat: "CycloneDX", SpecVersion: "1.5", Version: 1,
 		Metadata: bomMetadata{Component: component{Type: "application", BOMRef: "crust@" + version, Name: "crust", Version: version}},
 	}
 	libs := map[string]component{}
-	for _, p := range programs {
-		ref := p.image + "#" + p.platform + ":" + p.path
-		app := component{
-			Type: "application", BOMRef: ref, Name: p.info.Path, Version: version,
-			Properties: []property{
-				{"crust:image", p.image}, {"crust:platform", p.platform}, {"crust:path", p.path}, {"crust:go", p.info.GoVersion},
-			},
-		}
-		dep := dependency{Ref: ref, DependsOn: []string{}}
-		for _, m := range p.info.Deps {
-			if m.Replace != nil {
-				m = m.Replace
+	for _, img := range images {
+		imgRef := img.image + "#" + img.platform
+		imgDep := dependency{Ref: imgRef, DependsOn: []string{}}
+		doc.Components = append(doc.Components, component{
+			Type: "container", BOMRef: imgRef, Name: img.image, Version: version,
+			Properties: []property{{"crust:platform", img.platform}},
+		})
+		for _, p := range img.programs {
+			ref := imgRef + ":" + p.path
+			doc.Components = append(doc.Components, component{
+				Type: "application", BOMRef: ref, Name: p.info.Path, Version: version,
+				Properties: []property{
+					{"crust:image", p.image}, {"crust:platform", p.platform}, {"crust:path", p.path}, {"crust:go", p.info.GoVersion},
+				},
+			})
+			dep := dependency{Ref: ref, DependsOn: []string{}}
+			for _, m := range p.info.Deps {
+				if m.Replace != nil {
+					m = m.Replace
+				}
+				purl := goPURL(m)
+				libs[purl] = component{Type: "library", BOMRef: purl, Name: m.Path, Version: m.Version, PURL: purl}
+				dep.DependsOn = append(dep.DependsOn, purl)
 			}
-			purl := goPURL(m)
-			libs[purl] = component{Type: "library", BOMRef: purl, Name: m.Path, Version: m.Version, PURL: purl}
-			dep.DependsOn = append(dep.DependsOn, purl)
+			slices.Sort(dep.DependsOn)
+			doc.Dependencies = append(doc.Dependencies, dep)
+			imgDep.DependsOn = append(imgDep.DependsOn, ref)
 		}
-		slices.Sort(dep.DependsOn)
-		doc.Components = append(doc.Components, app)
-		doc.Dependencies = append(doc.Dependencies, dep)
+		for _, f := range img.files {
+			d, ok := debs[f]
+			if !ok {
+				continue
+			}
+			purl := "pkg:deb/debian/" + d.name + "@" + d.version + "?arch=" + d.arch
+			libs[purl] = component{Type: "library", BOMRef: purl, Name: d.name, Version: d.version, PURL: purl}
+			imgDep.DependsOn = append(imgDep.DependsOn, purl)
+		}
+		imgDep.DependsOn = slices.Compact(slices.Sorted(slices.Values(imgDep.DependsOn)))
+		doc.Dependencies = append(doc.Dependencies, imgDep)
 	}
 	for _, purl := range slices.Sorted(maps.Keys(libs)) {
 		doc.Components = append(doc.Components, libs[purl])
