@@ -81,6 +81,8 @@ RELEASE_TOOL_PLATFORMS := linux/$(shell $(GO) env GOARCH)
 
 .PHONY: release
 release: ## Write the release of VERSION into _output/release: image index archives (crustd for amd64 and arm64), the packaged chart, an SBOM and SHA256SUMS; not part of make test
+	@# A release version (no -dev) is stamped without the commit, so it must be built from a clean tree.
+	@case "$(VERSION)" in *-dev*) ;; *) git diff --quiet HEAD -- || { echo "release $(VERSION): the tree has uncommitted changes; commit them or use a -dev VERSION" >&2; exit 1; } ;; esac
 	rm -rf $(RELEASE_DIR)
 	$(GO) run ./hack/images -out $(RELEASE_DIR) -repo $(IMAGE_REPO) -tag $(VERSION) -version $(BUILD_VERSION) \
 		-platforms $(RELEASE_PLATFORMS) crustd
