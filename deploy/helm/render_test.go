@@ -46,8 +46,8 @@ var (
 )
 
 // TestChartRendersDeploy is the single-source rule: the chart with its default values renders what
-// `kubectl kustomize deploy/` does, and with monitoring.enabled what deploy/ and deploy/monitoring do
-// together, but for the differences listed above.
+// `kubectl kustomize deploy/` does, and with monitoring.enabled what deploy/ with deploy/metrics-auth and
+// deploy/monitoring do together, but for the differences listed above.
 func TestChartRendersDeploy(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -55,8 +55,9 @@ func TestChartRendersDeploy(t *testing.T) {
 		trees  []string
 	}{
 		{"defaults", nil, []string{deployDir}},
+		// Its crustd PodMonitor scrapes the endpoint of deploy/metrics-auth, which the chart turns on with it.
 		{"monitoring", map[string]any{"monitoring": map[string]any{"enabled": true}},
-			[]string{deployDir, filepath.Join(deployDir, "monitoring")}},
+			[]string{withComponent(t, deployDir, filepath.Join(deployDir, "metrics-auth")), filepath.Join(deployDir, "monitoring")}},
 		{"metrics-auth", map[string]any{"metrics": map[string]any{"secure": map[string]any{"enabled": true}}},
 			[]string{withComponent(t, deployDir, filepath.Join(deployDir, "metrics-auth"))}},
 	} {
@@ -133,6 +134,37 @@ func TestChartMonitoringFilesAreDeploys(t *testing.T) {
 			t.Errorf("%s/files/%s differs from deploy/monitoring/%s: copy it again (cp deploy/monitoring/%[2]s deploy/helm/%[1]s/files/)",
 				chartDir, e.Name(), e.Name())
 		}
+	}
+}
+
+// monitoring.prometheusSelector labels what a Prometheus selects (the PodMonitors and the PrometheusRule),
+// and nothing else; monitoring.podMonitor alone turns crustd's authenticated endpoint on.
+func TestChartPrometheusSelector(t *testing.T) {
+	out := helmTemplate(t, map[string]any{"monitoring": map[string]any{"enabled": true,
+		"prometheusSelector": map[string]any{"release": "kube-prometheus-stack"}}})
+	selected := map[string]bool{}
+	for k, o := range decode(t, out) {
+		labels, _ := o["metadata"].(map[string]any)["labels"].(map[string]any)
+		if labels["release"] == "kube-prometheus-stack" {
+			selected[k] = true
+		}
+		if k == "DaemonSet/"+namespace+"/crustd" {
+			b, err := yaml.Marshal(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(b), "--metrics-secure-addr=") {
+				t.Errorf("monitoring.enabled: crustd does not serve the endpoint its PodMonitor scrapes:\n%s", b)
+			}
+		}
+	}
+	want := map[string]bool{
+		"PodMonitor/" + namespace + "/crustd":          true,
+		"PodMonitor/" + namespace + "/crust-csi-proxy": true,
+		"PrometheusRule/" + namespace + "/crust":       true,
+	}
+	if d := cmp.Diff(want, selected); d != "" {
+		t.Errorf("objects labelled release: kube-prometheus-stack (-want +got):\n%s", d)
 	}
 }
 

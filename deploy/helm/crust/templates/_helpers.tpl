@@ -27,14 +27,23 @@ NODE_IP variable (metrics.listenOnNodeIP).
 {{- end -}}
 
 {{/*
+crust.secureMetrics: "true" when crustd serves its authenticated /metrics (deploy/metrics-auth): asked
+for by metrics.secure.enabled, or needed by the PodMonitor of monitoring.podMonitor, which scrapes it;
+empty otherwise.
+*/}}
+{{- define "crust.secureMetrics" -}}
+{{- if or .Values.metrics.secure.enabled (and .Values.monitoring.enabled .Values.monitoring.podMonitor) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
 crust.monitoringObject: one object of deploy/monitoring, read as it is from files/ (a verbatim copy that
-render_test.go checks), placed in the release's namespace and given crust.labels. The argument is a list:
-the root context and the file's name.
+render_test.go checks), placed in the release's namespace and given crust.labels and the labels of
+monitoring.prometheusSelector. The argument is a list: the root context and the file's name.
 */}}
 {{- define "crust.monitoringObject" -}}
 {{- $root := index . 0 -}}
 {{- $obj := $root.Files.Get (printf "files/%s" (index . 1)) | fromYaml -}}
 {{- $_ := set $obj.metadata "namespace" $root.Release.Namespace -}}
-{{- $_ := set $obj.metadata "labels" (merge (dict) (include "crust.labels" $root | fromYaml) ($obj.metadata.labels | default dict)) -}}
+{{- $_ := set $obj.metadata "labels" (merge (dict) (include "crust.labels" $root | fromYaml) ($root.Values.monitoring.prometheusSelector | default dict) ($obj.metadata.labels | default dict)) -}}
 {{ toYaml $obj }}
 {{- end -}}
