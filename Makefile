@@ -74,22 +74,24 @@ images: ## Build crust's own images (crustd, the CSI proxy, the reference driver
 		crustd crust-csi-proxy crust-lvm-csi
 
 # What `make release` writes, and for which platforms. The proxy's and the example driver's images carry
-# this machine's mount tools (hack/images), so they are built for its architecture alone.
+# mount tools: this machine's for its own architecture, and for the other one those of Debian's packages
+# for it (RELEASE_DEBS and what they depend on), unpacked into a sysroot (hack/images/sysroot.sh).
 RELEASE_DIR := $(OUT)/release
 RELEASE_PLATFORMS := linux/amd64,linux/arm64
-RELEASE_TOOL_PLATFORMS := linux/$(shell $(GO) env GOARCH)
+RELEASE_FOREIGN := $(filter-out $(shell $(GO) env GOARCH),amd64 arm64)
+RELEASE_SYSROOT := $(OUT)/sysroot-$(RELEASE_FOREIGN)
+RELEASE_DEBS := mount util-linux e2fsprogs xfsprogs lvm2
 
 .PHONY: release
-release: ## Write the release of VERSION into _output/release: image index archives (crustd for amd64 and arm64), the packaged chart, an SBOM and SHA256SUMS; not part of make test
+release: ## Write the release of VERSION into _output/release: image index archives for amd64 and arm64, the packaged chart, an SBOM and SHA256SUMS; not part of make test
 	@# A release version (no -dev) is stamped without the commit, so it must be built from a clean tree.
 	@case "$(VERSION)" in *-dev*) ;; *) git diff --quiet HEAD -- || { echo "release $(VERSION): the tree has uncommitted changes; commit them or use a -dev VERSION" >&2; exit 1; } ;; esac
 	rm -rf $(RELEASE_DIR)
+	hack/images/sysroot.sh $(RELEASE_FOREIGN) $(RELEASE_SYSROOT) $(RELEASE_DEBS)
 	$(GO) run ./hack/images -out $(RELEASE_DIR) -repo $(IMAGE_REPO) -tag $(VERSION) -version $(BUILD_VERSION) \
-		-platforms $(RELEASE_PLATFORMS) crustd
-	$(GO) run ./hack/images -out $(RELEASE_DIR) -repo $(IMAGE_REPO) -tag $(VERSION) -version $(BUILD_VERSION) \
-		-platforms $(RELEASE_TOOL_PLATFORMS) crust-csi-proxy crust-lvm-csi
+		-platforms $(RELEASE_PLATFORMS) -sysroot $(RELEASE_FOREIGN)=$(RELEASE_SYSROOT) crustd crust-csi-proxy crust-lvm-csi
 	cd deploy/helm && GOWORK=off $(GO) run ./cmd/chart-package -out $(RELEASE_DIR) -version $(patsubst v%,%,$(VERSION)) crust
-	$(GO) run ./hack/release -dir $(RELEASE_DIR)
+	$(GO) run ./hack/release -dir $(RELEASE_DIR) -packages $(RELEASE_FOREIGN)=$(RELEASE_SYSROOT).apt/files.list
 	cd $(RELEASE_DIR) && sha256sum -c --quiet SHA256SUMS && ls -l
 
 .PHONY: test-images

@@ -9,7 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
-	"path/filepath"
+	"runtime"
 	"strings"
 )
 
@@ -39,42 +39,9 @@ func (t *fsTree) addRootLinks() error {
 // addHost copies the host path p into the tree at its real location: p's directory is resolved first
 // (so /lib64/x lands at /usr/lib64/x on a merged-/usr host), a symlink is reproduced as it is and then
 // followed, and a regular file is copied with its mode. It returns the real path of the file reached.
+// This machine is the sysroot "/".
 func (t *fsTree) addHost(p string) (string, error) {
-	orig := p
-	for range 40 {
-		dir, err := filepath.EvalSymlinks(filepath.Dir(p))
-		if err != nil {
-			return "", err
-		}
-		p = filepath.Join(dir, filepath.Base(p))
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return "", err
-		}
-		switch {
-		case fi.Mode()&fs.ModeSymlink != 0:
-			target, err := os.Readlink(p)
-			if err != nil {
-				return "", err
-			}
-			if err := t.symlink(p, target); err != nil {
-				return "", err
-			}
-			if !filepath.IsAbs(target) {
-				target = filepath.Join(dir, target)
-			}
-			p = target
-		case fi.Mode().IsRegular():
-			data, err := os.ReadFile(p)
-			if err != nil {
-				return "", err
-			}
-			return p, t.file(p, tarMode(fi.Mode()), data)
-		default:
-			return "", fmt.Errorf("%s: not a regular file or a symlink", p)
-		}
-	}
-	return "", fmt.Errorf("%s: too many levels of symbolic links", orig)
+	return sysroot{dir: "/", arch: runtime.GOARCH}.add(t, p)
 }
 
 // addHostTool copies the command name, found on PATH, into the tree with the symlinks that lead to its

@@ -174,11 +174,14 @@ type builder struct {
 	work    string // scratch directory for the Go builds
 	version string // stamped into pkg/version; "" leaves it unstamped
 	arch    string // the GOARCH the image is for: its Go programs are built for it
+	// sysroots, by GOARCH, are where an image of another architecture than this machine's takes its
+	// host tools from.
+	sysroots map[string]sysroot
 }
 
 // newBuilder finds the module root from the working directory (go env GOMOD) and makes a scratch
 // directory; the caller removes b.work.
-func newBuilder(k8sBin, version string) (*builder, error) {
+func newBuilder(k8sBin, version string, sysroots map[string]sysroot) (*builder, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
 		return nil, fmt.Errorf("go env GOMOD: %w", err)
@@ -191,7 +194,7 @@ func newBuilder(k8sBin, version string) (*builder, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &builder{modRoot: filepath.Dir(gomod), k8sBin: k8sBin, work: work, version: version, arch: "amd64"}, nil
+	return &builder{modRoot: filepath.Dir(gomod), k8sBin: k8sBin, work: work, version: version, arch: "amd64", sysroots: sysroots}, nil
 }
 
 // build makes the linux/amd64 image of s, tagged ref, and writes it to the docker archive file.
@@ -283,7 +286,7 @@ func (b *builder) foreignArch(what string) error {
 	if b.arch == runtime.GOARCH {
 		return nil
 	}
-	return fmt.Errorf("%s come from this %s machine: an image for %s cannot carry them", what, runtime.GOARCH, b.arch)
+	return fmt.Errorf("%s come from this %s machine: an image for %s cannot carry them (give -sysroot %s=DIR)", what, runtime.GOARCH, b.arch, b.arch)
 }
 
 // goBinaries builds the main packages pkgs (paths relative to the module root) statically for
@@ -351,9 +354,22 @@ func (b *builder) prebuilt(t *fsTree, bin, version string) error {
 }
 
 // hostTools adds each host command with its libraries (addHostTool), the merged-/usr root symlinks and,
-// when the host has it, /etc/mke2fs.conf (mke2fs reads it). It fails for an image of another
-// architecture than this machine's.
+// when the host has it, /etc/mke2fs.conf (mke2fs reads it). For an image of another architecture than
+// this machine's, the tools and /etc/mke2fs.conf come from its sysroot (sysroot.addTool), and without
+// one it fails.
 func (b *builder) hostTools(t *fsTree, names ...string) error {
+	if r, ok := b.sysroots[b.arch]; ok && b.arch != runtime.GOARCH {
+		for _, n := range names {
+			if err := r.addTool(t, n); err != nil {
+				return err
+			}
+		}
+		if _, err := os.Lstat(filepath.Join(r.dir, "etc", "mke2fs.conf")); err == nil {
+			_, err = r.add(t, "/etc/mke2fs.conf")
+			return err
+		}
+		return nil
+	}
 	if err := b.foreignArch("the host tools " + strings.Join(names, ", ")); err != nil {
 		return err
 	}

@@ -166,7 +166,7 @@ func TestImages(t *testing.T) {
 				t.Fatal(err)
 			}
 			out := t.TempDir()
-			if err := run(out, "crust", "test", t.TempDir(), "", nil, sel); err != nil {
+			if err := run(out, "crust", "test", t.TempDir(), "", nil, nil, sel); err != nil {
 				t.Fatal(err)
 			}
 			list, err := os.ReadFile(filepath.Join(out, "images.txt"))
@@ -363,7 +363,7 @@ func TestImageIndexArchive(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := t.TempDir()
-	if err := run(out, "crust", "test", t.TempDir(), "", arches, sel); err != nil {
+	if err := run(out, "crust", "test", t.TempDir(), "", arches, nil, sel); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
@@ -418,7 +418,80 @@ func TestImageIndexArchive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := run(t.TempDir(), "crust", "test", t.TempDir(), "", []string{foreign}, sel); err == nil || !strings.Contains(err.Error(), "busybox") {
+	if err := run(t.TempDir(), "crust", "test", t.TempDir(), "", []string{foreign}, nil, sel); err == nil || !strings.Contains(err.Error(), "busybox") {
 		t.Errorf("busybox for %s: %v, want it refused", foreign, err)
+	}
+}
+
+// A sysroot's tool comes with its loader and the libraries its ELF files name, found in the sysroot's
+// multiarch directory; an absolute symlink is followed within the sysroot, never out of it; and an ELF
+// file of another machine than the sysroot's architecture is refused. The sysroot here is made of this
+// machine's mount and the files ldd lists for it (Debian's arm64 packages need a network).
+func TestSysrootTool(t *testing.T) {
+	arch := runtime.GOARCH
+	if _, ok := multiarch[arch]; !ok || runtime.GOOS != "linux" {
+		t.Skipf("no multiarch directory known for %s", arch)
+	}
+	bin, err := exec.LookPath("mount")
+	if err != nil {
+		t.Skip("no mount here")
+	}
+	libs, err := sharedLibs(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	place := func(at, from string) {
+		t.Helper()
+		data, err := os.ReadFile(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(root, path.Dir(at)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, at), data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	place("/bin/mount", bin)
+	for _, lib := range libs {
+		if strings.Contains(lib, "ld-linux") {
+			place(lib, lib) // the loader, at the path the ELF file names, and in the multiarch directory as Debian has it
+		}
+		place(path.Join("/lib", multiarch[arch], path.Base(lib)), lib)
+	}
+	if err := os.Symlink("/bin/mount", filepath.Join(root, "bin", "mount-link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/etc/hostname", filepath.Join(root, "bin", "outside")); err != nil {
+		t.Fatal(err)
+	}
+
+	tree := newTree()
+	r := sysroot{dir: root, arch: arch}
+	if err := r.addTool(tree, "mount-link"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"bin/mount-link", "bin/mount", path.Join("lib", multiarch[arch], "libc.so.6")}
+	for _, lib := range libs {
+		if strings.Contains(lib, "ld-linux") {
+			want = append(want, strings.TrimPrefix(lib, "/"))
+		}
+	}
+	for _, p := range want {
+		if _, ok := tree.entries[p]; !ok {
+			t.Errorf("/%s is not in the image", p)
+		}
+	}
+	if err := r.addTool(newTree(), "outside"); err == nil {
+		t.Error("a symlink to /etc/hostname was followed out of the sysroot")
+	}
+	other := "arm64"
+	if arch == "arm64" {
+		other = "amd64"
+	}
+	if err := (sysroot{dir: root, arch: other}).addTool(newTree(), "mount"); err == nil || !strings.Contains(err.Error(), "not "+other) {
+		t.Errorf("this machine's mount in a sysroot for %s: %v, want it refused", other, err)
 	}
 }

@@ -20,8 +20,10 @@
 // With -platforms, each image is instead built for every platform named and written as one OCI image
 // index to OUT/SHORT-TAG.oci.tar (an OCI image layout in a tar archive, which `ctr images import` and
 // skopeo's oci-archive: read), its Go programs built for each architecture. An image that carries host
-// tools or busybox can be built only for this machine's architecture: asked for another, it fails,
-// saying so.
+// tools can be built for another architecture than this machine's only from a sysroot of that
+// architecture (-sysroot ARCH=DIR, which hack/images/sysroot.sh makes from Debian's packages): the
+// tools, their loader and libraries (found from the ELF files) are copied from there. Without one, and
+// always for busybox, it fails, saying so.
 //
 // It writes OUT/images.txt, one line "ARCHIVE REF" per image built by this run, ARCHIVE being the archive's
 // file name in OUT. It prints "REF ARCHIVE SIZE MiB" per image, and exits non-zero, naming the images
@@ -57,6 +59,7 @@ func main() {
 	tag := flag.String("tag", "dev", "tag of crust's own images")
 	version := flag.String("version", "", `version stamped into crust's binaries (pkg/version); "" leaves them "devel" with their VCS revision`)
 	k8sBin := flag.String("k8s-bin", "_output/k8s/bin", "directory with the csi-provisioner and csi-resizer binaries")
+	sysroots := flag.String("sysroot", "", `comma-separated ARCH=DIR: the root filesystem (Debian packages of ARCH unpacked, hack/images/sysroot.sh) that host tools of images for ARCH, not this machine's, come from`)
 	platforms := flag.String("platforms", "", `comma-separated platforms, such as linux/amd64,linux/arm64, to build each image for, into one OCI image index archive OUT/SHORT-TAG.oci.tar; "" writes a linux/amd64 docker archive OUT/SHORT.tar`)
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: images [flags] [%s]\n", strings.Join(shortNames(), " | "))
@@ -73,7 +76,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "images: -platforms:", err)
 		os.Exit(2)
 	}
-	if err := run(*out, *repo, *tag, *k8sBin, *version, arches, selected); err != nil {
+	roots, err := parseSysroots(*sysroots)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "images: -sysroot:", err)
+		os.Exit(2)
+	}
+	if err := run(*out, *repo, *tag, *k8sBin, *version, arches, roots, selected); err != nil {
 		fmt.Fprintln(os.Stderr, "images:", err)
 		os.Exit(1)
 	}
@@ -135,11 +143,11 @@ func parsePlatforms(s string) ([]string, error) {
 
 // run builds the selected images into out and writes out/images.txt listing those that succeeded: a
 // docker archive each when arches is empty, else an OCI image index archive each of those architectures.
-func run(out, repo, tag, k8sBin, version string, arches []string, selected []*spec) error {
+func run(out, repo, tag, k8sBin, version string, arches []string, sysroots map[string]sysroot, selected []*spec) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	b, err := newBuilder(k8sBin, version)
+	b, err := newBuilder(k8sBin, version, sysroots)
 	if err != nil {
 		return err
 	}

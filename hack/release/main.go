@@ -9,8 +9,9 @@
 //   - crust-vVERSION.cdx.json, an SBOM (CycloneDX 1.5 JSON) of the images: one component per image and
 //     platform; one per Go program in it, made from the build information Go wrote into the binary
 //     (what `go version -m` prints), with the Go modules it links as components it depends on; and the
-//     Debian packages of this machine that the image's other files (host tools, their libraries) come
-//     from, as dpkg knows them (none where dpkg is not installed);
+//     Debian packages that the image's other files (host tools, their libraries) come from: as this
+//     machine's dpkg knows them for an image of its architecture (none where dpkg is not installed),
+//     as the sysroot's files list says for another (-packages ARCH=FILE);
 //   - SHA256SUMS, the SHA-256 of every other file, in the format `sha256sum -c` checks.
 //
 // It fails, naming the file, on a file whose name lacks the version, on an image archive it cannot
@@ -33,6 +34,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 )
@@ -43,10 +45,15 @@ const repoRootFromMake = "."
 func main() {
 	dir := flag.String("dir", "_output/release", "the release directory to finish")
 	root := flag.String("root", repoRootFromMake, "the repository's root, where the file VERSION is")
+	lists := flag.String("packages", "", "comma-separated ARCH=FILE: the files list hack/images/sysroot.sh wrote for the sysroot that the images for ARCH took their host tools from")
 	flag.Parse()
 	version, err := readVersion(*root)
+	var packageLists map[string]string
 	if err == nil {
-		err = finish(*dir, version)
+		packageLists, err = parseLists(*lists)
+	}
+	if err == nil {
+		err = finish(*dir, version, packageLists)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "release:", err)
@@ -63,8 +70,10 @@ const (
 // sbomName is the SBOM's file name for version.
 func sbomName(version string) string { return "crust-" + version + ".cdx.json" }
 
-// finish writes the SBOM and SHA256SUMS into dir, as the command's documentation says.
-func finish(dir, version string) error {
+// finish writes the SBOM and SHA256SUMS into dir, as the command's documentation says. packageLists are
+// the files lists (hack/images/sysroot.sh) of the sysroots, by GOARCH, that the host files of the images
+// of another architecture than this machine's came from.
+func finish(dir, version string, packageLists map[string]string) error {
 	if err := os.Remove(filepath.Join(dir, imagesList)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
@@ -93,9 +102,9 @@ func finish(dir, version string) error {
 		return fmt.Errorf("%s: %d image archives and %d charts, want at least one of each", dir, len(archives), len(charts))
 	}
 	var (
-		images   []imageContent
-		programs int
-		files    []string
+		images    []imageContent
+		programs  int
+		hostFiles []string // of the images of this machine's architecture
 	)
 	for _, a := range archives {
 		cs, err := contentsOf(filepath.Join(dir, a))
@@ -107,16 +116,26 @@ func finish(dir, version string) error {
 				return fmt.Errorf("%s: the image is named %s, not tagged %s", filepath.Join(dir, a), c.image, version)
 			}
 			programs += len(c.programs)
-			files = append(files, c.files...)
+			if c.platform == "linux/"+runtime.GOARCH {
+				hostFiles = append(hostFiles, c.files...)
+			}
 		}
 		images = append(images, cs...)
 	}
 	if programs == 0 {
 		return fmt.Errorf("%s: the images hold no Go program", dir)
 	}
-	debs, err := debPackages(files)
-	if err != nil {
+	debs := map[string]map[string]deb{} // by platform, by path
+	if debs["linux/"+runtime.GOARCH], err = debPackages(hostFiles); err != nil {
 		return err
+	}
+	for arch, list := range packageLists {
+		if arch == runtime.GOARCH {
+			return fmt.Errorf("-packages %s=%s: this machine's packages are dpkg's to say", arch, list)
+		}
+		if debs["linux/"+arch], err = readPackageList(list); err != nil {
+			return err
+		}
 	}
 	sbom, err := json.MarshalIndent(cycloneDX(version, images, debs), "", "  ")
 	if err != nil {
@@ -208,6 +227,40 @@ func debPackages(paths []string) (map[string]deb, error) {
 		byPath[p] = versions[pkg]
 	}
 	return byPath, nil
+}
+
+// parseLists parses -packages: comma-separated ARCH=FILE, none for "".
+func parseLists(s string) (map[string]string, error) {
+	lists := map[string]string{}
+	if s == "" {
+		return lists, nil
+	}
+	for _, kv := range strings.Split(s, ",") {
+		arch, file, ok := strings.Cut(kv, "=")
+		if !ok || arch == "" || file == "" {
+			return nil, fmt.Errorf("-packages: %q is not ARCH=FILE", kv)
+		}
+		lists[arch] = file
+	}
+	return lists, nil
+}
+
+// readPackageList reads a sysroot's files list, one line "PATH PACKAGE ARCH VERSION" per regular file
+// its packages hold, into the package of each path.
+func readPackageList(file string) (map[string]deb, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]deb{}
+	for i, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 || !strings.HasPrefix(f[0], "/") {
+			return nil, fmt.Errorf("%s:%d: %q is not PATH PACKAGE ARCH VERSION", file, i+1, line)
+		}
+		out[f[0]] = deb{name: f[1], arch: f[2], version: f[3]}
+	}
+	return out, nil
 }
 
 // program is one Go program found in an image.

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"debug/buildinfo"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
@@ -77,7 +78,11 @@ func contentsOf(file string) ([]imageContent, error) {
 	return out, nil
 }
 
-// read fills c's programs and files from img's filesystem.
+// elfMachines are the ELF machines of the architectures (GOARCH) a release has images for.
+var elfMachines = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
+
+// read fills c's programs and files from img's filesystem. An ELF file for another machine than the
+// image's platform is an error: a tool of the wrong architecture would fail only on a node.
 func (c *imageContent) read(img v1.Image) error {
 	rc := mutate.Extract(img)
 	defer func() { _ = rc.Close() }()
@@ -94,15 +99,18 @@ func (c *imageContent) read(img v1.Image) error {
 			continue
 		}
 		p := "/" + strings.TrimPrefix(h.Name, "/")
-		if h.Mode&0o111 != 0 {
-			data, err := io.ReadAll(tr)
-			if err != nil {
-				return err
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			return err
+		}
+		if f, err := elf.NewFile(bytes.NewReader(data)); err == nil {
+			if want := elfMachines[strings.TrimPrefix(c.platform, "linux/")]; f.Machine != want {
+				return fmt.Errorf("%s: an ELF file for %s in an image for %s", p, f.Machine, c.platform)
 			}
-			if info, err := buildinfo.Read(bytes.NewReader(data)); err == nil {
-				c.programs = append(c.programs, program{image: c.image, platform: c.platform, path: p, info: info})
-				continue
-			}
+		}
+		if info, err := buildinfo.Read(bytes.NewReader(data)); err == nil && h.Mode&0o111 != 0 {
+			c.programs = append(c.programs, program{image: c.image, platform: c.platform, path: p, info: info})
+			continue
 		}
 		c.files = append(c.files, p) // a host tool, a library, a configuration file
 	}

@@ -44,10 +44,10 @@ type (
 // per image and platform, depending on its programs and packages; an application component per
 // program and platform (its image, platform, path in the image and Go toolchain as properties),
 // depending on the Go modules it links; a library component per Go module by its package URL
-// (pkg:golang/PATH@VERSION, a replaced module by its replacement), and per Debian package of debs that
-// an image's files come from (pkg:deb/debian/NAME@VERSION?arch=ARCH). The serial number is derived from
+// (pkg:golang/PATH@VERSION, a replaced module by its replacement), and per Debian package that an
+// image's files come from, as debs says by platform and path (pkg:deb/debian/NAME@VERSION?arch=ARCH). The serial number is derived from
 // the content, so that the same images give the same document.
-func cycloneDX(version string, images []imageContent, debs map[string]deb) bom {
+func cycloneDX(version string, images []imageContent, debs map[string]map[string]deb) bom {
 	doc := bom{
 		BOMFormat: "CycloneDX", SpecVersion: "1.5", Version: 1,
 		Metadata: bomMetadata{Component: component{Type: "application", BOMRef: "crust@" + version, Name: "crust", Version: version}},
@@ -82,7 +82,7 @@ func cycloneDX(version string, images []imageContent, debs map[string]deb) bom {
 			imgDep.DependsOn = append(imgDep.DependsOn, ref)
 		}
 		for _, f := range img.files {
-			d, ok := debs[f]
+			d, ok := debs[img.platform][f]
 			if !ok {
 				continue
 			}
