@@ -78,8 +78,8 @@ images: ## Build crust's own images (crustd, the CSI proxy, the reference driver
 # for it (RELEASE_DEBS and what they depend on), unpacked into a sysroot (hack/images/sysroot.sh).
 RELEASE_DIR := $(OUT)/release
 RELEASE_PLATFORMS := linux/amd64,linux/arm64
-RELEASE_FOREIGN := $(filter-out $(shell $(GO) env GOARCH),amd64 arm64)
-RELEASE_SYSROOT := $(OUT)/sysroot-$(RELEASE_FOREIGN)
+RELEASE_FOREIGN = $(filter-out $(shell $(GO) env GOARCH),amd64 arm64)
+RELEASE_SYSROOT = $(OUT)/sysroot-$(RELEASE_FOREIGN)
 RELEASE_DEBS := mount util-linux e2fsprogs xfsprogs lvm2
 
 .PHONY: release
