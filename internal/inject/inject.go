@@ -108,8 +108,10 @@ const (
 	// PodLabel marks the pods that carry a proxy (the proxy's PodMonitor selects them).
 	PodLabel      = "crust.dev/csi-proxy"
 	PodLabelValue = "injected"
-	// PortName names the proxies' HTTP port.
-	PortName = "crust-metrics"
+	// NodePortName and ControllerPortName name the proxies' HTTP ports (/metrics, /healthz, /readyz):
+	// two names, as port names are unique in a pod and a pod may hold both proxies.
+	NodePortName       = "crust-node"
+	ControllerPortName = "crust-ctrl"
 	// pluginMount is where a proxy mounts the pod volume that holds the driver's socket.
 	pluginMount = "/crust/plugin"
 	tokenPath   = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -505,7 +507,7 @@ func (p *pod) node(reg *corev1.Container, o Options, cms map[string]map[string]s
 	proxySock := path.Join(path.Dir(host), NodeSocket)
 	setFlag(reg, "kubelet-registration-path", proxySock)
 
-	c := p.proxyContainer(NodeContainer, o.NodePort, sock, NodeSocket, o)
+	c := p.proxyContainer(NodeContainer, NodePortName, o.NodePort, sock, NodeSocket, o)
 	c.Args = append(c.Args,
 		"--crust-socket=/run/crust/crust.sock",
 		"--microvm-handlers="+o.MicroVMHandlers,
@@ -559,7 +561,7 @@ func (p *pod) controller(ctrls []sidecar, o Options, cms map[string]map[string]s
 		}
 		names = append(names, c.Name)
 	}
-	c := p.proxyContainer(ControllerContainer, o.ControllerPort, sock, ControllerSocket, o)
+	c := p.proxyContainer(ControllerContainer, ControllerPortName, o.ControllerPort, sock, ControllerSocket, o)
 	c.Args = slices.Insert(c.Args, 0, "--controller")
 	c.Resources = resources("16Mi", "64Mi")
 	no, ro := false, true
@@ -569,7 +571,7 @@ func (p *pod) controller(ctrls []sidecar, o Options, cms map[string]map[string]s
 }
 
 // proxyContainer is what both proxies share: the image, the sockets, HTTP and probes.
-func (p *pod) proxyContainer(name string, port int32, sock placed, own string, o Options) corev1.Container {
+func (p *pod) proxyContainer(name, portName string, port int32, sock placed, own string, o Options) corev1.Container {
 	// On the host network the proxy keeps its HTTP endpoints to the node's loopback; otherwise it serves
 	// them on the pod's IP, where the kubelet's probes and a scraper reach them.
 	addr, host := fmt.Sprintf(":%d", port), ""
@@ -590,7 +592,7 @@ func (p *pod) proxyContainer(name string, port int32, sock placed, own string, o
 			"--http-addr=" + addr,
 			"--log-format=json",
 		},
-		Ports:          []corev1.ContainerPort{{Name: PortName, ContainerPort: port, Protocol: corev1.ProtocolTCP}},
+		Ports:          []corev1.ContainerPort{{Name: portName, ContainerPort: port, Protocol: corev1.ProtocolTCP}},
 		LivenessProbe:  probe("/healthz", 10),
 		ReadinessProbe: probe("/readyz", 5),
 		VolumeMounts:   []corev1.VolumeMount{{Name: sock.volume, MountPath: pluginMount}},

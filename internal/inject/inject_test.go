@@ -128,6 +128,16 @@ func checkPod(t *testing.T, sp shapePod, namespace string, before, after map[str
 	if now.ServiceAccountName != was.ServiceAccountName || !reflect.DeepEqual(now.AutomountServiceAccountToken, was.AutomountServiceAccountToken) {
 		t.Errorf("ServiceAccount %q (automount %v), want %q (%v) as before", now.ServiceAccountName, now.AutomountServiceAccountToken, was.ServiceAccountName, was.AutomountServiceAccountToken)
 	}
+	// Port names are unique in a pod, or probes and scrapers by name pick one of two.
+	names := map[string]string{}
+	for _, c := range now.Containers {
+		for _, port := range c.Ports {
+			if other, ok := names[port.Name]; ok && port.Name != "" {
+				t.Errorf("port name %s declared by containers %s and %s", port.Name, other, c.Name)
+			}
+			names[port.Name] = c.Name
+		}
+	}
 	labels, _, _ := unstructured.NestedStringMap(after[key].Object, "spec", "template", "metadata", "labels")
 	if labels[PodLabel] != PodLabelValue {
 		t.Errorf("pod labels %v lack %s=%s", labels, PodLabel, PodLabelValue)
