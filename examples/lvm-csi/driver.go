@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"crust.dev/crust/examples/lvm-csi/internal/lvm"
 	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/pkg/command"
+	"crust.dev/crust/pkg/unixsocket"
 	"crust.dev/crust/pkg/volume"
 )
 
@@ -215,22 +215,15 @@ func (d *Driver) Register(s *grpc.Server) {
 	csi.RegisterNodeServer(s, d)
 }
 
-// Start creates the driver and serves it on a unix socket at endpoint (a stale socket there is replaced).
+// Start creates the driver and serves it on a unix socket at endpoint (a path, or a unix:// or unix:
+// address; a stale socket there is replaced, a live one is an error).
 // stop stops serving, waiting for calls in flight, and closes the driver; it returns what Close returned.
 func Start(endpoint string, cfg Config) (stop func() error, err error) {
 	d, err := New(cfg)
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Dir(endpoint), 0o755); err != nil {
-		_ = d.Close()
-		return nil, err
-	}
-	if err := os.Remove(endpoint); err != nil && !errors.Is(err, os.ErrNotExist) {
-		_ = d.Close()
-		return nil, err
-	}
-	lis, err := net.Listen("unix", endpoint)
+	lis, err := unixsocket.Listen(endpoint)
 	if err != nil {
 		_ = d.Close()
 		return nil, err
