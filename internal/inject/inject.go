@@ -20,7 +20,8 @@
 //   - Probes reach the proxy with and without hostNetwork.
 //   - Input that cannot be injected (a socket it cannot place, a port taken, no CSI pod at all) is refused
 //     with errors naming each object and the reason, and nothing is written.
-//   - Injecting its own output again changes nothing.
+//   - Injecting its own output again changes nothing; with Options.Check, a driver pod without its
+//     proxies is an error instead.
 package inject
 
 import (
@@ -54,6 +55,10 @@ type Options struct {
 	MicroVMHandlers string
 	// NodePort and ControllerPort are the proxies' HTTP ports (/metrics, /healthz, /readyz).
 	NodePort, ControllerPort int32
+	// Check changes nothing: a driver pod without its proxies is an error, and input whose every driver
+	// pod has them is written as it came. For manifests given the proxy another way (the kustomize
+	// Component), whose mistakes would otherwise pass silently.
+	Check bool
 }
 
 // Defaults returns the options of an install as deploy/ makes it.
@@ -162,6 +167,8 @@ func Inject(r io.Reader, w io.Writer, o Options) (Result, error) {
 		case done == "":
 		case done == "unchanged":
 			res.Unchanged = append(res.Unchanged, p.id)
+		case o.Check:
+			errs = append(errs, fmt.Errorf("%s: it has no crust-csi-proxy (with the kustomize Component: the label crust.dev/csi-proxy: enabled is missing from it, or was added after the Component ran)", p.id))
 		default:
 			d.changed = true
 			res.Injected = append(res.Injected, p.id+": "+done)

@@ -68,6 +68,32 @@ func TestRefuses(t *testing.T) {
 	}
 }
 
+// TestCheck: --check passes manifests whose driver pods have their proxies through unchanged, and names
+// each that has none.
+func TestCheck(t *testing.T) {
+	in := mustRead(t, path.Join("testdata", "node-and-controller.yaml"))
+	o := Defaults()
+	var injected bytes.Buffer
+	if _, err := Inject(bytes.NewReader(in), &injected, o); err != nil {
+		t.Fatal(err)
+	}
+	o.Check = true
+	var out bytes.Buffer
+	if _, err := Inject(bytes.NewReader(injected.Bytes()), &out, o); err != nil || !bytes.Equal(out.Bytes(), injected.Bytes()) {
+		t.Errorf("--check of injected manifests: %v, output equal %v", err, bytes.Equal(out.Bytes(), injected.Bytes()))
+	}
+	out.Reset()
+	_, err := Inject(bytes.NewReader(in), &out, o)
+	for _, w := range []string{"DaemonSet lvmd-system/lvmd-node: it has no crust-csi-proxy", "Deployment lvmd-system/lvmd-controller: it has no crust-csi-proxy"} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("--check of plain manifests: %v, want %q", err, w)
+		}
+	}
+	if out.Len() > 0 {
+		t.Errorf("--check wrote %d bytes on error", out.Len())
+	}
+}
+
 // TestRefusesOptions: options the proxies could not run with are errors naming the flag.
 func TestRefusesOptions(t *testing.T) {
 	for _, c := range []struct {

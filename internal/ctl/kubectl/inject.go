@@ -51,6 +51,7 @@ it cannot inject is an error naming the object, and then it writes nothing.`,
 	f.StringVar(&opts.MicroVMHandlers, "microvm-handlers", opts.MicroVMHandlers, "RuntimeClass handler patterns whose pods get deferred volumes (comma-separated)")
 	f.Int32Var(&opts.NodePort, "node-port", opts.NodePort, "the node proxy's HTTP port (/metrics, /healthz, /readyz)")
 	f.Int32Var(&opts.ControllerPort, "controller-port", opts.ControllerPort, "the controller proxy's HTTP port")
+	f.BoolVar(&opts.Check, "check", false, "change nothing: fail, naming each, when a driver pod has no proxy (for manifests given the proxy by the kustomize Component), and pass the input through otherwise")
 	return cmd
 }
 
