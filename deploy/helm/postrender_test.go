@@ -40,9 +40,8 @@ func TestPostRenderers(t *testing.T) {
 		t.Fatalf("kubectl-crust inject: %v", err)
 	}
 	want := decode(t, direct)
-	// The node pod runs as its namespace's default account: the driver's node plugin names none.
 	for _, key := range []string{"DaemonSet/crust-lvm-csi-node", "Deployment/crust-lvm-csi-controller",
-		"ClusterRoleBinding/crust-csi-proxy:" + ns + ":default"} {
+		"ClusterRoleBinding/crust-csi-proxy:" + ns + ":crust-lvm-csi-node"} {
 		if _, ok := want[key]; !ok {
 			keys := make([]string, 0, len(want))
 			for k := range want {
@@ -141,4 +140,64 @@ func buildKubectlCrust(t *testing.T) string {
 		t.Fatalf("go build kubectl-crust: %v\n%s", err, out)
 	}
 	return bin
+}
+
+// TestComponentCheck: the kustomize Component patches nothing when no object carries its label when it
+// runs, and kustomize cannot fail on that; `kubectl crust inject --check` on the build does, naming each
+// driver pod left without a proxy, and passes a build whose pods have theirs. Three builds: the driver's
+// objects labelled before the Component runs (the proxies are added); no label; and the label added by the
+// including kustomization itself, which kustomize applies after its components (no proxy, silently).
+func TestComponentCheck(t *testing.T) {
+	bin := buildKubectlCrust(t)
+	const label = "labels:\n  - pairs: {crust.dev/csi-proxy: enabled}\n"
+	build := func(driverLabels, topLabels string) []byte {
+		t.Helper()
+		dir := t.TempDir()
+		rel := func(from, p string) string {
+			abs, err := filepath.Abs(p)
+			if err == nil {
+				p, err = filepath.Rel(from, abs)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+		write := func(d, k string) {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(d, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		write(filepath.Join(dir, "driver"), "resources: ["+rel(filepath.Join(dir, "driver"), filepath.Join(deployDir, "examples", "lvm-driver"))+"]\n"+driverLabels)
+		write(dir, "namespace: some-driver\nresources: [driver]\ncomponents: ["+rel(dir, filepath.Join(deployDir, "csi-proxy"))+"]\n"+topLabels)
+		out, err := kustomizeBuild(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	check := func(in []byte) (string, error) {
+		cmd := exec.Command(bin, "inject", "--check")
+		var stderr bytes.Buffer
+		cmd.Stdin, cmd.Stderr = bytes.NewReader(in), &stderr
+		out, err := cmd.Output()
+		if err == nil && !bytes.Equal(out, in) {
+			t.Errorf("inject --check changed its input")
+		}
+		return stderr.String(), err
+	}
+	if msg, err := check(build(label, "")); err != nil {
+		t.Errorf("the driver labelled for the Component: %v: %s", err, msg)
+	}
+	for name, top := range map[string]string{"no label": "", "the label added after the Component": label} {
+		msg, err := check(build("", top))
+		for _, want := range []string{"DaemonSet some-driver/crust-lvm-csi-node: it has no crust-csi-proxy", "Deployment some-driver/crust-lvm-csi-controller: it has no crust-csi-proxy"} {
+			if err == nil || !strings.Contains(msg, want) {
+				t.Errorf("%s: %v, stderr %q; want %q", name, err, msg, want)
+			}
+		}
+	}
 }

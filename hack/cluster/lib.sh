@@ -29,8 +29,9 @@ KUBELET_PORT=${KUBELET_PORT:-10250}
 KUBELET_HEALTHZ_PORT=${KUBELET_HEALTHZ_PORT:-10248}
 KCM_PORT=${KCM_PORT:-10257}
 SCHEDULER_PORT=${SCHEDULER_PORT:-10259}
-# crustd's and the CSI proxy's HTTP ports (fixed by deploy/; checked so a collision is reported early).
-CRUST_PORTS=(9809 9810)
+# crustd's and the CSI proxies' HTTP ports on the node (deploy/'s, and the injected example drivers':
+# up.sh), and the example registrar's; checked so a collision is reported early.
+CRUST_PORTS=(9809 9810 9811 9812 9820 9822)
 
 # The bridge the CNI plugin makes, and the pod subnet on it.
 BRIDGE=${BRIDGE:-k8stest0}

@@ -4,9 +4,10 @@
 # kube-controller-manager, kube-scheduler and kubelet from k8s.io/kubernetes. Everything listens on
 # loopback addresses (lib.sh: the API server on the kubernetes Service's 127.100.0.1:443, the rest on
 # 127.0.0.1, ports overridable) and lives under $RUN. It imports the images `make test-images` built
-# into containerd, applies deploy/ and deploy/examples with `kubectl apply -k` through an overlay that
-# changes only image names, and exits 0 once the node is Ready, crustd runs and the example driver is
-# registered. The last line it prints is the kubeconfig's path.
+# into containerd, applies deploy/ with `kubectl apply -k` through an overlay that changes only image
+# names, and the example driver's two shapes (deploy/examples, deploy/examples/lvm-statefulset) through the
+# same overlay and `kubectl crust inject`, and exits 0 once the node is Ready, crustd runs and both example
+# drivers are registered. The last line it prints is the kubeconfig's path.
 #
 # Idempotent: a cluster that is up and healthy is left as it is (deploy/ is applied again); anything else
 # under $RUN, such as the remains of a crash, is torn down first (down.sh).
@@ -290,14 +291,41 @@ overlay() { # overlay DIR BASE: a kustomization that only renames images
 		done <"$IMAGES/images.txt"
 	} >"$1/kustomization.yaml"
 }
+# The example driver in its two shapes, as their projects would deploy them, is given crust-csi-proxy by
+# `kubectl crust inject` alone, as an operator would, before the overlay renames its images. One change
+# comes first: this cluster has no kube-proxy and serves the API only on the host's loopback, and the host
+# has no route to the pod subnet, so a pod off the host network could not reach the API server (the
+# sidecars and the node proxy need it) and kubelet's probes of a pod's IP would leave the machine. The
+# driver's pods therefore run on the host network here, and the second shape's proxies on other ports.
+(cd "$ROOT" && go build -o "$RUN/kubectl-crust" ./cmd/kubectl-crust)
+injected() { # injected DIR BASE INJECT-FLAGS...: BASE's manifests on the host network, injected, as a kustomization in DIR
+	local dir=$1 base=$2
+	shift 2
+	mkdir -p "$dir/host-network"
+	{
+		echo "resources: [$(realpath --relative-to "$dir/host-network" "$base")]"
+		echo "patches:"
+		for kind in DaemonSet Deployment StatefulSet; do
+			echo "  - {target: {kind: $kind}, patch: '[{\"op\": \"add\", \"path\": \"/spec/template/spec/hostNetwork\", \"value\": true}]'}"
+		done
+	} >"$dir/host-network/kustomization.yaml"
+	kubectl_ kustomize "$dir/host-network" | "$RUN/kubectl-crust" inject "$@" >"$dir/injected.yaml"
+	echo "resources: [injected.yaml]" >"$dir/kustomization.yaml"
+}
+injected "$RUN/deploy/examples-injected" "$ROOT/deploy/examples"
+injected "$RUN/deploy/lvm-statefulset-injected" "$ROOT/deploy/examples/lvm-statefulset" --node-port=9820 --controller-port=9822
 overlay "$RUN/deploy/crust" "$ROOT/deploy"
-overlay "$RUN/deploy/examples" "$ROOT/deploy/examples"
+overlay "$RUN/deploy/examples" "$RUN/deploy/examples-injected"
+overlay "$RUN/deploy/lvm-statefulset" "$RUN/deploy/lvm-statefulset-injected"
 kubectl_ apply -k "$RUN/deploy/crust" >/dev/null
 kubectl_ apply -k "$RUN/deploy/examples" >/dev/null
+kubectl_ apply -k "$RUN/deploy/lvm-statefulset" >/dev/null
 kubectl_ -n crust-system rollout status daemonset/crustd --timeout=120s >/dev/null
 log "crustd running ($(elapsed))"
-wait_for 120 "the example driver in CSINode" sh -c "'$K8S_BIN/kubectl' --kubeconfig '$KUBECONFIG_OUT' get csinode '$NODE' -o jsonpath='{.spec.drivers[*].name}' | grep -q lvm.test.crust.dev"
-log "example driver registered ($(elapsed))"
+for driver in lvm.test.crust.dev lvm-sts.test.crust.dev; do
+	wait_for 120 "the example driver $driver in CSINode" sh -c "'$K8S_BIN/kubectl' --kubeconfig '$KUBECONFIG_OUT' get csinode '$NODE' -o jsonpath='{.spec.drivers[*].name}' | grep -qw $driver"
+done
+log "example drivers registered ($(elapsed))"
 # A pod can only be created once its namespace's ServiceAccount exists.
 wait_for 60 "the default ServiceAccount" kubectl_ -n default get serviceaccount default
 log "cluster up in $(elapsed)"

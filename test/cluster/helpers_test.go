@@ -106,7 +106,12 @@ func (c *cluster) pvc(t *testing.T, ns, name, size string) *corev1.PersistentVol
 // pvcOfMode is pvc with a volume mode (nil: the default, Filesystem).
 func (c *cluster) pvcOfMode(t *testing.T, ns, name, size string, mode *corev1.PersistentVolumeMode) *corev1.PersistentVolumeClaim {
 	t.Helper()
-	class := deferClass
+	return c.pvcOfClass(t, ns, name, size, deferClass, mode)
+}
+
+// pvcOfClass is pvcOfMode in another StorageClass.
+func (c *cluster) pvcOfClass(t *testing.T, ns, name, size, class string, mode *corev1.PersistentVolumeMode) *corev1.PersistentVolumeClaim {
+	t.Helper()
 	p, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Create(ctxT(t), &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PersistentVolumeClaimSpec{

@@ -255,10 +255,11 @@ func (c *cluster) socketPodVolumes(t *testing.T, uid string) []*crustv1.Volume {
 	}
 }
 
-// nodePlugin is a CSI Node client of the node plugin on the socket kubelet dials (crust-csi-proxy's).
+// nodePlugin is a CSI Node client of the node plugin on the socket kubelet dials: the one `kubectl crust
+// inject` gave crust-csi-proxy, beside the driver's.
 func (c *cluster) nodePlugin(t *testing.T) csi.NodeClient {
 	t.Helper()
-	cc, err := client.Dial(c.nsPath("/var/lib/kubelet/plugins/" + driverName + "/csi.sock"))
+	cc, err := client.Dial(c.nsPath("/var/lib/kubelet/plugins/" + driverName + "/crust-node.sock"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,7 +99,7 @@ func (c *cluster) driverController(t *testing.T) csi.ControllerClient {
 	if err := os.Symlink(dir, link); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := client.Dial(filepath.Join(link, "driver.sock"))
+	conn, err := client.Dial(filepath.Join(link, "lvm-csi.sock")) // the driver's own, not the injected proxy's
 	if err != nil {
 		t.Fatal(err)
 	}
