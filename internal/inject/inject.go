@@ -1,6 +1,6 @@
 // Package inject adds crust-csi-proxy to a CSI driver's manifests as the driver's own project renders
-// them, with no change to the driver: `kubectl crust inject`, the Helm post-renderers and the kustomize
-// Component's documentation all rest on it.
+// them, with no change to the driver. `kubectl crust inject` and the Helm post-renderers run it; its Check
+// mode verifies a build that got the proxy from the kustomize Component.
 //
 // Promises:
 //   - It finds the node plugin by its node-driver-registrar container and the controller by its
@@ -203,7 +203,7 @@ func Inject(r io.Reader, w io.Writer, o Options) (Result, error) {
 		out.Write(b)
 	}
 	for _, obj := range rbac {
-		// Objects of another driver may already hold the role: its name is the account's, unique.
+		// One ClusterRole and binding an account, named after it: no other driver's or release's is replaced.
 		b, err := yaml.Marshal(obj.Object)
 		if err != nil {
 			return Result{}, err
