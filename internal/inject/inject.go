@@ -35,8 +35,10 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 )
@@ -587,7 +589,7 @@ func (p *pod) proxyContainer(name, portName string, port int32, sock placed, own
 	}
 	probe := func(path string, period int32) *corev1.Probe {
 		return &corev1.Probe{PeriodSeconds: period, FailureThreshold: 3, ProbeHandler: corev1.ProbeHandler{
-			HTTPGet: &corev1.HTTPGetAction{Host: host, Path: path, Port: intOrString(port)}}}
+			HTTPGet: &corev1.HTTPGetAction{Host: host, Path: path, Port: intstr.FromInt32(port)}}}
 	}
 	return corev1.Container{
 		Name:            name,
@@ -681,4 +683,12 @@ func toAny(words []string) []any {
 		out[i] = w
 	}
 	return out
+}
+
+// resources are a proxy's: a small CPU request and no CPU limit, as deploy/csi-proxy's.
+func resources(request, limit string) corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("5m"), corev1.ResourceMemory: resource.MustParse(request)},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(limit)},
+	}
 }

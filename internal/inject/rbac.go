@@ -1,12 +1,9 @@
 package inject
 
 import (
-	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 // ProxyRules are what the node proxy may do with the API: watch its node's pods and the RuntimeClasses
@@ -54,12 +51,3 @@ func toUnstructured(obj any) *unstructured.Unstructured {
 	unstructured.RemoveNestedField(m, "metadata", "creationTimestamp")
 	return &unstructured.Unstructured{Object: m}
 }
-
-func resources(request, limit string) corev1.ResourceRequirements {
-	return corev1.ResourceRequirements{
-		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("5m"), corev1.ResourceMemory: resource.MustParse(request)},
-		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(limit)},
-	}
-}
-
-func intOrString(port int32) intstr.IntOrString { return intstr.FromInt32(port) }
