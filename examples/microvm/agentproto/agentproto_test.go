@@ -22,8 +22,10 @@ import (
 )
 
 // fakeAgent answers like the agent: Exec echoes argv (argv[0] "block" waits until its argv[1] is
-// released; "fail" fails with the kind named by argv[1]); Statfs echoes its target as the message.
+// released; "fail" fails with the kind named by argv[1]); Statfs echoes its target as the message. The
+// container calls are not exercised here: the embedded nil interface leaves them unimplemented.
 type fakeAgent struct {
+	agentv1.AgentServiceService
 	mu      sync.Mutex
 	release map[string]chan struct{}
 	started chan string

@@ -87,6 +87,56 @@ func (FsGroupPolicy) EnumDescriptor() ([]byte, []int) {
 	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{0}
 }
 
+// Stream is one of a process's output streams.
+type Stream int32
+
+const (
+	Stream_STREAM_UNSPECIFIED Stream = 0
+	Stream_STREAM_STDOUT      Stream = 1
+	Stream_STREAM_STDERR      Stream = 2
+)
+
+// Enum value maps for Stream.
+var (
+	Stream_name = map[int32]string{
+		0: "STREAM_UNSPECIFIED",
+		1: "STREAM_STDOUT",
+		2: "STREAM_STDERR",
+	}
+	Stream_value = map[string]int32{
+		"STREAM_UNSPECIFIED": 0,
+		"STREAM_STDOUT":      1,
+		"STREAM_STDERR":      2,
+	}
+)
+
+func (x Stream) Enum() *Stream {
+	p := new(Stream)
+	*p = x
+	return p
+}
+
+func (x Stream) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Stream) Descriptor() protoreflect.EnumDescriptor {
+	return file_crust_agent_v1_agent_proto_enumTypes[1].Descriptor()
+}
+
+func (Stream) Type() protoreflect.EnumType {
+	return &file_crust_agent_v1_agent_proto_enumTypes[1]
+}
+
+func (x Stream) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Stream.Descriptor instead.
+func (Stream) EnumDescriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
 // HealthRequest says whether to wait for the agent's start to be over.
 type HealthRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1014,6 +1064,1395 @@ func (*ShutdownResponse) Descriptor() ([]byte, []int) {
 	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
+// MountShareRequest names a virtio-fs share and where to mount it in the guest.
+type MountShareRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tag           string                 `protobuf:"bytes,1,opt,name=tag,proto3" json:"tag,omitempty"`
+	Target        string                 `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MountShareRequest) Reset() {
+	*x = MountShareRequest{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MountShareRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MountShareRequest) ProtoMessage() {}
+
+func (x *MountShareRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MountShareRequest.ProtoReflect.Descriptor instead.
+func (*MountShareRequest) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *MountShareRequest) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *MountShareRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+type MountShareResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MountShareResponse) Reset() {
+	*x = MountShareResponse{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MountShareResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MountShareResponse) ProtoMessage() {}
+
+func (x *MountShareResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MountShareResponse.ProtoReflect.Descriptor instead.
+func (*MountShareResponse) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+}
+
+// ContainerMount is one mount of a container, as an OCI runtime spec's mount: a bind mount's source is a
+// guest path (under a share, or a deferred volume mounted in the guest); other types (proc, sysfs, tmpfs,
+// devpts, mqueue) are made in the guest.
+type ContainerMount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Path inside the container's root: absolute and clean.
+	Destination string `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
+	// "bind" (or options holding bind/rbind), "proc", "sysfs", "tmpfs", "devpts", "mqueue".
+	Type   string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	Source string `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"`
+	// mount(8)-style options: ro, rw, nosuid, nodev, noexec, bind, rbind, mode=..., size=..., and so on.
+	Options       []string `protobuf:"bytes,4,rep,name=options,proto3" json:"options,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerMount) Reset() {
+	*x = ContainerMount{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerMount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerMount) ProtoMessage() {}
+
+func (x *ContainerMount) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerMount.ProtoReflect.Descriptor instead.
+func (*ContainerMount) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ContainerMount) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *ContainerMount) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *ContainerMount) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *ContainerMount) GetOptions() []string {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
+// ContainerDevice is a device node made in the container from a device node of the guest (a raw block
+// volume's, which Mount made).
+type ContainerDevice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Path inside the container's root.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// The guest's device node.
+	Source        string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	Uid           uint32 `protobuf:"varint,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid           uint32 `protobuf:"varint,4,opt,name=gid,proto3" json:"gid,omitempty"`
+	FileMode      uint32 `protobuf:"varint,5,opt,name=file_mode,json=fileMode,proto3" json:"file_mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerDevice) Reset() {
+	*x = ContainerDevice{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerDevice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerDevice) ProtoMessage() {}
+
+func (x *ContainerDevice) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerDevice.ProtoReflect.Descriptor instead.
+func (*ContainerDevice) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ContainerDevice) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *ContainerDevice) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *ContainerDevice) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *ContainerDevice) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *ContainerDevice) GetFileMode() uint32 {
+	if x != nil {
+		return x.FileMode
+	}
+	return 0
+}
+
+type CreateContainerRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	// The guest path of the container's rootfs.
+	Root          string             `protobuf:"bytes,2,opt,name=root,proto3" json:"root,omitempty"`
+	ReadOnlyRoot  bool               `protobuf:"varint,3,opt,name=read_only_root,json=readOnlyRoot,proto3" json:"read_only_root,omitempty"`
+	Mounts        []*ContainerMount  `protobuf:"bytes,4,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	Devices       []*ContainerDevice `protobuf:"bytes,5,rep,name=devices,proto3" json:"devices,omitempty"`
+	Hostname      string             `protobuf:"bytes,6,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateContainerRequest) Reset() {
+	*x = CreateContainerRequest{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateContainerRequest) ProtoMessage() {}
+
+func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateContainerRequest.ProtoReflect.Descriptor instead.
+func (*CreateContainerRequest) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CreateContainerRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *CreateContainerRequest) GetRoot() string {
+	if x != nil {
+		return x.Root
+	}
+	return ""
+}
+
+func (x *CreateContainerRequest) GetReadOnlyRoot() bool {
+	if x != nil {
+		return x.ReadOnlyRoot
+	}
+	return false
+}
+
+func (x *CreateContainerRequest) GetMounts() []*ContainerMount {
+	if x != nil {
+		return x.Mounts
+	}
+	return nil
+}
+
+func (x *CreateContainerRequest) GetDevices() []*ContainerDevice {
+	if x != nil {
+		return x.Devices
+	}
+	return nil
+}
+
+func (x *CreateContainerRequest) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+type CreateContainerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateContainerResponse) Reset() {
+	*x = CreateContainerResponse{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateContainerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateContainerResponse) ProtoMessage() {}
+
+func (x *CreateContainerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateContainerResponse.ProtoReflect.Descriptor instead.
+func (*CreateContainerResponse) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+}
+
+// Rlimit is one resource limit, as setrlimit(2) takes it (type as RLIMIT_NOFILE and the like).
+type Rlimit struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Hard          uint64                 `protobuf:"varint,2,opt,name=hard,proto3" json:"hard,omitempty"`
+	Soft          uint64                 `protobuf:"varint,3,opt,name=soft,proto3" json:"soft,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rlimit) Reset() {
+	*x = Rlimit{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rlimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rlimit) ProtoMessage() {}
+
+func (x *Rlimit) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rlimit.ProtoReflect.Descriptor instead.
+func (*Rlimit) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *Rlimit) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *Rlimit) GetHard() uint64 {
+	if x != nil {
+		return x.Hard
+	}
+	return 0
+}
+
+func (x *Rlimit) GetSoft() uint64 {
+	if x != nil {
+		return x.Soft
+	}
+	return 0
+}
+
+// Process is what to run, as an OCI runtime spec's process says.
+type Process struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// args[0] is looked up in the PATH of env, inside the container, when it holds no '/'.
+	Args []string `protobuf:"bytes,1,rep,name=args,proto3" json:"args,omitempty"`
+	Env  []string `protobuf:"bytes,2,rep,name=env,proto3" json:"env,omitempty"`
+	// Absolute, inside the container; "" means "/".
+	Cwd             string    `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	Uid             uint32    `protobuf:"varint,4,opt,name=uid,proto3" json:"uid,omitempty"`
+	Gid             uint32    `protobuf:"varint,5,opt,name=gid,proto3" json:"gid,omitempty"`
+	AdditionalGids  []uint32  `protobuf:"varint,6,rep,packed,name=additional_gids,json=additionalGids,proto3" json:"additional_gids,omitempty"`
+	Terminal        bool      `protobuf:"varint,7,opt,name=terminal,proto3" json:"terminal,omitempty"`
+	Rlimits         []*Rlimit `protobuf:"bytes,8,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
+	NoNewPrivileges bool      `protobuf:"varint,9,opt,name=no_new_privileges,json=noNewPrivileges,proto3" json:"no_new_privileges,omitempty"`
+	// Capability names (CAP_CHOWN, ...) of each set; the agent keeps those it knows and drops the others.
+	Bounding      []string `protobuf:"bytes,10,rep,name=bounding,proto3" json:"bounding,omitempty"`
+	Effective     []string `protobuf:"bytes,11,rep,name=effective,proto3" json:"effective,omitempty"`
+	Permitted     []string `protobuf:"bytes,12,rep,name=permitted,proto3" json:"permitted,omitempty"`
+	Inheritable   []string `protobuf:"bytes,13,rep,name=inheritable,proto3" json:"inheritable,omitempty"`
+	Ambient       []string `protobuf:"bytes,14,rep,name=ambient,proto3" json:"ambient,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Process) Reset() {
+	*x = Process{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Process) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Process) ProtoMessage() {}
+
+func (x *Process) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Process.ProtoReflect.Descriptor instead.
+func (*Process) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *Process) GetArgs() []string {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *Process) GetEnv() []string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *Process) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *Process) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *Process) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *Process) GetAdditionalGids() []uint32 {
+	if x != nil {
+		return x.AdditionalGids
+	}
+	return nil
+}
+
+func (x *Process) GetTerminal() bool {
+	if x != nil {
+		return x.Terminal
+	}
+	return false
+}
+
+func (x *Process) GetRlimits() []*Rlimit {
+	if x != nil {
+		return x.Rlimits
+	}
+	return nil
+}
+
+func (x *Process) GetNoNewPrivileges() bool {
+	if x != nil {
+		return x.NoNewPrivileges
+	}
+	return false
+}
+
+func (x *Process) GetBounding() []string {
+	if x != nil {
+		return x.Bounding
+	}
+	return nil
+}
+
+func (x *Process) GetEffective() []string {
+	if x != nil {
+		return x.Effective
+	}
+	return nil
+}
+
+func (x *Process) GetPermitted() []string {
+	if x != nil {
+		return x.Permitted
+	}
+	return nil
+}
+
+func (x *Process) GetInheritable() []string {
+	if x != nil {
+		return x.Inheritable
+	}
+	return nil
+}
+
+func (x *Process) GetAmbient() []string {
+	if x != nil {
+		return x.Ambient
+	}
+	return nil
+}
+
+type StartProcessRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	ExecId      string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Process     *Process               `protobuf:"bytes,3,opt,name=process,proto3" json:"process,omitempty"`
+	// Whether the host writes the process's standard input; without it, stdin reads /dev/null.
+	Stdin         bool `protobuf:"varint,4,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartProcessRequest) Reset() {
+	*x = StartProcessRequest{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartProcessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartProcessRequest) ProtoMessage() {}
+
+func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartProcessRequest.ProtoReflect.Descriptor instead.
+func (*StartProcessRequest) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *StartProcessRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *StartProcessRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *StartProcessRequest) GetProcess() *Process {
+	if x != nil {
+		return x.Process
+	}
+	return nil
+}
+
+func (x *StartProcessRequest) GetStdin() bool {
+	if x != nil {
+		return x.Stdin
+	}
+	return false
+}
+
+type StartProcessResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The process's pid in the guest.
+	Pid           int32 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartProcessResponse) Reset() {
+	*x = StartProcessResponse{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartProcessResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartProcessResponse) ProtoMessage() {}
+
+func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartProcessResponse.ProtoReflect.Descriptor instead.
+func (*StartProcessResponse) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *StartProcessResponse) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+type WaitProcessRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	ExecId        string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitProcessRequest) Reset() {
+	*x = WaitProcessRequest{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitProcessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitProcessRequest) ProtoMessage() {}
+
+func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
+func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *WaitProcessRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *WaitProcessRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+type WaitProcessResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The exit code, or 128 plus the signal that ended it.
+	ExitStatus        int32 `protobuf:"varint,1,opt,name=exit_status,json=exitStatus,proto3" json:"exit_status,omitempty"`
+	ExitedAtUnixNanos int64 `protobuf:"varint,2,opt,name=exited_at_unix_nanos,json=exitedAtUnixNanos,proto3" json:"exited_at_unix_nanos,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *WaitProcessResponse) Reset() {
+	*x = WaitProcessResponse{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitProcessResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitProcessResponse) ProtoMessage() {}
+
+func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitProcessResponse.ProtoReflect.Descriptor instead.
+func (*WaitProcessResponse) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *WaitProcessResponse) GetExitStatus() int32 {
+	if x != nil {
+		return x.ExitStatus
+	}
+	return 0
+}
+
+func (x *WaitProcessResponse) GetExitedAtUnixNanos() int64 {
+	if x != nil {
+		return x.ExitedAtUnixNanos
+	}
+	return 0
+}
+
+type SignalProcessRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	ExecId        string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Signal        int32                  `protobuf:"varint,3,opt,name=signal,proto3" json:"signal,omitempty"`
+	All           bool                   `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalProcessRequest) Reset() {
+	*x = SignalProcessRequest{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalProcessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalProcessRequest) ProtoMessage() {}
+
+func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
+func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *SignalProcessRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *SignalProcessRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *SignalProcessRequest) GetSignal() int32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
+func (x *SignalProcessRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+type SignalProcessResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalProcessResponse) Reset() {
+	*x = SignalProcessResponse{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalProcessResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalProcessResponse) ProtoMessage() {}
+
+func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
+func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+}
+
+type ReadStreamRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	ExecId      string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Stream      Stream                 `protobuf:"varint,3,opt,name=stream,proto3,enum=crust.agent.v1.Stream" json:"stream,omitempty"`
+	// At most this many bytes; 0 means 32 KiB.
+	MaxBytes      uint32 `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadStreamRequest) Reset() {
+	*x = ReadStreamRequest{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadStreamRequest) ProtoMessage() {}
+
+func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadStreamRequest.ProtoReflect.Descriptor instead.
+func (*ReadStreamRequest) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ReadStreamRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *ReadStreamRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *ReadStreamRequest) GetStream() Stream {
+	if x != nil {
+		return x.Stream
+	}
+	return Stream_STREAM_UNSPECIFIED
+}
+
+func (x *ReadStreamRequest) GetMaxBytes() uint32 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+type ReadStreamResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	Eof           bool                   `protobuf:"varint,2,opt,name=eof,proto3" json:"eof,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadStreamResponse) Reset() {
+	*x = ReadStreamResponse{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadStreamResponse) ProtoMessage() {}
+
+func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadStreamResponse.ProtoReflect.Descriptor instead.
+func (*ReadStreamResponse) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ReadStreamResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ReadStreamResponse) GetEof() bool {
+	if x != nil {
+		return x.Eof
+	}
+	return false
+}
+
+type WriteStdinRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	ExecId        string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteStdinRequest) Reset() {
+	*x = WriteStdinRequest{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteStdinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteStdinRequest) ProtoMessage() {}
+
+func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
+func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *WriteStdinRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *WriteStdinRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *WriteStdinRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type WriteStdinResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteStdinResponse) Reset() {
+	*x = WriteStdinResponse{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteStdinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteStdinResponse) ProtoMessage() {}
+
+func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
+func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+}
+
+type CloseStdinRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	ExecId        string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseStdinRequest) Reset() {
+	*x = CloseStdinRequest{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseStdinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseStdinRequest) ProtoMessage() {}
+
+func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
+func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *CloseStdinRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *CloseStdinRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+type CloseStdinResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseStdinResponse) Reset() {
+	*x = CloseStdinResponse{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseStdinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseStdinResponse) ProtoMessage() {}
+
+func (x *CloseStdinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseStdinResponse.ProtoReflect.Descriptor instead.
+func (*CloseStdinResponse) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+}
+
+type ResizeTerminalRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	ExecId        string                 `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	Width         uint32                 `protobuf:"varint,3,opt,name=width,proto3" json:"width,omitempty"`
+	Height        uint32                 `protobuf:"varint,4,opt,name=height,proto3" json:"height,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResizeTerminalRequest) Reset() {
+	*x = ResizeTerminalRequest{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResizeTerminalRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResizeTerminalRequest) ProtoMessage() {}
+
+func (x *ResizeTerminalRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResizeTerminalRequest.ProtoReflect.Descriptor instead.
+func (*ResizeTerminalRequest) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ResizeTerminalRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *ResizeTerminalRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *ResizeTerminalRequest) GetWidth() uint32 {
+	if x != nil {
+		return x.Width
+	}
+	return 0
+}
+
+func (x *ResizeTerminalRequest) GetHeight() uint32 {
+	if x != nil {
+		return x.Height
+	}
+	return 0
+}
+
+type ResizeTerminalResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResizeTerminalResponse) Reset() {
+	*x = ResizeTerminalResponse{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResizeTerminalResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResizeTerminalResponse) ProtoMessage() {}
+
+func (x *ResizeTerminalResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResizeTerminalResponse.ProtoReflect.Descriptor instead.
+func (*ResizeTerminalResponse) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+}
+
+type RemoveContainerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveContainerRequest) Reset() {
+	*x = RemoveContainerRequest{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveContainerRequest) ProtoMessage() {}
+
+func (x *RemoveContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveContainerRequest.ProtoReflect.Descriptor instead.
+func (*RemoveContainerRequest) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *RemoveContainerRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+type RemoveContainerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveContainerResponse) Reset() {
+	*x = RemoveContainerResponse{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveContainerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveContainerResponse) ProtoMessage() {}
+
+func (x *RemoveContainerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveContainerResponse.ProtoReflect.Descriptor instead.
+func (*RemoveContainerResponse) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+}
+
 // ControlServiceExecRequest is the command to run.
 type ControlServiceExecRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1025,7 +2464,7 @@ type ControlServiceExecRequest struct {
 
 func (x *ControlServiceExecRequest) Reset() {
 	*x = ControlServiceExecRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1037,7 +2476,7 @@ func (x *ControlServiceExecRequest) String() string {
 func (*ControlServiceExecRequest) ProtoMessage() {}
 
 func (x *ControlServiceExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1050,7 +2489,7 @@ func (x *ControlServiceExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServiceExecRequest.ProtoReflect.Descriptor instead.
 func (*ControlServiceExecRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ControlServiceExecRequest) GetArgv() []string {
@@ -1071,7 +2510,7 @@ type ControlServiceExecResponse struct {
 
 func (x *ControlServiceExecResponse) Reset() {
 	*x = ControlServiceExecResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +2522,7 @@ func (x *ControlServiceExecResponse) String() string {
 func (*ControlServiceExecResponse) ProtoMessage() {}
 
 func (x *ControlServiceExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +2535,7 @@ func (x *ControlServiceExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServiceExecResponse.ProtoReflect.Descriptor instead.
 func (*ControlServiceExecResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ControlServiceExecResponse) GetResult() *ExecResponse {
@@ -1117,7 +2556,7 @@ type ControlServiceHealthRequest struct {
 
 func (x *ControlServiceHealthRequest) Reset() {
 	*x = ControlServiceHealthRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1129,7 +2568,7 @@ func (x *ControlServiceHealthRequest) String() string {
 func (*ControlServiceHealthRequest) ProtoMessage() {}
 
 func (x *ControlServiceHealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1142,7 +2581,7 @@ func (x *ControlServiceHealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServiceHealthRequest.ProtoReflect.Descriptor instead.
 func (*ControlServiceHealthRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ControlServiceHealthRequest) GetRequest() *HealthRequest {
@@ -1163,7 +2602,7 @@ type ControlServiceHealthResponse struct {
 
 func (x *ControlServiceHealthResponse) Reset() {
 	*x = ControlServiceHealthResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +2614,7 @@ func (x *ControlServiceHealthResponse) String() string {
 func (*ControlServiceHealthResponse) ProtoMessage() {}
 
 func (x *ControlServiceHealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +2627,7 @@ func (x *ControlServiceHealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServiceHealthResponse.ProtoReflect.Descriptor instead.
 func (*ControlServiceHealthResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ControlServiceHealthResponse) GetResult() *HealthResponse {
@@ -1207,7 +2646,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +2658,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +2671,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 // StopResponse says how the teardown went.
@@ -1246,7 +2685,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +2697,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +2710,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *StopResponse) GetTeardownError() string {
@@ -1343,7 +2782,96 @@ const file_crust_agent_v1_agent_proto_rawDesc = "" +
 	"\ttimed_out\x18\x04 \x01(\bR\btimedOut\x12\x1c\n" +
 	"\ttruncated\x18\x05 \x01(\bR\ttruncated\"\x11\n" +
 	"\x0fShutdownRequest\"\x12\n" +
-	"\x10ShutdownResponse\"/\n" +
+	"\x10ShutdownResponse\"=\n" +
+	"\x11MountShareRequest\x12\x10\n" +
+	"\x03tag\x18\x01 \x01(\tR\x03tag\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\"\x14\n" +
+	"\x12MountShareResponse\"x\n" +
+	"\x0eContainerMount\x12 \n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
+	"\x06source\x18\x03 \x01(\tR\x06source\x12\x18\n" +
+	"\aoptions\x18\x04 \x03(\tR\aoptions\"~\n" +
+	"\x0fContainerDevice\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x10\n" +
+	"\x03uid\x18\x03 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x04 \x01(\rR\x03gid\x12\x1b\n" +
+	"\tfile_mode\x18\x05 \x01(\rR\bfileMode\"\x84\x02\n" +
+	"\x16CreateContainerRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x12\n" +
+	"\x04root\x18\x02 \x01(\tR\x04root\x12$\n" +
+	"\x0eread_only_root\x18\x03 \x01(\bR\freadOnlyRoot\x126\n" +
+	"\x06mounts\x18\x04 \x03(\v2\x1e.crust.agent.v1.ContainerMountR\x06mounts\x129\n" +
+	"\adevices\x18\x05 \x03(\v2\x1f.crust.agent.v1.ContainerDeviceR\adevices\x12\x1a\n" +
+	"\bhostname\x18\x06 \x01(\tR\bhostname\"\x19\n" +
+	"\x17CreateContainerResponse\"D\n" +
+	"\x06Rlimit\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
+	"\x04hard\x18\x02 \x01(\x04R\x04hard\x12\x12\n" +
+	"\x04soft\x18\x03 \x01(\x04R\x04soft\"\x9c\x03\n" +
+	"\aProcess\x12\x12\n" +
+	"\x04args\x18\x01 \x03(\tR\x04args\x12\x10\n" +
+	"\x03env\x18\x02 \x03(\tR\x03env\x12\x10\n" +
+	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x10\n" +
+	"\x03uid\x18\x04 \x01(\rR\x03uid\x12\x10\n" +
+	"\x03gid\x18\x05 \x01(\rR\x03gid\x12'\n" +
+	"\x0fadditional_gids\x18\x06 \x03(\rR\x0eadditionalGids\x12\x1a\n" +
+	"\bterminal\x18\a \x01(\bR\bterminal\x120\n" +
+	"\arlimits\x18\b \x03(\v2\x16.crust.agent.v1.RlimitR\arlimits\x12*\n" +
+	"\x11no_new_privileges\x18\t \x01(\bR\x0fnoNewPrivileges\x12\x1a\n" +
+	"\bbounding\x18\n" +
+	" \x03(\tR\bbounding\x12\x1c\n" +
+	"\teffective\x18\v \x03(\tR\teffective\x12\x1c\n" +
+	"\tpermitted\x18\f \x03(\tR\tpermitted\x12 \n" +
+	"\vinheritable\x18\r \x03(\tR\vinheritable\x12\x18\n" +
+	"\aambient\x18\x0e \x03(\tR\aambient\"\x9a\x01\n" +
+	"\x13StartProcessRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x121\n" +
+	"\aprocess\x18\x03 \x01(\v2\x17.crust.agent.v1.ProcessR\aprocess\x12\x14\n" +
+	"\x05stdin\x18\x04 \x01(\bR\x05stdin\"(\n" +
+	"\x14StartProcessResponse\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x05R\x03pid\"P\n" +
+	"\x12WaitProcessRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\"g\n" +
+	"\x13WaitProcessResponse\x12\x1f\n" +
+	"\vexit_status\x18\x01 \x01(\x05R\n" +
+	"exitStatus\x12/\n" +
+	"\x14exited_at_unix_nanos\x18\x02 \x01(\x03R\x11exitedAtUnixNanos\"|\n" +
+	"\x14SignalProcessRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +
+	"\x06signal\x18\x03 \x01(\x05R\x06signal\x12\x10\n" +
+	"\x03all\x18\x04 \x01(\bR\x03all\"\x17\n" +
+	"\x15SignalProcessResponse\"\x9c\x01\n" +
+	"\x11ReadStreamRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12.\n" +
+	"\x06stream\x18\x03 \x01(\x0e2\x16.crust.agent.v1.StreamR\x06stream\x12\x1b\n" +
+	"\tmax_bytes\x18\x04 \x01(\rR\bmaxBytes\":\n" +
+	"\x12ReadStreamResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x10\n" +
+	"\x03eof\x18\x02 \x01(\bR\x03eof\"c\n" +
+	"\x11WriteStdinRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"\x14\n" +
+	"\x12WriteStdinResponse\"O\n" +
+	"\x11CloseStdinRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\"\x14\n" +
+	"\x12CloseStdinResponse\"\x81\x01\n" +
+	"\x15ResizeTerminalRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x14\n" +
+	"\x05width\x18\x03 \x01(\rR\x05width\x12\x16\n" +
+	"\x06height\x18\x04 \x01(\rR\x06height\"\x18\n" +
+	"\x16ResizeTerminalResponse\";\n" +
+	"\x16RemoveContainerRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"\x19\n" +
+	"\x17RemoveContainerResponse\"/\n" +
 	"\x19ControlServiceExecRequest\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\"R\n" +
 	"\x1aControlServiceExecResponse\x124\n" +
@@ -1358,7 +2886,11 @@ const file_crust_agent_v1_agent_proto_rawDesc = "" +
 	"\rFsGroupPolicy\x12\x1f\n" +
 	"\x1bFS_GROUP_POLICY_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16FS_GROUP_POLICY_ALWAYS\x10\x01\x12$\n" +
-	" FS_GROUP_POLICY_ON_ROOT_MISMATCH\x10\x022\x87\x04\n" +
+	" FS_GROUP_POLICY_ON_ROOT_MISMATCH\x10\x02*F\n" +
+	"\x06Stream\x12\x16\n" +
+	"\x12STREAM_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rSTREAM_STDOUT\x10\x01\x12\x11\n" +
+	"\rSTREAM_STDERR\x10\x022\x95\v\n" +
 	"\fAgentService\x12G\n" +
 	"\x06Health\x12\x1d.crust.agent.v1.HealthRequest\x1a\x1e.crust.agent.v1.HealthResponse\x12D\n" +
 	"\x05Mount\x12\x1c.crust.agent.v1.MountRequest\x1a\x1d.crust.agent.v1.MountResponse\x12J\n" +
@@ -1366,7 +2898,21 @@ const file_crust_agent_v1_agent_proto_rawDesc = "" +
 	"\x06Statfs\x12\x1d.crust.agent.v1.StatfsRequest\x1a\x1e.crust.agent.v1.StatfsResponse\x12A\n" +
 	"\x04Grow\x12\x1b.crust.agent.v1.GrowRequest\x1a\x1c.crust.agent.v1.GrowResponse\x12A\n" +
 	"\x04Exec\x12\x1b.crust.agent.v1.ExecRequest\x1a\x1c.crust.agent.v1.ExecResponse\x12M\n" +
-	"\bShutdown\x12\x1f.crust.agent.v1.ShutdownRequest\x1a .crust.agent.v1.ShutdownResponse2\x97\x02\n" +
+	"\bShutdown\x12\x1f.crust.agent.v1.ShutdownRequest\x1a .crust.agent.v1.ShutdownResponse\x12S\n" +
+	"\n" +
+	"MountShare\x12!.crust.agent.v1.MountShareRequest\x1a\".crust.agent.v1.MountShareResponse\x12b\n" +
+	"\x0fCreateContainer\x12&.crust.agent.v1.CreateContainerRequest\x1a'.crust.agent.v1.CreateContainerResponse\x12Y\n" +
+	"\fStartProcess\x12#.crust.agent.v1.StartProcessRequest\x1a$.crust.agent.v1.StartProcessResponse\x12V\n" +
+	"\vWaitProcess\x12\".crust.agent.v1.WaitProcessRequest\x1a#.crust.agent.v1.WaitProcessResponse\x12\\\n" +
+	"\rSignalProcess\x12$.crust.agent.v1.SignalProcessRequest\x1a%.crust.agent.v1.SignalProcessResponse\x12S\n" +
+	"\n" +
+	"ReadStream\x12!.crust.agent.v1.ReadStreamRequest\x1a\".crust.agent.v1.ReadStreamResponse\x12S\n" +
+	"\n" +
+	"WriteStdin\x12!.crust.agent.v1.WriteStdinRequest\x1a\".crust.agent.v1.WriteStdinResponse\x12S\n" +
+	"\n" +
+	"CloseStdin\x12!.crust.agent.v1.CloseStdinRequest\x1a\".crust.agent.v1.CloseStdinResponse\x12_\n" +
+	"\x0eResizeTerminal\x12%.crust.agent.v1.ResizeTerminalRequest\x1a&.crust.agent.v1.ResizeTerminalResponse\x12b\n" +
+	"\x0fRemoveContainer\x12&.crust.agent.v1.RemoveContainerRequest\x1a'.crust.agent.v1.RemoveContainerResponse2\x97\x02\n" +
 	"\x0eControlService\x12]\n" +
 	"\x04Exec\x12).crust.agent.v1.ControlServiceExecRequest\x1a*.crust.agent.v1.ControlServiceExecResponse\x12c\n" +
 	"\x06Health\x12+.crust.agent.v1.ControlServiceHealthRequest\x1a,.crust.agent.v1.ControlServiceHealthResponse\x12A\n" +
@@ -1384,64 +2930,114 @@ func file_crust_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_crust_agent_v1_agent_proto_rawDescData
 }
 
-var file_crust_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_crust_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_crust_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_crust_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_crust_agent_v1_agent_proto_goTypes = []any{
 	(FsGroupPolicy)(0),                   // 0: crust.agent.v1.FsGroupPolicy
-	(*HealthRequest)(nil),                // 1: crust.agent.v1.HealthRequest
-	(*HealthResponse)(nil),               // 2: crust.agent.v1.HealthResponse
-	(*MountRequest)(nil),                 // 3: crust.agent.v1.MountRequest
-	(*MountResponse)(nil),                // 4: crust.agent.v1.MountResponse
-	(*UnmountRequest)(nil),               // 5: crust.agent.v1.UnmountRequest
-	(*UnmountResponse)(nil),              // 6: crust.agent.v1.UnmountResponse
-	(*StatfsRequest)(nil),                // 7: crust.agent.v1.StatfsRequest
-	(*Usage)(nil),                        // 8: crust.agent.v1.Usage
-	(*StatfsResponse)(nil),               // 9: crust.agent.v1.StatfsResponse
-	(*GrowRequest)(nil),                  // 10: crust.agent.v1.GrowRequest
-	(*GrowResponse)(nil),                 // 11: crust.agent.v1.GrowResponse
-	(*ExecRequest)(nil),                  // 12: crust.agent.v1.ExecRequest
-	(*ExecResponse)(nil),                 // 13: crust.agent.v1.ExecResponse
-	(*ShutdownRequest)(nil),              // 14: crust.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),             // 15: crust.agent.v1.ShutdownResponse
-	(*ControlServiceExecRequest)(nil),    // 16: crust.agent.v1.ControlServiceExecRequest
-	(*ControlServiceExecResponse)(nil),   // 17: crust.agent.v1.ControlServiceExecResponse
-	(*ControlServiceHealthRequest)(nil),  // 18: crust.agent.v1.ControlServiceHealthRequest
-	(*ControlServiceHealthResponse)(nil), // 19: crust.agent.v1.ControlServiceHealthResponse
-	(*StopRequest)(nil),                  // 20: crust.agent.v1.StopRequest
-	(*StopResponse)(nil),                 // 21: crust.agent.v1.StopResponse
+	(Stream)(0),                          // 1: crust.agent.v1.Stream
+	(*HealthRequest)(nil),                // 2: crust.agent.v1.HealthRequest
+	(*HealthResponse)(nil),               // 3: crust.agent.v1.HealthResponse
+	(*MountRequest)(nil),                 // 4: crust.agent.v1.MountRequest
+	(*MountResponse)(nil),                // 5: crust.agent.v1.MountResponse
+	(*UnmountRequest)(nil),               // 6: crust.agent.v1.UnmountRequest
+	(*UnmountResponse)(nil),              // 7: crust.agent.v1.UnmountResponse
+	(*StatfsRequest)(nil),                // 8: crust.agent.v1.StatfsRequest
+	(*Usage)(nil),                        // 9: crust.agent.v1.Usage
+	(*StatfsResponse)(nil),               // 10: crust.agent.v1.StatfsResponse
+	(*GrowRequest)(nil),                  // 11: crust.agent.v1.GrowRequest
+	(*GrowResponse)(nil),                 // 12: crust.agent.v1.GrowResponse
+	(*ExecRequest)(nil),                  // 13: crust.agent.v1.ExecRequest
+	(*ExecResponse)(nil),                 // 14: crust.agent.v1.ExecResponse
+	(*ShutdownRequest)(nil),              // 15: crust.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),             // 16: crust.agent.v1.ShutdownResponse
+	(*MountShareRequest)(nil),            // 17: crust.agent.v1.MountShareRequest
+	(*MountShareResponse)(nil),           // 18: crust.agent.v1.MountShareResponse
+	(*ContainerMount)(nil),               // 19: crust.agent.v1.ContainerMount
+	(*ContainerDevice)(nil),              // 20: crust.agent.v1.ContainerDevice
+	(*CreateContainerRequest)(nil),       // 21: crust.agent.v1.CreateContainerRequest
+	(*CreateContainerResponse)(nil),      // 22: crust.agent.v1.CreateContainerResponse
+	(*Rlimit)(nil),                       // 23: crust.agent.v1.Rlimit
+	(*Process)(nil),                      // 24: crust.agent.v1.Process
+	(*StartProcessRequest)(nil),          // 25: crust.agent.v1.StartProcessRequest
+	(*StartProcessResponse)(nil),         // 26: crust.agent.v1.StartProcessResponse
+	(*WaitProcessRequest)(nil),           // 27: crust.agent.v1.WaitProcessRequest
+	(*WaitProcessResponse)(nil),          // 28: crust.agent.v1.WaitProcessResponse
+	(*SignalProcessRequest)(nil),         // 29: crust.agent.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),        // 30: crust.agent.v1.SignalProcessResponse
+	(*ReadStreamRequest)(nil),            // 31: crust.agent.v1.ReadStreamRequest
+	(*ReadStreamResponse)(nil),           // 32: crust.agent.v1.ReadStreamResponse
+	(*WriteStdinRequest)(nil),            // 33: crust.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),           // 34: crust.agent.v1.WriteStdinResponse
+	(*CloseStdinRequest)(nil),            // 35: crust.agent.v1.CloseStdinRequest
+	(*CloseStdinResponse)(nil),           // 36: crust.agent.v1.CloseStdinResponse
+	(*ResizeTerminalRequest)(nil),        // 37: crust.agent.v1.ResizeTerminalRequest
+	(*ResizeTerminalResponse)(nil),       // 38: crust.agent.v1.ResizeTerminalResponse
+	(*RemoveContainerRequest)(nil),       // 39: crust.agent.v1.RemoveContainerRequest
+	(*RemoveContainerResponse)(nil),      // 40: crust.agent.v1.RemoveContainerResponse
+	(*ControlServiceExecRequest)(nil),    // 41: crust.agent.v1.ControlServiceExecRequest
+	(*ControlServiceExecResponse)(nil),   // 42: crust.agent.v1.ControlServiceExecResponse
+	(*ControlServiceHealthRequest)(nil),  // 43: crust.agent.v1.ControlServiceHealthRequest
+	(*ControlServiceHealthResponse)(nil), // 44: crust.agent.v1.ControlServiceHealthResponse
+	(*StopRequest)(nil),                  // 45: crust.agent.v1.StopRequest
+	(*StopResponse)(nil),                 // 46: crust.agent.v1.StopResponse
 }
 var file_crust_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: crust.agent.v1.MountRequest.fs_group_policy:type_name -> crust.agent.v1.FsGroupPolicy
-	8,  // 1: crust.agent.v1.StatfsResponse.bytes:type_name -> crust.agent.v1.Usage
-	8,  // 2: crust.agent.v1.StatfsResponse.inodes:type_name -> crust.agent.v1.Usage
-	13, // 3: crust.agent.v1.ControlServiceExecResponse.result:type_name -> crust.agent.v1.ExecResponse
-	1,  // 4: crust.agent.v1.ControlServiceHealthRequest.request:type_name -> crust.agent.v1.HealthRequest
-	2,  // 5: crust.agent.v1.ControlServiceHealthResponse.result:type_name -> crust.agent.v1.HealthResponse
-	1,  // 6: crust.agent.v1.AgentService.Health:input_type -> crust.agent.v1.HealthRequest
-	3,  // 7: crust.agent.v1.AgentService.Mount:input_type -> crust.agent.v1.MountRequest
-	5,  // 8: crust.agent.v1.AgentService.Unmount:input_type -> crust.agent.v1.UnmountRequest
-	7,  // 9: crust.agent.v1.AgentService.Statfs:input_type -> crust.agent.v1.StatfsRequest
-	10, // 10: crust.agent.v1.AgentService.Grow:input_type -> crust.agent.v1.GrowRequest
-	12, // 11: crust.agent.v1.AgentService.Exec:input_type -> crust.agent.v1.ExecRequest
-	14, // 12: crust.agent.v1.AgentService.Shutdown:input_type -> crust.agent.v1.ShutdownRequest
-	16, // 13: crust.agent.v1.ControlService.Exec:input_type -> crust.agent.v1.ControlServiceExecRequest
-	18, // 14: crust.agent.v1.ControlService.Health:input_type -> crust.agent.v1.ControlServiceHealthRequest
-	20, // 15: crust.agent.v1.ControlService.Stop:input_type -> crust.agent.v1.StopRequest
-	2,  // 16: crust.agent.v1.AgentService.Health:output_type -> crust.agent.v1.HealthResponse
-	4,  // 17: crust.agent.v1.AgentService.Mount:output_type -> crust.agent.v1.MountResponse
-	6,  // 18: crust.agent.v1.AgentService.Unmount:output_type -> crust.agent.v1.UnmountResponse
-	9,  // 19: crust.agent.v1.AgentService.Statfs:output_type -> crust.agent.v1.StatfsResponse
-	11, // 20: crust.agent.v1.AgentService.Grow:output_type -> crust.agent.v1.GrowResponse
-	13, // 21: crust.agent.v1.AgentService.Exec:output_type -> crust.agent.v1.ExecResponse
-	15, // 22: crust.agent.v1.AgentService.Shutdown:output_type -> crust.agent.v1.ShutdownResponse
-	17, // 23: crust.agent.v1.ControlService.Exec:output_type -> crust.agent.v1.ControlServiceExecResponse
-	19, // 24: crust.agent.v1.ControlService.Health:output_type -> crust.agent.v1.ControlServiceHealthResponse
-	21, // 25: crust.agent.v1.ControlService.Stop:output_type -> crust.agent.v1.StopResponse
-	16, // [16:26] is the sub-list for method output_type
-	6,  // [6:16] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	9,  // 1: crust.agent.v1.StatfsResponse.bytes:type_name -> crust.agent.v1.Usage
+	9,  // 2: crust.agent.v1.StatfsResponse.inodes:type_name -> crust.agent.v1.Usage
+	19, // 3: crust.agent.v1.CreateContainerRequest.mounts:type_name -> crust.agent.v1.ContainerMount
+	20, // 4: crust.agent.v1.CreateContainerRequest.devices:type_name -> crust.agent.v1.ContainerDevice
+	23, // 5: crust.agent.v1.Process.rlimits:type_name -> crust.agent.v1.Rlimit
+	24, // 6: crust.agent.v1.StartProcessRequest.process:type_name -> crust.agent.v1.Process
+	1,  // 7: crust.agent.v1.ReadStreamRequest.stream:type_name -> crust.agent.v1.Stream
+	14, // 8: crust.agent.v1.ControlServiceExecResponse.result:type_name -> crust.agent.v1.ExecResponse
+	2,  // 9: crust.agent.v1.ControlServiceHealthRequest.request:type_name -> crust.agent.v1.HealthRequest
+	3,  // 10: crust.agent.v1.ControlServiceHealthResponse.result:type_name -> crust.agent.v1.HealthResponse
+	2,  // 11: crust.agent.v1.AgentService.Health:input_type -> crust.agent.v1.HealthRequest
+	4,  // 12: crust.agent.v1.AgentService.Mount:input_type -> crust.agent.v1.MountRequest
+	6,  // 13: crust.agent.v1.AgentService.Unmount:input_type -> crust.agent.v1.UnmountRequest
+	8,  // 14: crust.agent.v1.AgentService.Statfs:input_type -> crust.agent.v1.StatfsRequest
+	11, // 15: crust.agent.v1.AgentService.Grow:input_type -> crust.agent.v1.GrowRequest
+	13, // 16: crust.agent.v1.AgentService.Exec:input_type -> crust.agent.v1.ExecRequest
+	15, // 17: crust.agent.v1.AgentService.Shutdown:input_type -> crust.agent.v1.ShutdownRequest
+	17, // 18: crust.agent.v1.AgentService.MountShare:input_type -> crust.agent.v1.MountShareRequest
+	21, // 19: crust.agent.v1.AgentService.CreateContainer:input_type -> crust.agent.v1.CreateContainerRequest
+	25, // 20: crust.agent.v1.AgentService.StartProcess:input_type -> crust.agent.v1.StartProcessRequest
+	27, // 21: crust.agent.v1.AgentService.WaitProcess:input_type -> crust.agent.v1.WaitProcessRequest
+	29, // 22: crust.agent.v1.AgentService.SignalProcess:input_type -> crust.agent.v1.SignalProcessRequest
+	31, // 23: crust.agent.v1.AgentService.ReadStream:input_type -> crust.agent.v1.ReadStreamRequest
+	33, // 24: crust.agent.v1.AgentService.WriteStdin:input_type -> crust.agent.v1.WriteStdinRequest
+	35, // 25: crust.agent.v1.AgentService.CloseStdin:input_type -> crust.agent.v1.CloseStdinRequest
+	37, // 26: crust.agent.v1.AgentService.ResizeTerminal:input_type -> crust.agent.v1.ResizeTerminalRequest
+	39, // 27: crust.agent.v1.AgentService.RemoveContainer:input_type -> crust.agent.v1.RemoveContainerRequest
+	41, // 28: crust.agent.v1.ControlService.Exec:input_type -> crust.agent.v1.ControlServiceExecRequest
+	43, // 29: crust.agent.v1.ControlService.Health:input_type -> crust.agent.v1.ControlServiceHealthRequest
+	45, // 30: crust.agent.v1.ControlService.Stop:input_type -> crust.agent.v1.StopRequest
+	3,  // 31: crust.agent.v1.AgentService.Health:output_type -> crust.agent.v1.HealthResponse
+	5,  // 32: crust.agent.v1.AgentService.Mount:output_type -> crust.agent.v1.MountResponse
+	7,  // 33: crust.agent.v1.AgentService.Unmount:output_type -> crust.agent.v1.UnmountResponse
+	10, // 34: crust.agent.v1.AgentService.Statfs:output_type -> crust.agent.v1.StatfsResponse
+	12, // 35: crust.agent.v1.AgentService.Grow:output_type -> crust.agent.v1.GrowResponse
+	14, // 36: crust.agent.v1.AgentService.Exec:output_type -> crust.agent.v1.ExecResponse
+	16, // 37: crust.agent.v1.AgentService.Shutdown:output_type -> crust.agent.v1.ShutdownResponse
+	18, // 38: crust.agent.v1.AgentService.MountShare:output_type -> crust.agent.v1.MountShareResponse
+	22, // 39: crust.agent.v1.AgentService.CreateContainer:output_type -> crust.agent.v1.CreateContainerResponse
+	26, // 40: crust.agent.v1.AgentService.StartProcess:output_type -> crust.agent.v1.StartProcessResponse
+	28, // 41: crust.agent.v1.AgentService.WaitProcess:output_type -> crust.agent.v1.WaitProcessResponse
+	30, // 42: crust.agent.v1.AgentService.SignalProcess:output_type -> crust.agent.v1.SignalProcessResponse
+	32, // 43: crust.agent.v1.AgentService.ReadStream:output_type -> crust.agent.v1.ReadStreamResponse
+	34, // 44: crust.agent.v1.AgentService.WriteStdin:output_type -> crust.agent.v1.WriteStdinResponse
+	36, // 45: crust.agent.v1.AgentService.CloseStdin:output_type -> crust.agent.v1.CloseStdinResponse
+	38, // 46: crust.agent.v1.AgentService.ResizeTerminal:output_type -> crust.agent.v1.ResizeTerminalResponse
+	40, // 47: crust.agent.v1.AgentService.RemoveContainer:output_type -> crust.agent.v1.RemoveContainerResponse
+	42, // 48: crust.agent.v1.ControlService.Exec:output_type -> crust.agent.v1.ControlServiceExecResponse
+	44, // 49: crust.agent.v1.ControlService.Health:output_type -> crust.agent.v1.ControlServiceHealthResponse
+	46, // 50: crust.agent.v1.ControlService.Stop:output_type -> crust.agent.v1.StopResponse
+	31, // [31:51] is the sub-list for method output_type
+	11, // [11:31] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_crust_agent_v1_agent_proto_init() }
@@ -1455,8 +3051,8 @@ func file_crust_agent_v1_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crust_agent_v1_agent_proto_rawDesc), len(file_crust_agent_v1_agent_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   21,
+			NumEnums:      2,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -15,6 +15,16 @@ type AgentServiceService interface {
 	Grow(context.Context, *GrowRequest) (*GrowResponse, error)
 	Exec(context.Context, *ExecRequest) (*ExecResponse, error)
 	Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error)
+	MountShare(context.Context, *MountShareRequest) (*MountShareResponse, error)
+	CreateContainer(context.Context, *CreateContainerRequest) (*CreateContainerResponse, error)
+	StartProcess(context.Context, *StartProcessRequest) (*StartProcessResponse, error)
+	WaitProcess(context.Context, *WaitProcessRequest) (*WaitProcessResponse, error)
+	SignalProcess(context.Context, *SignalProcessRequest) (*SignalProcessResponse, error)
+	ReadStream(context.Context, *ReadStreamRequest) (*ReadStreamResponse, error)
+	WriteStdin(context.Context, *WriteStdinRequest) (*WriteStdinResponse, error)
+	CloseStdin(context.Context, *CloseStdinRequest) (*CloseStdinResponse, error)
+	ResizeTerminal(context.Context, *ResizeTerminalRequest) (*ResizeTerminalResponse, error)
+	RemoveContainer(context.Context, *RemoveContainerRequest) (*RemoveContainerResponse, error)
 }
 
 func RegisterAgentServiceService(srv *ttrpc.Server, svc AgentServiceService) {
@@ -68,6 +78,76 @@ func RegisterAgentServiceService(srv *ttrpc.Server, svc AgentServiceService) {
 					return nil, err
 				}
 				return svc.Shutdown(ctx, &req)
+			},
+			"MountShare": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req MountShareRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.MountShare(ctx, &req)
+			},
+			"CreateContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req CreateContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.CreateContainer(ctx, &req)
+			},
+			"StartProcess": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req StartProcessRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.StartProcess(ctx, &req)
+			},
+			"WaitProcess": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req WaitProcessRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.WaitProcess(ctx, &req)
+			},
+			"SignalProcess": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req SignalProcessRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.SignalProcess(ctx, &req)
+			},
+			"ReadStream": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ReadStreamRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ReadStream(ctx, &req)
+			},
+			"WriteStdin": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req WriteStdinRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.WriteStdin(ctx, &req)
+			},
+			"CloseStdin": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req CloseStdinRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.CloseStdin(ctx, &req)
+			},
+			"ResizeTerminal": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ResizeTerminalRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ResizeTerminal(ctx, &req)
+			},
+			"RemoveContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req RemoveContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.RemoveContainer(ctx, &req)
 			},
 		},
 	})
@@ -134,6 +214,86 @@ func (c *agentserviceClient) Exec(ctx context.Context, req *ExecRequest) (*ExecR
 func (c *agentserviceClient) Shutdown(ctx context.Context, req *ShutdownRequest) (*ShutdownResponse, error) {
 	var resp ShutdownResponse
 	if err := c.client.Call(ctx, "crust.agent.v1.AgentService", "Shutdown", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) MountShare(ctx context.Context, req *MountShareRequest) (*MountShareResponse, error) {
+	var resp MountShareResponse
+	if err := c.client.Call(ctx, "crust.agent.v1.AgentService", "MountShare", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) CreateContainer(ctx context.Context, req *CreateContainerRequest) (*CreateContainerResponse, error) {
+	var resp CreateContainerResponse
+	if err := c.client.Call(ctx, "crust.agent.v1.AgentService", "CreateContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) StartProcess(ctx context.Context, req *StartProcessRequest) (*StartProcessResponse, error) {
+	var resp StartProcessResponse
+	if err := c.client.Call(ctx, "crust.agent.v1.AgentService", "StartProcess", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) WaitProcess(ctx context.Context, req *WaitProcessRequest) (*WaitProcessResponse, error) {
+	var resp WaitProcessResponse
+	if err := c.client.Call(ctx, "crust.agent.v1.AgentService", "WaitProcess", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) SignalProcess(ctx context.Context, req *SignalProcessRequest) (*SignalProcessResponse, error) {
+	var resp SignalProcessResponse
+	if err := c.client.Call(ctx, "crust.agent.v1.AgentService", "SignalProcess", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) ReadStream(ctx context.Context, req *ReadStreamRequest) (*ReadStreamResponse, error) {
+	var resp ReadStreamResponse
+	if err := c.client.Call(ctx, "crust.agent.v1.AgentService", "ReadStream", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) WriteStdin(ctx context.Context, req *WriteStdinRequest) (*WriteStdinResponse, error) {
+	var resp WriteStdinResponse
+	if err := c.client.Call(ctx, "crust.agent.v1.AgentService", "WriteStdin", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) CloseStdin(ctx context.Context, req *CloseStdinRequest) (*CloseStdinResponse, error) {
+	var resp CloseStdinResponse
+	if err := c.client.Call(ctx, "crust.agent.v1.AgentService", "CloseStdin", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) ResizeTerminal(ctx context.Context, req *ResizeTerminalRequest) (*ResizeTerminalResponse, error) {
+	var resp ResizeTerminalResponse
+	if err := c.client.Call(ctx, "crust.agent.v1.AgentService", "ResizeTerminal", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) RemoveContainer(ctx context.Context, req *RemoveContainerRequest) (*RemoveContainerResponse, error) {
+	var resp RemoveContainerResponse
+	if err := c.client.Call(ctx, "crust.agent.v1.AgentService", "RemoveContainer", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
