@@ -243,12 +243,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	// The volumes are worked on until the teardown starts.
 	work, endWork := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, v := range s.order {
+	for _, v := range s.volumes() {
 		wg.Go(func() { s.keepAttached(work, v) })
 	}
 	wg.Go(func() { s.watch(work) })
 	wg.Go(func() { s.keepClaims(work) })
-	log.Info("ready", "handler", endpoint, "volumes", len(s.order))
+	log.Info("ready", "handler", endpoint, "volumes", len(s.volumes()))
 
 	var why error
 	select {

@@ -104,7 +104,7 @@ func (s *sandbox) ExpandVolume(ctx context.Context, r *crustv1.RuntimeHandlerSer
 
 // volumeFor finds the sandbox's volume at target for a request naming sandboxID.
 func (s *sandbox) volumeFor(target, sandboxID string) (*volume, error) {
-	v := s.byTarget[target]
+	v := s.lookup(target)
 	switch {
 	case v == nil:
 		return nil, status.Errorf(codes.NotFound, "sandbox %s has no volume %q", s.name, target)

@@ -101,10 +101,8 @@ func (s *state) unlock() { s.lock.Release() }
 // removes the stale files; it returns what it cleaned. The caller holds the lock.
 func cleanStale(dir string) []string {
 	var cleaned []string
-	if b, err := os.ReadFile(filepath.Join(dir, pidFile)); err == nil {
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && killQEMU(pid, dir) {
-			cleaned = append(cleaned, "qemu pid "+strconv.Itoa(pid))
-		}
+	if pid := KillStaleQEMU(dir, pidFile); pid != 0 {
+		cleaned = append(cleaned, "qemu pid "+strconv.Itoa(pid))
 	}
 	for _, name := range stale {
 		if err := os.Remove(filepath.Join(dir, name)); err == nil {
@@ -112,6 +110,20 @@ func cleanStale(dir string) []string {
 		}
 	}
 	return cleaned
+}
+
+// KillStaleQEMU kills the QEMU whose pid the file dir/pidFile holds, when it is a live QEMU of dir's (its
+// QMP socket is dir/qmp.sock, as package vm makes it), and waits for it to exit; it answers the pid it
+// killed, or 0.
+func KillStaleQEMU(dir, pidFile string) int {
+	b, err := os.ReadFile(filepath.Join(dir, pidFile))
+	if err != nil {
+		return 0
+	}
+	if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && killQEMU(pid, dir) {
+		return pid
+	}
+	return 0
 }
 
 // killQEMU kills pid when it is a live QEMU of dir's, and waits for it to exit (five seconds at most,

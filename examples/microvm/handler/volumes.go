@@ -41,6 +41,8 @@ type sandbox struct {
 	crust    *crusthandler.Client
 	vm       *vm.VM
 	log      *slog.Logger
+
+	mu       sync.Mutex         // guards order and byTarget: volumes may be added while the sandbox runs
 	order    []*volume          // as given
 	byTarget map[string]*volume // the same, by target
 }
@@ -68,19 +70,54 @@ type volume struct {
 func newSandbox(name string, crust *crusthandler.Client, machine *vm.VM, vols []Volume, log *slog.Logger) *sandbox {
 	s := &sandbox{name: name, crust: crust, vm: machine, log: log, byTarget: map[string]*volume{}}
 	for _, v := range vols {
-		if vol := s.byTarget[v.Target]; vol != nil {
-			vol.also = append(vol.also, v.GuestPath)
-			continue
-		}
-		vol := &volume{Volume: v, disk: DiskID(v.Target), kick: make(chan struct{}, 1)}
-		s.order = append(s.order, vol)
-		s.byTarget[v.Target] = vol
+		s.add(v)
 	}
 	return s
 }
 
+// add adds v to the sandbox's volumes and returns the volume it belongs to: a new one, or the one of its
+// target given before, which v's guest path is added to (when it is not its path already).
+func (s *sandbox) add(v Volume) *volume {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if vol := s.byTarget[v.Target]; vol != nil {
+		if vol.GuestPath != v.GuestPath && !slices.Contains(vol.also, v.GuestPath) {
+			vol.also = append(vol.also, v.GuestPath)
+		}
+		return vol
+	}
+	vol := &volume{Volume: v, disk: DiskID(v.Target), kick: make(chan struct{}, 1)}
+	s.order = append(s.order, vol)
+	s.byTarget[v.Target] = vol
+	return vol
+}
+
+// remove takes vol, which holds nothing (no claim, no disk), out of the sandbox's volumes.
+func (s *sandbox) remove(vol *volume) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.byTarget[vol.Target] == vol {
+		delete(s.byTarget, vol.Target)
+		s.order = slices.DeleteFunc(s.order, func(v *volume) bool { return v == vol })
+	}
+}
+
+// lookup is the sandbox's volume at target, or nil.
+func (s *sandbox) lookup(target string) *volume {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byTarget[target]
+}
+
+// volumes are the sandbox's volumes as given, at the time of the call.
+func (s *sandbox) volumes() []*volume {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.order)
+}
+
 func (s *sandbox) pending() bool {
-	for _, v := range s.order {
+	for _, v := range s.volumes() {
 		if !v.mounted.Load() {
 			return true
 		}
@@ -124,7 +161,7 @@ func (s *sandbox) watch(ctx context.Context) {
 				synced = true
 			}
 			target := ev.GetVolume().GetSpec().GetVolumeTargetPath()
-			if v := s.byTarget[target]; v != nil {
+			if v := s.lookup(target); v != nil {
 				// The end of this sandbox's own claim (its release of a volume it could not attach) is no
 				// news: trying again on it would claim, fail and release in a loop.
 				own := ev.GetType() == crustv1.EventType_EVENT_TYPE_RELEASED && ev.GetReleasedClaim().GetSandboxId() == s.name
@@ -166,7 +203,7 @@ func (s *sandbox) watch(ctx context.Context) {
 // runs (it took the handler for gone, or an operator forced the release): the device is still in the VM.
 func (s *sandbox) keepClaims(ctx context.Context) {
 	holds := func(target string) bool {
-		v := s.byTarget[target]
+		v := s.lookup(target)
 		return v != nil && (v.mounted.Load() || s.inVM(v))
 	}
 	_ = s.crust.KeepClaims(ctx, s.name, s.endpoint, holds, func(r crusthandler.Reclaim) {
@@ -358,7 +395,8 @@ func (s *sandbox) teardown(ctx context.Context) error {
 		vmGone = true
 	default:
 	}
-	for _, v := range s.order {
+	vols := s.volumes()
+	for _, v := range vols {
 		v.mu.Lock()
 		held := v.claimed || v.plugged
 		if vmGone { // nothing is mounted or plugged in a VM that is gone: release only
@@ -380,7 +418,7 @@ func (s *sandbox) teardown(ctx context.Context) error {
 	if err := s.vm.Stop(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	for _, v := range s.order {
+	for _, v := range vols {
 		v.mu.Lock()
 		v.plugged = false
 		if v.claimed {
