@@ -14,7 +14,9 @@
 #                               entry point, and the guest skips the decompressor
 #                               (under TCG, 0.8 s less to the agent in the median
 #                               of 10 boots taken in turns with the bzImage's)
-#   OUTDIR/cloud/modules/*.ko   the modules the guest needs, dependencies included
+#   OUTDIR/cloud/modules/*.ko   the modules the guest needs (disks, pmem, virtio-fs for
+#                               a pod's containers, virtio-net for its network),
+#                               dependencies included
 #                               (some may not load on every CPU, e.g. crc32c-intel
 #                               without SSE4.2: the agent logs and goes on)
 #   OUTDIR/cloud/modules.load   their file names, one a line, in load order
@@ -22,7 +24,7 @@
 #                               its applet links, mkfs.ext4, resize2fs, e2fsck,
 #                               mkfs.xfs, xfs_growfs, xfs_io (statx, timed I/O), blkid and their libraries
 #   OUTDIR/generic/...          with --with-9p: linux-image-amd64's kernel, laid out
-#                               like cloud/, with the 9p and virtio-fs modules as well
+#                               like cloud/, with the 9p modules as well
 set -euo pipefail
 
 with_9p=false
@@ -273,10 +275,10 @@ tools() {
 	echo "$stamp" >"$dest/.stamp"
 }
 
-guest_modules=(virtio_pci virtio_blk virtio_console virtio-rng xfs ext4 nd_pmem virtio_pmem)
+guest_modules=(virtio_pci virtio_blk virtio_console virtio-rng xfs ext4 nd_pmem virtio_pmem virtiofs virtio_net)
 kernel linux-image-cloud-amd64 "$out/cloud" "${guest_modules[@]}"
 tools
 if $with_9p; then
-	kernel linux-image-amd64 "$out/generic" "${guest_modules[@]}" 9pnet_virtio 9p virtiofs
+	kernel linux-image-amd64 "$out/generic" "${guest_modules[@]}" 9pnet_virtio 9p
 fi
 log "assets are in $out"

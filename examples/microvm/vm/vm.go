@@ -108,6 +108,8 @@ type Config struct {
 	FSShares []FSShare
 	// VirtioFSD is the virtiofsd binary for FSShares; "" means FindVirtioFSD.
 	VirtioFSD string
+	// NICs are the guest's network cards (see NIC), each taking a slot of the root bus as a share does.
+	NICs []NIC
 }
 
 // Share is a host directory exported to the guest over virtio-9p (QEMU's
@@ -156,9 +158,12 @@ func (c *Config) setDefaults() error {
 	if c.HotplugPorts == 0 {
 		c.HotplugPorts = 8
 	}
-	if free := portSlots - len(c.Shares) - len(c.FSShares); c.HotplugPorts < 0 || (c.HotplugPorts+portsPerSlot-1)/portsPerSlot > free {
-		return fmt.Errorf("vm: %d hot-plug ports: want 1 to %d (%d a slot, %d slots of the root bus, less one a share)",
+	if free := portSlots - len(c.Shares) - len(c.FSShares) - len(c.NICs); c.HotplugPorts < 0 || (c.HotplugPorts+portsPerSlot-1)/portsPerSlot > free {
+		return fmt.Errorf("vm: %d hot-plug ports: want 1 to %d (%d a slot, %d slots of the root bus, less one a share or NIC)",
 			c.HotplugPorts, max(0, free)*portsPerSlot, portsPerSlot, portSlots)
+	}
+	if err := c.checkNICs(); err != nil {
+		return err
 	}
 	if c.PmemMB == 0 {
 		c.PmemMB = DefaultPmemMB
@@ -355,9 +360,9 @@ func (c *Config) args(accel Accel) []string {
 	// cryptomgr.notests and initcall_blacklist=crypto_kdf108_init skip the self-tests the kernel runs of
 	// its own crypto code at every boot (the second is the KDF's, which the first does not cover): under
 	// TCG they held the boot to the agent about 0.4 s longer (medians of 10 and 16 boots taken in turns
-	// with and without them, 3.9 s and 4.5 s without). The guest has no network (the agent speaks over
-	// virtio-serial), so ipv6.disable=1 skips IPv6's set-up, 0.39 s of a boot traced under TCG, and the
-	// kprobe tracer's set-up (init_kprobe_trace, 0.07 s) is skipped as well.
+	// with and without them, 3.9 s and 4.5 s without). The agent speaks over virtio-serial and a pod's
+	// network (NICs) is IPv4 only, so ipv6.disable=1 skips IPv6's set-up, 0.39 s of a boot traced under
+	// TCG, and the kprobe tracer's set-up (init_kprobe_trace, 0.07 s) is skipped as well.
 	cmdline := "console=ttyS0 panic=-1 quiet no_timer_check cryptomgr.notests ipv6.disable=1 " +
 		"initcall_blacklist=crypto_kdf108_init,init_kprobe_trace"
 	if c.KernelArgs != "" {
@@ -408,7 +413,7 @@ func (c *Config) args(accel Accel) []string {
 		args = append(args, "-fsdev", fsdev,
 			"-device", fmt.Sprintf("virtio-9p-pci,id=%s%d,fsdev=%s%d,mount_tag=%s", sharePrefix, i, fsdevPrefix, i, sh.Tag))
 	}
-	return append(args, c.fsShareArgs()...)
+	return append(append(args, c.fsShareArgs()...), c.nicArgs()...)
 }
 
 // boot runs one attempt with one accelerator.
@@ -437,6 +442,7 @@ func boot(ctx context.Context, cfg Config, accel Accel, timeout time.Duration) (
 	}
 	v.cmd = exec.Command(cfg.QEMU, cfg.args(accel)...)
 	v.cmd.Stdout, v.cmd.Stderr = logf, logf
+	v.cmd.ExtraFiles = cfg.nicFiles()
 	v.cmd.SysProcAttr = &syscall.SysProcAttr{
 		// QEMU dies with the process that started it, even by SIGKILL, so a
 		// crashed handler leaves no VM holding its devices (see Start).
