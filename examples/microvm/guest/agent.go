@@ -25,12 +25,14 @@ type agent struct {
 	mods  *moduleLoader
 	procs *procTable
 	vols  *volumes
+	ctrs  *containers
 }
 
 var _ agentv1.AgentServiceService = (*agent)(nil)
 
 func newAgent(start time.Time, procs *procTable, mods *moduleLoader) *agent {
-	return &agent{start: start, mods: mods, procs: procs, vols: newVolumes(procs, mods.wait)}
+	return &agent{start: start, mods: mods, procs: procs, vols: newVolumes(procs, mods.wait),
+		ctrs: newContainers(procs)}
 }
 
 // version is the agent's build's module version, or "devel".

@@ -76,7 +76,7 @@ func Run() error {
 }
 
 // mountBase mounts /dev first (the initramfs has no device nodes, so the
-// console is opened only then), then /proc, /sys, /tmp and /run.
+// console is opened only then), then /proc, /sys, /dev/pts, /tmp and /run.
 func mountBase() error {
 	if err := mountFS("devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"); err != nil {
 		return err
@@ -94,6 +94,8 @@ func mountBase() error {
 	}{
 		{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
 		{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+		// Terminals of containers without a devpts of their own come from here.
+		{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "ptmxmode=0666,mode=0620"},
 		{"tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
 		{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755"},
 	} {
@@ -142,9 +144,12 @@ func (m *moduleLoader) wait(ctx context.Context) error {
 }
 
 // over reports whether loading has ended, in success or in an error.
-func (m *moduleLoader) over() bool {
+func (m *moduleLoader) over() bool { return isClosed(m.done) }
+
+// isClosed reports whether ch is closed (or has a value ready).
+func isClosed(ch <-chan struct{}) bool {
 	select {
-	case <-m.done:
+	case <-ch:
 		return true
 	default:
 		return false

@@ -59,6 +59,20 @@ func (p *procTable) reap() {
 	}
 }
 
+// start forks and execs path with attr; the channel answers the child's wait status once the reaper
+// collects it (the one way to learn it: PID 1 reaps every child).
+func (p *procTable) start(path string, argv []string, attr *syscall.ProcAttr) (int, <-chan unix.WaitStatus, error) {
+	ch := make(chan unix.WaitStatus, 1)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pid, err := syscall.ForkExec(path, argv, attr)
+	if err != nil {
+		return 0, nil, err
+	}
+	p.waiters[pid] = ch
+	return pid, ch, nil
+}
+
 // runResult is what a finished command left.
 type runResult struct {
 	stdout, stderr []byte
@@ -95,17 +109,11 @@ func (p *procTable) run(ctx context.Context, argv []string, timeout time.Duratio
 		return runResult{}, err
 	}
 
-	ch := make(chan unix.WaitStatus, 1)
-	p.mu.Lock()
-	pid, err := syscall.ForkExec(path, argv, &syscall.ProcAttr{
+	pid, ch, err := p.start(path, argv, &syscall.ProcAttr{
 		Env:   os.Environ(),
 		Files: []uintptr{devnull.Fd(), outW.Fd(), errW.Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	})
-	if err == nil {
-		p.waiters[pid] = ch
-	}
-	p.mu.Unlock()
 	_ = outW.Close()
 	_ = errW.Close()
 	if err != nil {
@@ -152,15 +160,20 @@ func (p *procTable) run(ctx context.Context, argv []string, timeout time.Duratio
 
 	res.stdout, res.stderr = outs[0].buf, outs[1].buf
 	res.truncated = outs[0].truncated || outs[1].truncated
+	res.status = exitStatus(ws)
+	return res, nil
+}
+
+// exitStatus is the exit code, or 128+signal when a signal ended the process; -1 for neither.
+func exitStatus(ws unix.WaitStatus) int {
 	switch {
 	case ws.Exited():
-		res.status = ws.ExitStatus()
+		return ws.ExitStatus()
 	case ws.Signaled():
-		res.status = 128 + int(ws.Signal())
+		return 128 + int(ws.Signal())
 	default:
-		res.status = -1
+		return -1
 	}
-	return res, nil
 }
 
 // capture keeps the first agentproto.MaxExecOutput bytes of a stream.

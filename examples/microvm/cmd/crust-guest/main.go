@@ -12,6 +12,7 @@ import (
 )
 
 func main() {
+	guest.RunContainerInit() // returns unless started as a container's init by the agent itself
 	// The kernel hands /init no flags; --version is for the host, before the binary goes into an
 	// initramfs. (No CLI library: the guest binary stays small.)
 	if len(os.Args) == 2 && os.Args[1] == "--version" && os.Getpid() != 1 {
