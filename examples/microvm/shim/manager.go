@@ -160,6 +160,7 @@ func (manager) Start(ctx context.Context, id string, opts shim.StartOpts) (strin
 			return "", fmt.Errorf("shim socket: %w", err)
 		}
 	}
+	l.SetUnlinkOnClose(false) // the socket is the server's once started
 	defer func() { _ = l.Close() }()
 	f, err := l.File()
 	if err != nil {
