@@ -1,0 +1,329 @@
+package e2e
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+
+	"crust.dev/crust/internal/testutil/harness"
+	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+)
+
+// TestMicroVMShim runs a container through a private containerd 1.6 (the machine's /usr/bin/containerd)
+// with runtime io.containerd.crust-microvm.v1, the shim found on PATH, from a busybox image built here
+// and imported with ctr: one VM boot (TCG).
+//
+// It checks: the container's process runs in the guest (its uname -r is not the host's) and its output
+// reaches containerd's FIFOs; a bind mount whose source is a target staged in crustd is claimed for the
+// container's sandbox (the container's id, as ctr makes no CRI sandbox), formatted and mounted in the
+// guest, written and read back there, with nothing mounted on the host's target; ctr task exec runs in
+// the same container; the exit status reaches containerd (ctr run exits with it); and after the task is
+// deleted no QEMU, no virtiofsd, no claim, no mount and no state directory is left, while the data is on
+// the device.
+func TestMicroVMShim(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/containerd"); err != nil {
+		t.Skip("no /usr/bin/containerd (Debian package containerd)")
+	}
+	d, assets := newMicroVMDaemon(t)
+	target, dev := d.podTarget("3c9e0f1a-0000-4000-8000-00000000e2e9", "pvc-shim"), loopDevice(t, 64*mib)
+	d.crustctlOK("stage", "--target-path", target, "--device", dev, "--fs-type", "ext4", "--create-filesystem")
+
+	ctrd := startContainerd(t, d.socket, assets)
+	ctrd.importImage(t, "crust.dev/e2e/busybox:1")
+
+	// The container writes to the volume, says so, and waits for the test's exec to let it exit 7.
+	const id = "shim-e2e-1"
+	script := `uname -r; echo "written in the guest" > /data/f && sync && echo ready; ` +
+		`while [ ! -e /data/stop ]; do sleep 0.1; done; exit 7`
+	run := exec.Command("ctr", ctrd.args("run", "--rm", "--runtime", "io.containerd.crust-microvm.v1",
+		"--mount", "type=bind,src="+target+",dst=/data,options=rbind:rw", "crust.dev/e2e/busybox:1", id, "sh", "-c", script)...)
+	stdout, err := run.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runErr bytes.Buffer
+	run.Stderr = &runErr
+	t0 := time.Now()
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan error, 1)
+	lines := make(chan string, 16)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+		ran <- run.Wait()
+	}()
+	t.Cleanup(func() {
+		if run.ProcessState == nil {
+			_ = run.Process.Kill()
+		}
+	})
+	line := func(what string) string {
+		t.Helper()
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("ctr run ended before %s: %v\n%s\ncontainerd's log: %s", what, <-ran, runErr.String(), ctrd.logTail())
+			}
+			return l
+		case <-time.After(5 * time.Minute):
+			t.Fatalf("no %s from the container after 5 minutes\ncontainerd's log: %s", what, ctrd.logTail())
+		}
+		return ""
+	}
+	kernel := line("uname -r")
+	if ready := line("ready"); ready != "ready" {
+		t.Fatalf("the container said %q, want ready", ready)
+	}
+	t.Logf("ctr run -> the container's process ran in the guest and wrote the volume: %s", time.Since(t0).Round(time.Millisecond))
+	var host unix.Utsname
+	_ = unix.Uname(&host)
+	if kernel == "" || kernel == unix.ByteSliceToString(host.Release[:]) {
+		t.Errorf("the container's kernel is %q, the host's is %q: it did not run in the guest", kernel, unix.ByteSliceToString(host.Release[:]))
+	}
+
+	// The volume: claimed for the container's sandbox, mounted in the guest only.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	v, err := crustv1.NewVolumeServiceClient(d.conn()).GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb := v.GetVolume().GetClaim().GetSandboxId(); sb != id {
+		t.Errorf("the volume is claimed by sandbox %q, want the container's id %q", sb, id)
+	}
+	if n := mountsAt(t, target); n > 0 {
+		t.Errorf("%d mounts on the host's target %s; the volume must be mounted in the guest only", n, target)
+	}
+
+	// exec in the same container: it sees what the first process wrote, in the guest.
+	t1 := time.Now()
+	out := ctrd.ok(t, "task", "exec", "--exec-id", "e1", id, "sh", "-c", "cat /data/f; grep -c ' /data ' /proc/mounts; uname -r")
+	t.Logf("ctr task exec: %s", time.Since(t1).Round(time.Millisecond))
+	if want := "written in the guest\n1\n" + kernel + "\n"; out != want {
+		t.Errorf("exec said %q, want %q", out, want)
+	}
+	qemuPids := ctrd.processesOf(t)
+	if len(qemuPids) < 2 {
+		t.Errorf("QEMU and virtiofsd of the sandbox: found pids %v", qemuPids)
+	}
+
+	// The exit status reaches containerd; ctr run --rm then deletes the task and the container.
+	t2 := time.Now()
+	ctrd.ok(t, "task", "exec", "--exec-id", "e2", id, "touch", "/data/stop")
+	select {
+	case err := <-ran:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 7 {
+			t.Errorf("ctr run ended with %v, want exit status 7\n%s", err, runErr.String())
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("ctr run did not end after the container's exit\ncontainerd's log: %s", ctrd.logTail())
+	}
+	t.Logf("exit -> ctr run ended, the task and the sandbox deleted: %s", time.Since(t2).Round(time.Millisecond))
+	for _, l := range strings.Split(ctrd.logTail(), "\n") {
+		if strings.Contains(l, `msg="VM up"`) || strings.Contains(l, `msg="sandbox torn down"`) {
+			t.Logf("the shim: %s", l)
+		}
+	}
+
+	// Nothing is left: no QEMU, no virtiofsd, no claim, no mount, no state directory.
+	harness.Eventually(t, time.Minute, "QEMU and virtiofsd to be gone", func() bool { return len(ctrd.processesOf(t)) == 0 })
+	v, err = crustv1.NewVolumeServiceClient(d.conn()).GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: target})
+	if err != nil || v.GetVolume().GetClaim() != nil {
+		t.Errorf("after delete: volume %v, err %v; want no claim", v.GetVolume().GetClaim(), err)
+	}
+	if n := mountsAt(t, ctrd.stateDir) + mountsAt(t, target); n > 0 {
+		t.Errorf("after delete: %d mounts left under %s or on the target", n, ctrd.stateDir)
+	}
+	if left, _ := os.ReadDir(ctrd.stateDir); len(left) > 0 {
+		t.Errorf("after delete: the shim's state directory holds %v", left)
+	}
+	// The data is on the device, written by the guest.
+	mnt := t.TempDir()
+	harness.Run(t, "mount", "-o", "ro", dev, mnt)
+	b, err := os.ReadFile(filepath.Join(mnt, "f"))
+	_ = unix.Unmount(mnt, 0)
+	if err != nil || string(b) != "written in the guest\n" {
+		t.Errorf("the device holds %q (%v), want what the guest wrote", b, err)
+	}
+}
+
+// mountsAt counts the mounts at or below dir.
+func mountsAt(t *testing.T, dir string) int {
+	t.Helper()
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ms)
+}
+
+// containerd is a private containerd: its own root, state, socket and the shim's state directory.
+type containerd struct {
+	socket, stateDir, log string
+}
+
+// startContainerd starts /usr/bin/containerd on temp dirs with the shim on PATH and its settings in the
+// environment, and waits until it serves.
+func startContainerd(t *testing.T, crustSocket, assets string) *containerd {
+	t.Helper()
+	dir := t.TempDir()
+	c := &containerd{socket: filepath.Join(dir, "c.sock"), stateDir: filepath.Join(dir, "vm"), log: filepath.Join(dir, "containerd.log")}
+	config := fmt.Sprintf(`version = 2
+root = %q
+state = %q
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+[grpc]
+  address = %q
+[ttrpc]
+  address = %q
+[debug]
+  level = "debug"
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.socket, c.socket+".ttrpc")
+	if err := os.WriteFile(filepath.Join(dir, "config.toml"), []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.Create(c.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/usr/bin/containerd", "--config", filepath.Join(dir, "config.toml"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"), "CRUST_SOCKET="+crustSocket,
+		"CRUST_MICROVM_ASSETS="+assets, "CRUST_MICROVM_STATE_DIR="+c.stateDir, "CRUST_MICROVM_ACCEL=tcg")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(unix.SIGTERM)
+		_ = cmd.Wait()
+		_ = logf.Close()
+		if t.Failed() {
+			t.Logf("containerd's log:\n%s", c.logTail())
+		}
+	})
+	t0 := time.Now()
+	harness.Eventually(t, time.Minute, "containerd to serve", func() bool {
+		return exec.Command("ctr", c.args("version")...).Run() == nil
+	})
+	t.Logf("containerd serving after %s", time.Since(t0).Round(time.Millisecond))
+	return c
+}
+
+func (c *containerd) args(args ...string) []string {
+	return append([]string{"--address", c.socket, "--namespace", "crust-e2e"}, args...)
+}
+
+// ok runs ctr with args and answers its stdout; a failure fails the test.
+func (c *containerd) ok(t *testing.T, args ...string) string {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command("ctr", c.args(args...)...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("ctr %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.String()
+}
+
+func (c *containerd) logTail() string {
+	b, _ := os.ReadFile(c.log)
+	if len(b) > 16<<10 {
+		b = b[len(b)-16<<10:]
+	}
+	return string(b)
+}
+
+// processesOf answers the pids of processes (QEMU, virtiofsd) whose command line names the shim's
+// state directory.
+func (c *containerd) processesOf(t *testing.T) []string {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var pids []string
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err == nil && bytes.Contains(b, []byte(c.stateDir+"/")) {
+			pid := filepath.Base(filepath.Dir(p))
+			var n int
+			if _, err := fmt.Sscan(pid, &n); err == nil && harness.ProcessAlive(n) {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+// importImage builds a one-layer image of the host's static busybox (Debian's busybox-static, or
+// busybox) and imports it into containerd as ref.
+func (c *containerd) importImage(t *testing.T, ref string) {
+	t.Helper()
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("no busybox on the host (Debian package busybox-static)")
+	}
+	if out, _ := exec.Command("file", "-L", bb).Output(); !bytes.Contains(out, []byte("statically linked")) {
+		t.Skipf("%s is not statically linked (Debian package busybox-static)", bb)
+	}
+	bin, err := os.ReadFile(bb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	for _, d := range []string{"bin/", "data/", "dev/", "proc/", "sys/", "tmp/", "etc/"} {
+		_ = tw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: 0o755})
+	}
+	_ = tw.WriteHeader(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bin))})
+	_, _ = tw.Write(bin)
+	for _, applet := range []string{"sh", "uname", "cat", "echo", "sync", "sleep", "touch", "grep", "ls"} {
+		_ = tw.WriteHeader(&tar.Header{Name: "bin/" + applet, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777})
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layer.Bytes())), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, _ := img.ConfigFile()
+	cf.Architecture, cf.OS, cf.Config.Env = "amd64", "linux", []string{"PATH=/bin"}
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	tag, err := name.NewTag(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "busybox.tar")
+	if err := tarball.WriteToFile(file, tag, img); err != nil {
+		t.Fatal(err)
+	}
+	c.ok(t, "images", "import", file)
+}
