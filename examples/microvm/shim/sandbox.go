@@ -12,10 +12,12 @@ import (
 	"time"
 
 	"github.com/moby/sys/mountinfo"
+	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/handler"
+	"crust.dev/crust/examples/microvm/podnet"
 	"crust.dev/crust/examples/microvm/vm"
 	crusthandler "crust.dev/crust/pkg/handler"
 )
@@ -36,19 +38,21 @@ const (
 	pidFile       = "qemu.pid"
 )
 
-// sandbox is the sandbox's VM and its volumes.
+// sandbox is the sandbox's VM, its network and its volumes.
 type sandbox struct {
 	id      string
 	dir     string
+	net     *podnet.Link // nil without a pod network
 	vm      *vm.VM
 	crust   *crusthandler.Client
 	volumes *handler.Volumes
 	log     *slog.Logger
 }
 
-// bootSandbox boots the sandbox's VM with its shared directory, mounts the share in the guest and serves
-// the volumes; on an error nothing is left running.
-func bootSandbox(ctx context.Context, set Settings, id string, log *slog.Logger) (_ *sandbox, err error) {
+// bootSandbox boots the sandbox's VM with its shared directory and, when the sandbox container's spec
+// names a network namespace, the pod's network (its address answering from the guest); it mounts the
+// share in the guest and serves the volumes. On an error nothing is left running.
+func bootSandbox(ctx context.Context, set Settings, id string, spec *specs.Spec, log *slog.Logger) (_ *sandbox, err error) {
 	dir := set.sandboxDir(id)
 	shared := filepath.Join(dir, sharedDir)
 	if err := os.MkdirAll(shared, 0o700); err != nil {
@@ -63,6 +67,9 @@ func bootSandbox(ctx context.Context, set Settings, id string, log *slog.Logger)
 	if s.crust, err = crusthandler.Dial(set.CrustSocket); err != nil {
 		return s, err
 	}
+	if s.net, err = podNetwork(spec); err != nil {
+		return s, fmt.Errorf("the pod's network: %w", err)
+	}
 	start := time.Now()
 	s.vm, err = vm.Start(ctx, vm.Config{
 		Kernel: filepath.Join(set.Assets, "cloud", "vmlinux"), Initramfs: filepath.Join(set.Assets, "initramfs-cloud.cpio"),
@@ -70,6 +77,7 @@ func bootSandbox(ctx context.Context, set Settings, id string, log *slog.Logger)
 		// chroot, not virtiofsd's namespace sandbox: the containers' mounts made under the shared
 		// directory after virtiofsd started must be seen through it.
 		FSShares: []vm.FSShare{{Tag: shareTag, Path: shared, DaemonArgs: []string{"-o", "sandbox=chroot"}}},
+		NICs:     nics(s.net),
 	})
 	if err != nil {
 		return s, err
@@ -79,6 +87,12 @@ func bootSandbox(ctx context.Context, set Settings, id string, log *slog.Logger)
 		"qemu_pid", s.vm.Pid(), "since_create", time.Since(start).Round(time.Millisecond))
 	if err := os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(s.vm.Pid())+"\n"), 0o600); err != nil {
 		return s, err
+	}
+	if s.net != nil {
+		if err := configureNetwork(ctx, s.vm.Agent(), s.net); err != nil {
+			return s, err
+		}
+		log.Info("pod network in the guest", "interface", s.net.Interface.Name, "addresses", fmt.Sprint(s.net.Interface.Addrs))
 	}
 	if _, err := s.vm.Agent().MountShare(ctx, &agentv1.MountShareRequest{Tag: shareTag, Target: guestShared}); err != nil {
 		return s, fmt.Errorf("mounting the shared directory in the guest: %w", err)
@@ -102,6 +116,9 @@ func (s *sandbox) teardown(ctx context.Context) error {
 	}
 	if s.crust != nil {
 		_ = s.crust.Close()
+	}
+	if s.net != nil {
+		errs = append(errs, s.net.Close()) // after the VM: QEMU held the tap
 	}
 	errs = append(errs, cleanSandbox(s.dir))
 	return errors.Join(errs...)

@@ -182,7 +182,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 		if s.sandbox != nil {
 			return nil, errdefs.Errorf(errdefs.ErrFailedPrecondition, "this shim runs sandbox %s already", s.sandboxID)
 		}
-		sb, err := bootSandbox(ctx, s.set, sbID, log)
+		sb, err := bootSandbox(ctx, s.set, sbID, spec, log)
 		if err != nil {
 			return nil, fmt.Errorf("booting the sandbox's VM: %w", err)
 		}
