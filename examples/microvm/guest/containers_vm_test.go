@@ -134,6 +134,9 @@ func TestContainers(t *testing.T) {
 		p.Args = args
 		start(t, a, "c2", exec, p, stdin)
 	}
+	if _, err := a.StartProcess(ctx, &agentv1.StartProcessRequest{ContainerId: "c2", Process: &agentv1.Process{Args: []string{"nope"}}}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("StartProcess of a missing executable: %v, want NOT_FOUND", err)
+	}
 	run("", false, "sleep", "1000")
 	run("ro", false, "touch", "/newfile")
 	if st := wait(t, a, "c2", "ro"); st == 0 {
