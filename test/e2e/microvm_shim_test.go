@@ -45,7 +45,7 @@ func TestMicroVMShim(t *testing.T) {
 	target, dev := d.podTarget("3c9e0f1a-0000-4000-8000-00000000e2e9", "pvc-shim"), loopDevice(t, 64*mib)
 	d.crustctlOK("stage", "--target-path", target, "--device", dev, "--fs-type", "ext4", "--create-filesystem")
 
-	ctrd := startContainerd(t, d.socket, assets)
+	ctrd := startContainerd(t, d.socket, d.KubeletDir, assets)
 	ctrd.importImage(t, "crust.dev/e2e/busybox:1")
 
 	// The container writes to the volume, says so, and waits for the test's exec to let it exit 7.
@@ -187,7 +187,7 @@ type containerd struct {
 
 // startContainerd starts /usr/bin/containerd on temp dirs with the shim on PATH and its settings in the
 // environment, and waits until it serves.
-func startContainerd(t *testing.T, crustSocket, assets string) *containerd {
+func startContainerd(t *testing.T, crustSocket, kubeletDir, assets string) *containerd {
 	t.Helper()
 	dir := t.TempDir()
 	c := &containerd{socket: filepath.Join(dir, "c.sock"), stateDir: filepath.Join(dir, "vm"), log: filepath.Join(dir, "containerd.log")}
@@ -213,7 +213,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
 	cmd := exec.Command("/usr/bin/containerd", "--config", filepath.Join(dir, "config.toml"))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"), "CRUST_SOCKET="+crustSocket,
-		"CRUST_MICROVM_ASSETS="+assets, "CRUST_MICROVM_STATE_DIR="+c.stateDir, "CRUST_MICROVM_ACCEL=tcg")
+		"CRUST_MICROVM_ASSETS="+assets, "CRUST_MICROVM_STATE_DIR="+c.stateDir, "CRUST_MICROVM_ACCEL=tcg", "CRUST_KUBELET_DIR="+kubeletDir)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

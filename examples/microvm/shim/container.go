@@ -69,17 +69,19 @@ func (s *sandbox) prepareContainer(ctx context.Context, id, bundle string, rootf
 			continue
 		}
 		src := filepath.Clean(m.Source)
-		att, err := s.volumes.Attach(ctx, src)
-		switch {
-		case err == nil && att.Block:
-			req.Devices = append(req.Devices, &agentv1.ContainerDevice{Path: m.Destination, Source: att.GuestPath, FileMode: 0o660})
-			continue
-		case err == nil: // a crust volume, mounted in the guest: never from the host
-			s.log.Info("crust volume attached for the container", "container", id, "target", src, "destination", m.Destination)
-			req.Mounts = append(req.Mounts, &agentv1.ContainerMount{Destination: m.Destination, Type: "bind", Source: att.GuestPath, Options: m.Options})
-			continue
-		case !handler.ErrNotDeferred(err):
-			return nil, fmt.Errorf("volume %s for %s: %w", src, m.Destination, err)
+		if s.set.podPath(src) {
+			att, err := s.volumes.Attach(ctx, src)
+			switch {
+			case err == nil && att.Block:
+				req.Devices = append(req.Devices, &agentv1.ContainerDevice{Path: m.Destination, Source: att.GuestPath, FileMode: 0o660})
+				continue
+			case err == nil: // a crust volume, mounted in the guest: never from the host
+				s.log.Info("crust volume attached for the container", "container", id, "target", src, "destination", m.Destination)
+				req.Mounts = append(req.Mounts, &agentv1.ContainerMount{Destination: m.Destination, Type: "bind", Source: att.GuestPath, Options: m.Options})
+				continue
+			case !handler.ErrNotDeferred(err):
+				return nil, fmt.Errorf("volume %s for %s: %w", src, m.Destination, err)
+			}
 		}
 		n := strconv.Itoa(i)
 		if err := bindInto(src, filepath.Join(hostDir, "mounts", n), slices.Contains(m.Options, "ro")); err != nil {

@@ -31,6 +31,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -66,6 +67,11 @@ type Settings struct {
 	Accel vm.Accel
 	// MemoryMB is the guest's memory: CRUST_MICROVM_MEMORY_MB, default vm's (512).
 	MemoryMB int
+	// KubeletDir is kubelet's root directory, crustd's --kubelet-dir: CRUST_KUBELET_DIR, default
+	// /var/lib/kubelet. Only a bind mount from a pod's directory under it can be a crust volume; the
+	// others (the sandbox's /dev/shm, /etc/hosts and the like from containerd's state) are not asked of
+	// crustd.
+	KubeletDir string
 }
 
 // SettingsFromEnv reads the settings from the environment.
@@ -81,6 +87,10 @@ func SettingsFromEnv() (Settings, error) {
 		Assets:      get("CRUST_MICROVM_ASSETS", handler.DefaultAssets),
 		StateDir:    get("CRUST_MICROVM_STATE_DIR", handler.DefaultStateDir),
 		Accel:       vm.Accel(get("CRUST_MICROVM_ACCEL", string(vm.AccelAuto))),
+		KubeletDir:  filepath.Clean(get("CRUST_KUBELET_DIR", "/var/lib/kubelet")),
+	}
+	if !filepath.IsAbs(s.KubeletDir) {
+		return s, fmt.Errorf("CRUST_KUBELET_DIR=%q: want an absolute path", s.KubeletDir)
 	}
 	if m := os.Getenv("CRUST_MICROVM_MEMORY_MB"); m != "" {
 		n, err := strconv.Atoi(m)
@@ -90,6 +100,12 @@ func SettingsFromEnv() (Settings, error) {
 		s.MemoryMB = n
 	}
 	return s, nil
+}
+
+// podPath reports whether p lies in a pod's directory under kubelet's root, where kubelet's volume
+// target paths are.
+func (s Settings) podPath(p string) bool {
+	return strings.HasPrefix(p, filepath.Join(s.KubeletDir, "pods")+"/")
 }
 
 // sandboxDir is the state directory of sandbox id: short, for the unix sockets in it.

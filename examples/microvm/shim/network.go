@@ -45,8 +45,12 @@ func nics(link *podnet.Link) []vm.NIC {
 	return []vm.NIC{{Tap: link.Tap, MAC: link.Interface.MAC}}
 }
 
-// configureNetwork gives the guest's NIC the pod interface's addresses and routes.
+// configureNetwork gives the guest's NIC the pod interface's addresses and routes, once the guest's start
+// is over (its NIC's driver is one of the modules it loads).
 func configureNetwork(ctx context.Context, agent agentv1.AgentServiceService, link *podnet.Link) error {
+	if _, err := agent.Health(ctx, &agentv1.HealthRequest{WaitStarted: true}); err != nil {
+		return fmt.Errorf("waiting for the guest's start: %w", err)
+	}
 	for _, argv := range link.Interface.GuestCommands(guestNIC) {
 		r, err := agent.Exec(ctx, &agentv1.ExecRequest{Argv: argv})
 		if err != nil {

@@ -42,6 +42,7 @@ const (
 type sandbox struct {
 	id      string
 	dir     string
+	set     Settings
 	net     *podnet.Link // nil without a pod network
 	vm      *vm.VM
 	crust   *crusthandler.Client
@@ -58,7 +59,7 @@ func bootSandbox(ctx context.Context, set Settings, id string, spec *specs.Spec,
 	if err := os.MkdirAll(shared, 0o700); err != nil {
 		return nil, err
 	}
-	s := &sandbox{id: id, dir: dir, log: log}
+	s := &sandbox{id: id, dir: dir, set: set, log: log}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, s.teardown(context.WithoutCancel(ctx)))
