@@ -1,13 +1,10 @@
 package e2e
 
 import (
-	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,13 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"crust.dev/crust/internal/testutil/ctrdtest"
 	"crust.dev/crust/internal/testutil/harness"
 	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
@@ -170,160 +163,33 @@ func TestMicroVMShim(t *testing.T) {
 	}
 }
 
+// The private containerd is ctrdtest's; these are the names the shim tests use.
+
 // mountsAt counts the mounts at or below dir.
-func mountsAt(t *testing.T, dir string) int {
-	t.Helper()
-	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ms)
-}
+func mountsAt(t *testing.T, dir string) int { t.Helper(); return ctrdtest.MountsAt(t, dir) }
 
-// containerd is a private containerd: its own root, state, socket and the shim's state directory.
+// containerd is a private containerd (ctrdtest.Containerd) with the shim built for this test binary.
 type containerd struct {
-	socket, stateDir, log string
+	*ctrdtest.Containerd
+	stateDir string
 }
 
-// startContainerd starts /usr/bin/containerd on temp dirs with the shim on PATH and its settings in the
-// environment, and waits until it serves.
+// startContainerd starts a private containerd with the shim on PATH, for crustd at crustSocket.
 func startContainerd(t *testing.T, crustSocket, kubeletDir, assets string) *containerd {
 	t.Helper()
-	dir := t.TempDir()
-	c := &containerd{socket: filepath.Join(dir, "c.sock"), stateDir: filepath.Join(dir, "vm"), log: filepath.Join(dir, "containerd.log")}
-	config := fmt.Sprintf(`version = 2
-root = %q
-state = %q
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
-[grpc]
-  address = %q
-[ttrpc]
-  address = %q
-[debug]
-  level = "debug"
-`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), c.socket, c.socket+".ttrpc")
-	if err := os.WriteFile(filepath.Join(dir, "config.toml"), []byte(config), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	logf, err := os.Create(c.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("/usr/bin/containerd", "--config", filepath.Join(dir, "config.toml"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"), "CRUST_SOCKET="+crustSocket,
-		"CRUST_MICROVM_ASSETS="+assets, "CRUST_MICROVM_STATE_DIR="+c.stateDir, "CRUST_MICROVM_ACCEL=tcg", "CRUST_KUBELET_DIR="+kubeletDir)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(unix.SIGTERM)
-		_ = cmd.Wait()
-		_ = logf.Close()
-		if t.Failed() {
-			t.Logf("containerd's log:\n%s", c.logTail())
-		}
-	})
-	t0 := time.Now()
-	harness.Eventually(t, time.Minute, "containerd to serve", func() bool {
-		return exec.Command("ctr", c.args("version")...).Run() == nil
-	})
-	t.Logf("containerd serving after %s", time.Since(t0).Round(time.Millisecond))
-	return c
+	c := ctrdtest.Start(t, ctrdtest.Config{ShimDir: binDir, CrustSocket: crustSocket, KubeletDir: kubeletDir, Assets: assets})
+	return &containerd{Containerd: c, stateDir: c.StateDir}
 }
 
-func (c *containerd) args(args ...string) []string {
-	return append([]string{"--address", c.socket, "--namespace", "crust-e2e"}, args...)
-}
+func (c *containerd) args(args ...string) []string { return c.Args(args...) }
 
 // ok runs ctr with args and answers its stdout; a failure fails the test.
-func (c *containerd) ok(t *testing.T, args ...string) string {
-	t.Helper()
-	var stdout, stderr bytes.Buffer
-	cmd := exec.Command("ctr", c.args(args...)...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("ctr %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
-	}
-	return stdout.String()
-}
+func (c *containerd) ok(t *testing.T, args ...string) string { t.Helper(); return c.OK(t, args...) }
 
-func (c *containerd) logTail() string {
-	b, _ := os.ReadFile(c.log)
-	if len(b) > 16<<10 {
-		b = b[len(b)-16<<10:]
-	}
-	return string(b)
-}
+func (c *containerd) logTail() string { return c.LogTail() }
 
-// processesOf answers the pids of processes (QEMU, virtiofsd) whose command line names the shim's
-// state directory.
-func (c *containerd) processesOf(t *testing.T) []string {
-	t.Helper()
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	var pids []string
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err == nil && bytes.Contains(b, []byte(c.stateDir+"/")) {
-			pid := filepath.Base(filepath.Dir(p))
-			var n int
-			if _, err := fmt.Sscan(pid, &n); err == nil && harness.ProcessAlive(n) {
-				pids = append(pids, pid)
-			}
-		}
-	}
-	return pids
-}
+// processesOf answers the pids of the shim's QEMU and virtiofsd.
+func (c *containerd) processesOf(t *testing.T) []string { t.Helper(); return c.Processes() }
 
-// importImage builds a one-layer image of the host's static busybox (Debian's busybox-static, or
-// busybox) and imports it into containerd as ref.
-func (c *containerd) importImage(t *testing.T, ref string) {
-	t.Helper()
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
-		t.Skip("no busybox on the host (Debian package busybox-static)")
-	}
-	if out, _ := exec.Command("file", "-L", bb).Output(); !bytes.Contains(out, []byte("statically linked")) {
-		t.Skipf("%s is not statically linked (Debian package busybox-static)", bb)
-	}
-	bin, err := os.ReadFile(bb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var layer bytes.Buffer
-	tw := tar.NewWriter(&layer)
-	for _, d := range []string{"bin/", "data/", "dev/", "proc/", "sys/", "tmp/", "etc/"} {
-		_ = tw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: 0o755})
-	}
-	_ = tw.WriteHeader(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bin))})
-	_, _ = tw.Write(bin)
-	for _, applet := range []string{"sh", "uname", "cat", "echo", "sync", "sleep", "touch", "grep", "ls"} {
-		_ = tw.WriteHeader(&tar.Header{Name: "bin/" + applet, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777})
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layer.Bytes())), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(empty.Image, l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, _ := img.ConfigFile()
-	cf.Architecture, cf.OS, cf.Config.Env = "amd64", "linux", []string{"PATH=/bin"}
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		t.Fatal(err)
-	}
-	tag, err := name.NewTag(ref)
-	if err != nil {
-		t.Fatal(err)
-	}
-	file := filepath.Join(t.TempDir(), "busybox.tar")
-	if err := tarball.WriteToFile(file, tag, img); err != nil {
-		t.Fatal(err)
-	}
-	c.ok(t, "images", "import", file)
-}
+// importImage imports a busybox image as ref.
+func (c *containerd) importImage(t *testing.T, ref string) { t.Helper(); c.ImportImage(t, ref) }
