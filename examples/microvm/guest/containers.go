@@ -87,3 +87,7 @@ func (a *agent) ResizeTerminal(_ context.Context, r *agentv1.ResizeTerminalReque
 func (a *agent) RemoveContainer(ctx context.Context, r *agentv1.RemoveContainerRequest) (*agentv1.RemoveContainerResponse, error) {
 	return &agentv1.RemoveContainerResponse{}, a.ctrs.remove(ctx, r.GetContainerId())
 }
+
+func (a *agent) ContainerStats(_ context.Context, r *agentv1.ContainerStatsRequest) (*agentv1.ContainerStatsResponse, error) {
+	return a.ctrs.stats(r.GetContainerId())
+}

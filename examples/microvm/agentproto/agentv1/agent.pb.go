@@ -2453,6 +2453,122 @@ func (*RemoveContainerResponse) Descriptor() ([]byte, []int) {
 	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
+type ContainerStatsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerStatsRequest) Reset() {
+	*x = ContainerStatsRequest{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerStatsRequest) ProtoMessage() {}
+
+func (x *ContainerStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerStatsRequest.ProtoReflect.Descriptor instead.
+func (*ContainerStatsRequest) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ContainerStatsRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+type ContainerStatsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// CPU time in user mode of the processes and of the children they waited for, in nanoseconds.
+	CpuUserNanos uint64 `protobuf:"varint,1,opt,name=cpu_user_nanos,json=cpuUserNanos,proto3" json:"cpu_user_nanos,omitempty"`
+	// CPU time in kernel mode, likewise.
+	CpuSystemNanos uint64 `protobuf:"varint,2,opt,name=cpu_system_nanos,json=cpuSystemNanos,proto3" json:"cpu_system_nanos,omitempty"`
+	// The processes' resident memory, summed (memory two of them share counts twice).
+	MemoryRssBytes uint64 `protobuf:"varint,3,opt,name=memory_rss_bytes,json=memoryRssBytes,proto3" json:"memory_rss_bytes,omitempty"`
+	// How many processes were measured.
+	Processes     uint32 `protobuf:"varint,4,opt,name=processes,proto3" json:"processes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerStatsResponse) Reset() {
+	*x = ContainerStatsResponse{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerStatsResponse) ProtoMessage() {}
+
+func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerStatsResponse.ProtoReflect.Descriptor instead.
+func (*ContainerStatsResponse) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ContainerStatsResponse) GetCpuUserNanos() uint64 {
+	if x != nil {
+		return x.CpuUserNanos
+	}
+	return 0
+}
+
+func (x *ContainerStatsResponse) GetCpuSystemNanos() uint64 {
+	if x != nil {
+		return x.CpuSystemNanos
+	}
+	return 0
+}
+
+func (x *ContainerStatsResponse) GetMemoryRssBytes() uint64 {
+	if x != nil {
+		return x.MemoryRssBytes
+	}
+	return 0
+}
+
+func (x *ContainerStatsResponse) GetProcesses() uint32 {
+	if x != nil {
+		return x.Processes
+	}
+	return 0
+}
+
 // ControlServiceExecRequest is the command to run.
 type ControlServiceExecRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2464,7 +2580,7 @@ type ControlServiceExecRequest struct {
 
 func (x *ControlServiceExecRequest) Reset() {
 	*x = ControlServiceExecRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2592,7 @@ func (x *ControlServiceExecRequest) String() string {
 func (*ControlServiceExecRequest) ProtoMessage() {}
 
 func (x *ControlServiceExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2605,7 @@ func (x *ControlServiceExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServiceExecRequest.ProtoReflect.Descriptor instead.
 func (*ControlServiceExecRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ControlServiceExecRequest) GetArgv() []string {
@@ -2510,7 +2626,7 @@ type ControlServiceExecResponse struct {
 
 func (x *ControlServiceExecResponse) Reset() {
 	*x = ControlServiceExecResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2522,7 +2638,7 @@ func (x *ControlServiceExecResponse) String() string {
 func (*ControlServiceExecResponse) ProtoMessage() {}
 
 func (x *ControlServiceExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2535,7 +2651,7 @@ func (x *ControlServiceExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServiceExecResponse.ProtoReflect.Descriptor instead.
 func (*ControlServiceExecResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ControlServiceExecResponse) GetResult() *ExecResponse {
@@ -2556,7 +2672,7 @@ type ControlServiceHealthRequest struct {
 
 func (x *ControlServiceHealthRequest) Reset() {
 	*x = ControlServiceHealthRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2568,7 +2684,7 @@ func (x *ControlServiceHealthRequest) String() string {
 func (*ControlServiceHealthRequest) ProtoMessage() {}
 
 func (x *ControlServiceHealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2581,7 +2697,7 @@ func (x *ControlServiceHealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServiceHealthRequest.ProtoReflect.Descriptor instead.
 func (*ControlServiceHealthRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ControlServiceHealthRequest) GetRequest() *HealthRequest {
@@ -2602,7 +2718,7 @@ type ControlServiceHealthResponse struct {
 
 func (x *ControlServiceHealthResponse) Reset() {
 	*x = ControlServiceHealthResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2614,7 +2730,7 @@ func (x *ControlServiceHealthResponse) String() string {
 func (*ControlServiceHealthResponse) ProtoMessage() {}
 
 func (x *ControlServiceHealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2627,7 +2743,7 @@ func (x *ControlServiceHealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServiceHealthResponse.ProtoReflect.Descriptor instead.
 func (*ControlServiceHealthResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ControlServiceHealthResponse) GetResult() *HealthResponse {
@@ -2646,7 +2762,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2658,7 +2774,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2671,7 +2787,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 // StopResponse says how the teardown went.
@@ -2685,7 +2801,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2697,7 +2813,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2710,7 +2826,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *StopResponse) GetTeardownError() string {
@@ -2871,7 +2987,14 @@ const file_crust_agent_v1_agent_proto_rawDesc = "" +
 	"\x16ResizeTerminalResponse\";\n" +
 	"\x16RemoveContainerRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"\x19\n" +
-	"\x17RemoveContainerResponse\"/\n" +
+	"\x17RemoveContainerResponse\":\n" +
+	"\x15ContainerStatsRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"\xb0\x01\n" +
+	"\x16ContainerStatsResponse\x12$\n" +
+	"\x0ecpu_user_nanos\x18\x01 \x01(\x04R\fcpuUserNanos\x12(\n" +
+	"\x10cpu_system_nanos\x18\x02 \x01(\x04R\x0ecpuSystemNanos\x12(\n" +
+	"\x10memory_rss_bytes\x18\x03 \x01(\x04R\x0ememoryRssBytes\x12\x1c\n" +
+	"\tprocesses\x18\x04 \x01(\rR\tprocesses\"/\n" +
 	"\x19ControlServiceExecRequest\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\"R\n" +
 	"\x1aControlServiceExecResponse\x124\n" +
@@ -2890,7 +3013,7 @@ const file_crust_agent_v1_agent_proto_rawDesc = "" +
 	"\x06Stream\x12\x16\n" +
 	"\x12STREAM_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSTREAM_STDOUT\x10\x01\x12\x11\n" +
-	"\rSTREAM_STDERR\x10\x022\x95\v\n" +
+	"\rSTREAM_STDERR\x10\x022\xf6\v\n" +
 	"\fAgentService\x12G\n" +
 	"\x06Health\x12\x1d.crust.agent.v1.HealthRequest\x1a\x1e.crust.agent.v1.HealthResponse\x12D\n" +
 	"\x05Mount\x12\x1c.crust.agent.v1.MountRequest\x1a\x1d.crust.agent.v1.MountResponse\x12J\n" +
@@ -2912,7 +3035,8 @@ const file_crust_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"CloseStdin\x12!.crust.agent.v1.CloseStdinRequest\x1a\".crust.agent.v1.CloseStdinResponse\x12_\n" +
 	"\x0eResizeTerminal\x12%.crust.agent.v1.ResizeTerminalRequest\x1a&.crust.agent.v1.ResizeTerminalResponse\x12b\n" +
-	"\x0fRemoveContainer\x12&.crust.agent.v1.RemoveContainerRequest\x1a'.crust.agent.v1.RemoveContainerResponse2\x97\x02\n" +
+	"\x0fRemoveContainer\x12&.crust.agent.v1.RemoveContainerRequest\x1a'.crust.agent.v1.RemoveContainerResponse\x12_\n" +
+	"\x0eContainerStats\x12%.crust.agent.v1.ContainerStatsRequest\x1a&.crust.agent.v1.ContainerStatsResponse2\x97\x02\n" +
 	"\x0eControlService\x12]\n" +
 	"\x04Exec\x12).crust.agent.v1.ControlServiceExecRequest\x1a*.crust.agent.v1.ControlServiceExecResponse\x12c\n" +
 	"\x06Health\x12+.crust.agent.v1.ControlServiceHealthRequest\x1a,.crust.agent.v1.ControlServiceHealthResponse\x12A\n" +
@@ -2931,7 +3055,7 @@ func file_crust_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_crust_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_crust_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_crust_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_crust_agent_v1_agent_proto_goTypes = []any{
 	(FsGroupPolicy)(0),                   // 0: crust.agent.v1.FsGroupPolicy
 	(Stream)(0),                          // 1: crust.agent.v1.Stream
@@ -2974,12 +3098,14 @@ var file_crust_agent_v1_agent_proto_goTypes = []any{
 	(*ResizeTerminalResponse)(nil),       // 38: crust.agent.v1.ResizeTerminalResponse
 	(*RemoveContainerRequest)(nil),       // 39: crust.agent.v1.RemoveContainerRequest
 	(*RemoveContainerResponse)(nil),      // 40: crust.agent.v1.RemoveContainerResponse
-	(*ControlServiceExecRequest)(nil),    // 41: crust.agent.v1.ControlServiceExecRequest
-	(*ControlServiceExecResponse)(nil),   // 42: crust.agent.v1.ControlServiceExecResponse
-	(*ControlServiceHealthRequest)(nil),  // 43: crust.agent.v1.ControlServiceHealthRequest
-	(*ControlServiceHealthResponse)(nil), // 44: crust.agent.v1.ControlServiceHealthResponse
-	(*StopRequest)(nil),                  // 45: crust.agent.v1.StopRequest
-	(*StopResponse)(nil),                 // 46: crust.agent.v1.StopResponse
+	(*ContainerStatsRequest)(nil),        // 41: crust.agent.v1.ContainerStatsRequest
+	(*ContainerStatsResponse)(nil),       // 42: crust.agent.v1.ContainerStatsResponse
+	(*ControlServiceExecRequest)(nil),    // 43: crust.agent.v1.ControlServiceExecRequest
+	(*ControlServiceExecResponse)(nil),   // 44: crust.agent.v1.ControlServiceExecResponse
+	(*ControlServiceHealthRequest)(nil),  // 45: crust.agent.v1.ControlServiceHealthRequest
+	(*ControlServiceHealthResponse)(nil), // 46: crust.agent.v1.ControlServiceHealthResponse
+	(*StopRequest)(nil),                  // 47: crust.agent.v1.StopRequest
+	(*StopResponse)(nil),                 // 48: crust.agent.v1.StopResponse
 }
 var file_crust_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: crust.agent.v1.MountRequest.fs_group_policy:type_name -> crust.agent.v1.FsGroupPolicy
@@ -3010,31 +3136,33 @@ var file_crust_agent_v1_agent_proto_depIdxs = []int32{
 	35, // 25: crust.agent.v1.AgentService.CloseStdin:input_type -> crust.agent.v1.CloseStdinRequest
 	37, // 26: crust.agent.v1.AgentService.ResizeTerminal:input_type -> crust.agent.v1.ResizeTerminalRequest
 	39, // 27: crust.agent.v1.AgentService.RemoveContainer:input_type -> crust.agent.v1.RemoveContainerRequest
-	41, // 28: crust.agent.v1.ControlService.Exec:input_type -> crust.agent.v1.ControlServiceExecRequest
-	43, // 29: crust.agent.v1.ControlService.Health:input_type -> crust.agent.v1.ControlServiceHealthRequest
-	45, // 30: crust.agent.v1.ControlService.Stop:input_type -> crust.agent.v1.StopRequest
-	3,  // 31: crust.agent.v1.AgentService.Health:output_type -> crust.agent.v1.HealthResponse
-	5,  // 32: crust.agent.v1.AgentService.Mount:output_type -> crust.agent.v1.MountResponse
-	7,  // 33: crust.agent.v1.AgentService.Unmount:output_type -> crust.agent.v1.UnmountResponse
-	10, // 34: crust.agent.v1.AgentService.Statfs:output_type -> crust.agent.v1.StatfsResponse
-	12, // 35: crust.agent.v1.AgentService.Grow:output_type -> crust.agent.v1.GrowResponse
-	14, // 36: crust.agent.v1.AgentService.Exec:output_type -> crust.agent.v1.ExecResponse
-	16, // 37: crust.agent.v1.AgentService.Shutdown:output_type -> crust.agent.v1.ShutdownResponse
-	18, // 38: crust.agent.v1.AgentService.MountShare:output_type -> crust.agent.v1.MountShareResponse
-	22, // 39: crust.agent.v1.AgentService.CreateContainer:output_type -> crust.agent.v1.CreateContainerResponse
-	26, // 40: crust.agent.v1.AgentService.StartProcess:output_type -> crust.agent.v1.StartProcessResponse
-	28, // 41: crust.agent.v1.AgentService.WaitProcess:output_type -> crust.agent.v1.WaitProcessResponse
-	30, // 42: crust.agent.v1.AgentService.SignalProcess:output_type -> crust.agent.v1.SignalProcessResponse
-	32, // 43: crust.agent.v1.AgentService.ReadStream:output_type -> crust.agent.v1.ReadStreamResponse
-	34, // 44: crust.agent.v1.AgentService.WriteStdin:output_type -> crust.agent.v1.WriteStdinResponse
-	36, // 45: crust.agent.v1.AgentService.CloseStdin:output_type -> crust.agent.v1.CloseStdinResponse
-	38, // 46: crust.agent.v1.AgentService.ResizeTerminal:output_type -> crust.agent.v1.ResizeTerminalResponse
-	40, // 47: crust.agent.v1.AgentService.RemoveContainer:output_type -> crust.agent.v1.RemoveContainerResponse
-	42, // 48: crust.agent.v1.ControlService.Exec:output_type -> crust.agent.v1.ControlServiceExecResponse
-	44, // 49: crust.agent.v1.ControlService.Health:output_type -> crust.agent.v1.ControlServiceHealthResponse
-	46, // 50: crust.agent.v1.ControlService.Stop:output_type -> crust.agent.v1.StopResponse
-	31, // [31:51] is the sub-list for method output_type
-	11, // [11:31] is the sub-list for method input_type
+	41, // 28: crust.agent.v1.AgentService.ContainerStats:input_type -> crust.agent.v1.ContainerStatsRequest
+	43, // 29: crust.agent.v1.ControlService.Exec:input_type -> crust.agent.v1.ControlServiceExecRequest
+	45, // 30: crust.agent.v1.ControlService.Health:input_type -> crust.agent.v1.ControlServiceHealthRequest
+	47, // 31: crust.agent.v1.ControlService.Stop:input_type -> crust.agent.v1.StopRequest
+	3,  // 32: crust.agent.v1.AgentService.Health:output_type -> crust.agent.v1.HealthResponse
+	5,  // 33: crust.agent.v1.AgentService.Mount:output_type -> crust.agent.v1.MountResponse
+	7,  // 34: crust.agent.v1.AgentService.Unmount:output_type -> crust.agent.v1.UnmountResponse
+	10, // 35: crust.agent.v1.AgentService.Statfs:output_type -> crust.agent.v1.StatfsResponse
+	12, // 36: crust.agent.v1.AgentService.Grow:output_type -> crust.agent.v1.GrowResponse
+	14, // 37: crust.agent.v1.AgentService.Exec:output_type -> crust.agent.v1.ExecResponse
+	16, // 38: crust.agent.v1.AgentService.Shutdown:output_type -> crust.agent.v1.ShutdownResponse
+	18, // 39: crust.agent.v1.AgentService.MountShare:output_type -> crust.agent.v1.MountShareResponse
+	22, // 40: crust.agent.v1.AgentService.CreateContainer:output_type -> crust.agent.v1.CreateContainerResponse
+	26, // 41: crust.agent.v1.AgentService.StartProcess:output_type -> crust.agent.v1.StartProcessResponse
+	28, // 42: crust.agent.v1.AgentService.WaitProcess:output_type -> crust.agent.v1.WaitProcessResponse
+	30, // 43: crust.agent.v1.AgentService.SignalProcess:output_type -> crust.agent.v1.SignalProcessResponse
+	32, // 44: crust.agent.v1.AgentService.ReadStream:output_type -> crust.agent.v1.ReadStreamResponse
+	34, // 45: crust.agent.v1.AgentService.WriteStdin:output_type -> crust.agent.v1.WriteStdinResponse
+	36, // 46: crust.agent.v1.AgentService.CloseStdin:output_type -> crust.agent.v1.CloseStdinResponse
+	38, // 47: crust.agent.v1.AgentService.ResizeTerminal:output_type -> crust.agent.v1.ResizeTerminalResponse
+	40, // 48: crust.agent.v1.AgentService.RemoveContainer:output_type -> crust.agent.v1.RemoveContainerResponse
+	42, // 49: crust.agent.v1.AgentService.ContainerStats:output_type -> crust.agent.v1.ContainerStatsResponse
+	44, // 50: crust.agent.v1.ControlService.Exec:output_type -> crust.agent.v1.ControlServiceExecResponse
+	46, // 51: crust.agent.v1.ControlService.Health:output_type -> crust.agent.v1.ControlServiceHealthResponse
+	48, // 52: crust.agent.v1.ControlService.Stop:output_type -> crust.agent.v1.StopResponse
+	32, // [32:53] is the sub-list for method output_type
+	11, // [11:32] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -3052,7 +3180,7 @@ func file_crust_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crust_agent_v1_agent_proto_rawDesc), len(file_crust_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   45,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

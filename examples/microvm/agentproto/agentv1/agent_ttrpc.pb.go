@@ -25,6 +25,7 @@ type AgentServiceService interface {
 	CloseStdin(context.Context, *CloseStdinRequest) (*CloseStdinResponse, error)
 	ResizeTerminal(context.Context, *ResizeTerminalRequest) (*ResizeTerminalResponse, error)
 	RemoveContainer(context.Context, *RemoveContainerRequest) (*RemoveContainerResponse, error)
+	ContainerStats(context.Context, *ContainerStatsRequest) (*ContainerStatsResponse, error)
 }
 
 func RegisterAgentServiceService(srv *ttrpc.Server, svc AgentServiceService) {
@@ -148,6 +149,13 @@ func RegisterAgentServiceService(srv *ttrpc.Server, svc AgentServiceService) {
 					return nil, err
 				}
 				return svc.RemoveContainer(ctx, &req)
+			},
+			"ContainerStats": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ContainerStatsRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ContainerStats(ctx, &req)
 			},
 		},
 	})
@@ -294,6 +302,14 @@ func (c *agentserviceClient) ResizeTerminal(ctx context.Context, req *ResizeTerm
 func (c *agentserviceClient) RemoveContainer(ctx context.Context, req *RemoveContainerRequest) (*RemoveContainerResponse, error) {
 	var resp RemoveContainerResponse
 	if err := c.client.Call(ctx, "crust.agent.v1.AgentService", "RemoveContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) ContainerStats(ctx context.Context, req *ContainerStatsRequest) (*ContainerStatsResponse, error) {
+	var resp ContainerStatsResponse
+	if err := c.client.Call(ctx, "crust.agent.v1.AgentService", "ContainerStats", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil
