@@ -5,10 +5,12 @@ go 1.26.0
 require (
 	crust.dev/crust v0.0.0
 	github.com/cavaliergopher/cpio v1.0.1
+	github.com/containerd/cgroups v1.1.0
 	github.com/containerd/containerd v1.7.35
 	github.com/containerd/containerd/api v1.8.0
 	github.com/containerd/fifo v1.1.0
 	github.com/containerd/ttrpc v1.2.10
+	github.com/containerd/typeurl/v2 v2.1.1
 	github.com/cyphar/filepath-securejoin v0.5.1
 	github.com/moby/sys/mountinfo v0.7.2
 	github.com/opencontainers/runtime-spec v1.1.0
@@ -25,13 +27,11 @@ require (
 	github.com/Microsoft/go-winio v0.6.2 // indirect
 	github.com/Microsoft/hcsshim v0.11.7 // indirect
 	github.com/container-storage-interface/spec v1.13.0 // indirect
-	github.com/containerd/cgroups v1.1.0 // indirect
 	github.com/containerd/console v1.0.3 // indirect
 	github.com/containerd/continuity v0.4.4 // indirect
 	github.com/containerd/errdefs v0.3.0 // indirect
 	github.com/containerd/go-runc v1.0.0 // indirect
 	github.com/containerd/log v0.1.0 // indirect
-	github.com/containerd/typeurl/v2 v2.1.1 // indirect
 	github.com/docker/go-events v0.0.0-20190806004212-e31b211e4f1c // indirect
 	github.com/fsnotify/fsnotify v1.10.1 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.1 // indirect

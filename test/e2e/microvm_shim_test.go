@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -122,6 +123,32 @@ func TestMicroVMShim(t *testing.T) {
 		t.Errorf("QEMU and virtiofsd of the sandbox: found pids %v", qemuPids)
 	}
 
+	// containerd's task metrics: the guest's measure of the running container.
+	t3 := time.Now()
+	var m taskMetrics
+	harness.Eventually(t, time.Minute, "ctr task metrics to show the container's memory and CPU", func() bool {
+		m = ctrd.metrics(t, id)
+		return m.Memory.Usage.Usage > 0 && m.CPU.Usage.Total > 0
+	})
+	t.Logf("ctr task metrics: memory %d bytes, CPU %d ns (%s)", m.Memory.Usage.Usage, m.CPU.Usage.Total, time.Since(t3).Round(time.Millisecond))
+
+	// A host block device in linux.devices (as CRI gives a raw block volume; ctr run --device) reaches a
+	// second container of the sandbox as a disk of the VM: what the guest writes there is on the host's
+	// device, and the disk leaves the VM when the container is deleted.
+	t4 := time.Now()
+	raw := loopDevice(t, 16*mib)
+	const pattern = "crust raw block from the guest"
+	ctrd.ok(t, "run", "--rm", "--runtime", "io.containerd.crust-microvm.v1", "--device", raw,
+		"--annotation", "io.kubernetes.cri.sandbox-id="+id, "--annotation", "io.kubernetes.cri.container-type=container",
+		"crust.dev/e2e/busybox:1", id+"-dev", "sh", "-c", "echo '"+pattern+"' | busybox dd of="+raw+" conv=fsync")
+	t.Logf("ctr run --device (a second container of the sandbox, its disk plugged and unplugged): %s", time.Since(t4).Round(time.Millisecond))
+	if got := strings.TrimRight(harness.Run(t, "dd", "if="+raw, "bs=512", "count=1", "iflag=direct", "status=none"), "\x00"); got != pattern+"\n" {
+		t.Errorf("the host's %s holds %q, want what the guest wrote", raw, got)
+	}
+	if disks := ctrd.ok(t, "task", "exec", "--exec-id", "e3", id, "grep", "-c", " vd", "/proc/partitions"); disks != "1\n" {
+		t.Errorf("the guest has %q virtio disks after the device's container was deleted, want the volume's alone", disks)
+	}
+
 	// The exit status reaches containerd; ctr run --rm then deletes the task and the container.
 	t2 := time.Now()
 	ctrd.ok(t, "task", "exec", "--exec-id", "e2", id, "touch", "/data/stop")
@@ -193,3 +220,24 @@ func (c *containerd) processesOf(t *testing.T) []string { t.Helper(); return c.P
 
 // importImage imports a busybox image as ref.
 func (c *containerd) importImage(t *testing.T, ref string) { t.Helper(); c.ImportImage(t, ref) }
+
+// taskMetrics is what the test reads of `ctr task metrics --format json` (cgroups v1's Metrics).
+type taskMetrics struct {
+	CPU struct {
+		Usage struct{ Total uint64 }
+	}
+	Memory struct {
+		Usage struct{ Usage uint64 }
+	}
+}
+
+// metrics answers containerd's task metrics of container id.
+func (c *containerd) metrics(t *testing.T, id string) taskMetrics {
+	t.Helper()
+	var m taskMetrics
+	out := c.ok(t, "task", "metrics", "--format", "json", id)
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("ctr task metrics: %v\n%s", err, out)
+	}
+	return m
+}

@@ -35,7 +35,7 @@ func (s *sandbox) prepareContainer(ctx context.Context, id, bundle string, rootf
 	guestDir := path.Join(guestShared, id)
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, s.unprepareContainer(id, bundle, len(rootfs) > 0))
+			err = errors.Join(err, s.unprepareContainer(context.WithoutCancel(ctx), id, bundle, len(rootfs) > 0))
 		}
 	}()
 	// The rootfs: containerd's mounts (overlay) on the bundle's rootfs, as runc's shim makes it, or the
@@ -90,15 +90,22 @@ func (s *sandbox) prepareContainer(ctx context.Context, id, bundle string, rootf
 		req.Mounts = append(req.Mounts, &agentv1.ContainerMount{Destination: m.Destination, Type: "bind",
 			Source: path.Join(guestDir, "mounts", n), Options: m.Options})
 	}
+	devs, err := s.addDevices(ctx, id, spec)
+	if err != nil {
+		return nil, err
+	}
+	req.Devices = append(req.Devices, devs...)
 	return req, nil
 }
 
-// unprepareContainer undoes prepareContainer's host mounts of container id.
-func (s *sandbox) unprepareContainer(id, bundle string, mountedRootfs bool) error {
+// unprepareContainer undoes prepareContainer's host mounts of container id and detaches the devices only
+// it used.
+func (s *sandbox) unprepareContainer(ctx context.Context, id, bundle string, mountedRootfs bool) error {
 	err := unmountBelow(filepath.Join(s.dir, sharedDir, id))
 	if err == nil {
 		err = os.RemoveAll(filepath.Join(s.dir, sharedDir, id))
 	}
+	err = errors.Join(err, s.removeDevices(ctx, id))
 	if mountedRootfs {
 		err = errors.Join(err, mount.UnmountAll(filepath.Join(bundle, "rootfs"), unix.MNT_DETACH))
 	}

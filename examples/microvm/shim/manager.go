@@ -11,6 +11,12 @@
 //     (chroot sandbox, so that later mounts are seen) exports to the guest; a bind mount whose source is a
 //     target path crustd holds a descriptor for is claimed for the sandbox, hot-plugged and mounted in the
 //     guest (examples/microvm/handler's Volumes), and never mounted on the host.
+//   - A block device of a container's linux.devices (CRI's raw block volume) is the host's device given
+//     to the VM: a node of it in the state directory (mknod by its major and minor) is hot-plugged as a
+//     virtio-blk disk, once per sandbox, and made at the spec's path in the container; it leaves the VM
+//     when the last container using it is deleted. Character devices are the guest's own.
+//   - Stats answers cgroups v1's Metrics of the container's processes as the guest measures them (CPU
+//     time, resident memory, how many).
 //   - stdio goes between containerd's FIFOs and the guest; exit statuses, exec, signals, terminals and
 //     containerd's task events (create, start, exit, delete, exec added, exec started) are as runc's.
 //     The pid containerd sees for every task is QEMU's.

@@ -27,6 +27,7 @@ import (
 //	shared/        exported to the guest over virtio-fs as shareTag, mounted there at guestShared:
 //	  <id>/rootfs    the container's rootfs (a bind of its bundle's rootfs)
 //	  <id>/mounts/N  the container's N-th OCI mount, when it is an ordinary bind mount
+//	devices/       a node of each host block device of the containers' linux.devices, hot-plugged
 //	handler.sock   RuntimeHandlerService, for crustd
 //	qemu.pid       QEMU's pid, for the delete action after a dead shim
 //	and the VM's own sockets and logs (package vm).
@@ -47,6 +48,7 @@ type sandbox struct {
 	vm      *vm.VM
 	crust   *crusthandler.Client
 	volumes *handler.Volumes
+	devices map[string]*hostDevice // by disk id
 	log     *slog.Logger
 }
 

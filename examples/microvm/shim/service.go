@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	cgroupstats "github.com/containerd/cgroups/stats/v1"
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
 	"github.com/containerd/containerd/api/types/task"
@@ -18,8 +19,10 @@ import (
 	"github.com/containerd/containerd/namespaces"
 	"github.com/containerd/containerd/pkg/shutdown"
 	"github.com/containerd/containerd/plugin"
+	"github.com/containerd/containerd/protobuf"
 	"github.com/containerd/containerd/runtime"
 	"github.com/containerd/ttrpc"
+	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -194,7 +197,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (*ta
 	req, err := sb.prepareContainer(ctx, r.ID, r.Bundle, r.Rootfs, spec)
 	if err == nil {
 		if _, err = sb.vm.Agent().CreateContainer(ctx, req); err != nil {
-			err = errors.Join(fmt.Errorf("creating the container in the guest: %w", err), sb.unprepareContainer(r.ID, r.Bundle, len(r.Rootfs) > 0))
+			err = errors.Join(fmt.Errorf("creating the container in the guest: %w", err), sb.unprepareContainer(context.WithoutCancel(ctx), r.ID, r.Bundle, len(r.Rootfs) > 0))
 		}
 	}
 	if err != nil {
@@ -381,7 +384,7 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	if _, err := sb.vm.Agent().RemoveContainer(ctx, &agentv1.RemoveContainerRequest{ContainerId: r.ID}); err != nil {
 		return nil, fmt.Errorf("removing the container in the guest: %w", err)
 	}
-	if err := sb.unprepareContainer(r.ID, c.bundle, c.mountedRootfs); err != nil {
+	if err := sb.unprepareContainer(ctx, r.ID, c.bundle, c.mountedRootfs); err != nil {
 		return nil, err
 	}
 	delete(s.containers, r.ID)
@@ -412,7 +415,7 @@ func (s *service) teardownLocked(ctx context.Context) error {
 	var errs []error
 	for id, c := range s.containers {
 		_, _ = sb.vm.Agent().RemoveContainer(ctx, &agentv1.RemoveContainerRequest{ContainerId: id})
-		errs = append(errs, sb.unprepareContainer(id, c.bundle, c.mountedRootfs))
+		errs = append(errs, sb.unprepareContainer(ctx, id, c.bundle, c.mountedRootfs))
 		delete(s.containers, id)
 	}
 	start := time.Now()
@@ -446,8 +449,37 @@ func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*em
 	return &emptypb.Empty{}, nil
 }
 
+// Stats answers the container's figures as the guest measures its processes (ContainerStats), in
+// cgroups v1's Metrics, which containerd's CRI and ctr decode: CPU usage (total, user, kernel), memory
+// usage (the processes' resident memory, also as rss) and the number of processes.
 func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
-	return nil, errdefs.Errorf(errdefs.ErrUnimplemented, "task stats of a crust-microvm container")
+	if _, _, err := s.get(r.ID, ""); err != nil {
+		return nil, err
+	}
+	agent, err := s.agent()
+	if err != nil {
+		return nil, err
+	}
+	st, err := agent.ContainerStats(ctx, &agentv1.ContainerStatsRequest{ContainerId: r.ID})
+	if err != nil {
+		return nil, fmt.Errorf("measuring container %s in the guest: %w", r.ID, err)
+	}
+	data, err := typeurl.MarshalAny(cgroupMetrics(st))
+	if err != nil {
+		return nil, err
+	}
+	return &taskAPI.StatsResponse{Stats: protobuf.FromAny(data)}, nil
+}
+
+// cgroupMetrics is the guest's measure of a container as cgroups v1's Metrics.
+func cgroupMetrics(st *agentv1.ContainerStatsResponse) *cgroupstats.Metrics {
+	return &cgroupstats.Metrics{
+		Pids: &cgroupstats.PidsStat{Current: uint64(st.GetProcesses())},
+		CPU: &cgroupstats.CPUStat{Usage: &cgroupstats.CPUUsage{Total: st.GetCpuUserNanos() + st.GetCpuSystemNanos(),
+			User: st.GetCpuUserNanos(), Kernel: st.GetCpuSystemNanos()}},
+		Memory: &cgroupstats.MemoryStat{RSS: st.GetMemoryRssBytes(), TotalRSS: st.GetMemoryRssBytes(),
+			Usage: &cgroupstats.MemoryEntry{Usage: st.GetMemoryRssBytes()}},
+	}
 }
 
 func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*emptypb.Empty, error) {
