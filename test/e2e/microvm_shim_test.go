@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,15 +33,7 @@ import (
 // deleted no QEMU, no virtiofsd, no claim, no mount and no state directory is left, while the data is on
 // the device.
 func TestMicroVMShim(t *testing.T) {
-	if _, err := os.Stat("/usr/bin/containerd"); err != nil {
-		t.Skip("no /usr/bin/containerd (Debian package containerd)")
-	}
-	d, assets := newMicroVMDaemon(t)
-	target, dev := d.podTarget("3c9e0f1a-0000-4000-8000-00000000e2e9", "pvc-shim"), loopDevice(t, 64*mib)
-	d.crustctlOK("stage", "--target-path", target, "--device", dev, "--fs-type", "ext4", "--create-filesystem")
-
-	ctrd := startContainerd(t, d.socket, d.KubeletDir, assets)
-	ctrd.importImage(t, "crust.dev/e2e/busybox:1")
+	d, ctrd, target, dev := shimWithVolume(t, "3c9e0f1a-0000-4000-8000-00000000e2e9", "pvc-shim")
 
 	// The container writes to the volume, says so, and waits for the test's exec to let it exit 7.
 	const id = "shim-e2e-1"
@@ -188,6 +181,92 @@ func TestMicroVMShim(t *testing.T) {
 	if err != nil || string(b) != "written in the guest\n" {
 		t.Errorf("the device holds %q (%v), want what the guest wrote", b, err)
 	}
+}
+
+// TestMicroVMShimSIGTERM boots a sandbox with a crust volume through containerd (ctr run -d, one TCG
+// boot), sends its shim SIGTERM and checks that the shim tore the sandbox down before it exited: once its
+// process is gone, no QEMU or virtiofsd of it runs, crustd holds no claim for the volume and the state
+// directory is gone.
+func TestMicroVMShimSIGTERM(t *testing.T) {
+	d, ctrd, target, _ := shimWithVolume(t, "3c9e0f1a-0000-4000-8000-00000000e2ea", "pvc-sigterm")
+
+	const id = "shim-sigterm-1"
+	t0 := time.Now()
+	ctrd.ok(t, "run", "-d", "--runtime", "io.containerd.crust-microvm.v1", "--mount", "type=bind,src="+target+",dst=/data,options=rbind:rw",
+		"crust.dev/e2e/busybox:1", id, "sleep", "1000")
+	t.Logf("ctr run -d: %s", time.Since(t0).Round(time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	claim := func() *crustv1.Claim {
+		t.Helper()
+		v, err := crustv1.NewVolumeServiceClient(d.conn()).GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: target})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.GetVolume().GetClaim()
+	}
+	if c := claim(); c.GetSandboxId() != id {
+		t.Fatalf("the volume's claim is %v, want sandbox %s's", c, id)
+	}
+	if n := len(ctrd.processesOf(t)); n < 2 {
+		t.Fatalf("%d QEMU and virtiofsd processes of the sandbox, want 2", n)
+	}
+	out, err := exec.Command("pgrep", "-f", "containerd-shim-crust-microvm-v1 .*-id "+id).Output()
+	pids := strings.Fields(string(out))
+	if err != nil || len(pids) != 1 {
+		t.Fatalf("pgrep for the sandbox's shim: %q, %v; want one pid", out, err)
+	}
+	var shim int
+	if _, err := fmt.Sscan(pids[0], &shim); err != nil {
+		t.Fatal(err)
+	}
+
+	t1 := time.Now()
+	if err := unix.Kill(shim, unix.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 3*time.Minute, "the shim to exit after SIGTERM", func() bool { return !harness.ProcessAlive(shim) })
+	t.Logf("SIGTERM -> the shim exited: %s", time.Since(t1).Round(time.Millisecond))
+	// Checked at once: what the shim left when it exited, before anyone (containerd's delete action, crustd's
+	// handler grace) cleans up after it.
+	if left := ctrd.processesOf(t); len(left) > 0 {
+		t.Errorf("after the shim exited: QEMU or virtiofsd still run: %v", left)
+	}
+	if c := claim(); c != nil {
+		t.Errorf("after the shim exited: the volume is still claimed: %v", c)
+	}
+	if left, _ := os.ReadDir(ctrd.stateDir); len(left) > 0 {
+		t.Errorf("after the shim exited: the shim's state directory holds %v", left)
+	}
+	if n := mountsAt(t, ctrd.stateDir) + mountsAt(t, target); n > 0 {
+		t.Errorf("after the shim exited: %d mounts left under %s or on the target", n, ctrd.stateDir)
+	}
+	// The shim's exit was an orderly one: the library's, after the publisher closed (its stderr is in
+	// containerd's log).
+	for _, l := range strings.Split(ctrd.logTail(), "\n") {
+		if strings.Contains(l, `msg="sandbox torn down"`) {
+			t.Logf("the shim: %s", l)
+		}
+		if strings.Contains(l, "publisher not closed") {
+			t.Errorf("the shim exited on an error: %s", l)
+		}
+	}
+}
+
+// shimWithVolume starts crustd with a 64 MiB loop device staged (ext4, made at first mount) at the target
+// of volume pvc of pod podUID, and a private containerd with the shim and the busybox image
+// crust.dev/e2e/busybox:1. It skips without the machine's containerd.
+func shimWithVolume(t *testing.T, podUID, pvc string) (d *daemon, ctrd *containerd, target, dev string) {
+	t.Helper()
+	if _, err := os.Stat("/usr/bin/containerd"); err != nil {
+		t.Skip("no /usr/bin/containerd (Debian package containerd)")
+	}
+	d, assets := newMicroVMDaemon(t)
+	target, dev = d.podTarget(podUID, pvc), loopDevice(t, 64*mib)
+	d.crustctlOK("stage", "--target-path", target, "--device", dev, "--fs-type", "ext4", "--create-filesystem")
+	ctrd = startContainerd(t, d.socket, d.KubeletDir, assets)
+	ctrd.importImage(t, "crust.dev/e2e/busybox:1")
+	return d, ctrd, target, dev
 }
 
 // The private containerd is ctrdtest's; these are the names the shim tests use.

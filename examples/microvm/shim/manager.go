@@ -20,8 +20,9 @@
 //   - stdio goes between containerd's FIFOs and the guest; exit statuses, exec, signals, terminals and
 //     containerd's task events (create, start, exit, delete, exec added, exec started) are as runc's.
 //     The pid containerd sees for every task is QEMU's.
-//   - At the sandbox container's Delete (or Shutdown): every container removed, every volume unmounted,
-//     unplugged and released, the VM stopped, the host's mounts undone and the state directory removed.
+//   - At the sandbox container's Delete (or Shutdown, SIGTERM, SIGINT): every container removed, every
+//     volume unmounted, unplugged and released, the VM stopped, the host's mounts undone and the state
+//     directory removed; the shim's process exits only once that is done (or after two minutes).
 //     QEMU and virtiofsd die with the shim; a dead shim's claims are released by crustd after its
 //     handler grace.
 //

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"sync"
@@ -58,7 +59,7 @@ func registerTaskPlugin() {
 			ns, _ := namespaces.Namespace(ic.Context)
 			s := &service{set: set, log: log, namespace: ns, publisher: pub.(events.Publisher), shutdown: sd.(shutdown.Service),
 				containers: map[string]*container{}}
-			s.shutdown.RegisterCallback(func(context.Context) error { return s.teardown() })
+			s.shutdown.RegisterCallback(func(context.Context) error { s.onShutdown(); return nil })
 			return s, nil
 		},
 	})
@@ -398,11 +399,33 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	return resp, nil
 }
 
-// teardown removes the sandbox: the shim is going.
-func (s *service) teardown() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.teardownLocked(context.Background())
+// shutdownTimeout bounds the sandbox's teardown when the shim is going: past it the shim exits anyway,
+// QEMU and virtiofsd die with it, and crustd releases its claims after its handler grace.
+const shutdownTimeout = 2 * time.Minute
+
+// onShutdown is what the shim does before its process exits, at Shutdown and at SIGTERM or SIGINT (the
+// library runs it then and exits only once it returned): the sandbox torn down, within shutdownTimeout,
+// then the event publisher closed, which the library waits for before it exits.
+func (s *service) onShutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		s.mu.Lock() // a Create booting the VM holds it until the boot is over
+		defer s.mu.Unlock()
+		done <- s.teardownLocked(ctx)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			s.log.Error("the sandbox's teardown failed; the shim exits", "err", err)
+		}
+	case <-ctx.Done():
+		s.log.Error("the sandbox's teardown did not end in time; the shim exits, and QEMU with it", "timeout", shutdownTimeout)
+	}
+	if c, ok := s.publisher.(io.Closer); ok {
+		_ = c.Close()
+	}
 }
 
 // teardownLocked removes every container left in the guest and their host mounts, then the sandbox
@@ -437,7 +460,7 @@ func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*task
 	return &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid()), TaskPid: s.qemuPid()}, nil
 }
 
-// Shutdown ends the shim once it holds no container: the sandbox is torn down first.
+// Shutdown ends the shim once it holds no container: the sandbox is torn down first (onShutdown).
 func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*emptypb.Empty, error) {
 	s.mu.Lock()
 	n := len(s.containers)
