@@ -29,6 +29,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&cfg.DriverAddress, "driver-address", "", "unix socket of the CSI driver behind the proxy")
 	command.AddSocketFlag(f, &cfg.CrustSocket, cfg.CrustSocket, "crustd's API socket")
 	f.StringSliceVar(&cfg.MicroVMHandlers, "microvm-handlers", nil, "RuntimeClass handlers whose pods get deferred volumes: comma-separated path.Match patterns, such as kata,kata-*,crust-microvm (with --kubeconfig)")
+	f.StringVar(&cfg.DefaultHandler, "default-runtime-handler", "", "the runtime handler of pods that name no RuntimeClass: the node's containerd default runtime (\"\": runc); with --kubeconfig, a pod without a RuntimeClass gets deferred volumes when it matches --microvm-handlers")
 	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig for pod and RuntimeClass look-ups (\"in-cluster\": the pod's service account); without it every volume whose context asks for deferral is deferred")
 	f.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the proxy's crash-safe records and private block paths")
 	f.StringVar(&cfg.NodeName, "node-name", "", "this node's name, for the pod informer (default $NODE_NAME)")

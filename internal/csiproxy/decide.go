@@ -85,6 +85,10 @@ type DecideInput struct {
 	Pods PodSource
 	// Handlers are the microVM runtime handlers' patterns.
 	Handlers Handlers
+	// DefaultHandler is the runtime handler of the pods that name no RuntimeClass: the node's containerd
+	// default runtime (--default-runtime-handler); "" when it is not known, taken as a runtime that runs
+	// containers on the host (runc).
+	DefaultHandler string
 }
 
 // Handlers are the patterns of --microvm-handlers: a pod whose RuntimeClass handler matches one of them
@@ -150,17 +154,20 @@ func Decide(in DecideInput) (Decision, string, error) {
 	if pod.UID != "" && p.UID != "" && pod.UID != p.UID {
 		return PassThrough, "", errPodNotSeen
 	}
-	if p.RuntimeClassName == "" {
+	handler, whose := in.DefaultHandler, "the node's default runtime handler "
+	if p.RuntimeClassName != "" {
+		var ok bool
+		if handler, ok = in.Pods.RuntimeHandler(p.RuntimeClassName); !ok {
+			handler = p.RuntimeClassName
+		}
+		whose = "pod's runtime handler "
+	} else if handler == "" {
 		return HostMount, "pod has no runtimeClassName", nil
 	}
-	handler, ok := in.Pods.RuntimeHandler(p.RuntimeClassName)
-	if !ok {
-		handler = p.RuntimeClassName
-	}
 	if p, ok := in.Handlers.Match(handler); ok {
-		return Defer, "pod's runtime handler " + handler + " is a microVM handler (matches --microvm-handlers pattern " + p + ")", nil
+		return Defer, whose + handler + " is a microVM handler (matches --microvm-handlers pattern " + p + ")", nil
 	}
-	return HostMount, "pod's runtime handler " + handler + " is not a microVM handler (matches none of --microvm-handlers " +
+	return HostMount, whose + handler + " is not a microVM handler (matches none of --microvm-handlers " +
 		strings.Join(in.Handlers, ",") + ")", nil
 }
 

@@ -88,6 +88,9 @@ func TestDecide(t *testing.T) {
 		{"pod not in cache", DecideInput{Capability: mountCap(), VolumeContext: withPod("nope", ""), Pods: pods, Handlers: handlers}, PassThrough, true},
 		{"pod recreated under the same name", DecideInput{Capability: mountCap(), VolumeContext: withPod("kata", "u-old"), Pods: pods, Handlers: handlers}, PassThrough, true},
 		{"no flag beats pod", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{podNamespaceKey: "ns", podNameKey: "kata"}, Pods: pods, Handlers: handlers}, PassThrough, false},
+		{"pod with no class on a node whose default is a microVM", DecideInput{Capability: mountCap(), VolumeContext: withPod("runc", ""), Pods: pods, Handlers: handlers, DefaultHandler: "kata-qemu"}, Defer, false},
+		{"pod with no class on a node whose default is runc", DecideInput{Capability: mountCap(), VolumeContext: withPod("runc", ""), Pods: pods, Handlers: handlers, DefaultHandler: "runc"}, HostMount, false},
+		{"a class beats the node's default", DecideInput{Capability: mountCap(), VolumeContext: withPod("gvisor", ""), Pods: pods, Handlers: handlers, DefaultHandler: "kata"}, HostMount, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -147,7 +147,7 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 		d, reason, err := decideWaiting(ctx, DecideInput{
 			Capability: r.GetVolumeCapability(), VolumeContext: volCtx,
 			StagingPath: r.GetStagingTargetPath(), StagedAsBlock: stage != nil && stage.Phase == PhaseStaged && !stage.Stale,
-			Pods: p.pods, Handlers: p.handlers,
+			Pods: p.pods, Handlers: p.handlers, DefaultHandler: p.cfg.DefaultHandler,
 		}, p.cfg.PodWait)
 		if err != nil {
 			return nil, errdefs.Errorf(errdefs.ErrUnavailable, "pod %s/%s: %v; retry",

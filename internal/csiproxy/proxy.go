@@ -41,6 +41,10 @@ type Config struct {
 	// MicroVMHandlers are the patterns (ParseHandlers) of the runtime handlers whose pods get deferred
 	// volumes (with Kubeconfig).
 	MicroVMHandlers []string
+	// DefaultHandler is the node runtime's handler for pods that name no RuntimeClass (containerd's
+	// default_runtime_name); "" means runc, whose pods' volumes are mounted on the host. A node whose
+	// default runtime is a microVM's (every pod in a VM) sets it, with Kubeconfig.
+	DefaultHandler string
 	// Kubeconfig, when set, turns on pod look-ups; empty means: defer whenever the volume context asks.
 	Kubeconfig string
 	// StateDir holds the proxy's records and private block paths.
@@ -260,7 +264,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) error {
 		log.Info("serving the controller", "csi_address", cfg.CSIAddress, "driver_address", cfg.DriverAddress)
 	} else {
 		log.Info("serving", "csi_address", cfg.CSIAddress, "driver_address", cfg.DriverAddress,
-			"crust_socket", cfg.CrustSocket, "microvm_handlers", cfg.MicroVMHandlers, "pod_lookups", p.pods != nil)
+			"crust_socket", cfg.CrustSocket, "microvm_handlers", cfg.MicroVMHandlers, "default_runtime_handler", cfg.DefaultHandler, "pod_lookups", p.pods != nil)
 	}
 	select {
 	case err = <-errc:

@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -55,6 +56,9 @@ type Options struct {
 	// MicroVMHandlers are the RuntimeClass handler patterns whose pods get deferred volumes, as
 	// crust-csi-proxy's --microvm-handlers takes them.
 	MicroVMHandlers string
+	// DefaultRuntimeHandler is the nodes' containerd default runtime, as crust-csi-proxy's
+	// --default-runtime-handler takes it; "" (runc) passes no flag.
+	DefaultRuntimeHandler string
 	// NodePort and ControllerPort are the proxies' HTTP ports (/metrics, /healthz, /readyz).
 	NodePort, ControllerPort int32
 	// Check changes nothing: a driver pod without its proxies is an error, and input whose every driver
@@ -74,6 +78,9 @@ func Defaults() Options {
 	}
 }
 
+// handlerName is what a RuntimeClass's handler may be: a DNS label.
+var handlerName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
 // check refuses options the proxies could not run with, naming the flag.
 func (o Options) check() error {
 	var errs []error
@@ -87,6 +94,9 @@ func (o Options) check() error {
 		if _, err := path.Match(p, ""); err != nil || p == "" {
 			errs = append(errs, fmt.Errorf("--microvm-handlers: pattern %q is not a path.Match pattern", p))
 		}
+	}
+	if h := o.DefaultRuntimeHandler; h != "" && !handlerName.MatchString(h) {
+		errs = append(errs, fmt.Errorf("--default-runtime-handler %q: not a runtime handler name (a DNS label, as a RuntimeClass's handler)", h))
 	}
 	for _, p := range []struct {
 		flag string
@@ -523,6 +533,9 @@ func (p *pod) node(reg *corev1.Container, o Options, cms map[string]map[string]s
 		"--kubeconfig=in-cluster",
 		"--state-dir="+path.Join(o.KubeletDir, "plugins/crust.dev/csi-proxy", p.namespace+"."+p.stateName()),
 	)
+	if o.DefaultRuntimeHandler != "" {
+		c.Args = append(c.Args, "--default-runtime-handler="+o.DefaultRuntimeHandler)
+	}
 	c.Env = []corev1.EnvVar{{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}}}
 	c.Resources = resources("32Mi", "128Mi")
 	privileged, root := true, int64(0)

@@ -103,6 +103,29 @@ func TestShapes(t *testing.T) {
 	}
 }
 
+// The node proxy is told the nodes' default runtime only when it is given.
+func TestDefaultRuntimeHandler(t *testing.T) {
+	in, err := os.ReadFile(path.Join("testdata", shapes[0].file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"", "crust-microvm"} {
+		o := Defaults()
+		o.Namespace, o.DefaultRuntimeHandler = shapes[0].namespace, h
+		var out bytes.Buffer
+		if _, err := Inject(bytes.NewReader(in), &out, o); err != nil {
+			t.Fatal(err)
+		}
+		n := strings.Count(out.String(), "--default-runtime-handler")
+		switch {
+		case h == "" && n != 0:
+			t.Errorf("without a default handler the output passes --default-runtime-handler %d times", n)
+		case h != "" && (n != 1 || !strings.Contains(out.String(), "--default-runtime-handler="+h)):
+			t.Errorf("with %s the output passes --default-runtime-handler %d times, want once with its value", h, n)
+		}
+	}
+}
+
 var podKinds = map[string]bool{"DaemonSet": true, "Deployment": true, "StatefulSet": true}
 
 func checkPod(t *testing.T, sp shapePod, namespace string, before, after map[string]*unstructured.Unstructured) {

@@ -103,6 +103,7 @@ func TestRefusesOptions(t *testing.T) {
 		{func(o *Options) { o.Image = "" }, "--image: empty"},
 		{func(o *Options) { o.KubeletDir = "var/lib/kubelet" }, `--kubelet-dir "var/lib/kubelet": not an absolute, clean path`},
 		{func(o *Options) { o.MicroVMHandlers = "kata,kata-[" }, `--microvm-handlers: pattern "kata-[" is not a path.Match pattern`},
+		{func(o *Options) { o.DefaultRuntimeHandler = "Kata QEMU" }, `--default-runtime-handler "Kata QEMU": not a runtime handler name`},
 		{func(o *Options) { o.NodePort = 0 }, "--node-port 0: not a port"},
 		{func(o *Options) { o.ControllerPort = o.NodePort }, "--node-port and --controller-port are both 9810"},
 	} {

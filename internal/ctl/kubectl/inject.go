@@ -49,6 +49,7 @@ it cannot inject is an error naming the object, and then it writes nothing.`,
 	f.StringVar(&opts.Image, "image", opts.Image, "crust-csi-proxy's image")
 	f.StringVar(&opts.KubeletDir, "kubelet-dir", opts.KubeletDir, "kubelet's root directory on the nodes (its --root-dir; docs/operators.md lists distributions')")
 	f.StringVar(&opts.MicroVMHandlers, "microvm-handlers", opts.MicroVMHandlers, "RuntimeClass handler patterns whose pods get deferred volumes (comma-separated)")
+	f.StringVar(&opts.DefaultRuntimeHandler, "default-runtime-handler", "", "the nodes' containerd default runtime, for pods that name no RuntimeClass (\"\": runc); set it where every pod runs in a microVM")
 	f.Int32Var(&opts.NodePort, "node-port", opts.NodePort, "the node proxy's HTTP port (/metrics, /healthz, /readyz)")
 	f.Int32Var(&opts.ControllerPort, "controller-port", opts.ControllerPort, "the controller proxy's HTTP port")
 	f.BoolVar(&opts.Check, "check", false, "change nothing: fail, naming each, when a driver pod has no proxy (for manifests given the proxy by the kustomize Component), and pass the input through otherwise")
