@@ -429,10 +429,7 @@ func (r *dpRun) rate(p *dpPath, workload, unit string, v float64) {
 
 // dpFioJobs are the fio jobs each fio run does, one after the other: 4 KiB random reads and writes at
 // queue depth 1 and 32.
-var dpFioJobs = []struct {
-	name, rw string
-	qd       int
-}{{"rand-read-qd1", "randread", 1}, {"rand-read-qd32", "randread", 32}, {"rand-write-qd1", "randwrite", 1}, {"rand-write-qd32", "randwrite", 32}}
+var dpFioJobs = []fioJob{{"rand-read-qd1", "randread", 1}, {"rand-read-qd32", "randread", 32}, {"rand-write-qd1", "randwrite", 1}, {"rand-write-qd32", "randwrite", 32}}
 
 // fio runs dpFioJobs with fio (libaio, O_DIRECT but on tmpfs, dpFioRuntime each) on p's fio file, one
 // process, and keeps each job's IOPS.
@@ -442,11 +439,7 @@ func (r *dpRun) fio(p *dpPath, keep func(workload, unit string, v float64)) {
 	if p.name == "guest-tmpfs" {
 		direct = 0 // tmpfs has no O_DIRECT in the 6.1 guest
 	}
-	args := []string{"--filename=" + p.dir + "/fio", fmt.Sprintf("--size=%dM", dpFioMiB), "--bs=4k", "--ioengine=libaio",
-		fmt.Sprintf("--direct=%d", direct), "--runtime=" + dpFioRuntime, "--time_based", "--output-format=json"}
-	for _, j := range dpFioJobs {
-		args = append(args, "--name="+j.name, "--rw="+j.rw, fmt.Sprintf("--iodepth=%d", j.qd), "--stonewall")
-	}
+	args := fioArgs(p.dir+"/fio", direct, dpFioJobs)
 	var out string
 	if p.host {
 		o, err := exec.Command("fio", args...).Output()
@@ -458,6 +451,34 @@ func (r *dpRun) fio(p *dpPath, keep func(workload, unit string, v float64)) {
 		bin, _ := exec.LookPath("fio")
 		out, _ = guestExec(r.b, r.v, append([]string{bin}, args...)...)
 	}
+	iops, err := fioIOPS(out, dpFioJobs)
+	if err != nil {
+		r.b.Fatalf("fio on %s: %v", p.name, err)
+	}
+	for i, j := range dpFioJobs {
+		keep(j.name, "IOPS", iops[i])
+	}
+}
+
+// fioJob is one fio job: its name, its rw mode and its queue depth.
+type fioJob struct {
+	name, rw string
+	qd       int
+}
+
+// fioArgs are fio's arguments for jobs on file (4 KiB, libaio, O_DIRECT when direct is 1, dpFioMiB,
+// dpFioRuntime a job, one after the other), with JSON output.
+func fioArgs(file string, direct int, jobs []fioJob) []string {
+	args := []string{"--filename=" + file, fmt.Sprintf("--size=%dM", dpFioMiB), "--bs=4k", "--ioengine=libaio",
+		fmt.Sprintf("--direct=%d", direct), "--runtime=" + dpFioRuntime, "--time_based", "--output-format=json"}
+	for _, j := range jobs {
+		args = append(args, "--name="+j.name, "--rw="+j.rw, fmt.Sprintf("--iodepth=%d", j.qd), "--stonewall")
+	}
+	return args
+}
+
+// fioIOPS reads each job's IOPS (reads or writes, as its rw) from fio's JSON output.
+func fioIOPS(out string, jobs []fioJob) ([]float64, error) {
 	var res struct {
 		Jobs []struct {
 			Name  string                 `json:"jobname"`
@@ -469,20 +490,21 @@ func (r *dpRun) fio(p *dpPath, keep func(workload, unit string, v float64)) {
 	if i := strings.IndexByte(out, '{'); i > 0 {
 		out = out[i:]
 	}
-	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Jobs) != len(dpFioJobs) {
-		r.b.Fatalf("fio on %s: bad output %q: %v", p.name, out, err)
+	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Jobs) != len(jobs) {
+		return nil, fmt.Errorf("bad output %q: %v", out, err)
 	}
-	for i, j := range dpFioJobs {
+	iops := make([]float64, len(jobs))
+	for i, j := range jobs {
 		got := res.Jobs[i]
-		iops := got.Read.IOPS
+		iops[i] = got.Read.IOPS
 		if j.rw == "randwrite" {
-			iops = got.Write.IOPS
+			iops[i] = got.Write.IOPS
 		}
-		if got.Name != j.name || iops <= 0 {
-			r.b.Fatalf("fio on %s: job %d is %q with %v IOPS, want %s with some: %s", p.name, i, got.Name, iops, j.name, out)
+		if got.Name != j.name || iops[i] <= 0 {
+			return nil, fmt.Errorf("job %d is %q with %v IOPS, want %s with some: %s", i, got.Name, iops[i], j.name, out)
 		}
-		keep(j.name, "IOPS", iops)
 	}
+	return iops, nil
 }
 
 // dpTargets are the workloads whose blk/virtiofs ratio must reach 5: small files, random reads, SQLite.

@@ -25,6 +25,11 @@
 //     guest with 32 hot-plug ports; the ratio is the 32nd volume's time over the 1st's, and one more
 //     volume must be refused with an error naming the limit. It also compares the boot of that guest
 //     with one of the default 8 ports: what the ports cost.
+//   - BenchmarkShimPod: containers run through containerd 1.6 and crust-microvm's containerd shim, a
+//     new sandbox (VM boot) each op, with one volume either deferred (staged in crustd, claimed by the
+//     shim and mounted in the guest) or mounted on the host and shared over virtio-fs (Kata's default):
+//     the start's ratio (p50 and p99), SQLite commits and fio random reads in the container, the RSS of
+//     the shim, QEMU and virtiofsd, and the time from delete to everything released.
 //
 // They boot QEMU guests, need root (loop devices, mounts), and skip with the reason when not root or when
 // QEMU or the guest assets (hack/guest/fetch-kernel.sh --with-9p into CRUST_GUEST_ASSETS, else
