@@ -89,7 +89,7 @@ func checkCreate(r *agentv1.CreateContainerRequest) error {
 			return err
 		}
 		o := parseMountOptions(m.GetType(), m.GetOptions())
-		if !containerMountTypes[m.GetType()] && !(m.GetType() == "" && o.bind) {
+		if !containerMountTypes[m.GetType()] && (m.GetType() != "" || !o.bind) {
 			return agentproto.Errorf(errdefs.ErrInvalidArgument, "mounts[%d].type %q: not one of bind, proc, sysfs, tmpfs, devpts, mqueue, cgroup", i, m.GetType())
 		}
 		if o.bind && !filepath.IsAbs(m.GetSource()) {

@@ -21,7 +21,7 @@ import (
 	"crust.dev/crust/pkg/errdefs"
 )
 
-// ContainerInitArg, as the agent binary's only argument, makes it the container init: it reads an
+// ContainerInitArg is the argument that, as the agent binary's only one, makes it the container init: it reads an
 // initSpec from fd 3, enters the container's root as the spec's user and execs the process. Failing, it
 // writes an initFailure to fd 3 and exits 127; the exec closes fd 3, which tells the agent it succeeded.
 const ContainerInitArg = "container-init"

@@ -68,13 +68,13 @@ func (s *stream) put(b []byte) bool {
 	return true
 }
 
-// read answers up to max bytes, waiting until there are some or the stream ended; eof is set when
+// read answers up to limit bytes, waiting until there are some or the stream ended; eof is set when
 // nothing is left after data and the source ended, which may come with the last data.
-func (s *stream) read(ctx context.Context, max int) (data []byte, eof bool, err error) {
+func (s *stream) read(ctx context.Context, limit int) (data []byte, eof bool, err error) {
 	for {
 		s.mu.Lock()
 		if len(s.buf) > 0 || s.eof {
-			n := min(max, len(s.buf))
+			n := min(limit, len(s.buf))
 			data = append([]byte(nil), s.buf[:n]...)
 			if n == len(s.buf) {
 				s.buf = nil

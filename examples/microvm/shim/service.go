@@ -254,7 +254,7 @@ func (p *process) idOr() string {
 	return p.exec
 }
 
-func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
+func (s *service) State(_ context.Context, r *taskAPI.StateRequest) (*taskAPI.StateResponse, error) {
 	c, p, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -308,7 +308,7 @@ func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Em
 	return &emptypb.Empty{}, err
 }
 
-func (s *service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*emptypb.Empty, error) {
+func (s *service) Exec(_ context.Context, r *taskAPI.ExecProcessRequest) (*emptypb.Empty, error) {
 	c, _, err := s.get(r.ID, "")
 	if err != nil {
 		return nil, err
@@ -345,7 +345,7 @@ func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*
 	return &emptypb.Empty{}, err
 }
 
-func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*emptypb.Empty, error) {
+func (s *service) CloseIO(_ context.Context, r *taskAPI.CloseIORequest) (*emptypb.Empty, error) {
 	_, p, err := s.get(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -449,19 +449,19 @@ func (s *service) teardownLocked(ctx context.Context) error {
 	return err
 }
 
-func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
+func (s *service) Pids(_ context.Context, r *taskAPI.PidsRequest) (*taskAPI.PidsResponse, error) {
 	if _, _, err := s.get(r.ID, ""); err != nil {
 		return nil, err
 	}
 	return &taskAPI.PidsResponse{Processes: []*task.ProcessInfo{{Pid: s.qemuPid()}}}, nil
 }
 
-func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
+func (s *service) Connect(_ context.Context, _ *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
 	return &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid()), TaskPid: s.qemuPid()}, nil
 }
 
 // Shutdown ends the shim once it holds no container: the sandbox is torn down first (onShutdown).
-func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*emptypb.Empty, error) {
+func (s *service) Shutdown(_ context.Context, _ *taskAPI.ShutdownRequest) (*emptypb.Empty, error) {
 	s.mu.Lock()
 	n := len(s.containers)
 	s.mu.Unlock()
@@ -505,19 +505,19 @@ func cgroupMetrics(st *agentv1.ContainerStatsResponse) *cgroupstats.Metrics {
 	}
 }
 
-func (s *service) Pause(ctx context.Context, r *taskAPI.PauseRequest) (*emptypb.Empty, error) {
+func (s *service) Pause(_ context.Context, _ *taskAPI.PauseRequest) (*emptypb.Empty, error) {
 	return nil, errdefs.Errorf(errdefs.ErrUnimplemented, "pause")
 }
 
-func (s *service) Resume(ctx context.Context, r *taskAPI.ResumeRequest) (*emptypb.Empty, error) {
+func (s *service) Resume(_ context.Context, _ *taskAPI.ResumeRequest) (*emptypb.Empty, error) {
 	return nil, errdefs.Errorf(errdefs.ErrUnimplemented, "resume")
 }
 
-func (s *service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskRequest) (*emptypb.Empty, error) {
+func (s *service) Checkpoint(_ context.Context, _ *taskAPI.CheckpointTaskRequest) (*emptypb.Empty, error) {
 	return nil, errdefs.Errorf(errdefs.ErrUnimplemented, "checkpoint")
 }
 
-func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*emptypb.Empty, error) {
+func (s *service) Update(_ context.Context, _ *taskAPI.UpdateTaskRequest) (*emptypb.Empty, error) {
 	return nil, errdefs.Errorf(errdefs.ErrUnimplemented, "update of a crust-microvm container's resources")
 }
 
