@@ -71,8 +71,8 @@ type shimOp struct {
 // figures without fio.
 func BenchmarkShimPod(b *testing.B) {
 	needVMs(b)
-	if _, err := os.Stat(ctrdtest.Bin); err != nil {
-		b.Skip("skipping: no " + ctrdtest.Bin + " (Debian package containerd)")
+	if _, err := os.Stat(ctrdtest.Bin()); err != nil {
+		b.Skip("skipping: no " + ctrdtest.Bin() + " (Debian package containerd)")
 	}
 	if _, err := exec.LookPath("ctr"); err != nil {
 		b.Skip("skipping: no ctr (Debian package containerd)")
@@ -191,7 +191,7 @@ func (r *shimRun) op(s shimSide, measure bool) shimOp {
 	if s.deferred {
 		args = append(args, "--mount", "type=tmpfs,src=tmpfs,dst="+shimTmpfs+",options=size=96m")
 	}
-	run := exec.Command("ctr", r.c.Args(append(args, shimImage, id, "sh", "-c",
+	run := exec.Command(ctrdtest.Ctr(), r.c.Args(append(args, shimImage, id, "sh", "-c",
 		`echo written > /data/f && sync && echo ready && exec sleep 100000`)...)...)
 	stdout, err := run.StdoutPipe()
 	if err != nil {

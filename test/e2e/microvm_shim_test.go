@@ -39,7 +39,7 @@ func TestMicroVMShim(t *testing.T) {
 	const id = "shim-e2e-1"
 	script := `uname -r; echo "written in the guest" > /data/f && sync && echo ready; ` +
 		`while [ ! -e /data/stop ]; do sleep 0.1; done; exit 7`
-	run := exec.Command("ctr", ctrd.args("run", "--rm", "--runtime", "io.containerd.crust-microvm.v1",
+	run := exec.Command(ctrdtest.Ctr(), ctrd.args("run", "--rm", "--runtime", "io.containerd.crust-microvm.v1",
 		"--mount", "type=bind,src="+target+",dst=/data,options=rbind:rw", "crust.dev/e2e/busybox:1", id, "sh", "-c", script)...)
 	stdout, err := run.StdoutPipe()
 	if err != nil {
@@ -255,11 +255,11 @@ func TestMicroVMShimSIGTERM(t *testing.T) {
 
 // shimWithVolume starts crustd with a 64 MiB loop device staged (ext4, made at first mount) at the target
 // of volume pvc of pod podUID, and a private containerd with the shim and the busybox image
-// crust.dev/e2e/busybox:1. It skips without the machine's containerd.
+// crust.dev/e2e/busybox:1. It skips without containerd (the machine's, or $CRUST_CONTAINERD_DIR's).
 func shimWithVolume(t *testing.T, podUID, pvc string) (d *daemon, ctrd *containerd, target, dev string) {
 	t.Helper()
-	if _, err := os.Stat("/usr/bin/containerd"); err != nil {
-		t.Skip("no /usr/bin/containerd (Debian package containerd)")
+	if _, err := os.Stat(ctrdtest.Bin()); err != nil {
+		t.Skip("no " + ctrdtest.Bin() + " (Debian package containerd)")
 	}
 	d, assets := newMicroVMDaemon(t)
 	target, dev = d.podTarget(podUID, pvc), loopDevice(t, 64*mib)

@@ -1,6 +1,6 @@
-// Package ctrdtest runs a private containerd (the machine's /usr/bin/containerd, Debian's 1.6) for the
-// tiers that drive crust-microvm's containerd shim (containerd-shim-crust-microvm-v1) through ctr: the
-// e2e tests and the benchmarks. containerd gets its own root, state, socket and config, the shim found on
+// Package ctrdtest runs a private containerd (the machine's /usr/bin/containerd, Debian's 1.6, or the one
+// $CRUST_CONTAINERD_DIR holds) for the tiers that drive crust-microvm's containerd shim
+// (containerd-shim-crust-microvm-v1) through ctr: the e2e tests and the benchmarks. containerd gets its own root, state, socket and config, the shim found on
 // PATH with its settings in the environment, and the shim's state directory under the test's temp
 // directory; images are built here (go-containerregistry) and imported with ctr, so nothing is pulled.
 package ctrdtest
@@ -29,8 +29,22 @@ import (
 	"crust.dev/crust/internal/testutil/harness"
 )
 
-// Bin is containerd's binary.
-const Bin = "/usr/bin/containerd"
+// DirEnv names a directory holding a containerd and ctr to run instead of the machine's (make
+// test-containerd2 builds containerd 2.x there).
+const DirEnv = "CRUST_CONTAINERD_DIR"
+
+// Bin is containerd's binary: the machine's (Debian's), or $CRUST_CONTAINERD_DIR/containerd.
+func Bin() string { return tool("containerd", "/usr/bin/containerd") }
+
+// Ctr is ctr's binary, from the same place as Bin.
+func Ctr() string { return tool("ctr", "ctr") }
+
+func tool(name, def string) string {
+	if d := os.Getenv(DirEnv); d != "" {
+		return filepath.Join(d, name)
+	}
+	return def
+}
 
 // Runtime is the shim's runtime name, for ctr run --runtime.
 const Runtime = "io.containerd.crust-microvm.v1"
@@ -77,7 +91,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(Bin, "--config", filepath.Join(dir, "config.toml"))
+	cmd := exec.Command(Bin(), "--config", filepath.Join(dir, "config.toml"))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), "PATH="+cfg.ShimDir+":"+os.Getenv("PATH"), "CRUST_SOCKET="+cfg.CrustSocket,
 		"CRUST_MICROVM_ASSETS="+cfg.Assets, "CRUST_MICROVM_STATE_DIR="+c.StateDir, "CRUST_MICROVM_ACCEL=tcg", "CRUST_KUBELET_DIR="+cfg.KubeletDir)
@@ -96,9 +110,11 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
 	})
 	t0 := time.Now()
 	harness.Eventually(t, time.Minute, "containerd to serve", func() bool {
-		return exec.Command("ctr", c.Args("version")...).Run() == nil
+		return exec.Command(Ctr(), c.Args("version")...).Run() == nil
 	})
-	t.Logf("containerd serving after %s", time.Since(t0).Round(time.Millisecond))
+	took := time.Since(t0)
+	v, _ := exec.Command(Ctr(), c.Args("version")...).Output()
+	t.Logf("containerd serving after %s: %s", took.Round(time.Millisecond), strings.Join(strings.Fields(string(v)), " "))
 	return c
 }
 
@@ -111,7 +127,7 @@ func (c *Containerd) Args(args ...string) []string {
 func (c *Containerd) OK(t testing.TB, args ...string) string {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.Command("ctr", c.Args(args...)...)
+	cmd := exec.Command(Ctr(), c.Args(args...)...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("ctr %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
