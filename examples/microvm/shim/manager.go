@@ -72,7 +72,8 @@ type Settings struct {
 	StateDir string
 	// Accel is QEMU's accelerator (auto, kvm, tcg): CRUST_MICROVM_ACCEL, default auto.
 	Accel vm.Accel
-	// MemoryMB is the guest's memory: CRUST_MICROVM_MEMORY_MB, default vm's (512).
+	// MemoryMB is the guest's own memory, to which the pod's containers' memory limits are added:
+	// CRUST_MICROVM_MEMORY_MB, default 512.
 	MemoryMB int
 	// KubeletDir is kubelet's root directory, crustd's --kubelet-dir: CRUST_KUBELET_DIR, default
 	// /var/lib/kubelet. Only a bind mount from a pod's directory under it can be a crust volume; the

@@ -19,6 +19,7 @@ import (
 	"crust.dev/crust/examples/microvm/handler"
 	"crust.dev/crust/examples/microvm/podnet"
 	"crust.dev/crust/examples/microvm/vm"
+	"crust.dev/crust/pkg/errdefs"
 	crusthandler "crust.dev/crust/pkg/handler"
 )
 
@@ -73,10 +74,14 @@ func bootSandbox(ctx context.Context, set Settings, id string, spec *specs.Spec,
 	if s.net, err = podNetwork(spec); err != nil {
 		return s, fmt.Errorf("the pod's network: %w", err)
 	}
+	memoryMB, cpus, err := vmSize(set, spec)
+	if err != nil {
+		return s, errdefs.Errorf(errdefs.ErrInvalidArgument, "the sandbox's spec: %v", err)
+	}
 	start := time.Now()
 	s.vm, err = vm.Start(ctx, vm.Config{
 		Kernel: filepath.Join(set.Assets, "cloud", "vmlinux"), Initramfs: filepath.Join(set.Assets, "initramfs-cloud.cpio"),
-		Accel: set.Accel, MemoryMB: set.MemoryMB, StateDir: dir,
+		Accel: set.Accel, MemoryMB: memoryMB, CPUs: cpus, StateDir: dir,
 		// chroot, not virtiofsd's namespace sandbox: the containers' mounts made under the shared
 		// directory after virtiofsd started must be seen through it.
 		FSShares: []vm.FSShare{{Tag: shareTag, Path: shared, DaemonArgs: []string{"-o", "sandbox=chroot"}}},
@@ -86,7 +91,7 @@ func bootSandbox(ctx context.Context, set Settings, id string, spec *specs.Spec,
 		return s, err
 	}
 	boot := s.vm.Boot()
-	log.Info("VM up", "accel", boot.Accel, "boot", boot.Took.Round(time.Millisecond), "kernel", boot.Kernel,
+	log.Info("VM up", "memory_mb", memoryMB, "vcpus", cpus, "accel", boot.Accel, "boot", boot.Took.Round(time.Millisecond), "kernel", boot.Kernel,
 		"qemu_pid", s.vm.Pid(), "since_create", time.Since(start).Round(time.Millisecond))
 	if err := os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(s.vm.Pid())+"\n"), 0o600); err != nil {
 		return s, err
