@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
@@ -394,9 +395,16 @@ func withVolumeContext(r *csi.NodePublishVolumeRequest, volCtx map[string]string
 	return c
 }
 
-// undoPublish undoes every step a publish record may stand for, in reverse, and forgets the record.
+// undoPublish undoes every step a publish record may stand for, in reverse, and forgets the record. A
+// deferred target that holds anything but the empty directories kubelet makes for a subPath is
+// FailedPrecondition (checkTarget), before anything is changed.
 func (p *Proxy) undoPublish(ctx context.Context, rec *Record) error {
 	target := rec.Path
+	if rec.Mode == ModeDeferred {
+		if err := checkTarget(target); err != nil {
+			return err
+		}
+	}
 	if err := p.put(rec, PhaseUnpublishing); err != nil {
 		return err
 	}
@@ -437,7 +445,9 @@ func sameVolume(rec *Record, volumeID string) error {
 	return nil
 }
 
-// removeTarget removes the target directory the proxy created; it must not be a mount point.
+// removeTarget removes the target directory the proxy created, with the empty directories kubelet made in
+// it for a subPath (clearTarget: never through a link, never anything but an empty directory); it must not
+// be a mount point, and must hold nothing else (FailedPrecondition, naming what it holds).
 func (p *Proxy) removeTarget(target string) error {
 	if _, err := os.Lstat(target); errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -449,8 +459,11 @@ func (p *Proxy) removeTarget(target string) error {
 	if err == nil && !notMnt {
 		return errdefs.Errorf(errdefs.ErrFailedPrecondition, "target path %s is a mount point; not removing it", target)
 	}
-	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return errdefs.Errorf(errdefs.ErrInternal, "remove target path: %v", err)
+	if err := clearTarget(target); err != nil {
+		return err
+	}
+	if err := unix.Rmdir(target); err != nil && !errors.Is(err, unix.ENOENT) {
+		return errdefs.Errorf(errdefs.ErrInternal, "remove target path %s: %v", target, err)
 	}
 	return nil
 }
