@@ -28,12 +28,15 @@ import (
 // It checks: the container's process runs in the guest (its uname -r is not the host's) and its output
 // reaches containerd's FIFOs; a bind mount whose source is a target staged in crustd is claimed for the
 // container's sandbox (the container's id, as ctr makes no CRI sandbox), formatted and mounted in the
-// guest, written and read back there, with nothing mounted on the host's target; ctr task exec runs in
+// guest, written and read back there, with nothing mounted on the host's target; a subPath of the volume
+// made as kubelet makes it (a directory of the target bind-mounted under the pod's volume-subpaths) is
+// bound from the guest's mount, its writes on the volume and none on the node; ctr task exec runs in
 // the same container; the exit status reaches containerd (ctr run exits with it); and after the task is
 // deleted no QEMU, no virtiofsd, no claim, no mount and no state directory is left, while the data is on
 // the device.
 func TestMicroVMShim(t *testing.T) {
-	d, ctrd, target, dev := shimWithVolume(t, "3c9e0f1a-0000-4000-8000-00000000e2e9", "pvc-shim")
+	const podUID = "3c9e0f1a-0000-4000-8000-00000000e2e9"
+	d, ctrd, target, dev := shimWithVolume(t, podUID, "pvc-shim")
 
 	// The container writes to the volume, says so, and waits for the test's exec to let it exit 7.
 	const id = "shim-e2e-1"
@@ -142,6 +145,33 @@ func TestMicroVMShim(t *testing.T) {
 		t.Errorf("the guest has %q virtio disks after the device's container was deleted, want the volume's alone", disks)
 	}
 
+	// kubelet's subPath of the volume, made as kubelet makes it: the directory <target>/sub on the node,
+	// bind-mounted under the pod's volume-subpaths, is a third container's bind source. The shim binds
+	// sub/ of the guest's mount of the volume (made there): what the container writes is on the volume,
+	// and the node's directory stays empty.
+	t5 := time.Now()
+	hostSub := filepath.Join(target, "sub")
+	subMount := filepath.Join(d.KubeletDir, "pods", podUID, "volume-subpaths", "data", "c", "0")
+	for _, dir := range []string{hostSub, subMount} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := unix.Mount(hostSub, subMount, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(subMount, unix.MNT_DETACH) })
+	ctrd.ok(t, "run", "--rm", "--runtime", "io.containerd.crust-microvm.v1", "--mount", "type=bind,src="+subMount+",dst=/sub,options=rbind:rw",
+		"--annotation", "io.kubernetes.cri.sandbox-id="+id, "--annotation", "io.kubernetes.cri.container-type=container",
+		"crust.dev/e2e/busybox:1", id+"-sub", "sh", "-c", "echo 'written through the subPath' > /sub/g && sync")
+	t.Logf("ctr run with kubelet's subPath mount of the volume (a third container of the sandbox): %s", time.Since(t5).Round(time.Millisecond))
+	if out := ctrd.ok(t, "task", "exec", "--exec-id", "e4", id, "cat", "/data/sub/g"); out != "written through the subPath\n" {
+		t.Errorf("the volume's sub/g, read in the first container: %q, want what the subPath's container wrote", out)
+	}
+	if left, err := os.ReadDir(hostSub); err != nil || len(left) > 0 {
+		t.Errorf("the node's %s holds %v (%v): the subPath's container wrote to the node's disk", hostSub, left, err)
+	}
+
 	// The exit status reaches containerd; ctr run --rm then deletes the task and the container.
 	t2 := time.Now()
 	ctrd.ok(t, "task", "exec", "--exec-id", "e2", id, "touch", "/data/stop")
@@ -177,9 +207,13 @@ func TestMicroVMShim(t *testing.T) {
 	mnt := t.TempDir()
 	harness.Run(t, "mount", "-o", "ro", dev, mnt)
 	b, err := os.ReadFile(filepath.Join(mnt, "f"))
+	g, gerr := os.ReadFile(filepath.Join(mnt, "sub", "g"))
 	_ = unix.Unmount(mnt, 0)
 	if err != nil || string(b) != "written in the guest\n" {
 		t.Errorf("the device holds %q (%v), want what the guest wrote", b, err)
+	}
+	if gerr != nil || string(g) != "written through the subPath\n" {
+		t.Errorf("the device's sub/g holds %q (%v), want what the subPath's container wrote", g, gerr)
 	}
 }
 

@@ -24,7 +24,7 @@ import (
 var guestMounts = []string{"proc", "sysfs", "tmpfs", "devpts", "mqueue"}
 
 // prepareContainer mounts container id's rootfs and ordinary bind mounts under the sandbox's shared
-// directory, attaches its crust volumes, and answers the guest's CreateContainer request for it. On an
+// directory, attaches its crust volumes (those of kubelet's subPath mounts too, see attachVolume), and answers the guest's CreateContainer request for it. On an
 // error the host's mounts of the container are undone (volumes attached stay the sandbox's, released at
 // its teardown).
 func (s *sandbox) prepareContainer(ctx context.Context, id, bundle string, rootfs []*types.Mount, spec *specs.Spec) (_ *agentv1.CreateContainerRequest, err error) {
@@ -70,7 +70,7 @@ func (s *sandbox) prepareContainer(ctx context.Context, id, bundle string, rootf
 		}
 		src := filepath.Clean(m.Source)
 		if s.set.podPath(src) {
-			att, err := s.volumes.Attach(ctx, src)
+			att, err := s.attachVolume(ctx, src)
 			switch {
 			case err == nil && att.Block:
 				req.Devices = append(req.Devices, &agentv1.ContainerDevice{Path: m.Destination, Source: att.GuestPath, FileMode: 0o660})

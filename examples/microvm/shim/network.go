@@ -52,12 +52,8 @@ func configureNetwork(ctx context.Context, agent agentv1.AgentServiceService, li
 		return fmt.Errorf("waiting for the guest's start: %w", err)
 	}
 	for _, argv := range link.Interface.GuestCommands(guestNIC) {
-		r, err := agent.Exec(ctx, &agentv1.ExecRequest{Argv: argv})
-		if err != nil {
-			return fmt.Errorf("configuring the guest's network (%s): %w", strings.Join(argv, " "), err)
-		}
-		if r.GetExitStatus() != 0 {
-			return fmt.Errorf("configuring the guest's network (%s): exit %d: %s", strings.Join(argv, " "), r.GetExitStatus(), r.GetStderr())
+		if err := guestExec(ctx, agent, "configuring the guest's network ("+strings.Join(argv, " ")+")", argv...); err != nil {
+			return err
 		}
 	}
 	return nil
