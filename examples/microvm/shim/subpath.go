@@ -71,12 +71,12 @@ type inTarget struct{ target, rel string }
 // mount table lists them; a target that cannot be resolved (gone) is left out. A src that is no mount
 // point is FailedPrecondition: nothing says which volume it shows.
 func subPathIn(mounts []*mountinfo.Info, src string, targets []string) ([]inTarget, error) {
-	real, err := filepath.EvalSymlinks(src)
+	resolved, err := filepath.EvalSymlinks(src)
 	if err != nil {
 		return nil, fmt.Errorf("subPath mount %s: %w", src, err)
 	}
-	sub := mountHolding(mounts, real)
-	if sub == nil || sub.Mountpoint != real {
+	sub := mountHolding(mounts, resolved)
+	if sub == nil || sub.Mountpoint != resolved {
 		return nil, errdefs.Errorf(errdefs.ErrFailedPrecondition, "subPath %s is not a mount point: kubelet bind-mounts "+
 			"a subPath there, and without its mount nothing says which volume it is of", src)
 	}
