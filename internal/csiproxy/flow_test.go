@@ -262,15 +262,22 @@ func stageAndPublish(tb testing.TB, node csi.NodeClient, vol *csi.Volume, stagin
 	}
 }
 
+// published starts a proxy on a new env, creates volume pv (deferrable when asked), and stages and
+// publishes it for pod podUID; it returns the env, the proxy's Node client, the volume and its paths.
+func published(t *testing.T, pv, podUID string, deferrable bool) (e *env, node csi.NodeClient, vol *csi.Volume, staging, target string) {
+	t.Helper()
+	e = newEnv(t)
+	node = csi.NewNodeClient(startProxy(t, e.config(), e.log))
+	vol = e.createVolume("pvc-"+pv, 64<<20, deferrable)
+	staging, target = e.staging("pv-"+pv), e.target(podUID, "pv-"+pv)
+	stageAndPublish(t, node, vol, staging, target)
+	return e, node, vol, staging, target
+}
+
 // TestNotDeferredStaysOnTheDriver: a volume without the flag is the driver's business alone.
 func TestNotDeferredStaysOnTheDriver(t *testing.T) {
-	e := newEnv(t)
-	cc := startProxy(t, e.config(), e.log)
-	node := csi.NewNodeClient(cc)
+	e, node, vol, staging, target := published(t, "plain", "0e0e0e0e-0000-4000-8000-000000000003", false)
 	ctx := context.Background()
-	vol := e.createVolume("pvc-plain", 64<<20, false)
-	staging, target := e.staging("pv-plain"), e.target("0e0e0e0e-0000-4000-8000-000000000003", "pv-plain")
-	stageAndPublish(t, node, vol, staging, target)
 	if len(mountsUnder(staging)) != 1 || len(mountsUnder(target)) != 1 {
 		t.Fatalf("the driver's own mounts are missing: %v", mountsUnder(e.kubelet))
 	}

@@ -84,13 +84,8 @@ func TestClearTarget(t *testing.T) {
 // the node's disk, and unpublish refuses with FAILED_PRECONDITION naming it, changing nothing (the
 // descriptor, the record and the file stay), until it is moved away.
 func TestUnpublishDeferredWithSubPath(t *testing.T) {
-	e := newEnv(t)
-	cc := startProxy(t, e.config(), e.log)
-	node := csi.NewNodeClient(cc)
+	e, node, vol, staging, target := published(t, "subpath", "0e0e0e0e-0000-4000-8000-0000000000d1", true)
 	ctx := context.Background()
-	vol := e.createVolume("pvc-subpath", 64<<20, true)
-	staging, target := e.staging("pv-subpath"), e.target("0e0e0e0e-0000-4000-8000-0000000000d1", "pv-subpath")
-	stageAndPublish(t, node, vol, staging, target)
 	unpublish := &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: target}
 
 	// As kubelet makes a subPath, and leaves it: an empty directory in the target.
