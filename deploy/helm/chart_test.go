@@ -121,6 +121,7 @@ var nonDefaults = map[string]any{
 	"podLabels":         map[string]any{"team": "storage"},
 	"podAnnotations":    map[string]any{"example.com/owner": "storage"},
 	"priorityClassName": "",
+	"runtimeClassName":  "runc",
 	"updateStrategy":    map[string]any{"type": "OnDelete"},
 	"kubeletDir":        "/var/lib/k0s/kubelet",
 	"kataDir":           "/run/kata/dv",
@@ -169,6 +170,9 @@ func TestChartPodValues(t *testing.T) {
 	spec := pod.Spec
 	if spec.PriorityClassName != "" || len(spec.ImagePullSecrets) != 1 || spec.ImagePullSecrets[0].Name != "registry-example-com" {
 		t.Errorf("priorityClassName %q, imagePullSecrets %v", spec.PriorityClassName, spec.ImagePullSecrets)
+	}
+	if spec.RuntimeClassName == nil || *spec.RuntimeClassName != "runc" {
+		t.Errorf("runtimeClassName %v, want runc", spec.RuntimeClassName)
 	}
 	if spec.NodeSelector["kubernetes.io/arch"] != "amd64" || spec.Tolerations[0].Key != "" {
 		t.Errorf("nodeSelector %v, tolerations %v", spec.NodeSelector, spec.Tolerations)
