@@ -13,6 +13,14 @@ OUT=${OUT:-$ROOT/_output/k8s}
 RUN=${RUN:-$OUT/run}
 K8S_BIN=${K8S_BIN:-$OUT/bin}
 IMAGES=${IMAGES:-$ROOT/_output/images}
+# The microVM runtime: crust's containerd shim, built here by up.sh, and the guest `make guest` builds.
+MICROVM_BIN=${MICROVM_BIN:-$OUT/microvm}
+GUEST_ASSETS=${GUEST_ASSETS:-$ROOT/_output/guest}
+# containerd's default runtime: pods that name no RuntimeClass run in a microVM, as on a node where every
+# pod does (Kubernetes' storage suite, whose pods name none, then sees deferred volumes). The node's own
+# workloads (crustd, the example drivers) name the RuntimeClass runc. DEFAULT_RUNTIME=runc makes runc the
+# default again.
+DEFAULT_RUNTIME=${DEFAULT_RUNTIME:-crust-microvm}
 KUBECONFIG_OUT=$OUT/kubeconfig
 
 # Services get loopback addresses: with no kube-proxy on the node, a Service's address must never be

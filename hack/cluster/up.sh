@@ -45,6 +45,13 @@ if [ -d "$RUN" ]; then
 	fi
 fi
 
+# crust's containerd shim, built from this tree each time (a running containerd starts the new binary for
+# the next pod), and the guest it boots, which `make guest` builds.
+(cd "$ROOT" && go build -o "$MICROVM_BIN/" ./examples/microvm/cmd/containerd-shim-crust-microvm-v1)
+for f in cloud/vmlinux initramfs-cloud.cpio; do
+	[ -f "$GUEST_ASSETS/$f" ] || die "$GUEST_ASSETS/$f missing: run make guest"
+done
+
 if [ -z "${ALREADY_UP:-}" ]; then
 	# A start that fails takes down what it started, after showing why.
 	on_exit() {
@@ -135,8 +142,12 @@ if [ -z "${ALREADY_UP:-}" ]; then
 		--listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
 		--initial-cluster "default=http://127.0.0.1:$ETCD_PEER_PORT"
 
-	# containerd, with runc for both the default handler and the microVM handler of deploy/examples:
-	# Kata cannot run on these machines, so runc stands in for it and the tests play the microVM side.
+	# containerd, with three handlers: runc; crust-microvm, deploy/examples' microVM handler and the default
+	# (lib.sh: DEFAULT_RUNTIME),
+	# which is crust's shim (containerd-shim-crust-microvm-v1: one QEMU guest a pod, booted from the
+	# assets `make guest` built, its containers in the guest); and kata, where runc stands in for Kata,
+	# which cannot run on these machines, and the tests play Kata's shim. The shim (built above) is found
+	# on containerd's PATH, and reads its settings from containerd's environment.
 	cat >"$RUN/containerd/config.toml" <<-TOML
 		version = 2
 		root = "$RUN/containerd/root"
@@ -163,7 +174,7 @@ if [ -z "${ALREADY_UP:-}" ]; then
 		    conf_dir = "$RUN/cni/net.d"
 		  [plugins."io.containerd.grpc.v1.cri".containerd]
 		    snapshotter = "overlayfs"
-		    default_runtime_name = "runc"
+		    default_runtime_name = "$DEFAULT_RUNTIME"
 		    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
 		      runtime_type = "io.containerd.runc.v2"
 		      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
@@ -171,8 +182,11 @@ if [ -z "${ALREADY_UP:-}" ]; then
 		        BinaryName = "runc"
 		        Root = "$RUN/containerd/runc"
 		    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crust-microvm]
+		      runtime_type = "io.containerd.crust-microvm.v1"
+		      privileged_without_host_devices = true
+		    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata]
 		      runtime_type = "io.containerd.runc.v2"
-		      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crust-microvm.options]
+		      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata.options]
 		        SystemdCgroup = false
 		        BinaryName = "runc"
 		        Root = "$RUN/containerd/runc"
@@ -182,7 +196,7 @@ if [ -z "${ALREADY_UP:-}" ]; then
 		  {"type": "bridge", "bridge": "$BRIDGE", "isGateway": false, "ipMasq": false,
 		   "ipam": {"type": "host-local", "subnet": "$POD_SUBNET", "dataDir": "$RUN/cni/ipam"}}]}
 	JSON
-	start containerd containerd --config "$RUN/containerd/config.toml"
+	start containerd env PATH="$MICROVM_BIN:$PATH" CRUST_MICROVM_ASSETS="$GUEST_ASSETS" containerd --config "$RUN/containerd/config.toml"
 	wait_for 30 containerd ctr -a "$RUN/containerd/containerd.sock" version
 	# Node-local clients (crustd's CRI lookups) find the CRI socket where containerd puts it on a real
 	# node: bound there in the node's /run, which goes away with the namespace.
@@ -279,6 +293,11 @@ overlay() { # overlay DIR BASE: a kustomization that only renames images
 		echo "resources:"
 		# kustomize takes only relative paths to other kustomizations.
 		echo "  - $(realpath --relative-to "$1" "$2")"
+		# The node's own workloads run with runc, whatever containerd's default runtime.
+		echo "patches:"
+		for kind in DaemonSet Deployment StatefulSet; do
+			echo "  - {target: {kind: $kind}, patch: '[{\"op\": \"add\", \"path\": \"/spec/template/spec/runtimeClassName\", \"value\": \"runc\"}]'}"
+		done
 		echo "images:"
 		while read -r _ ref; do
 			local name=${ref%:*} tag=${ref##*:} short
@@ -309,7 +328,7 @@ injected() { # injected DIR BASE INJECT-FLAGS...: BASE's manifests on the host n
 			echo "  - {target: {kind: $kind}, patch: '[{\"op\": \"add\", \"path\": \"/spec/template/spec/hostNetwork\", \"value\": true}]'}"
 		done
 	} >"$dir/host-network/kustomization.yaml"
-	kubectl_ kustomize "$dir/host-network" | "$RUN/kubectl-crust" inject "$@" >"$dir/injected.yaml"
+	kubectl_ kustomize "$dir/host-network" | "$RUN/kubectl-crust" inject --default-runtime-handler="$DEFAULT_RUNTIME" "$@" >"$dir/injected.yaml"
 	echo "resources: [injected.yaml]" >"$dir/kustomization.yaml"
 }
 injected "$RUN/deploy/examples-injected" "$ROOT/deploy/examples"
@@ -317,6 +336,20 @@ injected "$RUN/deploy/lvm-statefulset-injected" "$ROOT/deploy/examples/lvm-state
 overlay "$RUN/deploy/crust" "$ROOT/deploy"
 overlay "$RUN/deploy/examples" "$RUN/deploy/examples-injected"
 overlay "$RUN/deploy/lvm-statefulset" "$RUN/deploy/lvm-statefulset-injected"
+# The RuntimeClasses of the node's other handlers (deploy/examples ships crust-microvm's): runc, which the
+# node's own workloads name, and kata, for the tests that play Kata. Before anything names them.
+kubectl_ apply -f - >/dev/null <<-YAML
+	apiVersion: node.k8s.io/v1
+	kind: RuntimeClass
+	metadata: {name: runc}
+	handler: runc
+	---
+	apiVersion: node.k8s.io/v1
+	kind: RuntimeClass
+	metadata: {name: kata}
+	handler: kata
+	scheduling: {nodeSelector: {crust.dev/microvm: "true"}}
+YAML
 kubectl_ apply -k "$RUN/deploy/crust" >/dev/null
 kubectl_ apply -k "$RUN/deploy/examples" >/dev/null
 kubectl_ apply -k "$RUN/deploy/lvm-statefulset" >/dev/null

@@ -45,13 +45,13 @@ func TestCapacityAwareScheduling(t *testing.T) {
 	t.Logf("free in the volume group: %d bytes", free)
 	// A microVM pod (deferred: nothing is formatted on the host) takes most of it.
 	hog := free - 2<<30
-	c.runPod(t, ns, podSpec("hog", true, nil, ephemeral(resource.NewQuantity(hog, resource.BinarySI).String())))
+	c.runPod(t, ns, podSpec("hog", microVMClass, nil, ephemeral(resource.NewQuantity(hog, resource.BinarySI).String())))
 	waitFor(t, time.Minute, "the capacity to show the hog's volume", func() (bool, error) {
 		f, err := capacity()
 		return err == nil && f < 3<<30, fmt.Errorf("free %d: %v", f, err)
 	})
 	t0 := time.Now()
-	if _, err := c.cs.CoreV1().Pods(ns).Create(ctx, podSpec("big", true, nil, ephemeral("4Gi")), metav1.CreateOptions{}); err != nil {
+	if _, err := c.cs.CoreV1().Pods(ns).Create(ctx, podSpec("big", microVMClass, nil, ephemeral("4Gi")), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 2*time.Minute, "the scheduler to refuse for storage", func() (bool, error) {

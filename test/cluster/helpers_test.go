@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -127,9 +126,9 @@ func (c *cluster) pvcOfClass(t *testing.T, ns, name, size, class string, mode *c
 	return p
 }
 
-// podSpec is a pod that sleeps in busybox with volumes mounted at /<volume name>; microVM pods get the
-// microVM RuntimeClass.
-func podSpec(name string, microVM bool, fsGroup *int64, vols ...corev1.Volume) *corev1.Pod {
+// podSpec is a pod that logs its kernel and sleeps in busybox, with volumes mounted at /<volume name>, of
+// runtimeClass ("" for the node's default runtime, the microVM's).
+func podSpec(name, runtimeClass string, fsGroup *int64, vols ...corev1.Volume) *corev1.Pod {
 	grace := int64(1)
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -138,14 +137,14 @@ func podSpec(name string, microVM bool, fsGroup *int64, vols ...corev1.Volume) *
 			SecurityContext:               &corev1.PodSecurityContext{FSGroup: fsGroup},
 			Containers: []corev1.Container{{
 				Name: "c", Image: image, ImagePullPolicy: corev1.PullNever,
-				Command: []string{"sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"},
+				// The kernel it runs on goes to its log first (kubectl logs): a microVM pod's is the guest's.
+				Command: []string{"sh", "-c", "trap 'exit 0' TERM; echo kernel $(uname -r); sleep 3600 & wait"},
 			}},
 			Volumes: vols,
 		},
 	}
-	if microVM {
-		rc := microVMClass
-		p.Spec.RuntimeClassName = &rc
+	if runtimeClass != "" {
+		p.Spec.RuntimeClassName = &runtimeClass
 	}
 	for _, v := range vols {
 		p.Spec.Containers[0].VolumeMounts = append(p.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: v.Name, MountPath: "/" + v.Name})
@@ -347,22 +346,6 @@ func (c *cluster) stopContainer(t *testing.T, id string) {
 	}
 }
 
-// microVM runs crust-microvm for a pod's sandbox inside the node's mount namespace, where it reaches
-// crustd's socket and crustd reaches its handler socket (/run/crust-microvm, mounted into crustd's pod).
-func (c *cluster) microVM(t *testing.T, name, sandboxID string, volumes ...string) *harness.MicroVM {
-	t.Helper()
-	return harness.StartMicroVM(t, harness.MicroVMConfig{
-		Bin:         filepath.Join(c.binDir, "crust-microvm"),
-		Wrap:        []string{"nsenter", "-t", strconv.Itoa(c.nsPID), "-m", "--"},
-		StateDir:    "/run/crust-microvm",
-		Name:        name,
-		SandboxID:   sandboxID,
-		CrustSocket: "/run/crust/crust.sock",
-		Assets:      harness.GuestAssets(t, c.binDir),
-		Volumes:     volumes,
-	})
-}
-
 // volumeStats is one volume's entry in kubelet's /stats/summary.
 type volumeStats struct {
 	Name           string `json:"name"`
@@ -422,8 +405,9 @@ func (c *cluster) kubeletVolumeStats(t *testing.T, uid string) map[string]volume
 	return out
 }
 
-// guestStatfs is the guest's statfs of path: total and used bytes as df computes them.
-func guestStatfs(t *testing.T, m *harness.MicroVM, path string) (total, used int64) {
+// guestStatfs is the statfs of path in a pod's container in the guest: total and used bytes as df
+// computes them.
+func guestStatfs(t *testing.T, m *podShell, path string) (total, used int64) {
 	t.Helper()
 	out := m.ExecOK("stat", "-f", "-c", "%S %b %f", path)
 	var bs, blocks, free int64

@@ -40,7 +40,7 @@ func TestInjectedShapes(t *testing.T) {
 			}
 
 			claim := c.pvcOfClass(t, ns, fmt.Sprintf("data-%d", i), "64Mi", shape.class, nil)
-			pod := c.runPod(t, ns, podSpec(fmt.Sprintf("vm-%d", i), true, nil, claimVolume("data", claim.Name)))
+			pod := c.runPod(t, ns, podSpec(fmt.Sprintf("vm-%d", i), microVMClass, nil, claimVolume("data", claim.Name)))
 			p, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, claim.Name, metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)

@@ -28,7 +28,7 @@ func TestInstallMethods(t *testing.T) {
 	helm := c.helm(t)
 	chart := filepath.Join(c.root, "deploy", "helm", "crust")
 	repo, tag := c.image(t, "crust/crustd")
-	pod := c.runPod(t, ns, podSpec("vm", true, nil, claimVolume("data", c.pvc(t, ns, "data", "64Mi").Name)))
+	pod := c.runPod(t, ns, podSpec("vm", microVMClass, nil, claimVolume("data", c.pvc(t, ns, "data", "64Mi").Name)))
 	held := func(step string) {
 		t.Helper()
 		if got := c.podVolumes(t, string(pod.UID)); len(got) != 1 {
@@ -51,7 +51,9 @@ func TestInstallMethods(t *testing.T) {
 	before := c.crustdPod(t)
 	c.kubectlOK(t, "-n", "crust-system", "annotate", "daemonset", "crustd", "meta.helm.sh/release-name=crust", "meta.helm.sh/release-namespace=crust-system")
 	c.kubectlOK(t, "-n", "crust-system", "label", "daemonset", "crustd", "app.kubernetes.io/managed-by=Helm")
+	// The node's default runtime is the microVM's (hack/cluster/lib.sh): crustd names runc, as deploy/ does here.
 	if out, err := helm("install", "crust", chart, "-n", "crust-system", "--set", "image.repository="+repo, "--set", "image.tag="+tag,
+		"--set", "runtimeClassName=runc",
 		"--wait", "--timeout", "2m"); err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}

@@ -1,9 +1,10 @@
 // Package cluster is crust's real-cluster tier: a single-node Kubernetes (hack/cluster/up.sh: the real
 // kube-apiserver, controller-manager, scheduler and kubelet, etcd, containerd and runc) with crust deployed
-// from deploy/ and the example driver from deploy/examples, driven with client-go. Kata cannot run here,
-// so containerd runs the microVM RuntimeClass's pods with runc, and the tests do what a microVM runtime
-// does: find the pod's sandbox through CRI and run crust-microvm, which claims the pod's volumes and
-// mounts them in a QEMU guest.
+// from deploy/ and the example driver from deploy/examples, driven with client-go. Pods of the microVM
+// RuntimeClass (crust-microvm) run in QEMU guests through crust's containerd shim
+// (containerd-shim-crust-microvm-v1), which claims their deferred volumes and mounts them in the guest;
+// the tests look at them from inside the containers. Kata cannot run here: the kata RuntimeClass's pods
+// run with runc, and the tests that need Kata play its shim.
 //
 // TestMain brings the cluster up (make cluster-up) unless one is up already, and takes it down at the
 // end unless it found it up or CRUST_KEEP_CLUSTER is set. It needs root.
@@ -36,7 +37,7 @@ type cluster struct {
 	node       string
 	nsPID      int // holds the node's mount namespace
 	cs         *kubernetes.Clientset
-	binDir     string // crust-microvm and kubectl-crust, built from this tree
+	binDir     string // kubectl-crust, built from this tree
 }
 
 var (
@@ -95,7 +96,7 @@ func runMain(m *testing.M) (code int) {
 		return 1
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	build := exec.Command("go", "build", "-o", dir+"/", "crust.dev/crust/examples/microvm/cmd/crust-microvm", "crust.dev/crust/cmd/kubectl-crust")
+	build := exec.Command("go", "build", "-o", dir+"/", "crust.dev/crust/cmd/kubectl-crust")
 	build.Dir, build.Stdout, build.Stderr = root, os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Println("cluster: build:", err)

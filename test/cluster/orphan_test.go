@@ -30,13 +30,14 @@ import (
 // crustd's collector must notice the pod directory gone and unstage it: the descriptor disappears, with
 // its log line and crust_garbage_collected_volumes_total counting it, while a live pod's descriptor on
 // the same node stays. The node plugin then finishes what kubelet never asked (unpublish, unstage) with
-// the descriptor already gone, and the PVC is deleted as usual.
+// the descriptor already gone, and the PVC is deleted as usual. The pods are of the kata RuntimeClass
+// (runc standing in), whose runtime holds no claim: what is collected is a descriptor nothing uses.
 func TestOrphanCollector(t *testing.T) {
 	c, ctx, ns := begin(t)
 	c.pvc(t, ns, "data", "64Mi")
 	c.pvc(t, ns, "kept", "64Mi")
-	pod := c.runPod(t, ns, podSpec("vm", true, nil, claimVolume("data", "data")))
-	live := c.runPod(t, ns, podSpec("live", true, nil, claimVolume("kept", "kept")))
+	pod := c.runPod(t, ns, podSpec("vm", kataClass, nil, claimVolume("data", "data")))
+	live := c.runPod(t, ns, podSpec("live", kataClass, nil, claimVolume("kept", "kept")))
 	uid := string(pod.UID)
 	vols := c.socketPodVolumes(t, uid)
 	if len(vols) != 1 {

@@ -14,7 +14,7 @@ import (
 // TestKubectlPlugin runs `kubectl crust` as an operator would, kubectl finding kubectl-crust on PATH.
 func TestKubectlPlugin(t *testing.T) {
 	c, _, ns := begin(t)
-	pod := c.runPod(t, ns, podSpec("vm", true, nil, claimVolume("data", c.pvc(t, ns, "data", "64Mi").Name)))
+	pod := c.runPod(t, ns, podSpec("vm", microVMClass, nil, claimVolume("data", c.pvc(t, ns, "data", "64Mi").Name)))
 	vols := c.podVolumes(t, string(pod.UID))
 	if len(vols) != 1 {
 		t.Fatalf("crustd holds %d descriptors of the pod, want 1", len(vols))

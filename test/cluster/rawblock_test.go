@@ -24,7 +24,7 @@ func TestRawBlockVolumeOfMicroVMPod(t *testing.T) {
 	block := corev1.PersistentVolumeBlock
 	c.pvcOfMode(t, ns, "raw", "64Mi", &block)
 	const devicePath = "/dev/xvda"
-	p := podSpec("vm", true, nil)
+	p := podSpec("vm", microVMClass, nil)
 	p.Spec.Volumes = []corev1.Volume{claimVolume("raw", "raw")}
 	p.Spec.Containers[0].VolumeDevices = []corev1.VolumeDevice{{Name: "raw", DevicePath: devicePath}}
 	t0 := time.Now()

@@ -17,8 +17,8 @@ import (
 )
 
 // TestRuntimeRsStatsThroughCRI proves stats through crust for a Kata sandbox that never wrote its id
-// (Kata's runtime-rs, kata issue 13442). A microVM-class pod with a deferred PVC runs (runc stands in
-// for Kata here); nothing writes a sandbox-id file into the volume's Kata directory. A stand-in
+// (Kata's runtime-rs, kata issue 13442). A pod of the kata RuntimeClass with a deferred PVC runs (runc
+// stands in for Kata here); nothing writes a sandbox-id file into the volume's Kata directory. A stand-in
 // runtime-rs shim (stats on POST only) serves /run/kata/<sandbox>/shim-monitor.sock in the node's
 // /run, under the pod's real sandbox id as containerd's CRI reports it. crustd, asking containerd's
 // real CRI socket, finds the sandbox and records it as the volume's claim (cri_discovered), and
@@ -28,7 +28,7 @@ func TestRuntimeRsStatsThroughCRI(t *testing.T) {
 	c := get(t)
 	ns := c.namespace(t)
 	c.pvc(t, ns, "data", "128Mi")
-	pod := c.runPod(t, ns, podSpec("rs", true, nil, claimVolume("data", "data")))
+	pod := c.runPod(t, ns, podSpec("rs", kataClass, nil, claimVolume("data", "data")))
 	uid := string(pod.UID)
 	vols := c.podVolumes(t, uid)
 	if len(vols) != 1 {

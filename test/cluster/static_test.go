@@ -67,7 +67,7 @@ func TestStaticPVDefers(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pod := c.runPod(t, ns, podSpec("vm", true, nil, claimVolume("data", "static")))
+	pod := c.runPod(t, ns, podSpec("vm", microVMClass, nil, claimVolume("data", "static")))
 	held := c.podVolumes(t, string(pod.UID))
 	if len(held) != 1 || held[0].GetSpec().GetVolumeId() != id {
 		t.Fatalf("crustd holds %v for the pod of a static PV, want its volume %s deferred", held, id)

@@ -15,25 +15,26 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // A PVC of the deferring class, used first by a microVM pod and then by a runc pod, through kubelet,
-// external-provisioner, external-resizer, the proxy, crustd and crust-microvm:
-//   - the microVM pod runs; crustd holds the descriptor with the pod's UID; the host target is an empty
-//     directory with nothing mounted on it; the guest mounts the volume and writes to it;
+// external-provisioner, external-resizer, the proxy, crustd and the crust-microvm containerd shim:
+//   - the microVM pod runs in a guest (its kernel is not the node's); crustd holds the descriptor with the
+//     pod's UID, claimed by the pod's sandbox; the host target is an empty directory with nothing mounted
+//     on it; in the container the volume is mounted from a virtio disk, with the pod's fsGroup, and takes
+//     the container's writes;
 //   - kubelet's stats summary shows capacity and usage as the guest measures them;
 //   - deleting the crustd pod, and restarting the proxy container, loses nothing: stats still work;
-//   - online expansion through the PVC reaches the guest's filesystem;
-//   - deleting the pod removes the descriptor and leaves nothing on the host;
+//   - online expansion through the PVC reaches the filesystem the container sees (df grows);
+//   - deleting the pod removes the descriptor and leaves no VM, virtiofsd, state or mount on the node;
 //   - a runc pod with fsGroup 2000 gets a host mount with the guest's data, in group 2000;
 //   - deleting the PVC removes the logical volume.
 func TestDeferredVolumeLifecycle(t *testing.T) {
 	c, ctx, ns := begin(t)
 	t0 := time.Now()
 	claim := c.pvc(t, ns, "data", "256Mi")
-	pod := c.runPod(t, ns, podSpec("vm", true, nil, claimVolume("data", "data")))
+	gid := int64(2000)
+	pod := c.runPod(t, ns, podSpec("vm", microVMClass, &gid, claimVolume("data", "data")))
 	t.Logf("microVM pod Running %s after the PVC was created", time.Since(t0).Round(100*time.Millisecond))
 	uid := string(pod.UID)
 	// The example driver returns no volume context; crust-csi-proxy --controller put the flag there.
@@ -67,15 +68,25 @@ func TestDeferredVolumeLifecycle(t *testing.T) {
 	if handler != microVMClass {
 		t.Fatalf("sandbox %s runs with handler %q, want %q", sandbox, handler, microVMClass)
 	}
-	vm := c.microVM(t, "vm-"+uid[:8], sandbox, target+":/data")
-	if err := <-vm.WaitMountedAsync("/data"); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("guest ready %s, volume mounted in the guest %s after the PVC was created", vm.Ready, time.Since(t0).Round(100*time.Millisecond))
-	if got := c.podVolumes(t, uid)[0].GetClaim().GetSandboxId(); got != sandbox {
+	if got := vols[0].GetClaim().GetSandboxId(); got != sandbox {
 		t.Fatalf("claimed by %q, want the pod's sandbox %q", got, sandbox)
 	}
+	vm := c.shell(t, ns, "vm", "c")
+	dev := assertInGuest(t, vm, "/data")
+	if out := strings.Fields(vm.ExecOK("stat", "-c", "%g", "/data")); len(out) != 1 || out[0] != "2000" {
+		t.Errorf("the volume's root in the container has group %v, want the pod's fsGroup 2000", out)
+	}
+	guestKernel := strings.TrimSpace(vm.ExecOK("uname", "-r"))
+	t.Logf("in the container: guest kernel %s, /data mounted from %s", guestKernel, dev)
+	// The container's stdout reaches kubectl logs; kubectl exec -it gets a terminal in the guest.
+	if logs := c.kubectlOK(t, "-n", ns, "logs", "vm", "-c", "c"); !strings.Contains(logs, "kernel "+guestKernel) {
+		t.Errorf("kubectl logs shows %q, want the guest's kernel %s", logs, guestKernel)
+	}
+	if out := c.kubectlTTY(t, "-n", ns, "exec", "-it", "vm", "-c", "c", "--", "sh", "-c", "tty; uname -r"); !strings.Contains(out, "/dev/pts/") || !strings.Contains(out, guestKernel) {
+		t.Errorf("kubectl exec -it: %q, want a terminal in the guest", out)
+	}
 	vm.ExecOK("sh", "-c", "echo written-in-the-guest > /data/hello && dd if=/dev/zero of=/data/fill bs=1M count=24 2>/dev/null && sync")
+	assertEmptyTarget(t, c, target)
 
 	// Usage as the guest measures it reaches kubelet.
 	statsSeen := func(what string) {
@@ -149,21 +160,20 @@ func TestDeferredVolumeLifecycle(t *testing.T) {
 		t.Fatalf("descriptors after expansion: %v", vol)
 	}
 
-	// The microVM goes away (the runtime releases its claims), then the pod: nothing left on the host.
-	vm.Stop()
+	// The pod goes, and its VM with it (the shim releases its claims): nothing left on the node.
 	c.deletePod(t, ns, "vm")
 	if got := c.podVolumes(t, uid); len(got) != 0 {
 		t.Fatalf("crustd still holds %v after the pod was deleted", got)
 	}
 	c.waitPodDirGone(t, uid)
+	c.assertSandboxGone(t, sandbox)
 
 	// A runc pod with fsGroup 2000, same PVC: mounted on the host by the proxy, the guest's data in it.
-	gid := int64(2000)
-	runc := c.runPod(t, ns, podSpec("runc", false, &gid, claimVolume("data", "data")))
+	runc := c.runPod(t, ns, podSpec("runc", runcClass, &gid, claimVolume("data", "data")))
 	if got := c.podVolumes(t, string(runc.UID)); len(got) != 0 {
 		t.Fatalf("a runc pod's volume was deferred: %v", got)
 	}
-	c.waitPodEvent(t, ns, "runc", "VolumeMountedOnHost", "pod has no runtimeClassName")
+	c.waitPodEvent(t, ns, "runc", "VolumeMountedOnHost", "runtime handler runc is not a microVM handler")
 	if out := c.kubectlOK(t, "-n", ns, "exec", "runc", "--", "cat", "/data/hello"); strings.TrimSpace(out) != "written-in-the-guest" {
 		t.Fatalf("the runc pod reads %q", out)
 	}
@@ -195,7 +205,9 @@ func TestDeferredVolumeLifecycle(t *testing.T) {
 
 // Generic ephemeral and CSI inline ephemeral volumes through the proxy, for a microVM pod (deferred,
 // mounted in the guest) and a runc pod (mounted on the host); deleting the pods removes the
-// descriptors, the generic volume's PVC and both logical volumes.
+// descriptors, the generic volume's PVC and both logical volumes. The microVM pod has two containers:
+// both mount the generic volume (one claim, one disk in the guest, what one writes the other reads),
+// and the second mounts the inline volume read-only, which it cannot write while the first can.
 func TestEphemeralVolumes(t *testing.T) {
 	c, ctx, ns := begin(t)
 	lvsBefore := len(c.logicalVolumes(t))
@@ -216,57 +228,70 @@ func TestEphemeralVolumes(t *testing.T) {
 		}
 	}
 
-	vmPod := c.runPod(t, ns, podSpec("vm", true, nil, vols()...))
+	p := podSpec("vm", microVMClass, nil, vols()...)
+	// A memory limit, which the shim adds to the guest's own 512 MiB.
+	p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")}
+	second := p.Spec.Containers[0]
+	second.Resources = corev1.ResourceRequirements{}
+	second.Name = "d"
+	second.VolumeMounts = []corev1.VolumeMount{{Name: "generic", MountPath: "/shared"}, {Name: "inline", MountPath: "/ro", ReadOnly: true}}
+	p.Spec.Containers = append(p.Spec.Containers, second)
+	vmPod := c.runPod(t, ns, p)
 	uid := string(vmPod.UID)
 	held := c.podVolumes(t, uid)
 	if len(held) != 2 {
 		t.Fatalf("crustd holds %d descriptors for the microVM pod, want 2: %v", len(held), held)
 	}
 	sandbox, _ := c.sandboxOf(t, uid)
-	var specs []string
-	byName := map[string]*crustv1.Volume{}
 	for _, v := range held {
-		target := v.GetSpec().GetVolumeTargetPath()
-		assertEmptyTarget(t, c, target)
-		name := "generic"
-		if strings.Contains(target, "/inline/") {
-			name = "inline"
+		assertEmptyTarget(t, c, v.GetSpec().GetVolumeTargetPath())
+		if got := v.GetClaim().GetSandboxId(); got != sandbox {
+			t.Errorf("%s claimed by %q, want the pod's sandbox %q", v.GetSpec().GetVolumeTargetPath(), got, sandbox)
 		}
-		byName[name] = v
-		specs = append(specs, target+":/"+name)
 	}
-	if len(byName) != 2 {
-		t.Fatalf("descriptors: %v", held)
-	}
-	vm := c.microVM(t, "eph-"+uid[:8], sandbox, specs...)
+	vm, other := c.shell(t, ns, "vm", "c"), c.shell(t, ns, "vm", "d")
 	for _, p := range []string{"/generic", "/inline"} {
-		if err := <-vm.WaitMountedAsync(p); err != nil {
-			t.Fatal(err)
-		}
+		assertInGuest(t, vm, p)
 		vm.ExecOK("sh", "-c", "echo ok > "+p+"/f && sync")
+	}
+	if a, b := assertInGuest(t, vm, "/generic"), assertInGuest(t, other, "/shared"); a != b {
+		t.Errorf("the two containers mount the generic volume from %s and %s, want one disk", a, b)
+	}
+	if got := strings.TrimSpace(other.ExecOK("cat", "/shared/f")); got != "ok" {
+		t.Errorf("the second container reads %q from the shared volume", got)
+	}
+	if _, err := other.Exec("touch", "/ro/x"); err == nil || !strings.Contains(err.Error(), "Read-only file system") {
+		t.Errorf("a write to the read-only mount: %v, want Read-only file system", err)
+	}
+	// The guest has the pod's memory limit on top of its own: 640 MiB, of which its kernel shows 530 (a
+	// guest of 512 MiB shows 405: both measured under TCG).
+	var memKB int64
+	if _, err := fmt.Sscanf(vm.ExecOK("grep", "MemTotal", "/proc/meminfo"), "MemTotal: %d kB", &memKB); err != nil || memKB < 470<<10 {
+		t.Errorf("the guest has %d KiB of memory (%v), want the pod's 128Mi limit added to its 512 MiB", memKB, err)
 	}
 	if total, _ := guestStatfs(t, vm, "/inline"); total > 96<<20 || total < 64<<20 {
 		t.Errorf("inline volume: %d bytes in the guest, want about 96Mi", total)
 	}
 
-	runcPod := c.runPod(t, ns, podSpec("runc", false, nil, vols()...))
+	runcPod := c.runPod(t, ns, podSpec("runc", runcClass, nil, vols()...))
 	if got := c.podVolumes(t, string(runcPod.UID)); len(got) != 0 {
 		t.Fatalf("a runc pod's ephemeral volumes were deferred: %v", got)
 	}
 	for _, p := range []string{"/generic", "/inline"} {
 		c.kubectlOK(t, "-n", ns, "exec", "runc", "--", "sh", "-c", "echo ok > "+p+"/f && grep -q ' "+p+" ' /proc/mounts")
 	}
+	c.assertPodNetworkInGuest(t, ns, vmPod, runcPod)
 	if n := len(c.logicalVolumes(t)); n != lvsBefore+4 {
 		t.Errorf("%d logical volumes with two pods of two ephemeral volumes each, want %d", n, lvsBefore+4)
 	}
 
-	vm.Stop()
 	c.deletePod(t, ns, "vm")
 	c.deletePod(t, ns, "runc")
 	if got := c.podVolumes(t, uid); len(got) != 0 {
 		t.Fatalf("crustd still holds %v", got)
 	}
 	c.waitPodDirGone(t, uid)
+	c.assertSandboxGone(t, sandbox)
 	c.waitPodDirGone(t, string(runcPod.UID))
 	waitFor(t, 2*time.Minute, "the ephemeral volumes removed", func() (bool, error) {
 		pvcs, err := c.cs.CoreV1().PersistentVolumeClaims(ns).List(ctx, metav1.ListOptions{})
@@ -292,7 +317,7 @@ func TestRawBlockPassesThrough(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	p := podSpec("vm", true, nil)
+	p := podSpec("vm", microVMClass, nil)
 	p.Spec.Volumes = []corev1.Volume{claimVolume("raw", "raw")}
 	p.Spec.Containers[0].VolumeDevices = []corev1.VolumeDevice{{Name: "raw", DevicePath: "/dev/crust-raw"}}
 	pod := c.runPod(t, ns, p)
@@ -338,7 +363,7 @@ func TestDeferralFailureIsAnEvent(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.cs.CoreV1().Pods(ns).Create(ctx, podSpec("vm", true, nil, claimVolume("data", "bad")), metav1.CreateOptions{}); err != nil {
+	if _, err := c.cs.CoreV1().Pods(ns).Create(ctx, podSpec("vm", microVMClass, nil, claimVolume("data", "bad")), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	msg := c.waitPodEvent(t, ns, "vm", "VolumeDeferralFailed", "InvalidArgument")
