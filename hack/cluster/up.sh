@@ -142,12 +142,12 @@ if [ -z "${ALREADY_UP:-}" ]; then
 		--listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
 		--initial-cluster "default=http://127.0.0.1:$ETCD_PEER_PORT"
 
-	# containerd, with three handlers: runc; crust-microvm, deploy/examples' microVM handler and the default
-	# (lib.sh: DEFAULT_RUNTIME),
-	# which is crust's shim (containerd-shim-crust-microvm-v1: one QEMU guest a pod, booted from the
-	# assets `make guest` built, its containers in the guest); and kata, where runc stands in for Kata,
-	# which cannot run on these machines, and the tests play Kata's shim. The shim (built above) is found
-	# on containerd's PATH, and reads its settings from containerd's environment.
+	# containerd, with three handlers: runc; crust-microvm, deploy/examples' microVM handler, which is
+	# crust's shim (containerd-shim-crust-microvm-v1: one QEMU guest a pod, booted from the assets `make
+	# guest` built, its containers in the guest) and the default (lib.sh: DEFAULT_RUNTIME); and kata,
+	# where runc stands in for Kata, which cannot run on these machines, and the tests play Kata's shim.
+	# The shim (built above) is found on containerd's PATH, and reads its settings from containerd's
+	# environment.
 	cat >"$RUN/containerd/config.toml" <<-TOML
 		version = 2
 		root = "$RUN/containerd/root"
