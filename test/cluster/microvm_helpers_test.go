@@ -11,6 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+
+	"crust.dev/crust/internal/testutil/harness"
 )
 
 // runcClass is the RuntimeClass of runc, which pods that run on the host name: the node's default runtime
@@ -90,7 +92,7 @@ func (c *cluster) assertSandboxGone(t *testing.T, sandbox string) {
 	t.Helper()
 	dir := shimStateDir(sandbox)
 	waitFor(t, time.Minute, "the sandbox's VM, virtiofsd and state gone", func() (bool, error) {
-		if procs := processesNaming(filepath.Base(dir)); len(procs) > 0 {
+		if procs := harness.ProcessesNaming(filepath.Base(dir)); len(procs) > 0 {
 			return false, fmt.Errorf("still running: %v", procs)
 		}
 		if _, err := os.Lstat(c.nsPath(dir)); !os.IsNotExist(err) {
@@ -101,20 +103,6 @@ func (c *cluster) assertSandboxGone(t *testing.T, sandbox string) {
 	if m := c.nsMounts(t, dir); len(m) != 0 {
 		t.Errorf("mounts left of the sandbox: %v", m)
 	}
-}
-
-// processesNaming lists the processes whose command line names s.
-func processesNaming(s string) []string {
-	var found []string
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || !strings.Contains(string(b), s) {
-			continue
-		}
-		found = append(found, e.Name()+": "+strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " "))
-	}
-	return found
 }
 
 // kubectlTTY runs kubectl with a terminal on its standard input and output (script(1) gives it one), as a

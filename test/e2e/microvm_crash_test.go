@@ -336,17 +336,4 @@ func killUnderLoad(t *testing.T, d *daemon, vols crustv1.VolumeServiceClient, as
 
 // sandboxProcesses lists the live processes whose command line names a file under dir (QEMU names its
 // sockets there).
-func sandboxProcesses(dir string) []string {
-	var found []string
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil || !strings.Contains(string(b), dir+"/") {
-			continue
-		}
-		if pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p))); harness.ProcessAlive(pid) && pid != os.Getpid() {
-			found = append(found, strings.ReplaceAll(string(b), "\x00", " "))
-		}
-	}
-	return found
-}
+func sandboxProcesses(dir string) []string { return harness.ProcessesNaming(dir + "/") }

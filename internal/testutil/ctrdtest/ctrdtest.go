@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -144,22 +143,9 @@ func (c *Containerd) LogTail() string {
 	return string(b)
 }
 
-// Processes answers the pids of the live processes (QEMU, virtiofsd) whose command line names the
-// shim's state directory.
-func (c *Containerd) Processes() []string {
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	var pids []string
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err == nil && bytes.Contains(b, []byte(c.StateDir+"/")) {
-			pid := filepath.Base(filepath.Dir(p))
-			if n, err := strconv.Atoi(pid); err == nil && harness.ProcessAlive(n) {
-				pids = append(pids, pid)
-			}
-		}
-	}
-	return pids
-}
+// Processes lists the live processes (QEMU, virtiofsd) whose command line names the shim's state
+// directory, as harness.ProcessesNaming does.
+func (c *Containerd) Processes() []string { return harness.ProcessesNaming(c.StateDir + "/") }
 
 // MountsAt counts the mounts at or below dir.
 func MountsAt(t testing.TB, dir string) int {

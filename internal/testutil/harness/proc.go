@@ -558,6 +558,23 @@ func (m *MicroVM) ExitCode() int {
 // Exited is closed when the run process has exited.
 func (m *MicroVM) Exited() <-chan struct{} { return m.exited }
 
+// ProcessesNaming lists the live processes but this one whose command line contains s, each as its pid,
+// a colon and its command line.
+func ProcessesNaming(s string) []string {
+	var found []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), s) {
+			continue
+		}
+		if pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p))); ProcessAlive(pid) && pid != os.Getpid() {
+			found = append(found, fmt.Sprintf("%d: %s", pid, strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " ")))
+		}
+	}
+	return found
+}
+
 // ProcessAlive reports whether pid is a process that has not exited (a zombie has).
 func ProcessAlive(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
