@@ -15,8 +15,9 @@ OUT     := $(CURDIR)/_output
 BUF     := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/buf/go.mod buf
 LINT    := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/lint/go.mod golangci-lint
 PROMTOOL := GOWORK=off GOFLAGS="$(GOFLAGS) -tags=remove_all_sd" $(GO) tool -modfile=$(CURDIR)/tools/promtool/go.mod promtool
-# The Go modules, tied by go.work: crust, the two reference implementations, and the tests.
-MODULES := . examples/lvm-csi examples/microvm test
+# The Go modules, tied by go.work: the API module integrators import, crust, the two reference
+# implementations, and the tests.
+MODULES := api . examples/lvm-csi examples/microvm test
 # Every package of every module, as go.work lets one command name them from the root.
 ALLPKGS := ./... $(patsubst %,./%/...,$(filter-out .,$(MODULES)))
 # -vet=off: make lint's govet runs every analyzer go test's vet step does, and CI runs it. With an empty
@@ -26,12 +27,12 @@ GOTEST  ?= $(GO) test -count=1 -timeout 40m -vet=off
 GUEST   := $(OUT)/guest
 # The one version of crust: the file VERSION, which deploy/'s image tags and the chart name (a test,
 # hack/release, holds them and this Makefile to it); vX.Y.Z for a release, vX.Y.Z-dev between releases.
-# The binaries are stamped with it into pkg/version (an unstamped build says "devel" and its VCS
+# The binaries are stamped with it into api/version (an unstamped build says "devel" and its VCS
 # revision), a -dev version with the commit after a "+" (v0.2.0-dev+a8400b2, "-dirty" with changes), so
 # that two builds between releases tell apart. Override with `make build VERSION=v0.2.0`.
 VERSION ?= $(strip $(file <$(CURDIR)/VERSION))
 BUILD_VERSION ?= $(if $(findstring -dev,$(VERSION)),$(VERSION)+$(shell git describe --always --dirty 2>/dev/null || echo unknown),$(VERSION))
-GOLDFLAGS := -X crust.dev/crust/pkg/version.version=$(BUILD_VERSION)
+GOLDFLAGS := -X crust.dev/crust/api/version.version=$(BUILD_VERSION)
 # The VM tests find the guest kernel and initramfs here.
 export CRUST_GUEST_ASSETS := $(GUEST)
 # Debian packages the tests and the demo use (installed only when missing); the second line is the
@@ -121,12 +122,17 @@ generate: ## Regenerate the Go code from proto/ (buf, pinned local plugins)
 # check-generated generates into a temporary directory: checking never rewrites the tree it checks.
 .PHONY: check-generated
 check-generated: ## Fail when the committed generated code differs from a fresh generation; changes nothing
-	@BUF='$(BUF)' hack/check-generated.sh pkg/api examples/microvm/agentproto/agentv1
+	@BUF='$(BUF)' hack/check-generated.sh api/crust examples/microvm/agentproto/agentv1
+
+# The API as the previous release shipped it (api/releases/VERSION.binpb: its buf image), which make lint holds the
+# API to with buf breaking; a release adds its own there.
+API_PREVIOUS := v0.1.0
 
 .PHONY: lint
-lint: ## buf lint and format, and golangci-lint of every module (its govet runs every analyzer go vet runs)
+lint: ## buf lint, format and breaking (against the previous release), and golangci-lint of every module (its govet runs every analyzer go vet runs)
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
+	$(BUF) breaking api/proto --against api/releases/$(API_PREVIOUS).binpb
 	@set -e; for m in $(MODULES); do echo "== lint $$m"; (cd $$m && $(LINT) run ./...); done
 	@echo "== lint deploy/helm"; cd deploy/helm && GOWORK=off $(LINT) run ./...
 

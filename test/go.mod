@@ -10,7 +10,6 @@ require (
 	crust.dev/crust/examples/lvm-csi v0.0.0
 	crust.dev/crust/examples/microvm v0.0.0
 	github.com/container-storage-interface/spec v1.13.0
-	github.com/google/go-containerregistry v0.22.1
 	github.com/moby/sys/mountinfo v0.7.2
 	github.com/spf13/pflag v1.0.10
 	golang.org/x/sys v0.49.0
@@ -25,7 +24,10 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
+require github.com/google/go-containerregistry v0.22.1 // indirect
+
 require (
+	crust.dev/crust/api v0.0.0
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cavaliergopher/cpio v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
@@ -105,3 +107,5 @@ replace (
 	crust.dev/crust/examples/lvm-csi => ../examples/lvm-csi
 	crust.dev/crust/examples/microvm => ../examples/microvm
 )
+
+replace crust.dev/crust/api => ../api

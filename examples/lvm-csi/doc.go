@@ -1,6 +1,6 @@
 // Package csidriver is crust's reference CSI driver: local LVM logical volumes in one volume group, with
 // the Identity, Controller and Node services on one unix socket, and crust's deferral through
-// crust.dev/crust/pkg/client. It shows a driver author what taking part in crust costs (a few calls in
+// crust.dev/crust/api/client. It shows a driver author what taking part in crust costs (a few calls in
 // the node service), runs under crust's test tiers and csi-sanity, and ships as the image that
 // deploy/examples deploys (crust/crust-lvm-csi). It is a Go module of its own, so that its dependencies
 // (go-fuse, for the extent map) stay out of crust's.
@@ -25,7 +25,7 @@
 //     test machines, do not grant.
 //   - Deferral: when Config.CrustSocket is set and the volume context (the StorageClass parameters) says
 //     crust.dev/defer: "true", NodeStageVolume of a mount volume does nothing on the host and
-//     NodePublishVolume deposits the descriptor of /dev/<vg>/<lv> with crustd (pkg/client, with
+//     NodePublishVolume deposits the descriptor of /dev/<vg>/<lv> with crustd (api/client, with
 //     CreateFilesystem) instead of mounting; NodeUnpublishVolume, NodeGetVolumeStats and NodeExpandVolume
 //     of a target crustd holds go to crustd (those requests carry no volume context, so the driver asks
 //     crustd whether it holds the path; while crustd cannot be reached they fail with Unavailable, and

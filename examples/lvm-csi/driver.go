@@ -18,11 +18,11 @@ import (
 	mount "k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
+	"crust.dev/crust/api/client"
+	"crust.dev/crust/api/unixsocket"
+	"crust.dev/crust/api/volume"
 	"crust.dev/crust/examples/lvm-csi/internal/lvm"
-	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/pkg/command"
-	"crust.dev/crust/pkg/unixsocket"
-	"crust.dev/crust/pkg/volume"
 )
 
 // DefaultName is the plugin name when Config.Name is empty.

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/pkg/volume"
+	"crust.dev/crust/api/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/moby/sys/mountinfo"
@@ -22,13 +22,13 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"crust.dev/crust/api/client"
+	crustv1 "crust.dev/crust/api/crust/v1"
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/daemon"
 	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/internal/testutil/sandbox"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
 )
 
 // csiClients are the three services over the driver's socket.

@@ -17,6 +17,7 @@ require (
 )
 
 require (
+	crust.dev/crust/api v0.0.0
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/fsnotify/fsnotify v1.10.1 // indirect
@@ -55,3 +56,5 @@ require (
 )
 
 replace crust.dev/crust => ../..
+
+replace crust.dev/crust/api => ../../api

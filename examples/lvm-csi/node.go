@@ -11,7 +11,7 @@ import (
 	"slices"
 	"strconv"
 
-	"crust.dev/crust/pkg/volume"
+	"crust.dev/crust/api/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	mount "k8s.io/mount-utils"
 
-	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/api/client"
 	"crust.dev/crust/pkg/fsgroup"
 )
 

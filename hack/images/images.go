@@ -172,7 +172,7 @@ type builder struct {
 	modRoot string // the crust module's directory, where go build runs
 	k8sBin  string // directory with the prebuilt sidecar binaries
 	work    string // scratch directory for the Go builds
-	version string // stamped into pkg/version; "" leaves it unstamped
+	version string // stamped into api/version; "" leaves it unstamped
 	arch    string // the GOARCH the image is for: its Go programs are built for it
 	// sysroots, by GOARCH, are where an image of another architecture than this machine's takes its
 	// host tools from.
@@ -303,7 +303,7 @@ func (b *builder) goBinaries(t *fsTree, dir string, pkgs ...string) error {
 	}
 	ldflags := "-s -w"
 	if b.version != "" {
-		ldflags += " -X crust.dev/crust/pkg/version.version=" + b.version
+		ldflags += " -X crust.dev/crust/api/version.version=" + b.version
 	}
 	args := append([]string{"build", "-trimpath", "-ldflags", ldflags, "-o", out + "/"}, pkgs...)
 	cmd := exec.Command("go", args...)

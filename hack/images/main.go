@@ -57,7 +57,7 @@ func main() {
 	out := flag.String("out", "_output/images", "directory to write the archives and images.txt to")
 	repo := flag.String("repo", "localhost/crust", "repository prefix of crust's own images")
 	tag := flag.String("tag", "dev", "tag of crust's own images")
-	version := flag.String("version", "", `version stamped into crust's binaries (pkg/version); "" leaves them "devel" with their VCS revision`)
+	version := flag.String("version", "", `version stamped into crust's binaries (api/version); "" leaves them "devel" with their VCS revision`)
 	k8sBin := flag.String("k8s-bin", "_output/k8s/bin", "directory with the csi-provisioner and csi-resizer binaries")
 	sysroots := flag.String("sysroot", "", `comma-separated ARCH=DIR: the root filesystem (Debian packages of ARCH unpacked, hack/images/sysroot.sh) that host tools of images for ARCH, not this machine's, come from`)
 	platforms := flag.String("platforms", "", `comma-separated platforms, such as linux/amd64,linux/arm64, to build each image for, into one OCI image index archive OUT/SHORT-TAG.oci.tar; "" writes a linux/amd64 docker archive OUT/SHORT.tar`)

@@ -32,9 +32,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"crust.dev/crust/pkg/errdefs"
-	"crust.dev/crust/pkg/kata"
-	"crust.dev/crust/pkg/version"
+	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/api/kata"
+	"crust.dev/crust/api/version"
 )
 
 // DefaultEndpoint is containerd's CRI socket.

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/api/kata/katatest"
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/critest"
-	"crust.dev/crust/internal/testutil/katatest"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 func newFinder(t *testing.T, endpoint string, dirs ...string) *Finder {

@@ -16,9 +16,9 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/crustd"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
 )
 
 // child is a proxy process (this test binary, see TestMain).
@@ -41,7 +41,7 @@ func (e *env) startChild(at crashPoint, pods map[string]Pod) *child {
 		e.t.Fatalf("child proxy did not serve: %v\n%s", err, c.out)
 	}
 	var err error
-	if c.cc, err = client.Dial(e.proxySock); err != nil {
+	if c.cc, err = crustd.Dial(e.proxySock); err != nil {
 		e.t.Fatal(err)
 	}
 	return c

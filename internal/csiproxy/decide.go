@@ -8,11 +8,11 @@ import (
 	"strings"
 	"time"
 
-	"crust.dev/crust/pkg/volume"
+	"crust.dev/crust/api/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
-	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/api/client"
 )
 
 // Volume context keys the proxy reads.

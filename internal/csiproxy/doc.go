@@ -30,7 +30,7 @@
 //
 // NodeStageVolume is deferrable when its capability is a mount (not block) capability and the volume
 // asks for deferral: its volume context holds crust.dev/defer with a true value (strconv.ParseBool, as
-// pkg/client's Deferred), or, when the context lacks the key (a static PersistentVolume, or one
+// api/client's Deferred), or, when the context lacks the key (a static PersistentVolume, or one
 // provisioned before the controller proxy), the StorageClass of its PersistentVolume does, as an informer
 // cache of PersistentVolumes (by driver and volume handle) and StorageClasses says. The proxy then asks the driver for a raw
 // block stage (the capability rewritten to Block, same access mode) and records the staging path.
@@ -54,7 +54,7 @@
 // only <kubelet>/pods sees it; under the state directory for a target of another shape); the proxy finds
 // the device behind it (the bind-mounted node's rdev, named /dev/block/MAJ:MIN, or /dev/<DEVNAME> from
 // /sys/dev/block/MAJ:MIN/uevent, or the private node itself), creates kubelet's target path as an empty
-// directory and deposits the descriptor through crustd's StageVolume (built by pkg/client's StageRequest):
+// directory and deposits the descriptor through crustd's StageVolume (built by api/client's StageRequest):
 // the target path, the device, fs type from the original capability (ext4 when empty), its mount flags,
 // read-only (the request's readonly, a "ro" flag or a reader-only access mode), fsGroup from
 // volume_mount_group with the pod's fsGroupChangePolicy, the pod's info as metadata, the driver's name, create_filesystem=true. NodeUnpublishVolume

@@ -18,11 +18,11 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/crustd"
 	"crust.dev/crust/internal/daemon"
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
 )
 
 // env is a node for integration tests: a throw-away volume group, the reference LVM driver (deferral
@@ -68,7 +68,7 @@ func newEnv(t testing.TB) *env {
 	}
 	e.startDriver(1 << 30)
 	e.startCrustd()
-	if e.driverConn, err = client.Dial(e.driverSock); err != nil {
+	if e.driverConn, err = crustd.Dial(e.driverSock); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.driverConn.Close() })
@@ -182,7 +182,7 @@ func (e *env) startCrustd() {
 			e.t.Errorf("crustd: %v", err)
 		}
 	})
-	cc, err := client.Dial(e.crustSock)
+	cc, err := crustd.Dial(e.crustSock)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 
-	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/api/client"
 )
 
 // Reasons of the Events the proxy records on a pod, so that `kubectl describe pod` says what became of

@@ -24,9 +24,9 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/internal/testutil/sandbox"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 func xfsCap(group string) *csi.VolumeCapability {

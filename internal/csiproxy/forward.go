@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	gproto "google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/pkg/errdefs"
+	"crust.dev/crust/api/errdefs"
 )
 
 // frame is one gRPC message forwarded without decoding.

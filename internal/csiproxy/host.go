@@ -11,9 +11,9 @@ import (
 	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
-	"crust.dev/crust/pkg/errdefs"
+	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/api/volume"
 	"crust.dev/crust/pkg/fsgroup"
-	"crust.dev/crust/pkg/volume"
 )
 
 // hostMount formats rec.Device when it holds no filesystem and mounts it on the target path, unless the

@@ -1,9 +1,9 @@
 package csiproxy
 
 import (
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
-	"crust.dev/crust/pkg/volume"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/api/volume"
 )
 
 // checkIOLimits reads and checks the I/O limit keys of a volume context or StorageClass parameters as

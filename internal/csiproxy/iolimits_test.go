@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/pkg/volume"
+	"crust.dev/crust/api/client"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/volume"
 )
 
 // With --controller, a class's I/O limits never reach the driver's parameters and come back in the
@@ -139,7 +139,7 @@ func TestNodeIOLimits(t *testing.T) {
 	if want := (&crustv1.IOLimits{ReadIops: 100, TotalBytesPerSecond: 10 << 20}); err != nil || !proto.Equal(got.GetVolume().GetSpec().GetIoLimits(), want) {
 		t.Fatalf("descriptor %v, %v; want io_limits %v", got, err, want)
 	}
-	// One builder: the driver's own call to pkg/client with the same request deposits the same descriptor,
+	// One builder: the driver's own call to api/client with the same request deposits the same descriptor,
 	// so crustd takes it as a repeat (another descriptor would be ALREADY_EXISTS) and keeps what it holds.
 	direct, err := client.New(e.crustSock)
 	if err != nil {
@@ -148,7 +148,7 @@ func TestNodeIOLimits(t *testing.T) {
 	defer func() { _ = direct.Close() }()
 	if _, err := direct.Publish(ctx, pub, got.GetVolume().GetSpec().GetVolumeBackingPath(), client.CreateFilesystem(),
 		client.DriverName(e.driverName)); err != nil {
-		t.Fatalf("the same publish through pkg/client: %v", err)
+		t.Fatalf("the same publish through api/client: %v", err)
 	}
 	again, err := e.crust.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: target})
 	if err != nil || !proto.Equal(again.GetVolume().GetSpec(), got.GetVolume().GetSpec()) {

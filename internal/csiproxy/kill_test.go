@@ -20,10 +20,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/recordfile"
 	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/internal/testutil/sandbox"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // The calls a kill may interrupt, and the sandbox's steps between them.

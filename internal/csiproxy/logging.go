@@ -6,8 +6,8 @@ import (
 
 	"google.golang.org/grpc"
 
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/pkg/command"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // callLog is the proxy's call log (command.CallLog): kubelet's routine CSI calls at debug level, and the

@@ -11,8 +11,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"crust.dev/crust/api/crustd"
 	"crust.dev/crust/internal/testutil/harness"
-	"crust.dev/crust/pkg/client"
 )
 
 // --http-addr serves /healthz, /readyz and /metrics, where every call through the proxy is counted by
@@ -36,7 +36,7 @@ func TestMetricsEndpoint(t *testing.T) {
 			t.Errorf("run: %v", err)
 		}
 	})
-	cc, err := client.Dial(cfg.CSIAddress)
+	cc, err := crustd.Dial(cfg.CSIAddress)
 	if err != nil {
 		t.Fatal(err)
 	}

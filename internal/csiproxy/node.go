@@ -15,11 +15,11 @@ import (
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/pkg/errdefs"
+	"crust.dev/crust/api/client"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/api/volume"
 	"crust.dev/crust/pkg/fsgroup"
-	"crust.dev/crust/pkg/volume"
 )
 
 // undoTimeout bounds the undo of a publish that failed with a final code.
@@ -269,7 +269,7 @@ func fsType(c *csi.VolumeCapability) string {
 }
 
 // publish runs every step of a deferred or host-mounted publish; each is idempotent, so a retry after a
-// crash runs them all again. A deferred volume's descriptor is built by pkg/client from r with volCtx, the
+// crash runs them all again. A deferred volume's descriptor is built by api/client from r with volCtx, the
 // volume context with the StorageClass's crust keys (see volumeContext), as its volume context.
 func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, rec *Record, volCtx map[string]string) (*csi.NodePublishVolumeResponse, error) {
 	target := r.GetTargetPath()

@@ -10,8 +10,9 @@ import (
 	"sync"
 	"testing"
 
+	"crust.dev/crust/api/crustd"
+	"crust.dev/crust/api/volume"
 	"crust.dev/crust/internal/testutil"
-	"crust.dev/crust/pkg/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -21,8 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/pkg/client"
-	"crust.dev/crust/pkg/unixsocket"
+	"crust.dev/crust/api/unixsocket"
 )
 
 // stubDriver answers the proxy's pass-through calls with scripted replies and records what it saw. It is
@@ -135,7 +135,7 @@ func runProxy(t testing.TB, cfg Config, log *slog.Logger, deps Deps) (*Proxy, *g
 	}
 	s := p.NewServer()
 	go func() { _ = s.Serve(l) }()
-	cc, err := client.Dial(cfg.CSIAddress)
+	cc, err := crustd.Dial(cfg.CSIAddress)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"crust.dev/crust/pkg/version"
+	"crust.dev/crust/api/version"
 )
 
 // informerPods is a PodSource and a ClassSource backed by informers: pods bound to one node (field

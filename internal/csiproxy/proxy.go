@@ -18,13 +18,14 @@ import (
 	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
+	"crust.dev/crust/api/client"
+	"crust.dev/crust/api/crustd"
+	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/api/unixsocket"
 	"crust.dev/crust/internal/keylock"
 	"crust.dev/crust/internal/metrics"
 	"crust.dev/crust/internal/recordfile"
-	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/pkg/command"
-	"crust.dev/crust/pkg/errdefs"
-	"crust.dev/crust/pkg/unixsocket"
 )
 
 // Config is crust-csi-proxy's configuration; the flags of NewCommand fill it.
@@ -69,7 +70,7 @@ const DefaultStateDir = "/var/lib/kubelet/plugins/crust.dev/csi-proxy"
 // Defaults returns the defaults of the flags.
 func Defaults() Config {
 	return Config{
-		CrustSocket: client.DefaultSocket,
+		CrustSocket: crustd.DefaultSocket,
 		StateDir:    DefaultStateDir,
 		PodWait:     2 * time.Second,
 		LockWait:    5 * time.Second,
@@ -130,7 +131,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) (*Proxy, 
 	if cfg.Controller {
 		p := &Proxy{cfg: cfg, log: log, codec: newRawCodec(), metrics: metrics.New()}
 		var err error
-		if p.driver, err = client.DialUnix(cfg.DriverAddress, deps.DialOptions...); err != nil {
+		if p.driver, err = unixsocket.Dial(cfg.DriverAddress, nil, deps.DialOptions...); err != nil {
 			return nil, fmt.Errorf("--driver-address: %w", err)
 		}
 		p.ident = csi.NewIdentityClient(p.driver)
@@ -183,7 +184,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) (*Proxy, 
 			return nil, err
 		}
 	}
-	if p.driver, err = client.DialUnix(cfg.DriverAddress, deps.DialOptions...); err != nil {
+	if p.driver, err = unixsocket.Dial(cfg.DriverAddress, nil, deps.DialOptions...); err != nil {
 		return nil, fmt.Errorf("--driver-address: %w", err)
 	}
 	if p.crust, err = client.New(cfg.CrustSocket, client.WithDialOptions(deps.DialOptions...)); err != nil {

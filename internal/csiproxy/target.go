@@ -7,8 +7,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"crust.dev/crust/pkg/errdefs"
-	"crust.dev/crust/pkg/safedir"
+	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/api/safedir"
 )
 
 // A deferred volume's target is an empty directory on the node that only the runtime's claim gives a
@@ -17,7 +17,7 @@ import (
 // there at unpublish. Those empty directories are kubelet's and may go with the target. Anything else in
 // it (a file, a link, a device, a mount) was written on the node's disk by someone who took the target for
 // the volume, a runtime that did not claim it: that is data, and the proxy neither removes it nor hides it
-// by unpublishing. pkg/safedir has no removal of an empty directory alone (its RemoveAll removes files
+// by unpublishing. api/safedir has no removal of an empty directory alone (its RemoveAll removes files
 // too), so the walk below works on file descriptors itself, as safedir does: never through a link.
 
 // checkTarget answers FailedPrecondition, naming the entry and what it is, when the target directory at

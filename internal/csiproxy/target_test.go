@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
 )
 
 // mkdirs makes each of dirs (relative paths) under root.

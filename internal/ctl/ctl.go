@@ -17,16 +17,16 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"crust.dev/crust/pkg/volume"
+	"crust.dev/crust/api/crustd"
+	"crust.dev/crust/api/volume"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/cli/directvolume"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/pkg/command"
 )
 
@@ -84,7 +84,7 @@ func NewCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	pf := root.PersistentFlags()
-	command.AddSocketFlag(pf, &g.socket, client.DefaultSocket, "crustd's socket", "socket")
+	command.AddSocketFlag(pf, &g.socket, crustd.DefaultSocket, "crustd's socket", "socket")
 	pf.StringVarP(&g.output, "output", "o", "", "output format: table, wide (a table with more columns, such as a volume's mode and Kata caveats), json or yaml")
 	pf.DurationVar(&g.timeout, "timeout", 30*time.Second, "how long a call may take")
 	root.AddCommand(
@@ -102,7 +102,7 @@ func NewCommand() *cobra.Command {
 
 // call dials crustd and runs fn with a context bounded by --timeout.
 func (g *globals) call(cmd *cobra.Command, fn func(ctx context.Context, conn *grpc.ClientConn) error) error {
-	conn, err := client.Dial(g.socket)
+	conn, err := crustd.Dial(g.socket)
 	if err != nil {
 		return err
 	}
@@ -320,7 +320,7 @@ func (g *globals) watchCmd() *cobra.Command {
 				return err
 			}
 			header := false
-			conn, err := client.Dial(g.socket)
+			conn, err := crustd.Dial(g.socket)
 			if err != nil {
 				return err
 			}

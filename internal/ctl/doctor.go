@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	crustv1 "crust.dev/crust/api/crust/v1"
 )
 
 // errProblemsFound makes doctor exit 3 after printing what it found.

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/yaml"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	crustv1 "crust.dev/crust/api/crust/v1"
 )
 
 // NodeAnswer is what the crustd of one node answered to a crustctl command, as kubectl crust gathers

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	crustv1 "crust.dev/crust/api/crust/v1"
 )
 
 func TestPrintEvent(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
-	"crust.dev/crust/internal/dirwatch"
+	"crust.dev/crust/api/dirwatch"
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/metrics"
 )

@@ -10,11 +10,11 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"crust.dev/crust/api/client"
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/daemon"
 	"crust.dev/crust/internal/testutil/crustdtest"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
 )
 
 // A pod's directory removed while crustd holds a descriptor for it (the pod deleted without an

@@ -17,6 +17,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	katafmt "crust.dev/crust/api/kata"
+	"crust.dev/crust/api/unixsocket"
 	"crust.dev/crust/internal/crisandbox"
 	"crust.dev/crust/internal/forward"
 	"crust.dev/crust/internal/handlerwatch"
@@ -29,8 +31,6 @@ import (
 	"crust.dev/crust/internal/store"
 	"crust.dev/crust/internal/validate"
 	"crust.dev/crust/pkg/command"
-	katafmt "crust.dev/crust/pkg/kata"
-	"crust.dev/crust/pkg/unixsocket"
 )
 
 // Config is crustd's configuration; the flags of NewCommand fill it.

@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/api/client"
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/daemon"
 	"crust.dev/crust/internal/testutil/crustdtest"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
 )
 
 // previousRelease is the last commit whose crustd wrote (and read) store record version 1 alone, the

@@ -2,18 +2,18 @@
 // daemons on one state directory would overwrite each other's records; the second must stop at once,
 // naming the first.
 //
-// What it promises: Acquire takes the lock of pkg/safedir (Dir.Lock: an exclusive, non-blocking flock(2))
+// What it promises: Acquire takes the lock of api/safedir (Dir.Lock: an exclusive, non-blocking flock(2))
 // on <dir>/lock, a regular file it opens relative to dir without following a symbolic link, and writes
 // the holder's pid and name into it. The lock is the kernel's: it goes with the holder's process, however
 // that ends, so a crash never leaves a stale lock. A second Acquire, from any process, fails at once with
-// ErrHeld and the holder's pid and name. (The lock itself is in pkg/safedir because runtime handlers,
+// ErrHeld and the holder's pid and name. (The lock itself is in api/safedir because runtime handlers,
 // which must not import crust's internal packages, lock their state directories the same way.)
 package dirlock
 
 import (
 	"fmt"
 
-	"crust.dev/crust/pkg/safedir"
+	"crust.dev/crust/api/safedir"
 )
 
 // ErrHeld is wrapped by Acquire's error when another holder has the directory.

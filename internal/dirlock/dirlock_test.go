@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"crust.dev/crust/internal/testutil/safedirtest"
+	"crust.dev/crust/api/safedir/safedirtest"
 )
 
 func TestAcquire(t *testing.T) {

@@ -8,10 +8,10 @@ import (
 	"net/http"
 	"strings"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
+	katafmt "crust.dev/crust/api/kata"
 	"crust.dev/crust/internal/kata"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
-	katafmt "crust.dev/crust/pkg/kata"
 )
 
 // kataStats asks the Kata shim of v's sandbox for the stats of v's device.

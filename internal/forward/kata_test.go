@@ -11,11 +11,11 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/api/kata"
+	"crust.dev/crust/api/kata/katatest"
 	kataproj "crust.dev/crust/internal/kata"
-	"crust.dev/crust/internal/testutil/katatest"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
-	"crust.dev/crust/pkg/kata"
 )
 
 // kataVolume is a volume whose claim was read from a Kata sandbox-id file, as the manager makes it.

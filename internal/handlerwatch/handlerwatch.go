@@ -19,7 +19,7 @@
 //
 // Each release is logged, counted in crust_handler_claims_released_total{why} and sent to watchers as
 // EVENT_TYPE_RELEASED with RELEASE_REASON_HANDLER_GONE and a detail saying why. A handler that is in fact
-// alive claims again (handler.Client.KeepClaims in pkg/handler does that).
+// alive claims again (handler.Client.KeepClaims in api/handler does that).
 package handlerwatch
 
 import (
@@ -32,9 +32,9 @@ import (
 	"syscall"
 	"time"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/procid"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // Why a claim was ended, the label of the metric.

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/api/kata/katatest"
 	"crust.dev/crust/internal/crisandbox"
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/critest"
-	"crust.dev/crust/internal/testutil/katatest"
 )
 
 // TestProbe takes only a refusal for a dead endpoint: a missing socket, a socket file nobody listens on

@@ -16,8 +16,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
 )
 
 // Size returns the size in bytes of the device at resolvedPath as the host sees it now (of the file, for

@@ -5,8 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/testutil"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 func TestRefreshSeesAGrownLoopDevice(t *testing.T) {

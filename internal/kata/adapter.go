@@ -9,9 +9,9 @@ import (
 	"slices"
 	"sync"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/internal/problems"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // Core is what the Adapter needs of crustd's core (manager.Manager has these methods).

@@ -3,7 +3,7 @@ package kata
 import (
 	"google.golang.org/protobuf/proto"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	crustv1 "crust.dev/crust/api/crust/v1"
 )
 
 // PmemCaveat and PmemFileCaveat are what an unmodified Kata runtime does with a persistent-memory

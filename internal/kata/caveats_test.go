@@ -4,7 +4,7 @@ import (
 	"slices"
 	"testing"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	crustv1 "crust.dev/crust/api/crust/v1"
 )
 
 // TestKataCaveatOfAFile: a file-backed pmem volume (its device number carries an inode) has the caveat that

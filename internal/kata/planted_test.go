@@ -6,9 +6,9 @@ import (
 	"path/filepath"
 	"testing"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
-	katafmt "crust.dev/crust/pkg/kata"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
+	katafmt "crust.dev/crust/api/kata"
 )
 
 // TestPlantedLinkIsFailedPrecondition: a link planted at a volume directory's place is a failed

@@ -33,7 +33,7 @@
 // Why "directvol": Kata's Go runtime does not read volume-type at all, while runtime-rs takes a block
 // device or a raw image file only with volume-type "directvol" and refuses any other value for them.
 //
-// Writes are atomic (see crust.dev/crust/pkg/kata): a reader finds either the old mountInfo.json or the
+// Writes are atomic (see crust.dev/crust/api/kata): a reader finds either the old mountInfo.json or the
 // new one, never a part. They are not fsynced, since the store is the commit point and Sync rebuilds the
 // projection from it at every start (after a reboot, every volume directory of a dropped record is
 // removed); removals are durable, so that a volume unstaged before a crash does not come back.
@@ -50,10 +50,10 @@ import (
 
 	"github.com/sourcegraph/conc/iter"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
-	katafmt "crust.dev/crust/pkg/kata"
-	"crust.dev/crust/pkg/safedir"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
+	katafmt "crust.dev/crust/api/kata"
+	"crust.dev/crust/api/safedir"
 )
 
 // Projection writes descriptors into one Kata direct-volume directory. A disabled Projection (from New

@@ -14,10 +14,10 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/internal/testutil/katatest"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
-	katafmt "crust.dev/crust/pkg/kata"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
+	katafmt "crust.dev/crust/api/kata"
+	"crust.dev/crust/api/kata/katatest"
 )
 
 const target = "/var/lib/kubelet/pods/uid/volumes/kubernetes.io~csi/pv/mount"
@@ -129,7 +129,7 @@ func TestMountInfoMapping(t *testing.T) {
 	}
 }
 
-// TestWriteIsWhatKataAddWrites: the projection of a descriptor is the directory pkg/kata.Add lays down
+// TestWriteIsWhatKataAddWrites: the projection of a descriptor is the directory api/kata.Add lays down
 // for the equivalent mount info, file for file and mode for mode.
 func TestWriteIsWhatKataAddWrites(t *testing.T) {
 	v := volume(func(s *crustv1.VolumeSpec) {

@@ -8,10 +8,10 @@ import (
 	"strconv"
 	"strings"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
+	katafmt "crust.dev/crust/api/kata"
 	"crust.dev/crust/internal/problems"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
-	katafmt "crust.dev/crust/pkg/kata"
 )
 
 // What the Adapter sets aside instead of failing for (each logged at Warn when first seen and listed by

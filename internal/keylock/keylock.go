@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"crust.dev/crust/pkg/errdefs"
+	"crust.dev/crust/api/errdefs"
 )
 
 // Locker hands out per-key locks. The zero value is not usable; call New.

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/internal/testutil/harness"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 func TestSerialisesOneKey(t *testing.T) {

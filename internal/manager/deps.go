@@ -3,7 +3,7 @@ package manager
 import (
 	"context"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	crustv1 "crust.dev/crust/api/crust/v1"
 )
 
 // What the manager depends on. Each is an interface the daemon's wiring fills (internal/daemon): the

@@ -12,14 +12,14 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
+	katafmt "crust.dev/crust/api/kata"
+	"crust.dev/crust/api/kata/katatest"
 	"crust.dev/crust/internal/crisandbox"
 	"crust.dev/crust/internal/forward"
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/critest"
-	"crust.dev/crust/internal/testutil/katatest"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
-	katafmt "crust.dev/crust/pkg/kata"
 )
 
 // kataNode is an env whose manager finds Kata sandboxes through a real CRI gRPC server (critest, on a

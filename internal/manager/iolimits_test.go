@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
 )
 
 // Staging a target again with other I/O limits is ALREADY_EXISTS naming io_limits (limits of a volume in

@@ -17,15 +17,15 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
+	katafmt "crust.dev/crust/api/kata"
+	"crust.dev/crust/api/kata/katatest"
 	"crust.dev/crust/internal/hostdev/sysfstree"
 	"crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/store"
 	"crust.dev/crust/internal/testutil"
-	"crust.dev/crust/internal/testutil/katatest"
 	"crust.dev/crust/internal/validate"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
-	katafmt "crust.dev/crust/pkg/kata"
 )
 
 // env is a manager on real parts: store, Kata projection and validator in temp dirs, with block device

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
 )
 
 // Before any sandbox claims a volume, stats answer from the device and expansion grows the host's view

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"os"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/problems"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // What crustd sets aside instead of failing for. One bad entry never stops crustd or breaks an answer

@@ -10,11 +10,11 @@ import (
 	"time"
 	"unicode/utf8"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
+	katafmt "crust.dev/crust/api/kata"
+	"crust.dev/crust/api/kata/katatest"
 	"crust.dev/crust/internal/problems"
-	"crust.dev/crust/internal/testutil/katatest"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
-	katafmt "crust.dev/crust/pkg/kata"
 )
 
 // volDir is the Kata volume directory of target.

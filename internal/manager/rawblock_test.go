@@ -8,11 +8,11 @@ import (
 	"slices"
 	"testing"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
+	katafmt "crust.dev/crust/api/kata"
 	"crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/store"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
-	katafmt "crust.dev/crust/pkg/kata"
 )
 
 // rawBlockSpec is e.spec(i, device) as a raw block volume.

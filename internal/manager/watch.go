@@ -3,8 +3,8 @@ package manager
 import (
 	"fmt"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
 )
 
 // DefaultWatchBuffer is how many events a watcher may fall behind before it is cut off. A watcher that is

@@ -29,8 +29,8 @@ import (
 	"google.golang.org/grpc"
 	certutil "k8s.io/client-go/util/cert"
 
+	"crust.dev/crust/api/version"
 	"crust.dev/crust/internal/metrics/guard"
-	"crust.dev/crust/pkg/version"
 )
 
 // Metrics is one registry with crust's collectors. Create it with New.

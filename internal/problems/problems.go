@@ -15,7 +15,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	crustv1 "crust.dev/crust/api/crust/v1"
 )
 
 // Set is a set of problems, by target path ("" for those of no known volume). The zero value is an

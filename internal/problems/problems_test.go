@@ -3,7 +3,7 @@ package problems
 import (
 	"testing"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	crustv1 "crust.dev/crust/api/crust/v1"
 )
 
 // TestPutDropAll: a problem is news once per message; one of a replaced kind goes; Drop forgets by kind;

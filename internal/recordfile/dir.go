@@ -11,9 +11,9 @@ import (
 
 	"github.com/sourcegraph/conc/iter"
 
+	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/api/safedir"
 	"crust.dev/crust/internal/dirlock"
-	"crust.dev/crust/pkg/errdefs"
-	"crust.dev/crust/pkg/safedir"
 )
 
 // corruptTimeFormat is the suffix of a file moved into corrupt/.

@@ -8,8 +8,8 @@ import (
 	"syscall"
 	"testing"
 
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/internal/dirlock"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // Open hands every valid record to the check and acts on its verdicts: kept, dropped (deleted) or moved

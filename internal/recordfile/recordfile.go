@@ -7,7 +7,7 @@
 //   - Dir.Put and Dir.Delete are durable when they return nil, and a crash at any instant leaves each
 //     record wholly old or wholly new, never torn: a record is written to a temporary file in tmp/ (same
 //     filesystem), fsynced, renamed over its name, and the directory is fsynced.
-//   - Every file operation is relative to a directory opened once (pkg/safedir) and never follows a
+//   - Every file operation is relative to a directory opened once (api/safedir) and never follows a
 //     symbolic link.
 //   - Open never fails because of a damaged record: it moves the file into corrupt/, logs and reports it.
 //   - Open fails, before it deletes or moves anything, on a record of a newer format version, so that an
@@ -64,7 +64,7 @@ import (
 	"os"
 	"strings"
 
-	"crust.dev/crust/pkg/safedir"
+	"crust.dev/crust/api/safedir"
 )
 
 // MaxSize bounds a record file; Read refuses to load more.

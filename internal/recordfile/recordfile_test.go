@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"crust.dev/crust/pkg/safedir"
+	"crust.dev/crust/api/safedir"
 )
 
 func TestRoundTripAndRefusals(t *testing.T) {

@@ -7,9 +7,9 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/volume"
 	"crust.dev/crust/internal/manager"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/volume"
 )
 
 // anySpec is a manager.Validator that takes every spec as it is, so that the server's answers can be

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	"crust.dev/crust/pkg/errdefs"
+	"crust.dev/crust/api/errdefs"
 )
 
 // requestCodec is the proto codec, except that a request that does not decode (a string that is not

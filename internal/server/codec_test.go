@@ -9,8 +9,8 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
 )
 
 // A request that does not decode must become INVALID_ARGUMENT naming the field, not gRPC's INTERNAL.

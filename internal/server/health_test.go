@@ -6,7 +6,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	crustv1 "crust.dev/crust/api/crust/v1"
 )
 
 // TestHealthWaitsForSetServing: the health service says NOT_SERVING for the server and each crust service

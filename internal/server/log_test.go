@@ -12,7 +12,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
+	crustv1 "crust.dev/crust/api/crust/v1"
 )
 
 // TestCallLogLevels: a finished call is one "call" line with its target, at debug level for a read or a

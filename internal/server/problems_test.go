@@ -7,11 +7,11 @@ import (
 	"path/filepath"
 	"testing"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/store"
 	"crust.dev/crust/internal/validate"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // TestListProblemsIsBounded: past 1000 problems the answer holds the first 1000 and counts the rest, so

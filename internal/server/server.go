@@ -3,7 +3,7 @@
 // authorised (SO_PEERCRED against an allow-list) and where requests are logged (one interceptor, secrets
 // redacted) and counted.
 //
-// Promises: the socket is created with mode 0600 (by pkg/unixsocket, so it never exists with a wider
+// Promises: the socket is created with mode 0600 (by api/unixsocket, so it never exists with a wider
 // mode); a caller whose uid and gid are both off the allow-list gets PERMISSION_DENIED for every call
 // except health checks; a request that does not decode (a string that is not UTF-8, bytes that are not
 // the message) is answered with INVALID_ARGUMENT naming the field; a panic in a handler is answered with
@@ -21,12 +21,12 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/metrics"
 	"crust.dev/crust/internal/peercred"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/command"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // MaxMessageBytes bounds a request; a descriptor is a few hundred bytes, so this is generous.

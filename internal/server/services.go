@@ -4,16 +4,16 @@ import (
 	"context"
 	"encoding/base64"
 
-	"crust.dev/crust/pkg/volume"
+	"crust.dev/crust/api/volume"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/metrics"
 	"crust.dev/crust/internal/peercred"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // Secret metadata (volume.IsSecretKey, such as encryptionKey) leaves crustd in one answer only: the

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"crust.dev/crust/internal/testutil/safedirtest"
-	"crust.dev/crust/pkg/errdefs"
+	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/api/safedir/safedirtest"
 )
 
 // TestPlantedLinksInTheStateDir: a symbolic link at the place of the state directory or of one of its

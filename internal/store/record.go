@@ -12,8 +12,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/recordfile"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // Record format versions: this code reads every version from oldestRecordVersion to recordVersion, and

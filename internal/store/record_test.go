@@ -8,8 +8,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/recordfile"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // FuzzDecodeRecord checks that the decoder never panics, and that whatever it accepts is a verified

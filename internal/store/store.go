@@ -102,9 +102,9 @@ import (
 	"strings"
 	"sync"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/internal/recordfile"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // Store persists descriptors under one directory. Create it with Open.

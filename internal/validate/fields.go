@@ -10,9 +10,9 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"crust.dev/crust/pkg/volume"
+	"crust.dev/crust/api/volume"
 
-	"crust.dev/crust/pkg/errdefs"
+	"crust.dev/crust/api/errdefs"
 )
 
 // Limits on a spec's fields.

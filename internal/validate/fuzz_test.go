@@ -10,9 +10,9 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
-	"crust.dev/crust/pkg/volume"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/api/volume"
 )
 
 // FuzzSpec throws arbitrary target paths, mount flags (split on ';'), a metadata pair and a supplemental

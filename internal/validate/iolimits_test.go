@@ -7,9 +7,9 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
-	"crust.dev/crust/pkg/volume"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/api/volume"
 )
 
 // TestIOLimits holds the I/O limit cases: through Spec (field named spec.io_limits.*, nothing changed in

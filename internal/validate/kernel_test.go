@@ -13,10 +13,10 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/internal/hostdev"
 	"crust.dev/crust/internal/testutil"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // loopDev is a real loop device, attached to a small image for the whole test binary.

@@ -10,9 +10,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/internal/hostdev/sysfstree"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // TestPmemVolumes: a VOLUME_TYPE_PMEM backing is a persistent-memory block device (by the kernel's kind,

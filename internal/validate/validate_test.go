@@ -12,10 +12,10 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/api/volume"
 	"crust.dev/crust/internal/testutil"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
-	"crust.dev/crust/pkg/volume"
 )
 
 const (

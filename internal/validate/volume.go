@@ -1,6 +1,6 @@
 package validate
 
-import crustv1 "crust.dev/crust/pkg/api/crust/v1"
+import crustv1 "crust.dev/crust/api/crust/v1"
 
 // Volume checks spec as Spec does and returns the descriptor it makes, without its stage time: the
 // normalised spec with the resolved backing path and the device number filled in.

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/pkg/volume"
+	"crust.dev/crust/api/volume"
 )
 
 // CallLog is how every crust server logs its gRPC calls, so that crustd, the CSI proxy and the reference

@@ -23,7 +23,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"crust.dev/crust/pkg/version"
+	"crust.dev/crust/api/version"
 )
 
 // SocketFlag is the one spelling, in every binary, of the flag that names crustd's API socket.
@@ -70,7 +70,7 @@ func (l Logging) Logger(w io.Writer) (*slog.Logger, error) {
 }
 
 // AddSocketFlag registers --crust-socket on fs, storing into p. Its default is $CRUST_SOCKET when that
-// is set, else def, so that the environment variable works wherever the flag does (pkg/client's
+// is set, else def, so that the environment variable works wherever the flag does (api/client's
 // SocketFromEnv reads the same variable). usage says what the socket is for; the flag's help adds the
 // variable. Each of oldNames is registered as a hidden alias that sets the same value, for command lines
 // written before the flag had one spelling; OldSocketFlag says whether one was used.

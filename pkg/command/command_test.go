@@ -14,9 +14,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/api/crustd"
+	"crust.dev/crust/api/version"
 	"crust.dev/crust/pkg/command"
-	"crust.dev/crust/pkg/version"
 )
 
 func TestLogging(t *testing.T) {
@@ -107,16 +107,16 @@ func TestSocketFlag(t *testing.T) {
 	}
 }
 
-// The flag and pkg/client read the same variable.
+// The flag and api/client read the same variable.
 func TestSocketEnvIsClients(t *testing.T) {
-	if command.SocketEnv != client.SocketEnv {
-		t.Fatalf("command.SocketEnv %q, client.SocketEnv %q", command.SocketEnv, client.SocketEnv)
+	if command.SocketEnv != crustd.SocketEnv {
+		t.Fatalf("command.SocketEnv %q, crustd.SocketEnv %q", command.SocketEnv, crustd.SocketEnv)
 	}
 	t.Setenv(command.SocketEnv, "/agree.sock")
 	var got string
-	command.AddSocketFlag(pflag.NewFlagSet("x", pflag.ContinueOnError), &got, client.DefaultSocket, "s")
-	if got != client.SocketFromEnv() {
-		t.Errorf("flag default %q, client.SocketFromEnv %q", got, client.SocketFromEnv())
+	command.AddSocketFlag(pflag.NewFlagSet("x", pflag.ContinueOnError), &got, crustd.DefaultSocket, "s")
+	if got != crustd.SocketFromEnv() {
+		t.Errorf("flag default %q, crustd.SocketFromEnv %q", got, crustd.SocketFromEnv())
 	}
 }
 

@@ -60,11 +60,11 @@ import (
 
 	"google.golang.org/grpc"
 
+	"crust.dev/crust/api/crustd"
 	"crust.dev/crust/examples/microvm/initramfs"
 	"crust.dev/crust/examples/microvm/vm"
 	"crust.dev/crust/internal/testutil/benchfig"
 	"crust.dev/crust/internal/testutil/harness"
-	"crust.dev/crust/pkg/client"
 )
 
 func TestMain(m *testing.M) {
@@ -264,7 +264,7 @@ func startCrustd(b *testing.B, extra ...string) *daemon {
 	b.Helper()
 	buildBinaries(b)
 	c := harness.StartCrustd(b, build.crustd, append([]string{"--kata-dir", "", "--log-level", "warn"}, extra...)...)
-	conn, err := client.Dial(c.Socket)
+	conn, err := crustd.Dial(c.Socket)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -12,13 +12,13 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 
+	"crust.dev/crust/api/crustd"
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/csiproxy"
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/benchfig"
 	"crust.dev/crust/internal/testutil/harness"
-	"crust.dev/crust/pkg/client"
 )
 
 // BenchmarkPublishToMounted measures time to volume as kubelet starts it: from NodePublishVolume on
@@ -158,7 +158,7 @@ func startProxyNode(b *testing.B, d *daemon, vgSize int64) *proxyNode {
 		driverSock: func(cc *grpc.ClientConn) { n.ctrl, n.driver = csi.NewControllerClient(cc), csi.NewNodeClient(cc) },
 		proxySock:  func(cc *grpc.ClientConn) { n.node = csi.NewNodeClient(cc) },
 	} {
-		cc, err := client.Dial(sock)
+		cc, err := crustd.Dial(sock)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -15,11 +15,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/examples/microvm/initramfs"
 	"crust.dev/crust/internal/testutil/benchfig"
 	"crust.dev/crust/internal/testutil/ctrdtest"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/test/bench/dataload"
 )
 

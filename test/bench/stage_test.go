@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/handler"
 	"crust.dev/crust/examples/microvm/vm"
 	"crust.dev/crust/internal/testutil/benchfig"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // The handler's log messages the benchmark follows (examples/microvm/handler).

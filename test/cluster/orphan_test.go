@@ -18,8 +18,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/crustd"
 )
 
 // A microVM pod's deferred volume outlives its pod's kubelet directory the way it does on real nodes:
@@ -233,7 +233,7 @@ func (c *cluster) crustdLogLine(t *testing.T, msg, what string) string {
 // crustd's pod needs kubelet for exec, and kubelet is down for part of the test.
 func (c *cluster) socketPodVolumes(t *testing.T, uid string) []*crustv1.Volume {
 	t.Helper()
-	cc, err := client.Dial(c.nsPath("/run/crust/crust.sock"))
+	cc, err := crustd.Dial(c.nsPath("/run/crust/crust.sock"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,7 @@ func (c *cluster) socketPodVolumes(t *testing.T, uid string) []*crustv1.Volume {
 // inject` gave crust-csi-proxy, beside the driver's.
 func (c *cluster) nodePlugin(t *testing.T) csi.NodeClient {
 	t.Helper()
-	cc, err := client.Dial(c.nsPath("/var/lib/kubelet/plugins/" + driverName + "/crust-node.sock"))
+	cc, err := crustd.Dial(c.nsPath("/var/lib/kubelet/plugins/" + driverName + "/crust-node.sock"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"crust.dev/crust/internal/testutil/katatest"
-	"crust.dev/crust/pkg/kata"
+	"crust.dev/crust/api/kata"
+	"crust.dev/crust/api/kata/katatest"
 )
 
 // TestRuntimeRsStatsThroughCRI proves stats through crust for a Kata sandbox that never wrote its id

@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"crust.dev/crust/pkg/client"
+	"crust.dev/crust/api/crustd"
 )
 
 // A static PersistentVolume of the deferring class, with no volume attributes (so no crust.dev/defer in
@@ -99,7 +99,7 @@ func (c *cluster) driverController(t *testing.T) csi.ControllerClient {
 	if err := os.Symlink(dir, link); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := client.Dial(filepath.Join(link, "lvm-csi.sock")) // the driver's own, not the injected proxy's
+	conn, err := crustd.Dial(filepath.Join(link, "lvm-csi.sock")) // the driver's own, not the injected proxy's
 	if err != nil {
 		t.Fatal(err)
 	}

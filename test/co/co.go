@@ -17,7 +17,8 @@ import (
 	"sync"
 	"time"
 
-	"crust.dev/crust/pkg/volume"
+	"crust.dev/crust/api/unixsocket"
+	"crust.dev/crust/api/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -25,7 +26,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/pkg/fsgroup"
 )
 
@@ -273,7 +273,7 @@ func (d *Driver) name() string {
 }
 
 func (d *Driver) dial(endpoint string) (*grpc.ClientConn, error) {
-	cc, err := client.DialUnix(endpoint, grpc.WithChainUnaryInterceptor(d.intercept(endpoint)))
+	cc, err := unixsocket.Dial(endpoint, nil, grpc.WithChainUnaryInterceptor(d.intercept(endpoint)))
 	if err != nil {
 		return nil, fmt.Errorf("co: dial %s: %w", endpoint, err)
 	}

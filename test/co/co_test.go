@@ -12,8 +12,8 @@ import (
 	"sync"
 	"testing"
 
+	"crust.dev/crust/api/volume"
 	"crust.dev/crust/internal/testutil"
-	"crust.dev/crust/pkg/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"

@@ -40,13 +40,13 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/crustd"
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/internal/testutil/sandbox"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/test/csisanity/sanityrun"
 )
 
@@ -182,7 +182,7 @@ func runSanity(t *testing.T, mode string) outcome {
 			"--kata-dir", "", "--kubelet-dir", kubelet, "--http-addr", "")
 		proxy = start(t, "crust-csi-proxy", harness.AnswersCSI(proxySock), "--csi-address", proxySock, "--driver-address", driverSock,
 			"--crust-socket", crustSock, "--state-dir", filepath.Join(dir, "proxy"), "--log-level", "debug")
-		cc, err := client.Dial(crustSock)
+		cc, err := crustd.Dial(crustSock)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -309,7 +309,7 @@ type standIn struct {
 
 func serveRuntimeStandIn(t *testing.T, sock, proxySock, crustSock string, crust crustv1.VolumeServiceClient) string {
 	t.Helper()
-	cc, err := client.Dial(proxySock)
+	cc, err := crustd.Dial(proxySock)
 	if err != nil {
 		t.Fatal(err)
 	}

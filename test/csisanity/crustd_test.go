@@ -10,14 +10,14 @@ import (
 	"testing"
 	"time"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/crustd"
 	"crust.dev/crust/internal/daemon"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
 )
 
-// crustd is a real crustd in this process for the deferred run, with a watch that counts what it did.
-type crustd struct {
+// realCrustd is a real crustd in this process for the deferred run, with a watch that counts what it did.
+type realCrustd struct {
 	socket string
 	volume crustv1.VolumeServiceClient
 	mu     sync.Mutex
@@ -26,9 +26,9 @@ type crustd struct {
 
 // startCrustd starts crustd with kubelet as its kubelet root and the loop devices the driver's volumes
 // are allowed, and watches it until the test ends.
-func startCrustd(t *testing.T, dir, kubelet string) *crustd {
+func startCrustd(t *testing.T, dir, kubelet string) *realCrustd {
 	t.Helper()
-	c := &crustd{socket: filepath.Join(dir, "run", "crust.sock"), events: map[crustv1.EventType]int{}}
+	c := &realCrustd{socket: filepath.Join(dir, "run", "crust.sock"), events: map[crustv1.EventType]int{}}
 	if err := os.MkdirAll(kubelet, 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func startCrustd(t *testing.T, dir, kubelet string) *crustd {
 	if err := harness.WaitServing(wctx, c.socket, exited); err != nil {
 		t.Fatalf("crustd not serving: %v", err)
 	}
-	conn, err := client.Dial(c.socket)
+	conn, err := crustd.Dial(c.socket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func startCrustd(t *testing.T, dir, kubelet string) *crustd {
 
 // check fails t unless the run deferred volumes (crustd held descriptors), expanded one before any claim
 // (a recorded requested size), and left no descriptor behind.
-func (c *crustd) check(t *testing.T) {
+func (c *realCrustd) check(t *testing.T) {
 	t.Helper()
 	// Let the watch catch up with the last unstage: every deposit is unstaged by the end of the run (the
 	// list below checks that crustd holds none), so the stream has caught up once it has shown as many

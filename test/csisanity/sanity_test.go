@@ -16,10 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/api/volume"
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/testutil/harness"
-	"crust.dev/crust/pkg/volume"
 
 	"crust.dev/crust/test/csisanity/sanityrun"
 )
@@ -88,7 +88,7 @@ func runSanity(t *testing.T, root, mode string) {
 	}
 	defer func() { _ = logFile.Close() }()
 	access, pathsDir, params := mode, dir, ""
-	var crust *crustd
+	var crust *realCrustd
 	if mode == "deferred" {
 		// Target and staging paths under crustd's kubelet root, as kubelet's are.
 		access, pathsDir, params = "mount", filepath.Join(dir, "kubelet"), filepath.Join(dir, "params.yaml")

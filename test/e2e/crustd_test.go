@@ -24,9 +24,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/kata"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/kata"
 )
 
 // TestLoopDeviceThroughCrustctl stages a real loop device with crustctl over the real socket, sees it in
@@ -477,7 +477,7 @@ func treeOf(t *testing.T, dir string) []string {
 func TestVersionAgrees(t *testing.T) {
 	const stamped = "v9.8.7-e2e"
 	dir := t.TempDir()
-	build := exec.Command("go", "build", "-ldflags", "-X crust.dev/crust/pkg/version.version="+stamped, "-o", dir+"/",
+	build := exec.Command("go", "build", "-ldflags", "-X crust.dev/crust/api/version.version="+stamped, "-o", dir+"/",
 		"crust.dev/crust/cmd/...", "crust.dev/crust/examples/microvm/cmd/...",
 		"crust.dev/crust/examples/lvm-csi/cmd/crust-lvm-csi")
 	if out, err := build.CombinedOutput(); err != nil {

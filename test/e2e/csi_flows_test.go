@@ -15,7 +15,7 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 
-	"crust.dev/crust/pkg/volume"
+	"crust.dev/crust/api/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -23,10 +23,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/test/co"
 )
 

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/handler"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/handler"
 )
 
 // TestDeadHandlerReleased runs crustd with --handler-grace 3s and two runtime handlers served by the test

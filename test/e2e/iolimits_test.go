@@ -9,24 +9,24 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/pkg/volume"
+	"crust.dev/crust/api/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"crust.dev/crust/api/client"
+	crustv1 "crust.dev/crust/api/crust/v1"
 	csidriver "crust.dev/crust/examples/lvm-csi"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/test/co"
 )
 
 // TestMicroVMIOLimits: a volume context with crust's I/O limit keys (1 MiB/s of writes, 50 operations a
 // second), as the reference driver hands a StorageClass's parameters to the node, is deposited through
-// pkg/client into a real crustd and mounted by crust-microvm in a TCG guest beside a volume without
+// api/client into a real crustd and mounted by crust-microvm in a TCG guest beside a volume without
 // limits. In the guest, direct writes (dd oflag=direct) and direct 4 KiB reads (iflag=direct) of the
 // limited volume run at most at the limits, with QEMU's burst of a tenth of a second and one request
 // allowed, and at least at half of them; the same work on the other volume is at least three times
@@ -66,7 +66,7 @@ func TestMicroVMIOLimits(t *testing.T) {
 		harness.Run(t, "mkfs.ext4", "-q", "-F", "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0", v.dev)
 	}
 
-	// Limits that break a rule: pkg/client's builder (the one a driver and the proxy share) refuses them
+	// Limits that break a rule: api/client's builder (the one a driver and the proxy share) refuses them
 	// before anything reaches crustd, naming the StorageClass parameter, and nothing is deposited.
 	err = publish(limited, map[string]string{volume.DeferKey: "true", volume.TotalIOPSKey: "50", volume.ReadIOPSKey: "5"})
 	if s := status.Convert(err); s.Code() != codes.InvalidArgument || !strings.Contains(s.Message(), volume.ReadIOPSKey) {

@@ -10,11 +10,11 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/kata/katatest"
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/critest"
 	"crust.dev/crust/internal/testutil/harness"
-	"crust.dev/crust/internal/testutil/katatest"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // TestRuntimeRsSandboxFoundThroughCRI plays a node running Kata's runtime-rs, which never records its

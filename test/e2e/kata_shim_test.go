@@ -12,10 +12,10 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/kata"
+	"crust.dev/crust/api/kata/katatest"
 	"crust.dev/crust/internal/testutil"
-	"crust.dev/crust/internal/testutil/katatest"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/kata"
 )
 
 // TestKataShimBridge plays an unmodified Kata node: crustd projects a staged loop device, the test records

@@ -16,9 +16,9 @@ import (
 
 	"google.golang.org/grpc"
 
+	"crust.dev/crust/api/crustd"
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/harness"
-	"crust.dev/crust/pkg/client"
 )
 
 var binDir string
@@ -74,7 +74,7 @@ func (d *daemon) serving(timeout time.Duration) error {
 
 func (d *daemon) conn() *grpc.ClientConn {
 	d.t.Helper()
-	c, err := client.Dial(d.socket)
+	c, err := crustd.Dial(d.socket)
 	if err != nil {
 		d.t.Fatal(err)
 	}

@@ -22,8 +22,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // TestMicroVMKillUnderLoad kills `crust-microvm run` with SIGKILL at random instants, at least 100 times

@@ -13,8 +13,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // TestMicroVMRawBlock: raw block volumes (volume_mode VOLUME_MODE_BLOCK) through the real crustd,

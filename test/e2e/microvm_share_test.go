@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // TestMicroVMSharing runs the two ways one sandbox shares a volume, in one crust-microvm VM (TCG):

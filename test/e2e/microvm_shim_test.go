@@ -16,9 +16,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/testutil/ctrdtest"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // TestMicroVMShim runs a container through a private containerd 1.6 (the machine's /usr/bin/containerd)

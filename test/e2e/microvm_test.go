@@ -14,8 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // TestMicroVMHandler drives crust-microvm, the reference runtime handler, with crustd and crustctl: one VM

@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"crust.dev/crust/internal/testutil/safedirtest"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/kata"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/kata"
+	"crust.dev/crust/api/safedir/safedirtest"
 )
 
 // TestPlantedLinks drives a real crustd: a symbolic link planted at a volume directory's place in the

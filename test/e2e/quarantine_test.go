@@ -9,9 +9,9 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/kata"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/kata"
 )
 
 // TestOneBadEntryDoesNotTakeTheNodeDown: a regular file where one volume's Kata directory belongs, a

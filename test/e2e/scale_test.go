@@ -17,9 +17,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/internal/recordfile"
 	"crust.dev/crust/internal/store"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // A busy node: 100,000 realistic descriptors (kubelet's paths, cloud-style volume ids, pod-info

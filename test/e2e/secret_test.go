@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/kata"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/kata"
 )
 
 // TestEncryptionKeyIsSecret runs a volume with an encryptionKey through stage, watch, get, list, claim,

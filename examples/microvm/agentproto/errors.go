@@ -6,7 +6,7 @@ import (
 
 	"github.com/containerd/ttrpc"
 
-	"crust.dev/crust/pkg/errdefs"
+	"crust.dev/crust/api/errdefs"
 )
 
 // Errors cross the agent's and the control socket's wires as gRPC status (ttrpc carries it). Both sides

@@ -9,9 +9,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 const (

@@ -14,9 +14,9 @@ import (
 	securejoin "github.com/cyphar/filepath-securejoin"
 	"golang.org/x/sys/unix"
 
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // containersDir holds a directory per container, <id>/root being the container's root.

@@ -16,9 +16,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // ContainerInitArg is the argument that, as the agent binary's only one, makes it the container init: it reads an

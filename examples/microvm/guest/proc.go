@@ -16,8 +16,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // procTable starts the agent's child processes and, as PID 1's reaper,

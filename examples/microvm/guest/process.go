@@ -15,9 +15,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // process is a process started in a container. It leads its own process group (its own session with a

@@ -17,10 +17,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"crust.dev/crust/api/errdefs"
+	crustvolume "crust.dev/crust/api/volume"
 	"crust.dev/crust/examples/microvm/agentproto"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
-	"crust.dev/crust/pkg/errdefs"
-	crustvolume "crust.dev/crust/pkg/volume"
 )
 
 const (

@@ -7,9 +7,9 @@ import (
 	"path"
 	"sync"
 
+	"crust.dev/crust/api/errdefs"
+	crusthandler "crust.dev/crust/api/handler"
 	"crust.dev/crust/examples/microvm/vm"
-	"crust.dev/crust/pkg/errdefs"
-	crusthandler "crust.dev/crust/pkg/handler"
 )
 
 // VolumeDir is the guest directory under which Volumes mounts each volume, at DiskID(target).
@@ -23,7 +23,7 @@ type VolumesConfig struct {
 	Crust *crusthandler.Client
 	// VM is the sandbox's VM, booted.
 	VM *vm.VM
-	// HandlerSocket is where RuntimeHandlerService is served for crustd (pkg/handler ServeHandler).
+	// HandlerSocket is where RuntimeHandlerService is served for crustd (api/handler ServeHandler).
 	HandlerSocket string
 	// Log receives the volumes' log; nil means slog.Default().
 	Log *slog.Logger

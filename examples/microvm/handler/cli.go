@@ -10,11 +10,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"crust.dev/crust/api/crustd"
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto"
 	"crust.dev/crust/examples/microvm/vm"
-	"crust.dev/crust/pkg/client"
 	"crust.dev/crust/pkg/command"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // Exit statuses of Main besides the guest command's own (exec).
@@ -134,7 +134,7 @@ func runCmd(stateDir *string, stderr io.Writer) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&cfg.Name, "name", "", "the sandbox's name, for exec and stop (required)")
 	f.StringVar(&cfg.SandboxID, "sandbox-id", "", "the sandbox id the volumes are claimed for in crustd, such as the CRI pod sandbox id (default: --name)")
-	command.AddSocketFlag(f, &cfg.CrustSocket, client.DefaultSocket, "crustd's socket")
+	command.AddSocketFlag(f, &cfg.CrustSocket, crustd.DefaultSocket, "crustd's socket")
 	f.StringArrayVar(&volumes, "volume", nil, "TARGET:GUEST_PATH, a staged target path and where to mount it in the guest (repeatable; a target given again is mounted at that guest path too)")
 	f.StringVar(&accel, "accel", string(vm.AccelAuto), "tcg, kvm, or auto (KVM, falling back to TCG when it fails or hangs)")
 	logging.AddFlags(f)

@@ -12,10 +12,10 @@ import (
 	"syscall"
 	"time"
 
+	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/api/unixsocket"
 	"crust.dev/crust/examples/microvm/agentproto"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
-	"crust.dev/crust/pkg/errdefs"
-	"crust.dev/crust/pkg/unixsocket"
 )
 
 // The control socket (StateDir/NAME/control.sock, 0600) lets other processes reach a running sandbox; the

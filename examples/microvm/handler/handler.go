@@ -38,7 +38,7 @@
 //     guest's processes died with the VM, and a fresh VM would hide that from the runtime above. Run logs
 //     it, releases every claim and returns ErrVMDied (crust-microvm run exits ExitVMDied).
 //   - If crustd ends a claim while the volume is mounted (it took the handler for gone, or an operator
-//     forced it), the volume is claimed again (Client.KeepClaims of crust.dev/crust/pkg/handler) and the claim logged.
+//     forced it), the volume is claimed again (Client.KeepClaims of crust.dev/crust/api/handler) and the claim logged.
 //   - If the run process is killed outright, QEMU dies with it (it gets SIGKILL when its parent dies).
 //     crustd releases the claims once it notices (its endpoint refuses and the process is gone), and a
 //     later run with the same name cleans the stale files and starts afresh.
@@ -57,8 +57,8 @@ import (
 	"sync"
 	"time"
 
+	crusthandler "crust.dev/crust/api/handler"
 	"crust.dev/crust/examples/microvm/vm"
-	crusthandler "crust.dev/crust/pkg/handler"
 )
 
 // Defaults of Config.

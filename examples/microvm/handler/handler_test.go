@@ -17,8 +17,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/errdefs"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
 )
 
 // The VM side of the handler is tested end to end in test/e2e (TestMicroVMHandler); these tests cover

@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"crust.dev/crust/internal/testutil/safedirtest"
+	"crust.dev/crust/api/safedir/safedirtest"
 )
 
 // TestPlantedStateDir: a sandbox state directory (or its parent) that is a link, or that another user

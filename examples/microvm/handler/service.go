@@ -8,10 +8,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/examples/microvm/agentproto"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/vm"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 )
 
 // The sandbox serves RuntimeHandlerService, which crustd dials for the volumes this sandbox claimed.

@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"crust.dev/crust/pkg/safedir"
+	"crust.dev/crust/api/safedir"
 )
 
 // Files of a sandbox's state directory.
@@ -67,7 +67,7 @@ func lockState(parent, name string, log *slog.Logger) (*state, error) {
 	return st, nil
 }
 
-// tryLock tries to take dir's lock file (pkg/safedir's lock, never through a link) without waiting. The
+// tryLock tries to take dir's lock file (api/safedir's lock, never through a link) without waiting. The
 // lock file names the process holding it, for Stop to wait for its exit.
 func tryLock(dir string) (*state, bool, error) {
 	d, err := safedir.Open(dir)

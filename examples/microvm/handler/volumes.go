@@ -18,11 +18,11 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	crusthandler "crust.dev/crust/api/handler"
+	"crust.dev/crust/api/kata"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/vm"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	crusthandler "crust.dev/crust/pkg/handler"
-	"crust.dev/crust/pkg/kata"
 )
 
 // DiskID is the id of the virtio-blk disk that carries the volume staged at target, and its serial in the

@@ -15,9 +15,9 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/handler"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // guestMounts are the mount types the guest makes itself; others (cgroup) are left out.

@@ -14,8 +14,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // The host block devices of the containers' linux.devices (CRI's raw block volumes): a node of each in

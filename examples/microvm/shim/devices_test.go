@@ -8,7 +8,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"crust.dev/crust/pkg/errdefs"
+	"crust.dev/crust/api/errdefs"
 )
 
 func TestDeviceReadOnly(t *testing.T) {

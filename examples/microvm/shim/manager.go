@@ -46,9 +46,9 @@ import (
 	"github.com/containerd/containerd/runtime/v2/shim"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	crusthandler "crust.dev/crust/api/handler"
 	"crust.dev/crust/examples/microvm/handler"
 	"crust.dev/crust/examples/microvm/vm"
-	crusthandler "crust.dev/crust/pkg/handler"
 )
 
 // RuntimeType is the runtime_type containerd is configured with for this shim.

@@ -12,9 +12,9 @@ import (
 
 	"github.com/containerd/fifo"
 
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // stdio are containerd's paths of a process's standard streams ("" when not wanted).

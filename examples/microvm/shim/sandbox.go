@@ -15,12 +15,12 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"crust.dev/crust/api/errdefs"
+	crusthandler "crust.dev/crust/api/handler"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/handler"
 	"crust.dev/crust/examples/microvm/podnet"
 	"crust.dev/crust/examples/microvm/vm"
-	"crust.dev/crust/pkg/errdefs"
-	crusthandler "crust.dev/crust/pkg/handler"
 )
 
 // A sandbox's state directory, Settings.StateDir/<first 16 of the sandbox id>, holds:

@@ -12,9 +12,9 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/handler"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // A container's subPath of a volume reaches its spec as a bind source kubelet made: kubelet creates the

@@ -9,7 +9,7 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 
-	"crust.dev/crust/pkg/errdefs"
+	"crust.dev/crust/api/errdefs"
 )
 
 // TestSubPathIn: kubelet's subPath bind mount is found in the pod's target it shows a directory of, at

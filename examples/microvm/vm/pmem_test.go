@@ -10,10 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/internal/disktest"
 	"crust.dev/crust/internal/testutil/harness"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // statxDAX is STATX_ATTR_DAX: the file's data is accessed directly in (persistent) memory.

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/internal/testutil/harness"
-	"crust.dev/crust/pkg/errdefs"
 )
 
 // TestRawBlockInGuest boots one TCG guest and takes a raw block volume through the agent: exposed as a

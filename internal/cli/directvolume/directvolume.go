@@ -1,6 +1,6 @@
 // Package directvolume is `crustctl direct-volume`, an offline drop-in for `kata-runtime direct-volume`
 // for drivers written as shell scripts. add and remove work on the same files, with the same meaning, as
-// Kata's commands (see crust.dev/crust/pkg/kata), in the directory given by --kata-dir; get and list,
+// Kata's commands (see crust.dev/crust/api/kata), in the directory given by --kata-dir; get and list,
 // which Kata lacks, print what Kata reads back. stats and resize, like Kata's, ask the Kata shim of the
 // sandbox that uses the volume (the first sandbox id in its directory) about the volume's device (the
 // device of its mountInfo.json), over the shim's management socket. Nothing here talks to crustd.
@@ -19,13 +19,13 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"crust.dev/crust/pkg/volume"
+	"crust.dev/crust/api/volume"
 
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
-	"crust.dev/crust/pkg/kata"
-	"crust.dev/crust/pkg/safedir"
+	"crust.dev/crust/api/kata"
+	"crust.dev/crust/api/safedir"
 )
 
 // options are the flags the subcommands share.
@@ -225,7 +225,7 @@ func (o *options) check() error {
 	return nil
 }
 
-// flagError prefixes an error from pkg/kata with the flag it is about.
+// flagError prefixes an error from api/kata with the flag it is about.
 func flagError(err error) error {
 	switch {
 	case err == nil:

@@ -14,9 +14,9 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
-	"crust.dev/crust/internal/testutil/katatest"
-	"crust.dev/crust/internal/testutil/safedirtest"
-	"crust.dev/crust/pkg/kata"
+	"crust.dev/crust/api/kata"
+	"crust.dev/crust/api/kata/katatest"
+	"crust.dev/crust/api/safedir/safedirtest"
 )
 
 // readBack is what get and list print of the vector: what Kata reads back, with the value of an

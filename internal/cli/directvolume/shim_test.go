@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"crust.dev/crust/internal/testutil/katatest"
-	"crust.dev/crust/pkg/kata"
+	"crust.dev/crust/api/kata"
+	"crust.dev/crust/api/kata/katatest"
 )
 
 // TestStatsAndResize: stats and resize find the first sandbox id and the device, and ask its shim.

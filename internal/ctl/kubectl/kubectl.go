@@ -36,10 +36,10 @@ import (
 	utilexec "k8s.io/client-go/util/exec"
 	"k8s.io/streaming/pkg/httpstream"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/version"
 	"crust.dev/crust/internal/ctl"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
 	"crust.dev/crust/pkg/command"
-	"crust.dev/crust/pkg/version"
 )
 
 const (

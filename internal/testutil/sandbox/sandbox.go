@@ -18,8 +18,8 @@ import (
 	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/handler"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/handler"
 )
 
 // Sandbox is one sandbox: a RuntimeHandlerService on its own socket and the volumes it claimed.

@@ -15,11 +15,11 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/crustd"
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/benchfig"
 	"crust.dev/crust/internal/testutil/harness"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
 )
 
 // bins holds crustd, crustctl and grpcfloor, built once per process.
@@ -98,7 +98,7 @@ func startEnv(b *testing.B, stateDir, kataDir string, n int, extra ...string) *e
 		"--allow-file-backed", "--device-allow", images + "/*", "--allow-uid", strconv.Itoa(os.Geteuid())}, extra...)
 	d := harness.StartCrustd(b, bins.crustd, args...)
 	e := &env{d: d}
-	conn, err := client.Dial(d.Socket)
+	conn, err := crustd.Dial(d.Socket)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func startGRPCFloor(b *testing.B) healthpb.HealthClient {
 	buildBins(b)
 	sock := filepath.Join(testutil.SocketDir(b), "floor.sock")
 	harness.StartProc(b, harness.ProcConfig{Bin: bins.grpcfloor, Args: []string{sock}, Ready: harness.Serving(sock)})
-	conn, err := client.Dial(sock)
+	conn, err := crustd.Dial(sock)
 	if err != nil {
 		b.Fatal(err)
 	}

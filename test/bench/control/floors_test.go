@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	katafmt "crust.dev/crust/pkg/kata"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	katafmt "crust.dev/crust/api/kata"
 )
 
 // kataLib does, in process, what Kata's direct-volume library (the Go package a driver links, as Azure's

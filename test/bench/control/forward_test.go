@@ -7,9 +7,9 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/unixsocket"
 	"crust.dev/crust/internal/testutil/sandbox"
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	"crust.dev/crust/pkg/client"
 )
 
 // forwardCalls is how many calls of each kind a round of BenchmarkForward makes.
@@ -53,7 +53,7 @@ func BenchmarkForward(b *testing.B) {
 	if _, err := rt.Claim(ctx, target, "bench-sandbox", endpoint); err != nil {
 		b.Fatal(err)
 	}
-	hconn, err := client.DialUnix(endpoint)
+	hconn, err := unixsocket.Dial(endpoint, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

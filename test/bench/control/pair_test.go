@@ -10,8 +10,8 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	crustv1 "crust.dev/crust/pkg/api/crust/v1"
-	katafmt "crust.dev/crust/pkg/kata"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	katafmt "crust.dev/crust/api/kata"
 )
 
 // Pairs per round of each side.

@@ -29,9 +29,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"crust.dev/crust/api/unixsocket"
+	"crust.dev/crust/api/version"
 	"crust.dev/crust/pkg/command"
-	"crust.dev/crust/pkg/unixsocket"
-	"crust.dev/crust/pkg/version"
 )
 
 // Config is what the flags set.

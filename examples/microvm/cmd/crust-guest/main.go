@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"os"
 
+	"crust.dev/crust/api/version"
 	"crust.dev/crust/examples/microvm/guest"
-	"crust.dev/crust/pkg/version"
 )
 
 func main() {

@@ -1,0 +1,92 @@
+package errdefs_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"crust.dev/crust/api/errdefs"
+)
+
+func TestToGRPC(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		code codes.Code
+		msg  string
+	}{
+		{errdefs.Field("spec.fs_type", "%q is not allowed", "vfat"), codes.InvalidArgument, `spec.fs_type: "vfat" is not allowed`},
+		{fmt.Errorf("volume %q: %w", "/t", errdefs.ErrNotFound), codes.NotFound, `volume "/t": not found`},
+		{fmt.Errorf("x: %w", errdefs.ErrAlreadyExists), codes.AlreadyExists, "x: already exists"},
+		{fmt.Errorf("x: %w", errdefs.ErrFailedPrecondition), codes.FailedPrecondition, "x: failed precondition"},
+		{fmt.Errorf("x: %w", errdefs.ErrAborted), codes.Aborted, "x: operation already in flight"},
+		{fmt.Errorf("x: %w", errdefs.ErrPermissionDenied), codes.PermissionDenied, "x: permission denied"},
+		{fmt.Errorf("x: %w", errdefs.ErrUnavailable), codes.Unavailable, "x: unavailable"},
+		{fmt.Errorf("x: %w", context.DeadlineExceeded), codes.DeadlineExceeded, "x: context deadline exceeded"},
+		{status.Error(codes.ResourceExhausted, "handler says no"), codes.ResourceExhausted, "handler says no"},
+		{errors.New("disk on fire"), codes.Internal, "disk on fire"},
+		{errdefs.Errorf(errdefs.ErrNotFound, "volume_path %s does not exist", "/v"), codes.NotFound, "volume_path /v does not exist"},
+		{fmt.Errorf("x: %w", errdefs.ErrUnimplemented), codes.Unimplemented, "x: unimplemented"},
+		{fmt.Errorf("x: %w", errdefs.ErrInternal), codes.Internal, "x: internal"},
+		{fmt.Errorf("x: %w", errdefs.ErrUnknown), codes.Unknown, "x: unknown"},
+		{fmt.Errorf("x: %w", context.Canceled), codes.Canceled, "x: context canceled"},
+		{fmt.Errorf("handler: %w", errdefs.FromGRPC(status.Error(codes.OutOfRange, "too far"))), codes.OutOfRange, "handler: too far"},
+		{errdefs.NoSpace(fmt.Errorf("store: %w", &os.PathError{Op: "write", Path: "/s/tmp/x", Err: syscall.ENOSPC})), codes.ResourceExhausted,
+			"store: write /s/tmp/x: no space left on device: resource exhausted"},
+		{errdefs.NoSpace(fmt.Errorf("store: %w", syscall.EDQUOT)), codes.ResourceExhausted, "store: disk quota exceeded: resource exhausted"},
+		{errdefs.NoSpace(errors.New("other")), codes.Internal, "other"},
+	} {
+		s := status.Convert(errdefs.ToGRPC(tc.err))
+		if s.Code() != tc.code || s.Message() != tc.msg {
+			t.Errorf("%v: got %v %q, want %v %q", tc.err, s.Code(), s.Message(), tc.code, tc.msg)
+		}
+	}
+	if errdefs.ToGRPC(nil) != nil {
+		t.Error("nil error became a status")
+	}
+}
+
+// Every kind crosses gRPC and back as itself, with the text it had, and a field error keeps its field.
+func TestRoundTrip(t *testing.T) {
+	for _, kind := range []error{
+		errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists, errdefs.ErrFailedPrecondition,
+		errdefs.ErrAborted, errdefs.ErrPermissionDenied, errdefs.ErrUnavailable, errdefs.ErrUnimplemented,
+		errdefs.ErrResourceExhausted, errdefs.ErrInternal, errdefs.ErrUnknown, context.DeadlineExceeded, context.Canceled,
+	} {
+		in := fmt.Errorf("volume %q: %w", "/t", kind)
+		wire := errdefs.ToGRPC(in)
+		out := errdefs.FromGRPC(wire)
+		if !errors.Is(out, kind) || out.Error() != in.Error() {
+			t.Errorf("%v: came back as %v (%q)", kind, out, out.Error())
+		}
+		for _, other := range []error{errdefs.ErrNotFound, errdefs.ErrInternal} {
+			if other != kind && errors.Is(out, other) {
+				t.Errorf("%v: came back as %v too", kind, other)
+			}
+		}
+		if again := errdefs.ToGRPC(fmt.Errorf("relayed: %w", out)); status.Code(again) != status.Code(wire) ||
+			status.Convert(again).Message() != "relayed: "+in.Error() {
+			t.Errorf("%v: relayed as %v", kind, again)
+		}
+	}
+
+	wire := errdefs.ToGRPC(fmt.Errorf("stage: %w", errdefs.Field("spec.fs_type", "%q is not allowed", "vfat")))
+	out := errdefs.FromGRPC(wire)
+	var fe *errdefs.FieldError
+	if !errors.As(out, &fe) || fe.Field != "spec.fs_type" || fe.Reason != `"vfat" is not allowed` ||
+		!errors.Is(out, errdefs.ErrInvalidArgument) || out.Error() != `stage: spec.fs_type: "vfat" is not allowed` {
+		t.Errorf("field error came back as %#v (%v)", out, out)
+	}
+	if errdefs.FromGRPC(nil) != nil || errdefs.FromGRPC(status.Error(codes.OK, "")) != nil {
+		t.Error("no error became one")
+	}
+	plain := errors.New("not a status")
+	if errdefs.FromGRPC(plain) != plain {
+		t.Error("an error that is no status was changed")
+	}
+}

@@ -1,5 +1,0 @@
-// Package crustv1 is the Go of crust's API, generated from proto/crust/v1/crust.proto: VolumeService
-// (called by CSI node plugins and crust-csi-proxy), RuntimeService (called by runtime handlers) and
-// RuntimeHandlerService (served by a runtime handler, called by crustd). Most callers use it through
-// crust.dev/crust/pkg/client (CSI side) or crust.dev/crust/pkg/handler (runtime side).
-package crustv1
