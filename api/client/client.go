@@ -70,6 +70,16 @@ func (c *Client) Volumes() crustv1.VolumeServiceClient { return c.volumes }
 // Publish does not touch the file system: kubelet expects the target directory to exist after
 // NodePublishVolume, so the driver creates it (mode 0750) before or after the call.
 func (c *Client) Publish(ctx context.Context, req *csi.NodePublishVolumeRequest, device string, opts ...PublishOption) (*csi.NodePublishVolumeResponse, error) {
+	if _, err := c.Stage(ctx, req, device, opts...); err != nil {
+		return nil, err
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// Stage is Publish answering with the volume crustd holds, as StageVolume answers it: with its
+// kata_caveats, which say what an unmodified Kata runtime will not honour of it, or that Kata will not
+// find it at all (a target path too long for a Kata directory name), for a caller that tells the pod.
+func (c *Client) Stage(ctx context.Context, req *csi.NodePublishVolumeRequest, device string, opts ...PublishOption) (*crustv1.Volume, error) {
 	if c.driver != "" {
 		opts = append([]PublishOption{DriverName(c.driver)}, opts...)
 	}
@@ -77,10 +87,11 @@ func (c *Client) Publish(ctx context.Context, req *csi.NodePublishVolumeRequest,
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.volumes.StageVolume(ctx, sreq); err != nil {
+	resp, err := c.volumes.StageVolume(ctx, sreq)
+	if err != nil {
 		return nil, err
 	}
-	return &csi.NodePublishVolumeResponse{}, nil
+	return resp.GetVolume(), nil
 }
 
 // Unpublish removes the descriptor at req's target path and answers NodeUnpublishVolume. A target crustd

@@ -2,6 +2,7 @@ package csiproxy
 
 import (
 	"context"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -39,4 +40,14 @@ func (p *Proxy) podEvent(volCtx map[string]string, eventType, reason, format str
 	}
 	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: types.UID(pod.UID)}
 	p.events.Eventf(ref, eventType, reason, format, args...)
+}
+
+// kataCaveats is what a pod's Event adds of a deferred volume's Kata caveats (as crustd answers them, in
+// kata_caveats): "" when there are none, so that whoever reads the Events of a pod of a Kata runtime
+// learns what Kata will not honour of the volume, or that Kata will not find it at all.
+func kataCaveats(caveats []string) string {
+	if len(caveats) == 0 {
+		return ""
+	}
+	return "; Kata caveats: " + strings.Join(caveats, "; ")
 }

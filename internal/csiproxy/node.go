@@ -171,7 +171,7 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 		return nil, errdefs.Errorf(errdefs.ErrAlreadyExists, "%s is published %s, read-only %v; asked %s, read-only %v",
 			target, rec.FsType, rec.ReadOnly, fsType(r.GetVolumeCapability()), client.ReadOnly(r))
 	}
-	resp, err := p.publish(ctx, r, rec, volCtx)
+	caveats, err := p.publish(ctx, r, rec, volCtx)
 	switch {
 	case err != nil:
 		p.metrics.PublishFailed(string(rec.Mode))
@@ -183,13 +183,16 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 			r.GetVolumeId(), verb, status.Code(errdefs.ToGRPC(err)), status.Convert(err).Message())
 	case why != "" && rec.Mode == ModeDeferred:
 		p.podEvent(r.GetVolumeContext(), corev1.EventTypeNormal, ReasonDeferred,
-			"volume %s deferred to the pod's sandbox (%s): crustd holds device %s for the microVM runtime to mount inside the VM",
-			r.GetVolumeId(), why, rec.Device)
+			"volume %s deferred to the pod's sandbox (%s): crustd holds device %s for the microVM runtime to mount inside the VM%s",
+			r.GetVolumeId(), why, rec.Device, kataCaveats(caveats))
 	case why != "" && rec.Mode == ModeHost:
 		p.podEvent(r.GetVolumeContext(), corev1.EventTypeNormal, ReasonHostMounted,
 			"volume %s formatted and mounted on the host by crust-csi-proxy, not deferred: %s", r.GetVolumeId(), why)
 	}
-	return resp, err
+	if err != nil {
+		return nil, err
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
 }
 
 // decided logs and counts the decision taken on a publish.
@@ -270,8 +273,9 @@ func fsType(c *csi.VolumeCapability) string {
 
 // publish runs every step of a deferred or host-mounted publish; each is idempotent, so a retry after a
 // crash runs them all again. A deferred volume's descriptor is built by api/client from r with volCtx, the
-// volume context with the StorageClass's crust keys (see volumeContext), as its volume context.
-func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, rec *Record, volCtx map[string]string) (*csi.NodePublishVolumeResponse, error) {
+// volume context with the StorageClass's crust keys (see volumeContext), as its volume context. It
+// returns the Kata caveats crustd answered for a deferred volume (none for a host mount).
+func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, rec *Record, volCtx map[string]string) (kataCaveats []string, err error) {
 	target := r.GetTargetPath()
 	gid, err := mountGroup(r.GetVolumeCapability())
 	if err != nil {
@@ -287,7 +291,7 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 	if err := p.put(rec, PhasePublishing); err != nil {
 		return nil, err
 	}
-	fail := func(err error) (*csi.NodePublishVolumeResponse, error) {
+	fail := func(err error) ([]string, error) {
 		if wasPublished {
 			if perr := p.put(rec, PhasePublished); perr != nil {
 				p.log.Error("restore a published record", "target", target, "err", perr)
@@ -326,9 +330,11 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 	}
 	switch rec.Mode {
 	case ModeDeferred:
-		if _, err := p.crust.Publish(ctx, withVolumeContext(r, volCtx), dev, p.publishOptions(ctx, volCtx)...); err != nil {
+		v, err := p.crust.Stage(ctx, withVolumeContext(r, volCtx), dev, p.publishOptions(ctx, volCtx)...)
+		if err != nil {
 			return fail(fmt.Errorf("crustd: %w", errdefs.FromGRPC(err)))
 		}
+		kataCaveats = v.GetKataCaveats()
 	case ModeHost:
 		if err := p.hostMount(rec, r.GetVolumeCapability().GetMount().GetMountFlags(), gid, p.groupPolicy(volCtx)); err != nil {
 			return fail(err)
@@ -337,7 +343,7 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 	if err := p.put(rec, PhasePublished); err != nil {
 		return fail(err)
 	}
-	return &csi.NodePublishVolumeResponse{}, nil
+	return kataCaveats, nil
 }
 
 // privateBlockDir names the proxy's directory beside kubelet's files in a pod's CSI volume directory

@@ -87,20 +87,11 @@ func (a *Adapter) Load(kept []*crustv1.Volume, dropped []string) {
 	}
 }
 
-// Check refuses to stage a descriptor whose target path is too long for a Kata directory name, with a
-// *errdefs.FieldError on spec.volume_target_path, when the projection is on. A caller that stages a
-// volume expects the node's runtimes to find it; a Kata runtime that does not find a direct-assigned
-// volume shares the (empty, unmounted) target directory with the sandbox instead, so the pod would start
-// on an empty volume and its writes would land on the node's disk. Refusing lets the CSI driver fail the
-// publish visibly. (Such a descriptor stored while the projection was off is still held and served to
-// crust's own handlers; it is quarantined, and staging it again gets the same refusal.) A raw block
-// volume has no projection (Projects), so the rule does not apply to it.
-func (a *Adapter) Check(v *crustv1.Volume) error {
-	if !Projects(v.GetSpec()) {
-		return nil
-	}
-	return a.proj.Check(v.GetSpec().GetVolumeTargetPath())
-}
+// Check refuses nothing. A descriptor whose target path is too long for a Kata directory name
+// (Nameable) is held and served to every handler but Kata, left out of the projection (Projects), and
+// its Kata caveats say so (PathTooLongCaveat): refusing it would refuse the volume to crust's own
+// handlers too, for a runtime the pod may not use.
+func (a *Adapter) Check(*crustv1.Volume) error { return nil }
 
 // Staged writes the projection of a descriptor just stored. Something other than a directory where its
 // Kata volume directory belongs is ErrFailedPrecondition (crustd leaves it alone); any failure makes the

@@ -23,12 +23,24 @@ const (
 		"gets this device only as the raw block device kubelet maps into the pod, not from crust"
 	IOLimitsCaveat = "Kata ignores the I/O limits: its mountInfo.json has no place for them, so an unmodified " +
 		"Kata runtime attaches the device without throttling"
+	// PathTooLongCaveat is the caveat of a volume whose target path has no Kata directory name (Nameable):
+	// crustd holds it and serves it to crust's own handlers, but Kata never sees it.
+	PathTooLongCaveat = "not projected into the Kata direct-volume directory: the target path is longer than " +
+		"189 bytes, so its base64url form, which names a volume's directory there, does not fit in a file name " +
+		"(NAME_MAX, 255 bytes) and Kata itself cannot name it; an unmodified Kata runtime does not find this " +
+		"volume and gives the pod the empty target directory instead (a shorter PersistentVolume name makes a " +
+		"shorter target path)"
 )
 
 // Caveats says, one sentence each, what an unmodified Kata runtime that takes v from the Kata projection
-// cannot honour of it; none when Kata takes it as crust's own handlers do. It reads only v's spec and device
-// number.
+// cannot honour of it, or that Kata does not find v there at all (PathTooLongCaveat, alone); none when
+// Kata takes it as crust's own handlers do. It reads only v's spec and device number.
 func Caveats(v *crustv1.Volume) []string {
+	if spec := v.GetSpec(); spec.GetVolumeMode() != crustv1.VolumeMode_VOLUME_MODE_BLOCK && !Nameable(spec.GetVolumeTargetPath()) {
+		// Kata never sees it, so what Kata would make of the rest does not matter. (A raw block volume is
+		// never projected, whatever its path; its caveat says what Kata gets of it.)
+		return []string{PathTooLongCaveat}
+	}
 	var out []string
 	if v.GetSpec().GetVolumeType() == crustv1.VolumeType_VOLUME_TYPE_PMEM {
 		if v.GetDeviceNumber().GetInode() != 0 { // a regular file: its device number is its filesystem's and inode

@@ -28,7 +28,10 @@
 //	             spec.create_filesystem; these typed fields win over spec.metadata keys of the same name
 //
 // A raw block descriptor (spec.volume_mode VOLUME_MODE_BLOCK) is not projected (see Projects): Kata
-// takes every direct-assigned volume for a filesystem to mount in the guest.
+// takes every direct-assigned volume for a filesystem to mount in the guest. Nor is a descriptor whose
+// target path is longer than 189 bytes (see Nameable): its base64url form does not fit in a file name,
+// so Kata has no directory for it. Each is held and served to crust's own handlers all the same, and
+// its Kata caveats (Caveats) say why Kata will not find it.
 //
 // Why "directvol": Kata's Go runtime does not read volume-type at all, while runtime-rs takes a block
 // device or a raw image file only with volume-type "directvol" and refuses any other value for them.
@@ -94,32 +97,30 @@ func (p *Projection) Dir() string {
 	return p.dir.Path()
 }
 
-// Check says whether target can be projected at all: a target path longer than
-// katafmt.MaxVolumePathLen has no Kata directory name, and is a *errdefs.FieldError on
-// spec.volume_target_path. A disabled projection takes every target.
-func (p *Projection) Check(target string) error {
-	if p.dir == nil || len(target) <= katafmt.MaxVolumePathLen {
-		return nil
-	}
-	return errdefs.Field("spec.volume_target_path", "is %d bytes long; the Kata projection (--kata-dir) names a volume's "+
-		"directory by the base64url form of its target path, which must fit in a file name (NAME_MAX, 255 bytes), "+
-		"so the path may be at most %d bytes", len(target), katafmt.MaxVolumePathLen)
+// Nameable reports whether target has a Kata volume directory: Kata names it by the base64url form of
+// the target path, which must fit in a file name (NAME_MAX, 255 bytes), so the path may be at most
+// katafmt.MaxVolumePathLen (189) bytes. A PersistentVolume's name may be 253 characters, so kubelet's
+// target path can be longer; crustd holds such a volume and serves it to every other handler, but Kata
+// itself cannot name it (`kata-runtime direct-volume add` fails for it too), so the projection leaves
+// it out (Projects) and its Kata caveats say so (PathTooLongCaveat).
+func Nameable(target string) bool {
+	return len(target) <= katafmt.MaxVolumePathLen
 }
 
 // Projects reports whether the projection holds a volume of spec: every one but a raw block volume
-// (volume_mode VOLUME_MODE_BLOCK). An unmodified Kata runtime mounts every direct-assigned volume it
-// finds as a filesystem (its mountInfo needs an fstype), while a raw block volume reaches a Kata
-// sandbox as an OCI device that kubelet maps, without a direct-volume entry; a projection of it would
-// be wrong at best.
+// (volume_mode VOLUME_MODE_BLOCK) and one whose target path has no Kata directory name (Nameable). An
+// unmodified Kata runtime mounts every direct-assigned volume it finds as a filesystem (its mountInfo
+// needs an fstype), while a raw block volume reaches a Kata sandbox as an OCI device that kubelet maps,
+// without a direct-volume entry; a projection of it would be wrong at best.
 func Projects(spec *crustv1.VolumeSpec) bool {
-	return spec.GetVolumeMode() != crustv1.VolumeMode_VOLUME_MODE_BLOCK
+	return spec.GetVolumeMode() != crustv1.VolumeMode_VOLUME_MODE_BLOCK && Nameable(spec.GetVolumeTargetPath())
 }
 
 // Write projects v: it writes the MountInfo of v's spec as the mountInfo.json of its target path,
 // atomically, keeping the sandbox-id files already there. Writing the same descriptor again is a no-op
 // (the file is not rewritten when its content is already right). Something other than a directory where
-// the volume directory belongs is errdefs.ErrFailedPrecondition, and is left as it is; a target Check
-// refuses is its *errdefs.FieldError. A volume Projects leaves out is not written, and is not an error.
+// the volume directory belongs is errdefs.ErrFailedPrecondition, and is left as it is. A volume Projects
+// leaves out (raw block, or a target path Kata cannot name) is not written, and is not an error.
 func (p *Projection) Write(v *crustv1.Volume) error {
 	if p.dir == nil {
 		return nil
@@ -132,9 +133,6 @@ func (p *Projection) Write(v *crustv1.Volume) error {
 		return nil
 	}
 	target := spec.GetVolumeTargetPath()
-	if err := p.Check(target); err != nil {
-		return err
-	}
 	if err := p.dir.AddMountInfo(target, MountInfo(v)); err != nil {
 		return wrap(target, err)
 	}
@@ -142,10 +140,10 @@ func (p *Projection) Write(v *crustv1.Volume) error {
 }
 
 // Remove deletes the projection of target with its sandbox-id files, or whatever else is where its
-// volume directory belongs. A target that has none (a target Check refuses never has one) is not an
+// volume directory belongs. A target that has none (one Nameable refuses never has one) is not an
 // error.
 func (p *Projection) Remove(target string) error {
-	if p.dir == nil || p.Check(target) != nil {
+	if p.dir == nil || !Nameable(target) {
 		return nil
 	}
 	return wrap(target, p.dir.Remove(target))
@@ -153,7 +151,7 @@ func (p *Projection) Remove(target string) error {
 
 // SandboxIDs returns the sandboxes a Kata shim recorded in the projection of target, in the order Kata
 // reads them (it uses the first); none is an empty list. A target that has no projection is
-// errdefs.ErrNotFound; a disabled projection, and a target Check refuses, return empty lists.
+// errdefs.ErrNotFound; a disabled projection, and a target Nameable refuses, return empty lists.
 //
 // Names that are not UTF-8 are returned apart, in bad, and are not sandbox ids: a Kata shim names the
 // file by its sandbox id, and sandbox ids are ASCII (containerd allows only letters, digits and "._-";
@@ -163,7 +161,7 @@ func (p *Projection) Remove(target string) error {
 // directory for the sandbox id, whatever it is, so such a name sorted before a real id misleads Kata's
 // own stats and resize: it is reported, not ignored.
 func (p *Projection) SandboxIDs(target string) (ids, bad []string, err error) {
-	if p.dir == nil || p.Check(target) != nil {
+	if p.dir == nil || !Nameable(target) {
 		return nil, nil, nil
 	}
 	names, err := p.dir.SandboxIDs(target)
@@ -183,7 +181,7 @@ func (p *Projection) SandboxIDs(target string) (ids, bad []string, err error) {
 // ForgetSandbox removes a Kata shim's record that sandboxID uses target (a forced release of a Kata
 // claim); a record that is not there is not an error.
 func (p *Projection) ForgetSandbox(target, sandboxID string) error {
-	if p.dir == nil {
+	if p.dir == nil || !Nameable(target) {
 		return nil
 	}
 	if err := p.dir.ForgetSandbox(target, sandboxID); err != nil {
@@ -292,13 +290,12 @@ func wrap(target string, err error) error {
 	return fmt.Errorf("kata projection of %q: %w", target, err)
 }
 
-// Kind says which kind of problem a failed Write, Remove or SandboxIDs is, for reports.
+// Kind says which kind of problem a failed Write, Remove or SandboxIDs is, for reports. A target path
+// too long for a Kata directory name is none: such a volume is left out of the projection (Projects)
+// and its caveats say so, so PROBLEM_KIND_KATA_PATH_TOO_LONG is never reported.
 func Kind(err error) crustv1.ProblemKind {
-	switch {
-	case errors.Is(err, errdefs.ErrFailedPrecondition):
+	if errors.Is(err, errdefs.ErrFailedPrecondition) {
 		return crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY
-	case errors.Is(err, errdefs.ErrInvalidArgument):
-		return crustv1.ProblemKind_PROBLEM_KIND_KATA_PATH_TOO_LONG
 	}
 	return crustv1.ProblemKind_PROBLEM_KIND_KATA_WRITE_FAILED
 }

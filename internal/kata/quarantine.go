@@ -18,16 +18,16 @@ import (
 // Problems):
 //
 //   - A descriptor whose projection cannot be written (something other than a directory where its
-//     volume directory belongs, a target path too long for a Kata directory name, an I/O error) stays
-//     held and served to crust's own handlers, and is quarantined: reported, and healed by the next
-//     stage of it that writes the projection or by its unstage.
+//     volume directory belongs, an I/O error) stays held and served to crust's own handlers, and is
+//     quarantined: reported, and healed by the next stage of it that writes the projection or by its
+//     unstage. A target path too long for a Kata directory name is no such failure: the projection
+//     leaves that volume out (Projects) and its Kata caveats say so.
 //   - Files with non-UTF-8 names in a volume directory are not claims (see Projection.SandboxIDs) and
 //     are reported until they are gone.
 
 // projectionKinds are the kinds of a projection that could not be written; a target has at most one.
 var projectionKinds = []crustv1.ProblemKind{
 	crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY,
-	crustv1.ProblemKind_PROBLEM_KIND_KATA_PATH_TOO_LONG,
 	crustv1.ProblemKind_PROBLEM_KIND_KATA_WRITE_FAILED,
 }
 
@@ -53,14 +53,6 @@ func (a *Adapter) quarantine(target string, err error, held bool) {
 		p.Remedy = served + "a Kata runtime does not find it. Find out what put that entry there and delete it, " +
 			"then stage the volume again (its CSI driver does on the next NodePublishVolume) or restart crustd; " +
 			"unstaging the volume removes the entry too."
-	case kind == crustv1.ProblemKind_PROBLEM_KIND_KATA_PATH_TOO_LONG:
-		p.Path = ""
-		if fe := (*errdefs.FieldError)(nil); errors.As(err, &fe) {
-			p.Message = "the target path " + fe.Reason
-		}
-		p.Remedy = served + fmt.Sprintf("a Kata runtime cannot use it. Publish it at a target path of at most %d bytes, "+
-			"or run crustd with --kata-dir \"\" if no Kata runtime uses this node; unstaging the volume clears this.",
-			katafmt.MaxVolumePathLen)
 	default:
 		p.Remedy = served + "a Kata runtime may find an old projection or none. Fix the cause named above (space, " +
 			"permissions of --kata-dir), then stage the volume again or restart crustd."

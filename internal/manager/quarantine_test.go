@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"crust.dev/crust/api/errdefs"
 	katafmt "crust.dev/crust/api/kata"
 	"crust.dev/crust/api/kata/katatest"
+	"crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/problems"
 )
 
@@ -22,11 +24,12 @@ func (e *env) volDir(target string) string {
 	return filepath.Join(e.kataDir, katafmt.VolumeDirName(target))
 }
 
-// longSpec is a spec whose target path is valid for crust but too long for a Kata directory name.
+// longSpec is a spec whose target path is valid for crust but too long for a Kata directory name: that
+// of a PersistentVolume named with 253 characters, the longest name Kubernetes allows.
 func (e *env) longSpec() *crustv1.VolumeSpec {
 	s := e.spec(9, 9)
 	s.VolumeTargetPath = filepath.Join(e.kubelet, "pods", "pod-long", "volumes", "kubernetes.io~csi",
-		strings.Repeat("l", katafmt.MaxVolumePathLen), "mount")
+		strings.Repeat("l", 253), "mount")
 	return s
 }
 
@@ -166,8 +169,9 @@ func TestUnstageHealsAQuarantinedVolume(t *testing.T) {
 }
 
 // TestStartSurvivesATargetKataCannotName: a record whose target path is too long for a Kata directory
-// name (staged while the projection was off, or left by a kill before a refused stage took its record
-// back) does not stop the start.
+// name, stored by a crustd that refused such a stage (left by a kill before the refusal took its record
+// back) or while the projection was off, is held at the start, served to crust's own handlers and
+// reported as no problem: it is left out of the projection, and its caveats say so.
 func TestStartSurvivesATargetKataCannotName(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -183,19 +187,9 @@ func TestStartSurvivesATargetKataCannotName(t *testing.T) {
 	if _, err := katafmt.Get(e.kataDir, e.target(0)); err != nil {
 		t.Fatalf("projection of the sound volume: %v", err)
 	}
-	e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_PATH_TOO_LONG, long))
-	// Staging it again gets the refusal a new stage gets; unstaging it heals.
-	var fe *errdefs.FieldError
-	if _, err := e.m.Stage(ctx, e.longSpec()); !errors.As(err, &fe) || fe.Field != "spec.volume_target_path" {
-		t.Fatalf("stage again: %v, want InvalidArgument on spec.volume_target_path", err)
-	}
-	if err := e.m.Unstage(ctx, long); err != nil {
-		t.Fatalf("unstage: %v", err)
-	}
 	e.wantProblems()
-	e.reopen()
-	if n := len(e.m.List(ctx)); n != 1 {
-		t.Fatalf("%d volumes after unstage and restart, want 1", n)
+	if v, err := e.m.Get(ctx, long); err != nil || !slices.Equal(e.k.Annotate(v).GetKataCaveats(), []string{kata.PathTooLongCaveat}) {
+		t.Fatalf("Get = %v, %v; want the caveat of a path Kata cannot name", e.k.Annotate(v).GetKataCaveats(), err)
 	}
 }
 
@@ -225,17 +219,59 @@ func TestStageOverAFileIsFailedPrecondition(t *testing.T) {
 	e.wantNothingHeld()
 }
 
-// TestStageOfATargetKataCannotName: with the projection on, such a target is refused, naming the field,
-// and nothing is stored.
+// TestStageOfATargetKataCannotName: a PersistentVolume's name may be 253 characters, and kubelet's target
+// path of such a volume has no Kata directory name (its base64url form exceeds NAME_MAX). With the
+// projection on, it is staged all the same (StageVolume answers it with its caveat), held and served to
+// crust's own handlers, left out of the projection, and its Kata caveats say so in every answer; it is
+// no problem to report, across a restart too. A volume at an ordinary target is still projected.
 func TestStageOfATargetKataCannotName(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	_, err := e.m.Stage(ctx, e.longSpec())
-	var fe *errdefs.FieldError
-	if !errors.As(err, &fe) || fe.Field != "spec.volume_target_path" {
-		t.Fatalf("stage of a too long target: %v, want InvalidArgument on spec.volume_target_path", err)
+	long := e.longSpec().GetVolumeTargetPath()
+	v, err := e.m.Stage(ctx, e.longSpec())
+	if err != nil {
+		t.Fatalf("stage of a %d-byte target path: %v", len(long), err)
 	}
-	e.wantNothingHeld()
+	if c := e.k.Annotate(v).GetKataCaveats(); !slices.Equal(c, []string{kata.PathTooLongCaveat}) {
+		t.Fatalf("kata_caveats %q, want the caveat of a path Kata cannot name", c)
+	}
+	e.stage(e.spec(0, 0))
+	if _, err := katafmt.Get(e.kataDir, e.target(0)); err != nil {
+		t.Fatalf("projection of the short target: %v", err)
+	}
+	entries, err := os.ReadDir(e.kataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, d := range entries {
+		if d.Name() != katafmt.TempDirName {
+			names = append(names, d.Name())
+		}
+	}
+	if want := []string{katafmt.VolumeDirName(e.target(0))}; !slices.Equal(names, want) {
+		t.Fatalf("the Kata directory holds %q, want only the short target's %q", names, want)
+	}
+	if c, err := e.m.Claim(ctx, long, "sb1", ""); err != nil {
+		t.Fatalf("claim by crust's own handler: %v, %v", c, err)
+	}
+	e.wantProblems()
+	e.reopen()
+	e.wantProblems()
+	got, err := e.m.Get(ctx, long)
+	if err != nil || got.GetClaim().GetSandboxId() != "sb1" || !slices.Equal(e.k.Annotate(got).GetKataCaveats(), []string{kata.PathTooLongCaveat}) {
+		t.Fatalf("after a restart: %v, %v; want it held, claimed and caveated", got, err)
+	}
+	if len(got.GetKataCaveats()) != 0 {
+		t.Fatalf("the caveat was stored: %q", got.GetKataCaveats())
+	}
+	if err := e.m.Unstage(ctx, long); err != nil {
+		t.Fatalf("unstage: %v", err)
+	}
+	e.wantProblems()
+	if n := len(e.m.List(ctx)); n != 1 {
+		t.Fatalf("%d volumes after unstage, want 1", n)
+	}
 }
 
 // TestNonUTF8SandboxFileIsNoClaim: a file whose name is not UTF-8 in a volume directory is never put in

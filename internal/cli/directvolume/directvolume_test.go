@@ -185,6 +185,10 @@ func TestErrorsNameTheFlag(t *testing.T) {
 		{[]string{"add", "--volume-path", "/v", "--mount-info", "{"}, "--mount-info: invalid mount info"},
 		{[]string{"add", "--volume-path", "/v", "--mount-info", `{"options":"ro"}`}, "--mount-info: invalid mount info"},
 		{[]string{"add", "--volume-path", "/" + strings.Repeat("a", 200), "--mount-info", "{}"}, "--volume-path: invalid volume path"},
+		// kubelet's target path of a PersistentVolume named with 253 characters: crustd holds such a volume,
+		// but Kata cannot name it, and neither can this drop-in for kata-runtime.
+		{[]string{"add", "--volume-path", "/var/lib/kubelet/pods/0e0e0e0e-0000-4000-8000-000000000001/volumes/kubernetes.io~csi/" +
+			strings.Repeat("p", 253) + "/mount", "--mount-info", "{}"}, "--volume-path: invalid volume path: 344 bytes, longer than 189"},
 		{[]string{"remove"}, "--volume-path: required"},
 		{[]string{"get"}, "--volume-path: required"},
 		{[]string{"get", "--volume-path", "/missing"}, "--volume-path: "},

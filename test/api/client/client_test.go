@@ -262,6 +262,11 @@ func TestPublishUnpublish(t *testing.T) {
 		len(v.GetVolume().GetKataCaveats()) != 1 {
 		t.Fatalf("raw block descriptor: %v, %v", v, err)
 	}
+	// Stage is Publish that answers with the volume held, its caveats with it (here a repeat).
+	if v, err := c.Stage(ctx, publishReq(rawTarget, blockCap(), nil), image(t, "raw.img"), fileType, client.RawBlock()); err != nil ||
+		v.GetSpec().GetVolumeTargetPath() != rawTarget || len(v.GetKataCaveats()) != 1 {
+		t.Fatalf("Stage of the raw block volume again = %v, %v; want it with its caveat", v, err)
+	}
 	if _, err := c.Unpublish(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "vol-1", TargetPath: rawTarget}); err != nil {
 		t.Fatal(err)
 	}
