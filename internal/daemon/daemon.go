@@ -1,8 +1,9 @@
 // Package daemon wires crustd together: it loads the store, opens the core (internal/manager) with the
-// store, the validator, the forwarder and the Kata adapter (internal/kata: the projection, Kata's claims
-// and caveats) injected, serves the API on the unix socket and metrics over HTTP, watches runtime
-// handlers, collects the descriptors of deleted pods, and stops cleanly on a signal. Start-up fails on a
-// bad configuration or an unusable directory, never on one bad record.
+// store, the validator, the forwarder, the host's mount check (internal/hostdev) and the Kata adapter
+// (internal/kata: the projection, Kata's claims and caveats) injected, serves the API on the unix socket
+// and metrics over HTTP, watches runtime handlers, collects the descriptors of deleted pods, and stops
+// cleanly on a signal. Start-up fails on a bad configuration or an unusable directory, never on one bad
+// record.
 package daemon
 
 import (
@@ -22,6 +23,7 @@ import (
 	"crust.dev/crust/internal/crisandbox"
 	"crust.dev/crust/internal/forward"
 	"crust.dev/crust/internal/handlerwatch"
+	"crust.dev/crust/internal/hostdev"
 	"crust.dev/crust/internal/kata"
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/metrics"
@@ -148,7 +150,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	katas := kata.NewAdapter(proj, finder, log)
 	m, err := manager.Open(manager.Config{
 		Validator: v, Store: st, Subscribers: []manager.Subscriber{katas}, Claims: katas, Forwarder: fwd,
-		KubeletDir: cfg.KubeletDir, LockWait: cfg.LockWait, Log: log,
+		Mounts: hostdev.MountCheck{}, KubeletDir: cfg.KubeletDir, LockWait: cfg.LockWait, Log: log,
 	}, manager.Loaded(*loaded))
 	if err != nil {
 		return err

@@ -6,6 +6,10 @@
 //
 // Sizes are of the device, or of the file for an image file (VOLUME_TYPE_FILE) or a file-backed
 // persistent-memory volume (VOLUME_TYPE_PMEM on a regular file).
+//
+// It also says what the kernel knows of a block device (Sysfs: its name and kind, and Stack: the
+// partitions and device-mapper or md devices built on it) and where the host has it mounted (MountCheck),
+// so that crustd hands no sandbox a filesystem the host has mounted.
 package hostdev
 
 import (

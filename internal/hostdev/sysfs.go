@@ -54,6 +54,8 @@ type BlockDevice struct {
 	// Names are every name under /dev the kernel gives the device: Name, and for a device-mapper device
 	// also mapper/<its dm name> (the node libdevmapper makes when udev does not).
 	Names []string
+	// Major and Minor are its number.
+	Major, Minor uint32
 	// Kind is the device's kind; a partition has its disk's.
 	Kind Kind
 	// SysPath is the device's directory in sysfs, symlinks resolved.
@@ -95,7 +97,7 @@ func (s Sysfs) Block(major, minor uint32) (*BlockDevice, error) {
 	if !validName(name) {
 		return nil, fmt.Errorf("block device %d:%d: the kernel's name %q is not a name under /dev", major, minor, name)
 	}
-	d := &BlockDevice{Name: name, Names: []string{name}, SysPath: dir}
+	d := &BlockDevice{Name: name, Names: []string{name}, Major: major, Minor: minor, SysPath: dir}
 	if size, err := readLine(filepath.Join(dir, "size")); err == nil {
 		if sectors, err := strconv.ParseInt(size, 10, 64); err == nil && sectors > 0 && sectors < 1<<54 {
 			d.Bytes = sectors * 512
@@ -115,6 +117,91 @@ func (s Sysfs) Block(major, minor uint32) (*BlockDevice, error) {
 		return nil, fmt.Errorf("block device %d:%d: %w", major, minor, err)
 	}
 	return d, nil
+}
+
+// Stack returns block device major:minor followed by every block device the kernel has built on it, each
+// once: its partitions (the directories below its own that hold a "partition" file), the devices that hold
+// it (its holders/ links: device-mapper, md), and, recursively, theirs. Writing to any of them writes to
+// major:minor's blocks. It wraps ErrNoBlockDevice when the kernel has no device major:minor; a device
+// built on it that goes away while Stack looks is left out. It changes nothing.
+func (s Sysfs) Stack(major, minor uint32) ([]*BlockDevice, error) {
+	first, err := s.Block(major, minor)
+	if err != nil {
+		return nil, err
+	}
+	stack := []*BlockDevice{first}
+	seen := map[string]bool{first.SysPath: true}
+	for i := 0; i < len(stack); i++ { // stack grows as it is walked
+		built, err := builtOn(stack[i].SysPath)
+		if err != nil {
+			return nil, fmt.Errorf("the devices built on %s: %w", stack[i].Name, err)
+		}
+		for _, dir := range built {
+			if seen[dir] {
+				continue
+			}
+			seen[dir] = true
+			bd, err := s.blockAt(dir)
+			if errors.Is(err, ErrNoBlockDevice) {
+				continue // gone meanwhile
+			}
+			if err != nil {
+				return nil, fmt.Errorf("a device built on %s: %w", stack[i].Name, err)
+			}
+			stack = append(stack, bd)
+		}
+	}
+	return stack, nil
+}
+
+// builtOn returns the sysfs directories, symlinks resolved, of the partitions and holders of the block
+// device whose directory is dir.
+func builtOn(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() && exists(filepath.Join(dir, e.Name(), "partition")) {
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	holders, err := os.ReadDir(filepath.Join(dir, "holders"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	for _, h := range holders {
+		p, err := filepath.EvalSymlinks(filepath.Join(dir, "holders", h.Name()))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// blockAt is Block for the device whose sysfs directory is dir (its dev file gives the number). It wraps
+// ErrNoBlockDevice when the device is gone.
+func (s Sysfs) blockAt(dir string) (*BlockDevice, error) {
+	dev, err := readLine(filepath.Join(dir, "dev"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w", dir, ErrNoBlockDevice)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var major, minor uint32
+	if _, err := fmt.Sscanf(dev, "%d:%d", &major, &minor); err != nil {
+		return nil, fmt.Errorf("%s/dev: %q is not a device number", dir, dev)
+	}
+	return s.Block(major, minor)
 }
 
 // kindOf decides the kind of the disk whose sysfs directory is disk.

@@ -43,6 +43,16 @@ type Validator interface {
 	HandlerEndpoint(field, endpoint string) error
 }
 
+// HostMounts tells whether the host has a volume's device mounted: a filesystem mounted by the host and
+// by a sandbox at once is corrupted, so a volume is neither staged nor claimed while it is.
+type HostMounts interface {
+	// NotMounted returns nil when the host has mounted neither v's device nor any device built on it (a
+	// partition, a device-mapper or md device), and for a volume backed by a regular file, which has no
+	// device of its own; otherwise an error of kind errdefs.ErrFailedPrecondition that names where it is
+	// mounted, or of another kind when that cannot be told.
+	NotMounted(v *crustv1.Volume) error
+}
+
 // Forwarder reaches the runtime handler that claimed a volume, for stats and expansion; which handler,
 // and how it is reached, is its business (the claim says).
 type Forwarder interface {

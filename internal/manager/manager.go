@@ -10,6 +10,8 @@
 //     subscribers follow it under the target's lock, in commit order, and are rebuilt from it at start
 //     (Open); a subscriber may refuse a stage before the commit, or after it, which takes the record back.
 //   - A refused request (validation, conflict, a subscriber's refusal) changes nothing.
+//   - No device goes to a sandbox while the host has it mounted (HostMounts): neither a stage nor a claim
+//     of one succeeds.
 //   - A claim made without the Runtime API (ClaimSource) counts as any other: for the one-writer rule,
 //     for a Claim by another sandbox, and in every answer.
 //   - One bad entry never stops the start or breaks an answer about the others: store records that
@@ -56,6 +58,9 @@ type Config struct {
 	// Claims reports claims made without the Runtime API; nil: there are none.
 	Claims    ClaimSource
 	Forwarder Forwarder // nil: stats and expansion of a claimed volume fail with FailedPrecondition
+	// Mounts says whether the host has a volume's device mounted, asked at every stage and claim; nil:
+	// nothing is asked (tests of other rules).
+	Mounts HostMounts
 	// KubeletDir is the kubelet root; descriptors under <KubeletDir>/pods/<uid>/ are garbage-collected
 	// once that pod directory is gone.
 	KubeletDir string
@@ -121,7 +126,9 @@ func Open(cfg Config, loaded Loaded) (*Manager, error) {
 
 // Stage deposits a descriptor. The same spec again returns the stored volume and stores nothing (each
 // subscriber's Restaged may redo what it could not do before); another spec for the same target is
-// ErrAlreadyExists. A subscriber may refuse a new descriptor (see Subscriber): nothing is stored then.
+// ErrAlreadyExists. A subscriber may refuse a new descriptor (see Subscriber): nothing is stored then. A
+// device the host has mounted, or a device built on it, is ErrFailedPrecondition naming where (see
+// HostMounts), the same spec again included: nothing is stored, and a descriptor already held stays.
 func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1.Volume, error) {
 	v, err := m.cfg.Validator.Volume(spec)
 	if err != nil {
@@ -134,6 +141,9 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 	}
 	defer unlock()
 
+	if err := m.notMounted(v); err != nil {
+		return nil, err
+	}
 	if old := m.get(target); old != nil {
 		if diff := differingFields(old.GetSpec(), v.GetSpec()); len(diff) > 0 {
 			return nil, fmt.Errorf("volume %q is staged with other parameters (%s): %w",
@@ -269,8 +279,9 @@ func (m *Manager) ListPage(_ context.Context, after string, maxEntries, maxBytes
 // Claim records that sandboxID uses the volume and returns the descriptor. The same sandbox claiming
 // again succeeds (its endpoint and the claiming process, see WithClaimer, are updated); another sandbox,
 // or a claim the claim source reports for another sandbox, is ErrFailedPrecondition until the claim is
-// released. The device must still be the one staged, at every claim, repeats included
-// (ErrFailedPrecondition otherwise), and one writer per device holds (see oneWriter).
+// released. The device must still be the one staged, and the host must not have it mounted (see
+// HostMounts), at every claim, repeats included (ErrFailedPrecondition otherwise, naming what changed or
+// where it is mounted), and one writer per device holds (see oneWriter).
 func (m *Manager) Claim(ctx context.Context, target, sandboxID, endpoint string) (*crustv1.Volume, error) {
 	if err := errors.Join(
 		m.cfg.Validator.TargetName("volume_target_path", target),
@@ -317,6 +328,9 @@ func (m *Manager) claim(ctx context.Context, target string, c *crustv1.Claim, fo
 	// another device since the first claim.
 	if err := m.cfg.Validator.SameDevice(old); err != nil {
 		return nil, fmt.Errorf("volume %q: refusing to hand out its device: %w", target, err)
+	}
+	if err := m.notMounted(old); err != nil {
+		return nil, err
 	}
 	if o := old.GetClaim(); o != nil && o.GetHandlerEndpoint() == c.GetHandlerEndpoint() &&
 		o.GetClaimerPid() == c.GetClaimerPid() && o.GetClaimerStartTime() == c.GetClaimerStartTime() {
@@ -596,6 +610,18 @@ func (m *Manager) unclaimedDevice(v *crustv1.Volume, measure func(string, crustv
 		return 0, fmt.Errorf("volume %q: %w", v.GetSpec().GetVolumeTargetPath(), err)
 	}
 	return measure(v.GetResolvedBackingPath(), v.GetSpec().GetVolumeType())
+}
+
+// notMounted says why v's device may not go to a sandbox because the host has it mounted (HostMounts), or
+// nil.
+func (m *Manager) notMounted(v *crustv1.Volume) error {
+	if m.cfg.Mounts == nil {
+		return nil
+	}
+	if err := m.cfg.Mounts.NotMounted(v); err != nil {
+		return fmt.Errorf("volume %q: refusing its device: %w", v.GetSpec().GetVolumeTargetPath(), err)
+	}
+	return nil
 }
 
 // forwarding says why stats and expansion of the claimed volume v cannot be forwarded, or nil.

@@ -45,6 +45,7 @@ type env struct {
 
 	sandboxes kata.SandboxFinder // nil: no discovery of Kata sandboxes
 	fwd       Forwarder          // nil: no forwarding
+	mounts    HostMounts         // nil: no mount check
 }
 
 func newEnv(t testing.TB) *env {
@@ -136,7 +137,7 @@ func (e *env) open() error {
 	}
 	e.k = kata.NewAdapter(proj, e.sandboxes, log)
 	e.m, err = Open(Config{Validator: v, Store: st, Subscribers: []Subscriber{e.k}, Claims: e.k, KubeletDir: e.kubelet,
-		LockWait: time.Minute, WatchBuffer: 16, Log: log, Forwarder: e.fwd}, Loaded(*loaded))
+		LockWait: time.Minute, WatchBuffer: 16, Log: log, Forwarder: e.fwd, Mounts: e.mounts}, Loaded(*loaded))
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,10 @@ type Device struct {
 	Parent, Subsystem string
 	// Files are more files in Dir (a name such as "partition" or "dm/name", and its content).
 	Files map[string]string
+	// Holders are the directories, below <root>/devices, of the devices built on this one (device-mapper,
+	// md): each gets the link <Dir>/holders/<its base name>, as the kernel makes it. A partition is not a
+	// holder: it is a directory below its disk's, with a "partition" file.
+	Holders []string
 }
 
 // Add adds d to the tree at root. A parent's subsystem link is made once.
@@ -56,6 +60,11 @@ func Add(root string, d Device) error {
 			if err := link(filepath.Join(root, d.Subsystem), sub); err != nil {
 				return err
 			}
+		}
+	}
+	for _, h := range d.Holders {
+		if err := link(filepath.Join(root, "devices", h), filepath.Join(dir, "holders", filepath.Base(h))); err != nil {
+			return err
 		}
 	}
 	return link(dir, filepath.Join(root, "dev", "block", fmt.Sprintf("%d:%d", d.Major, d.Minor)))
