@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 
@@ -11,8 +12,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	crustv1 "crust.dev/crust/api/crust/v1"
 )
@@ -185,8 +184,7 @@ func (c *Client) Expand(ctx context.Context, req *csi.NodeExpandVolumeRequest) (
 	}
 	cr := req.GetCapacityRange()
 	if cr.GetRequiredBytes() <= 0 {
-		return nil, status.Error(codes.InvalidArgument,
-			"capacity_range.required_bytes: a deferred volume is grown to a size, so it must be positive")
+		return nil, errdefs.Field("capacity_range.required_bytes", "a deferred volume is grown to a size, so it must be positive")
 	}
 	if err := c.mustHold(ctx, req.GetVolumePath(), req.GetVolumeId()); err != nil {
 		return nil, err
@@ -205,14 +203,14 @@ func (c *Client) Expand(ctx context.Context, req *csi.NodeExpandVolumeRequest) (
 // volume's): a call naming one volume never acts on another's path.
 func (c *Client) heldFor(ctx context.Context, targetPath, volumeID string) (bool, error) {
 	r, err := c.volumes.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: targetPath})
-	if code := status.Code(err); code == codes.NotFound || code == codes.InvalidArgument {
+	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalidArgument) {
 		return false, nil // a path crustd refuses holds nothing
 	}
 	if err != nil {
 		return false, err
 	}
 	if id := r.GetVolume().GetSpec().GetVolumeId(); id != "" && id != volumeID {
-		return true, status.Errorf(codes.NotFound, "volume %s is not at %s (volume %s is)", volumeID, targetPath, id)
+		return true, errdefs.Errorf(errdefs.ErrNotFound, "volume %s is not at %s (volume %s is)", volumeID, targetPath, id)
 	}
 	return true, nil
 }
@@ -222,7 +220,7 @@ func (c *Client) heldFor(ctx context.Context, targetPath, volumeID string) (bool
 func (c *Client) mustHold(ctx context.Context, targetPath, volumeID string) error {
 	held, err := c.heldFor(ctx, targetPath, volumeID)
 	if err == nil && !held {
-		err = status.Errorf(codes.NotFound, "volume %s is not at %s: crustd holds no deferred volume there", volumeID, targetPath)
+		err = errdefs.Errorf(errdefs.ErrNotFound, "volume %s is not at %s: crustd holds no deferred volume there", volumeID, targetPath)
 	}
 	return err
 }
@@ -236,10 +234,10 @@ func (c *Client) Holds(ctx context.Context, targetPath string) (bool, error) {
 		return false, nil
 	}
 	_, err := c.volumes.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: targetPath})
-	switch status.Code(err) {
-	case codes.OK:
+	switch {
+	case err == nil:
 		return true, nil
-	case codes.NotFound, codes.InvalidArgument:
+	case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, errdefs.ErrInvalidArgument):
 		return false, nil
 	}
 	return false, err
@@ -348,14 +346,14 @@ func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...Publ
 	}
 	vc := req.GetVolumeCapability()
 	if vc == nil {
-		return nil, errdefs.ToGRPC(errdefs.Field("volume_capability", "is required"))
+		return nil, errdefs.Field("volume_capability", "is required")
 	}
 	mnt := vc.GetMount()
 	if mnt == nil && vc.GetBlock() == nil {
-		return nil, errdefs.ToGRPC(errdefs.Field("volume_capability", "has neither a mount nor a block access type"))
+		return nil, errdefs.Field("volume_capability", "has neither a mount nor a block access type")
 	}
 	if device == "" {
-		return nil, errdefs.ToGRPC(errdefs.Field("device", "is required (the block device to defer)"))
+		return nil, errdefs.Field("device", "is required (the block device to defer)")
 	}
 	spec := &crustv1.VolumeSpec{
 		VolumeTargetPath:  req.GetTargetPath(),
@@ -374,7 +372,7 @@ func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...Publ
 	}
 	limits, err := volume.ParseIOLimits(req.GetVolumeContext())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	spec.IoLimits = limits
 	if mnt != nil {
@@ -392,8 +390,8 @@ func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...Publ
 			spec.FsType = volume.DefaultFSType
 		}
 	case spec.VolumeMode != crustv1.VolumeMode_VOLUME_MODE_BLOCK:
-		return nil, errdefs.ToGRPC(errdefs.Field("volume_capability", "a block volume is deferred only with the "+
-			"RawBlock option; without it, publish it on the host: the runtime hands the device to the sandbox itself"))
+		return nil, errdefs.Field("volume_capability", "a block volume is deferred only with the "+
+			"RawBlock option; without it, publish it on the host: the runtime hands the device to the sandbox itself")
 	default:
 		spec.FsType, spec.CreateFilesystem = "", false // filesystem options mean nothing for a raw device
 	}
@@ -438,7 +436,7 @@ func mountFields(spec *crustv1.VolumeSpec, mnt *csi.VolumeCapability_MountVolume
 	if g := mnt.GetVolumeMountGroup(); g != "" {
 		gid, err := strconv.ParseInt(g, 10, 64)
 		if err != nil {
-			return errdefs.ToGRPC(errdefs.Field("volume_capability.mount.volume_mount_group", "%q is not a group id", g))
+			return errdefs.Field("volume_capability.mount.volume_mount_group", "%q is not a group id", g)
 		}
 		spec.VolumeSupplementalGroup = &gid
 	}
@@ -449,7 +447,7 @@ func mountFields(spec *crustv1.VolumeSpec, mnt *csi.VolumeCapability_MountVolume
 func required(pairs ...string) error {
 	for i := 0; i+1 < len(pairs); i += 2 {
 		if pairs[i+1] == "" {
-			return errdefs.ToGRPC(errdefs.Field(pairs[i], "is required"))
+			return errdefs.Field(pairs[i], "is required")
 		}
 	}
 	return nil

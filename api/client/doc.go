@@ -22,9 +22,12 @@
 // a driver that wants crust's handlers to attach it anyway publishes it as CSI asks and deposits it
 // with the RawBlock option (Publish(ctx, req, dev, client.RawBlock())).
 //
-// Every method returns gRPC status errors whose codes are CSI's, so a driver returns them as they are:
-// InvalidArgument for a missing or bad field (the message names it), AlreadyExists for a target published
-// with other parameters, NotFound (no deferred volume of that id at that path), FailedPrecondition (a
-// device smaller than the size asked, or no longer the one published), Aborted (another call on the same target is in flight), Unavailable (crustd or the runtime
-// handler cannot be reached), PermissionDenied (the driver's uid is not allowed by crustd).
+// Every method returns errors of crust.dev/crust/api/errdefs' kinds, each carrying the gRPC status whose
+// code is CSI's, so a driver returns them as they are (with or without errdefs' server interceptors):
+// InvalidArgument for a missing or bad field (the message names it; errors.As finds an
+// *errdefs.FieldError), AlreadyExists for a target published with other parameters, NotFound (no deferred
+// volume of that id at that path), FailedPrecondition (a device smaller than the size asked, or no longer
+// the one published, or mounted on the host), Aborted (another call on the same target is in flight),
+// Unavailable (crustd or the runtime handler cannot be reached), PermissionDenied (the driver's uid is not
+// allowed by crustd). Test them with errors.Is.
 package client

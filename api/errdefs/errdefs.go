@@ -9,42 +9,59 @@
 // or returns a *FieldError for bad input, so that the message names the field and the reason. Callers test
 // with errors.Is (and errors.As for a *FieldError).
 //
-// Each kind has its own gRPC code. A server turns an error into a status with ToGRPC where it answers, and
-// a client turns a status back into a kind with FromGRPC where it is answered; nothing else builds or reads
-// status codes. A *FieldError crosses with its field (in a google.rpc.BadRequest detail), so the other
-// side gets a *FieldError back.
+// Each kind has its own gRPC code. The conversion happens once at each boundary, in interceptors: a
+// server installs UnaryServerInterceptor and StreamServerInterceptor (ToGRPC on what its handlers
+// return), and a client's connection UnaryClientInterceptor and StreamClientInterceptor (FromGRPC on what
+// it is answered; unixsocket.Dial and crustd.Dial install them). Nothing else builds or reads status
+// codes. A *FieldError crosses with its field (in a google.rpc.BadRequest detail), so the other side gets
+// a *FieldError back. An error made by Field, New or Errorf also carries its status itself (GRPCStatus),
+// for a server that installs no interceptor: a CSI driver returning api/client's errors as they are.
 package errdefs
 
 import (
 	"errors"
 	"fmt"
 	"syscall"
+
+	"google.golang.org/grpc/status"
 )
 
-// Sentinel kinds. Test with errors.Is.
+// Sentinel kinds. Test with errors.Is. Each stands for one thing a caller can act on, whatever the call;
+// the error's text says which volume, path or field. A failure that means something else gets a kind of
+// its own rather than a near one.
 var (
-	// ErrInvalidArgument: the request is malformed; nothing was changed.
+	// ErrInvalidArgument: the request itself is wrong (a missing or malformed field, a value the API
+	// does not allow); the same request never succeeds, and nothing was changed.
 	ErrInvalidArgument = errors.New("invalid argument")
-	// ErrNotFound: no volume is staged at that target path.
+	// ErrNotFound: what the request names does not exist: no volume staged at that target path, no volume
+	// of that id, no such volume in the sandbox that was asked.
 	ErrNotFound = errors.New("not found")
-	// ErrAlreadyExists: the target path is staged with other parameters.
+	// ErrAlreadyExists: what the request would create exists with other parameters (a target path staged
+	// with another spec); the same request with the same parameters succeeds.
 	ErrAlreadyExists = errors.New("already exists")
-	// ErrFailedPrecondition: the volume's state does not allow the operation.
+	// ErrFailedPrecondition: the request is well formed but the state of what it names does not allow it
+	// now (the device changed or is mounted on the host, another sandbox holds the volume, the volume is
+	// not mounted in the sandbox yet); it may succeed once that state changes.
 	ErrFailedPrecondition = errors.New("failed precondition")
-	// ErrAborted: another operation on the same target path is in flight.
+	// ErrAborted: another call on the same target path is in flight; retry.
 	ErrAborted = errors.New("operation already in flight")
-	// ErrPermissionDenied: the caller is not allowed.
+	// ErrPermissionDenied: the caller is not allowed to make the call (its uid or gid is not admitted).
 	ErrPermissionDenied = errors.New("permission denied")
-	// ErrUnavailable: the owner of the volume (a runtime handler) cannot be reached.
+	// ErrUnavailable: a process the call needs cannot be reached now (crustd, the runtime handler that
+	// holds the volume, a Kata shim, the CSI driver behind the proxy); retry.
 	ErrUnavailable = errors.New("unavailable")
-	// ErrUnimplemented: the owner does not support the operation.
+	// ErrUnimplemented: the process that answers does not do that call, or not for that kind of volume.
 	ErrUnimplemented = errors.New("unimplemented")
+	// ErrOutOfRange: a size the request asks cannot be met as asked (a capacity its range forbids, a
+	// volume that would have to shrink).
+	ErrOutOfRange = errors.New("out of range")
 	// ErrInternal: a fault of the component that answers, not of the request (a bug, a broken disk).
 	ErrInternal = errors.New("internal")
 	// ErrUnknown: a failure of no known kind, such as a status code no kind stands for.
 	ErrUnknown = errors.New("unknown")
-	// ErrResourceExhausted: the storage that holds crust's state is full (ENOSPC) or over quota (EDQUOT);
-	// nothing was changed, and the same call succeeds once space returns.
+	// ErrResourceExhausted: storage is full: the disk that holds crust's state (ENOSPC, EDQUOT), or the
+	// volume group a driver creates volumes in; nothing was changed, and the same call succeeds once
+	// space returns.
 	ErrResourceExhausted = errors.New("resource exhausted")
 )
 
@@ -67,6 +84,10 @@ type FieldError struct {
 
 // Error implements error.
 func (e *FieldError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Reason) }
+
+// GRPCStatus is the error as ToGRPC gives it, so that gRPC answers it with its code and field where no
+// interceptor converts it (a CSI driver returning api/client's errors as they are).
+func (e *FieldError) GRPCStatus() *status.Status { return status.Convert(ToGRPC(e)) }
 
 // Is makes errors.Is(err, ErrInvalidArgument) true for a *FieldError.
 func (e *FieldError) Is(target error) bool { return target == ErrInvalidArgument }
@@ -95,3 +116,6 @@ type kindError struct {
 
 func (e *kindError) Error() string { return e.text }
 func (e *kindError) Unwrap() error { return e.kind }
+
+// GRPCStatus is the error as ToGRPC gives it (see FieldError.GRPCStatus).
+func (e *kindError) GRPCStatus() *status.Status { return status.Convert(ToGRPC(e)) }

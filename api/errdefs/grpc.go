@@ -23,6 +23,7 @@ var kinds = []struct {
 	{ErrPermissionDenied, codes.PermissionDenied},
 	{ErrUnavailable, codes.Unavailable},
 	{ErrUnimplemented, codes.Unimplemented},
+	{ErrOutOfRange, codes.OutOfRange},
 	{ErrResourceExhausted, codes.ResourceExhausted},
 	{ErrInternal, codes.Internal},
 	{ErrUnknown, codes.Unknown},
@@ -69,6 +70,32 @@ func ToGRPC(err error) error {
 		}
 	}
 	return st.Err()
+}
+
+// Status returns the gRPC status err carries, and whether it carries one: an error a call answered, or
+// an error of Field, New or Errorf (their GRPCStatus), wrapped or not. It is for the edge of a process that
+// reports errors as gRPC codes (crustctl's "CODE: message").
+func Status(err error) (*status.Status, bool) {
+	if err == nil {
+		return nil, false
+	}
+	return status.FromError(err)
+}
+
+// KindOf returns the kind of err, as ToGRPC picks its code: the first of the sentinel kinds (and
+// context.Canceled, context.DeadlineExceeded) that errors.Is finds in err, ErrUnknown for a status of no
+// kind's code, ErrInternal for an error of no kind, nil for nil.
+func KindOf(err error) error {
+	if err == nil {
+		return nil
+	}
+	code := status.Code(ToGRPC(err))
+	for _, k := range kinds {
+		if k.code == code {
+			return k.err
+		}
+	}
+	return ErrUnknown
 }
 
 // FromGRPC returns the error a gRPC call answered as an error of its code's kind (errors.Is holds for the

@@ -90,3 +90,22 @@ func TestRoundTrip(t *testing.T) {
 		t.Error("an error that is no status was changed")
 	}
 }
+
+// An error of Field, New or Errorf keeps its code through gRPC's own reading (status.FromError), as a
+// server that installs no interceptor answers it, wrapped or not.
+func TestErrorsCarryTheirStatus(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		code codes.Code
+	}{
+		{errdefs.Field("spec.fs_type", "is required"), codes.InvalidArgument},
+		{fmt.Errorf("publish: %w", errdefs.Field("device", "is required")), codes.InvalidArgument},
+		{errdefs.Errorf(errdefs.ErrOutOfRange, "too big"), codes.OutOfRange},
+		{fmt.Errorf("x: %w", errdefs.New(errdefs.ErrNotFound, "no such thing")), codes.NotFound},
+	} {
+		st, ok := status.FromError(tc.err)
+		if !ok || st.Code() != tc.code || st.Message() != tc.err.Error() {
+			t.Errorf("status.FromError(%v) = %v, %v; want %v with the error's text", tc.err, st, ok, tc.code)
+		}
+	}
+}

@@ -101,37 +101,31 @@
 // of an earlier boot is kept (the driver's own state may outlive a boot) and treated as incomplete: its
 // mounts are gone, so the next publish runs every step again and the next unpublish undoes every step.
 // (crustd drops its descriptors of an earlier boot; the proxy's records are obligations to undo, which a
-// reboot does not discharge.) The records are kept by the record engine (internal/recordfile): a damaged
-// record is moved into corrupt/ and logged, a record of a newer version or an I/O error reading one stops
-// the proxy at start, naming the file.
+// reboot does not discharge.)
 //
-// The on-disk format is a contract; a change older code cannot read takes a new version:
+// The records are kept by the record engine, internal/recordfile, whose package documentation is the
+// contract of the state directory: the record format (version, boot id, checksum), the atomic and
+// durable replace, file modes, the quarantine of a damaged record in corrupt/, the refusal to start on a
+// record of a newer version, and the lock that gives the directory to one proxy at a time (a second one
+// fails at start naming the first, holder "crust-csi-proxy"). What the proxy adds:
 //
-//	<state-dir>/                       created mode 0700 when missing
-//	<state-dir>/records/<key>.json     one record, mode 0600
-//	<state-dir>/tmp/                   files being written; emptied at start
-//	<state-dir>/corrupt/<name>.<time>  damaged records moved aside at start (and logged)
+//	<state-dir>/records/<key>.json     one record per path
 //	<state-dir>/block/<key>/dev        the private path of a target not shaped like kubelet's
 //
 // For a kubelet-shaped target, <kubelet>/pods/<uid>/volumes/kubernetes.io~csi/<name>/mount, the private
 // path is <kubelet>/pods/<uid>/volumes/kubernetes.io~csi/<name>/crust.dev~block/dev; a record names the
 // private path it used, so records written before either form still undo what they did.
 //
-// <key> is the lowercase hex SHA-256 of "<kind>:<path>" (kind "publish" or "stage"). A record is one line
-// of JSON:
-//
-//	{"version":1,"bootId":"<boot id>","sha256":"<hex SHA-256 of the payload bytes>","record":<payload>}
-//
-// and the payload is an object with the members of Record: kind, path, volumeId, mode ("deferred",
-// "host" or "block-stage"), phase, stagingPath, privatePath, device, fsType, readOnly, updated. Phases, in
-// order: for a publish "publishing" (written before the first step) and "published" (after the last);
-// while undoing it "unpublishing"; for a stage "staging", "staged", "unstaging". Every step and every undo
-// step is idempotent, so a record says no more than whether its call completed: a retry runs all the
-// steps again, an undo all the undo steps. Any other phase (earlier versions wrote one after each step)
-// reads as not completed. Writes go to tmp/, are fsynced, renamed over the record and the
-// records directory is fsynced; a delete unlinks and fsyncs the directory. At start, a record of a newer
-// version makes the proxy refuse to start (before anything is moved); a record that does not decode or
-// whose checksum or file name does not match is moved to corrupt/.
+// <key> is the lowercase hex SHA-256 of "<kind>:<path>" (kind "publish" or "stage"). Records are of
+// version 1; the envelope's payload member is "record", an object with the members of Record: kind,
+// path, volumeId, mode ("deferred", "host" or "block-stage"), phase, stagingPath, privatePath, device,
+// fsType, readOnly, updated. Phases, in order: for a publish "publishing" (written before the first step)
+// and "published" (after the last); while undoing it "unpublishing"; for a stage "staging", "staged",
+// "unstaging". Every step and every undo step is idempotent, so a record says no more than whether its
+// call completed: a retry runs all the steps again, an undo all the undo steps. Any other phase (earlier
+// versions wrote one after each step) reads as not completed. A payload that does not decode, or a file
+// name that does not match its kind and path, is damage: the engine moves it to corrupt/, and the proxy
+// logs at error that what it recorded may need cleaning up by hand.
 //
 // # Deployment
 //

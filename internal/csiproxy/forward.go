@@ -142,8 +142,8 @@ func keepRaw(h grpc.MethodHandler) grpc.MethodHandler {
 		ctx = context.WithValue(ctx, rawRequestKey{}, f)
 		return h(srv, ctx, func(v any) error {
 			if err := gproto.Unmarshal(f.data, v.(gproto.Message)); err != nil {
-				// before the interceptors: a boundary of its own
-				return errdefs.ToGRPC(errdefs.Errorf(errdefs.ErrInternal, "grpc: error unmarshalling request: %v", err))
+				// before the interceptors: the error carries its status itself (errdefs.Errorf)
+				return errdefs.Errorf(errdefs.ErrInternal, "grpc: error unmarshalling request: %v", err)
 			}
 			return nil
 		}, ic)

@@ -2,7 +2,6 @@ package csiproxy
 
 import (
 	crustv1 "crust.dev/crust/api/crust/v1"
-	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/api/volume"
 )
 
@@ -10,6 +9,5 @@ import (
 // crustd will (volume.ParseIOLimits), so that a bad value is refused with InvalidArgument naming the
 // parameter before the proxy or the driver does anything. Nil means no limit.
 func checkIOLimits(params map[string]string) (*crustv1.IOLimits, error) {
-	l, err := volume.ParseIOLimits(params)
-	return l, errdefs.ToGRPC(err)
+	return volume.ParseIOLimits(params)
 }

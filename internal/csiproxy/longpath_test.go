@@ -13,7 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	crustv1 "crust.dev/crust/api/crust/v1"
-	"crust.dev/crust/internal/kata"
+	"crust.dev/crust/internal/katadir"
 )
 
 // TestDeferredEventCarriesKataCaveats: a PersistentVolume named with 253 characters (the longest name
@@ -47,10 +47,10 @@ func TestDeferredEventCarriesKataCaveats(t *testing.T) {
 	if err != nil {
 		t.Fatalf("crustd does not hold the volume: %v", err)
 	}
-	if c := got.GetVolume().GetKataCaveats(); !slices.Equal(c, []string{kata.PathTooLongCaveat}) {
+	if c := got.GetVolume().GetKataCaveats(); !slices.Equal(c, []string{katadir.PathTooLongCaveat}) {
 		t.Fatalf("kata_caveats %q, want the caveat of a path Kata cannot name", c)
 	}
-	waitEvent(t, cs, "vm", ReasonDeferred, "Kata caveats: "+kata.PathTooLongCaveat)
+	waitEvent(t, cs, "vm", ReasonDeferred, "Kata caveats: "+katadir.PathTooLongCaveat)
 
 	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: target}); err != nil {
 		t.Fatal(err)

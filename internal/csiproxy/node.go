@@ -11,7 +11,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 
@@ -179,8 +178,8 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 		if rec.Mode == ModeHost {
 			verb = "mounting it on the host"
 		}
-		p.podEvent(r.GetVolumeContext(), corev1.EventTypeWarning, ReasonDeferralFailed, "volume %s: %s failed (%s): %s",
-			r.GetVolumeId(), verb, status.Code(errdefs.ToGRPC(err)), status.Convert(err).Message())
+		p.podEvent(r.GetVolumeContext(), corev1.EventTypeWarning, ReasonDeferralFailed, "volume %s: %s failed (%v): %v",
+			r.GetVolumeId(), verb, errdefs.KindOf(err), err)
 	case why != "" && rec.Mode == ModeDeferred:
 		p.podEvent(r.GetVolumeContext(), corev1.EventTypeNormal, ReasonDeferred,
 			"volume %s deferred to the pod's sandbox (%s): crustd holds device %s for the microVM runtime to mount inside the VM%s",
@@ -306,7 +305,7 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 		if uerr := p.undoPublish(uctx, rec); uerr != nil {
 			p.log.Error("undo a failed publish", "target", target, "err", uerr)
 			return nil, errdefs.Errorf(errdefs.ErrAborted, "%v (and undoing what was done failed: %v; retry)",
-				status.Convert(err).Message(), status.Convert(uerr).Message())
+				err, uerr)
 		}
 		return nil, err
 	}

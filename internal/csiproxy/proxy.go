@@ -10,8 +10,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
@@ -217,8 +215,8 @@ func (p *Proxy) NewServer() *grpc.Server {
 		grpc.ForceServerCodecV2(p.codec),
 		command.StreamWorkers(),
 		grpc.UnknownServiceHandler(p.forwardUnknown),
-		grpc.ChainUnaryInterceptor(p.metrics.UnaryServerInterceptor(), calls.Unary(), toGRPC),
-		grpc.ChainStreamInterceptor(p.metrics.StreamServerInterceptor(), calls.Stream(), toGRPCStream),
+		grpc.ChainUnaryInterceptor(p.metrics.UnaryServerInterceptor(), calls.Unary(), errdefs.UnaryServerInterceptor),
+		grpc.ChainStreamInterceptor(p.metrics.StreamServerInterceptor(), calls.Stream(), errdefs.StreamServerInterceptor),
 	)
 	csi.RegisterIdentityServer(s, p)
 	if p.cfg.Controller {
@@ -325,14 +323,15 @@ func blockCapability(c *csi.VolumeCapability) *csi.VolumeCapability {
 }
 
 // isFinal reports whether kubelet takes err as final, that is, it will not treat the volume as possibly
-// published and so will not call NodeUnpublishVolume or NodeUnstageVolume for it. It judges by the code
-// kubelet is sent (errdefs.ToGRPC).
+// published and so will not call NodeUnpublishVolume or NodeUnstageVolume for it: every kind but those of
+// a call that may still be going on or may succeed when retried.
 func isFinal(err error) bool {
-	switch status.Code(errdefs.ToGRPC(err)) {
-	case codes.OK, codes.Canceled, codes.DeadlineExceeded, codes.Unavailable, codes.ResourceExhausted, codes.Aborted:
-		return false
+	for _, kind := range []error{context.Canceled, context.DeadlineExceeded, errdefs.ErrUnavailable, errdefs.ErrResourceExhausted, errdefs.ErrAborted} {
+		if errors.Is(err, kind) {
+			return false
+		}
 	}
-	return true
+	return err != nil
 }
 
 // lock takes path's lock, or fails with ABORTED.

@@ -144,7 +144,7 @@ func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 	}
 	d, report, err := recordfile.Open(dir, recordfile.Options{
 		Version: recordVersion, Field: payloadField, BootID: bootID,
-		Records: "records", Extra: []string{"block"}, Lock: "crust-csi-proxy", Log: log,
+		Records: "records", Extra: []string{"block"}, Holder: "crust-csi-proxy", Log: log,
 	}, check)
 	if err != nil {
 		return nil, fmt.Errorf("--state-dir: %w", err)

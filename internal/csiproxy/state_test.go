@@ -2,6 +2,7 @@ package csiproxy
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"crust.dev/crust/internal/recordfile"
+	"crust.dev/crust/internal/recordfile/recordfiletest"
 )
 
 func testLog(t *testing.T) *slog.Logger {
@@ -189,4 +191,26 @@ func TestStatePlantedLinks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// One proxy per state directory: a second one is refused at start, naming the directory and the first,
+// with the refusal every user of the record engine gives (crustd's: internal/store); once the first
+// closes, the directory is free.
+func TestSecondProxyOnOneStateDir(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{DriverAddress: filepath.Join(dir, "driver.sock"), CrustSocket: filepath.Join(dir, "crust.sock"),
+		StateDir: filepath.Join(dir, "state")}
+	ctx := context.Background()
+	first, err := New(ctx, cfg, testLog(t), Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(ctx, cfg, testLog(t), Deps{})
+	recordfiletest.WantHeld(t, err, cfg.StateDir, "crust-csi-proxy")
+	first.Close()
+	again, err := New(ctx, cfg, testLog(t), Deps{})
+	if err != nil {
+		t.Fatalf("a proxy after the first closed: %v", err)
+	}
+	again.Close()
 }

@@ -18,11 +18,11 @@ import (
 	"unicode/utf8"
 
 	"crust.dev/crust/api/crustd"
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/api/volume"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	crustv1 "crust.dev/crust/api/crust/v1"
@@ -57,7 +57,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if errors.Is(err, errProblemsFound) {
 		return 3
 	}
-	if s, ok := status.FromError(err); ok {
+	if s, ok := errdefs.Status(err); ok && !command.IsUsage(err) {
 		fmt.Fprintf(stderr, "crustctl: %s: %s\n", s.Code(), s.Message())
 		return 1
 	}

@@ -1,6 +1,6 @@
 // Package daemon wires crustd together: it loads the store, opens the core (internal/manager) with the
 // store, the validator, the forwarder, the host's mount check (internal/hostdev) and the Kata adapter
-// (internal/kata: the projection, Kata's claims and caveats) injected, serves the API on the unix socket
+// (internal/katadir: the projection, Kata's claims and caveats) injected, serves the API on the unix socket
 // and metrics over HTTP, watches runtime handlers, collects the descriptors of deleted pods, and stops
 // cleanly on a signal. Start-up fails on a bad configuration or an unusable directory, never on one bad
 // record.
@@ -11,20 +11,17 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"os"
 	"time"
-
-	"crust.dev/crust/internal/dirlock"
 
 	"github.com/spf13/cobra"
 
-	katafmt "crust.dev/crust/api/kata"
+	"crust.dev/crust/api/kata"
 	"crust.dev/crust/api/unixsocket"
 	"crust.dev/crust/internal/crisandbox"
 	"crust.dev/crust/internal/forward"
 	"crust.dev/crust/internal/handlerwatch"
 	"crust.dev/crust/internal/hostdev"
-	"crust.dev/crust/internal/kata"
+	"crust.dev/crust/internal/katadir"
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/metrics"
 	"crust.dev/crust/internal/peercred"
@@ -80,8 +77,8 @@ func Defaults() Config {
 		Socket:            "/run/crust/crust.sock",
 		StateDir:          "/run/crust",
 		StoreWriteVersion: store.DefaultWriteVersion,
-		KataDir:           katafmt.DefaultDir,
-		KataShimDirs:      katafmt.DefaultShimDirs(),
+		KataDir:           kata.DefaultDir,
+		KataShimDirs:      kata.DefaultShimDirs(),
 		CRIEndpoint:       crisandbox.DefaultEndpoint,
 		CRITimeout:        crisandbox.DefaultTimeout,
 		KubeletDir:        "/var/lib/kubelet",
@@ -115,20 +112,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	// One crustd per state directory: a second one exits at once, naming the first.
-	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
-		return fmt.Errorf("--state-dir: %w", err)
-	}
-	lock, err := dirlock.Acquire(cfg.StateDir, "crustd")
-	if err != nil {
-		return fmt.Errorf("--state-dir: %w", err)
-	}
-	defer lock.Release()
+	// One crustd per state directory: the store holds it until crustd ends, and a second one exits at
+	// once, naming the first.
 	st, loaded, err := store.OpenWith(cfg.StateDir, bootID, store.Options{WriteVersion: cfg.StoreWriteVersion, Log: log})
 	if err != nil {
-		return err
+		return fmt.Errorf("--state-dir: %w", err)
 	}
-	proj, err := kata.New(cfg.KataDir)
+	defer st.Close()
+	proj, err := katadir.New(cfg.KataDir)
 	if err != nil {
 		return err
 	}
@@ -136,7 +127,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer func() { _ = fwd.Close() }()
 	var (
 		sandboxes handlerwatch.Sandboxes
-		finder    kata.SandboxFinder
+		finder    katadir.SandboxFinder
 		discover  func(context.Context) []string
 	)
 	if cfg.CRIEndpoint != "" {
@@ -147,7 +138,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		defer func() { _ = f.Close() }()
 		sandboxes, finder = f, f
 	}
-	katas := kata.NewAdapter(proj, finder, log)
+	katas := katadir.NewAdapter(proj, finder, log)
 	m, err := manager.Open(manager.Config{
 		Validator: v, Store: st, Subscribers: []manager.Subscriber{katas}, Claims: katas, Forwarder: fwd,
 		Mounts: hostdev.MountCheck{}, KubeletDir: cfg.KubeletDir, LockWait: cfg.LockWait, Log: log,

@@ -10,13 +10,13 @@ import (
 
 	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/api/errdefs"
-	katafmt "crust.dev/crust/api/kata"
-	"crust.dev/crust/internal/kata"
+	"crust.dev/crust/api/kata"
+	"crust.dev/crust/internal/katadir"
 )
 
 // kataStats asks the Kata shim of v's sandbox for the stats of v's device.
 func (f *Forwarder) kataStats(ctx context.Context, v *crustv1.Volume) (*crustv1.GetVolumeStatsResponse, error) {
-	c := &katafmt.ShimClient{Dirs: f.KataShimDirs}
+	c := &kata.ShimClient{Dirs: f.KataShimDirs}
 	st, err := c.Stats(ctx, v.GetClaim().GetSandboxId(), kataDevice(v))
 	if err != nil {
 		return nil, kataError(v, err)
@@ -39,7 +39,7 @@ func (f *Forwarder) kataExpand(ctx context.Context, v *crustv1.Volume, requiredB
 	if requiredBytes <= 0 {
 		return 0, errdefs.Field("required_bytes", "must be positive, got %d", requiredBytes)
 	}
-	c := &katafmt.ShimClient{Dirs: f.KataShimDirs}
+	c := &kata.ShimClient{Dirs: f.KataShimDirs}
 	if err := c.Resize(ctx, v.GetClaim().GetSandboxId(), kataDevice(v), uint64(requiredBytes)); err != nil {
 		return 0, kataError(v, err)
 	}
@@ -48,19 +48,19 @@ func (f *Forwarder) kataExpand(ctx context.Context, v *crustv1.Volume, requiredB
 
 // kataDevice is how a Kata shim knows v's device: the device of its mountInfo.json.
 func kataDevice(v *crustv1.Volume) string {
-	return kata.MountInfo(v).Device
+	return katadir.MountInfo(v).Device
 }
 
 // kataError gives a shim client's error its kind (see the package documentation), keeping its text.
 func kataError(v *crustv1.Volume, err error) error {
 	prefix := fmt.Sprintf("volume %q", v.GetSpec().GetVolumeTargetPath())
-	var se *katafmt.ShimError
+	var se *kata.ShimError
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return fmt.Errorf("%s: %w", prefix, err)
-	case errors.Is(err, katafmt.ErrShimUnreachable):
+	case errors.Is(err, kata.ErrShimUnreachable):
 		return fmt.Errorf("%s: %w: %w", prefix, err, errdefs.ErrUnavailable)
-	case errors.Is(err, katafmt.ErrInvalidSandboxID):
+	case errors.Is(err, kata.ErrInvalidSandboxID):
 		return fmt.Errorf("%s: %w: %w", prefix, err, errdefs.ErrFailedPrecondition)
 	case errors.As(err, &se):
 		switch {
@@ -90,11 +90,11 @@ func clamp(n uint64) int64 {
 }
 
 // unit maps Kata's usage unit to the API's; the numbers agree, and an unknown one is unspecified.
-func unit(u katafmt.UsageUnit) crustv1.VolumeUsage_Unit {
+func unit(u kata.UsageUnit) crustv1.VolumeUsage_Unit {
 	switch u {
-	case katafmt.UsageUnitBytes:
+	case kata.UsageUnitBytes:
 		return crustv1.VolumeUsage_UNIT_BYTES
-	case katafmt.UsageUnitInodes:
+	case kata.UsageUnitInodes:
 		return crustv1.VolumeUsage_UNIT_INODES
 	}
 	return crustv1.VolumeUsage_UNIT_UNSPECIFIED

@@ -15,7 +15,7 @@ import (
 	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/api/kata"
 	"crust.dev/crust/api/kata/katatest"
-	kataproj "crust.dev/crust/internal/kata"
+	"crust.dev/crust/internal/katadir"
 )
 
 // kataVolume is a volume whose claim was read from a Kata sandbox-id file, as the manager makes it.
@@ -130,7 +130,7 @@ func TestKataDeviceIsTheProjections(t *testing.T) {
 	if want := []string{"/dev/vdc", "/dev/vdc"}; !slices.Equal(asked, want) {
 		t.Fatalf("the shim was asked about %q, want %q", asked, want)
 	}
-	if want, _ := json.Marshal(kataproj.MountInfo(v)); !strings.Contains(string(want), `"device":"/dev/vdc"`) {
+	if want, _ := json.Marshal(katadir.MountInfo(v)); !strings.Contains(string(want), `"device":"/dev/vdc"`) {
 		t.Fatalf("the projection names another device: %s", want)
 	}
 }

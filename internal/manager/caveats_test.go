@@ -15,7 +15,7 @@ import (
 	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/internal/hostdev/sysfstree"
-	"crust.dev/crust/internal/kata"
+	"crust.dev/crust/internal/katadir"
 )
 
 // pmemNode makes a device node under the env's device directory for a persistent-memory namespace of
@@ -55,7 +55,7 @@ func TestKataCaveats(t *testing.T) {
 	}
 	want := func(v *crustv1.Volume) []string {
 		if v.GetSpec().GetVolumeType() == crustv1.VolumeType_VOLUME_TYPE_PMEM {
-			return []string{kata.PmemCaveat}
+			return []string{katadir.PmemCaveat}
 		}
 		return nil
 	}
@@ -96,8 +96,8 @@ func TestKataCaveats(t *testing.T) {
 	if c := e.m.get(pmem.GetVolumeTargetPath()).GetKataCaveats(); c != nil {
 		t.Errorf("the volume loaded from the store carries caveats %q", c)
 	}
-	if !strings.Contains(kata.PmemCaveat, "without DAX") {
-		t.Errorf("the pmem caveat does not say that Kata mounts it without DAX: %q", kata.PmemCaveat)
+	if !strings.Contains(katadir.PmemCaveat, "without DAX") {
+		t.Errorf("the pmem caveat does not say that Kata mounts it without DAX: %q", katadir.PmemCaveat)
 	}
 }
 

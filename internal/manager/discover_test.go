@@ -14,7 +14,7 @@ import (
 
 	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/api/errdefs"
-	katafmt "crust.dev/crust/api/kata"
+	"crust.dev/crust/api/kata"
 	"crust.dev/crust/api/kata/katatest"
 	"crust.dev/crust/internal/crisandbox"
 	"crust.dev/crust/internal/forward"
@@ -116,7 +116,7 @@ func TestDiscoverKataClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantClaim("after a restart", v)
-	if _, err := os.Stat(filepath.Join(n.kataDir, katafmt.VolumeDirName(n.tp), "rs-sandbox")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(n.kataDir, kata.VolumeDirName(n.tp), "rs-sandbox")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a sandbox-id file was written: %v", err)
 	}
 

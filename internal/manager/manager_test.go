@@ -19,10 +19,10 @@ import (
 
 	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/api/errdefs"
-	katafmt "crust.dev/crust/api/kata"
+	"crust.dev/crust/api/kata"
 	"crust.dev/crust/api/kata/katatest"
 	"crust.dev/crust/internal/hostdev/sysfstree"
-	"crust.dev/crust/internal/kata"
+	"crust.dev/crust/internal/katadir"
 	"crust.dev/crust/internal/store"
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/validate"
@@ -41,11 +41,13 @@ type env struct {
 	allow    []string // device patterns allowed besides devDir's nodes
 	sysfs    string
 	m        *Manager
-	k        *kata.Adapter // the Kata adapter, wired as crustd wires it
+	k        *katadir.Adapter // the Kata adapter, wired as crustd wires it
+	st       *store.Store     // the store of m, which holds stateDir
+	loaded   *store.LoadReport
 
-	sandboxes kata.SandboxFinder // nil: no discovery of Kata sandboxes
-	fwd       Forwarder          // nil: no forwarding
-	mounts    HostMounts         // nil: no mount check
+	sandboxes katadir.SandboxFinder // nil: no discovery of Kata sandboxes
+	fwd       Forwarder             // nil: no forwarding
+	mounts    HostMounts            // nil: no mount check
 }
 
 func newEnv(t testing.TB) *env {
@@ -68,6 +70,7 @@ func newEnv(t testing.TB) *env {
 	for i := range 64 {
 		e.mknod(fmt.Sprintf("disk%d", i), 7, uint32(100+i))
 	}
+	t.Cleanup(e.closeStore)
 	e.reopen()
 	return e
 }
@@ -127,15 +130,17 @@ func (e *env) open() error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	e.closeStore() // the previous crustd has ended
 	st, loaded, err := store.Open(e.stateDir, "boot-1", log)
 	if err != nil {
 		return err
 	}
-	proj, err := kata.New(e.kataDir)
+	e.st, e.loaded = st, loaded
+	proj, err := katadir.New(e.kataDir)
 	if err != nil {
 		return err
 	}
-	e.k = kata.NewAdapter(proj, e.sandboxes, log)
+	e.k = katadir.NewAdapter(proj, e.sandboxes, log)
 	e.m, err = Open(Config{Validator: v, Store: st, Subscribers: []Subscriber{e.k}, Claims: e.k, KubeletDir: e.kubelet,
 		LockWait: time.Minute, WatchBuffer: 16, Log: log, Forwarder: e.fwd, Mounts: e.mounts}, Loaded(*loaded))
 	if err != nil {
@@ -143,6 +148,13 @@ func (e *env) open() error {
 	}
 	e.k.Bind(e.m)
 	return nil
+}
+
+// closeStore gives up the state directory of the last store open opened, if any.
+func (e *env) closeStore() {
+	if e.st != nil {
+		e.st.Close()
+	}
 }
 
 type testWriter struct{ t testing.TB }
@@ -264,8 +276,8 @@ func TestUnstageIsIdempotentAndRemovesProjection(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	e.stage(e.spec(0, 0))
-	dir := filepath.Join(e.kataDir, katafmt.VolumeDirName(e.target(0)))
-	if _, err := os.Stat(filepath.Join(dir, katafmt.MountInfoFileName)); err != nil {
+	dir := filepath.Join(e.kataDir, kata.VolumeDirName(e.target(0)))
+	if _, err := os.Stat(filepath.Join(dir, kata.MountInfoFileName)); err != nil {
 		t.Fatalf("projection missing: %v", err)
 	}
 	for range 2 {
@@ -355,7 +367,7 @@ func TestKataSandboxFileIsAClaim(t *testing.T) {
 	}
 	// A restart rebuilds the projection and keeps Kata's sandbox file.
 	e.reopen()
-	if ids, _ := katafmt.SandboxIDs(e.kataDir, e.target(0)); len(ids) != 1 || ids[0] != "katasb" {
+	if ids, _ := kata.SandboxIDs(e.kataDir, e.target(0)); len(ids) != 1 || ids[0] != "katasb" {
 		t.Fatalf("sandbox ids after restart: %v", ids)
 	}
 }
@@ -498,7 +510,7 @@ func TestConcurrentOverlappingTargets(t *testing.T) {
 		if !proto.Equal(before[i], after[i]) {
 			t.Fatalf("volume %d differs after restart:\n%v\n%v", i, before[i], after[i])
 		}
-		got, err := katafmt.Get(e.kataDir, before[i].GetSpec().GetVolumeTargetPath())
+		got, err := kata.Get(e.kataDir, before[i].GetSpec().GetVolumeTargetPath())
 		if err != nil || got.Device != before[i].GetSpec().GetVolumeBackingPath() {
 			t.Fatalf("projection of %d: %v, %v", i, got, err)
 		}
@@ -603,7 +615,7 @@ func TestReleaseKataClaim(t *testing.T) {
 	if ev := <-w.Events(); ev.GetType() != crustv1.EventType_EVENT_TYPE_RELEASED {
 		t.Errorf("event %v, want RELEASED", ev.GetType())
 	}
-	if ids, _ := katafmt.SandboxIDs(e.kataDir, tp); len(ids) != 0 {
+	if ids, _ := kata.SandboxIDs(e.kataDir, tp); len(ids) != 0 {
 		t.Fatalf("sandbox ids after a forced release: %v", ids)
 	}
 	if v, err := e.m.Get(ctx, tp); err != nil || v.GetClaim() != nil {

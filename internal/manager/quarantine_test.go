@@ -13,15 +13,15 @@ import (
 
 	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/api/errdefs"
-	katafmt "crust.dev/crust/api/kata"
+	"crust.dev/crust/api/kata"
 	"crust.dev/crust/api/kata/katatest"
-	"crust.dev/crust/internal/kata"
+	"crust.dev/crust/internal/katadir"
 	"crust.dev/crust/internal/problems"
 )
 
 // volDir is the Kata volume directory of target.
 func (e *env) volDir(target string) string {
-	return filepath.Join(e.kataDir, katafmt.VolumeDirName(target))
+	return filepath.Join(e.kataDir, kata.VolumeDirName(target))
 }
 
 // longSpec is a spec whose target path is valid for crust but too long for a Kata directory name: that
@@ -113,7 +113,7 @@ func TestStartSurvivesAFileAtAVolumeDir(t *testing.T) {
 		t.Fatalf("%d volumes served, want 3", n)
 	}
 	for _, i := range []int{0, 2} {
-		if _, err := os.Stat(filepath.Join(e.volDir(e.target(i)), katafmt.MountInfoFileName)); err != nil {
+		if _, err := os.Stat(filepath.Join(e.volDir(e.target(i)), kata.MountInfoFileName)); err != nil {
 			t.Fatalf("projection of a sound volume: %v", err)
 		}
 	}
@@ -142,7 +142,7 @@ func TestStartSurvivesAFileAtAVolumeDir(t *testing.T) {
 	if _, err := e.m.Stage(ctx, e.spec(1, 1)); err != nil {
 		t.Fatalf("stage again once the file is gone: %v", err)
 	}
-	if _, err := katafmt.Get(e.kataDir, e.target(1)); err != nil {
+	if _, err := kata.Get(e.kataDir, e.target(1)); err != nil {
 		t.Fatalf("projection after the healing stage: %v", err)
 	}
 	e.wantProblems()
@@ -184,11 +184,11 @@ func TestStartSurvivesATargetKataCannotName(t *testing.T) {
 	if _, err := e.m.Claim(ctx, long, "sb1", ""); err != nil {
 		t.Fatalf("the volume is still served to crust's own handlers: %v", err)
 	}
-	if _, err := katafmt.Get(e.kataDir, e.target(0)); err != nil {
+	if _, err := kata.Get(e.kataDir, e.target(0)); err != nil {
 		t.Fatalf("projection of the sound volume: %v", err)
 	}
 	e.wantProblems()
-	if v, err := e.m.Get(ctx, long); err != nil || !slices.Equal(e.k.Annotate(v).GetKataCaveats(), []string{kata.PathTooLongCaveat}) {
+	if v, err := e.m.Get(ctx, long); err != nil || !slices.Equal(e.k.Annotate(v).GetKataCaveats(), []string{katadir.PathTooLongCaveat}) {
 		t.Fatalf("Get = %v, %v; want the caveat of a path Kata cannot name", e.k.Annotate(v).GetKataCaveats(), err)
 	}
 }
@@ -201,7 +201,7 @@ func TestStartProjectsWhatAKillLeftInTheStore(t *testing.T) {
 	if err := e.open(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := katafmt.Get(e.kataDir, e.target(0)); err != nil {
+	if _, err := kata.Get(e.kataDir, e.target(0)); err != nil {
 		t.Fatalf("projection after the start: %v", err)
 	}
 }
@@ -232,11 +232,11 @@ func TestStageOfATargetKataCannotName(t *testing.T) {
 	if err != nil {
 		t.Fatalf("stage of a %d-byte target path: %v", len(long), err)
 	}
-	if c := e.k.Annotate(v).GetKataCaveats(); !slices.Equal(c, []string{kata.PathTooLongCaveat}) {
+	if c := e.k.Annotate(v).GetKataCaveats(); !slices.Equal(c, []string{katadir.PathTooLongCaveat}) {
 		t.Fatalf("kata_caveats %q, want the caveat of a path Kata cannot name", c)
 	}
 	e.stage(e.spec(0, 0))
-	if _, err := katafmt.Get(e.kataDir, e.target(0)); err != nil {
+	if _, err := kata.Get(e.kataDir, e.target(0)); err != nil {
 		t.Fatalf("projection of the short target: %v", err)
 	}
 	entries, err := os.ReadDir(e.kataDir)
@@ -245,11 +245,11 @@ func TestStageOfATargetKataCannotName(t *testing.T) {
 	}
 	var names []string
 	for _, d := range entries {
-		if d.Name() != katafmt.TempDirName {
+		if d.Name() != kata.TempDirName {
 			names = append(names, d.Name())
 		}
 	}
-	if want := []string{katafmt.VolumeDirName(e.target(0))}; !slices.Equal(names, want) {
+	if want := []string{kata.VolumeDirName(e.target(0))}; !slices.Equal(names, want) {
 		t.Fatalf("the Kata directory holds %q, want only the short target's %q", names, want)
 	}
 	if c, err := e.m.Claim(ctx, long, "sb1", ""); err != nil {
@@ -259,7 +259,7 @@ func TestStageOfATargetKataCannotName(t *testing.T) {
 	e.reopen()
 	e.wantProblems()
 	got, err := e.m.Get(ctx, long)
-	if err != nil || got.GetClaim().GetSandboxId() != "sb1" || !slices.Equal(e.k.Annotate(got).GetKataCaveats(), []string{kata.PathTooLongCaveat}) {
+	if err != nil || got.GetClaim().GetSandboxId() != "sb1" || !slices.Equal(e.k.Annotate(got).GetKataCaveats(), []string{katadir.PathTooLongCaveat}) {
 		t.Fatalf("after a restart: %v, %v; want it held, claimed and caveated", got, err)
 	}
 	if len(got.GetKataCaveats()) != 0 {
@@ -357,7 +357,7 @@ func TestProblemsSeeDamageAfterStart(t *testing.T) {
 	if _, err := e.m.Stage(ctx, e.spec(0, 0)); err != nil {
 		t.Fatalf("stage again: %v", err)
 	}
-	if _, err := katafmt.Get(e.kataDir, e.target(0)); err != nil {
+	if _, err := kata.Get(e.kataDir, e.target(0)); err != nil {
 		t.Fatalf("projection after the healing stage: %v", err)
 	}
 	if err := e.m.Unstage(ctx, e.target(1)); err != nil {

@@ -10,9 +10,8 @@ import (
 
 	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/api/errdefs"
-	katafmt "crust.dev/crust/api/kata"
-	"crust.dev/crust/internal/kata"
-	"crust.dev/crust/internal/store"
+	"crust.dev/crust/api/kata"
+	"crust.dev/crust/internal/katadir"
 )
 
 // rawBlockSpec is e.spec(i, device) as a raw block volume.
@@ -33,7 +32,7 @@ func TestRawBlockHasNoKataProjection(t *testing.T) {
 	defer w.Stop()
 	wantCaveat := func(what string, v *crustv1.Volume) {
 		t.Helper()
-		if c := e.k.Annotate(v).GetKataCaveats(); !slices.Equal(c, []string{kata.RawBlockCaveat}) {
+		if c := e.k.Annotate(v).GetKataCaveats(); !slices.Equal(c, []string{katadir.RawBlockCaveat}) {
 			t.Fatalf("%s: kata_caveats %q, want the raw block caveat", what, c)
 		}
 	}
@@ -60,7 +59,7 @@ func TestRawBlockHasNoKataProjection(t *testing.T) {
 	if _, err := os.Lstat(e.volDir(raw)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the raw block volume has a Kata directory: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(e.volDir(fsTarget), katafmt.MountInfoFileName)); err != nil {
+	if _, err := os.Stat(filepath.Join(e.volDir(fsTarget), kata.MountInfoFileName)); err != nil {
 		t.Fatalf("the filesystem volume beside it is not projected: %v", err)
 	}
 
@@ -95,12 +94,9 @@ func TestRawBlockHasNoKataProjection(t *testing.T) {
 	}
 	sw.Stop()
 	// What the store holds, as a start reads it back: the volume, without its caveat.
-	_, loaded, err := store.Open(e.stateDir, "boot-1", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.reopen()
 	records := 0
-	for _, v := range loaded.Volumes {
+	for _, v := range e.loaded.Volumes {
 		if v.GetSpec().GetVolumeTargetPath() == raw {
 			records++
 		}

@@ -13,11 +13,17 @@ import (
 
 	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/api/safedir"
-	"crust.dev/crust/internal/dirlock"
 )
 
 // corruptTimeFormat is the suffix of a file moved into corrupt/.
 const corruptTimeFormat = "20060102T150405.000000000Z"
+
+// lockFile is the name, in the directory, of the lock Open takes.
+const lockFile = "lock"
+
+// ErrHeld is wrapped by Open's error when another opener holds the directory; the error also wraps
+// errdefs.ErrFailedPrecondition and names the directory and the holder.
+var ErrHeld = safedir.ErrLocked
 
 // Options say what records a Dir holds and how it is opened.
 type Options struct {
@@ -39,9 +45,9 @@ type Options struct {
 	Records string
 	// Extra are further subdirectories (mode 0700) the user keeps beside the records; Open creates them.
 	Extra []string
-	// Lock, when not empty, makes Open take <dir>/lock (internal/dirlock) for a holder of this name and
-	// Close give it up. When empty, the caller locks the directory itself.
-	Lock string
+	// Holder names the program that opens the directory, such as "crustd": Open writes it into <dir>/lock
+	// so that a second opener's refusal names it. It must not be empty.
+	Holder string
 	// Log receives what Open cleans up and moves aside; nil means slog.Default().
 	Log *slog.Logger
 }
@@ -73,23 +79,24 @@ type Dir struct {
 	opt          Options
 	records, tmp *safedir.Dir
 	extra        map[string]*safedir.Dir
-	lock         *dirlock.Lock
+	lock         *safedir.Lock
 }
 
-// Open opens the record directory dir as the package documentation describes: it takes the lock if
-// Options.Lock says so, creates the subdirectories, empties tmp/, and classifies every record file, first
-// all of them and then acting on the verdicts, so that a record of a newer version fails Open before
-// anything is deleted or moved.
+// Open opens the record directory dir as the package documentation describes: it takes <dir>/lock for
+// opt.Holder, creates the subdirectories, empties tmp/, and classifies every record file, first all of
+// them and then acting on the verdicts, so that a record of a newer version fails Open before anything
+// is deleted or moved. Close gives the lock up.
 //
 // Open fails with errdefs.ErrFailedPrecondition, naming the path, when dir or one of its subdirectories is
-// a symbolic link or not a directory, when dir is owned by another user or writable by others, or when a
-// record is of a newer format version. It fails on an I/O error reading a record (the record may well be
-// good: moving it aside would lose it, and a restart retries). It does not fail because of a damaged
-// record: that is moved into corrupt/, logged and reported. It fails with errdefs.ErrInvalidArgument,
-// having changed nothing, on an empty boot id or a WriteVersion outside the versions read.
+// a symbolic link or not a directory, when dir is owned by another user or writable by others, when
+// another opener holds dir (the error wraps ErrHeld and names the holder), or when a record is of a newer
+// format version. It fails on an I/O error reading a record (the record may well be good: moving it aside
+// would lose it, and a restart retries). It does not fail because of a damaged record: that is moved into
+// corrupt/, logged and reported. It fails with errdefs.ErrInvalidArgument, having changed nothing, on an
+// empty boot id or holder or a WriteVersion outside the versions read.
 func Open(dir string, opt Options, check Check) (_ *Dir, _ *Report, err error) {
-	if opt.BootID == "" {
-		return nil, nil, fmt.Errorf("empty boot id: %w", errdefs.ErrInvalidArgument)
+	if opt.BootID == "" || opt.Holder == "" {
+		return nil, nil, fmt.Errorf("empty boot id or holder: %w", errdefs.ErrInvalidArgument)
 	}
 	oldest := cmp.Or(opt.OldestVersion, opt.Version)
 	if opt.WriteVersion == 0 {
@@ -104,21 +111,20 @@ func Open(dir string, opt Options, check Check) (_ *Dir, _ *Report, err error) {
 		log = slog.Default()
 	}
 	d := &Dir{opt: opt, extra: map[string]*safedir.Dir{}}
-	if opt.Lock != "" {
-		if d.lock, err = dirlock.Acquire(dir, opt.Lock); err != nil {
-			return nil, nil, precondition(err)
-		}
-		defer func() {
-			if err != nil {
-				d.lock.Release()
-			}
-		}()
-	}
 	root, err := safedir.OpenOwned(dir)
 	if err != nil {
 		return nil, nil, precondition(err)
 	}
-	defer func() { _ = root.Close() }() // the subdirectories stay open
+	defer func() { _ = root.Close() }() // the subdirectories and the lock stay open
+	// The lock first: nothing is created, emptied or moved in a directory another process owns.
+	if d.lock, err = root.Lock(lockFile, opt.Holder); err != nil {
+		return nil, nil, precondition(err)
+	}
+	defer func() {
+		if err != nil {
+			d.lock.Release()
+		}
+	}()
 	names := append([]string{opt.Records, "tmp", "corrupt"}, opt.Extra...)
 	subs := make([]*safedir.Dir, len(names))
 	for i, name := range names {
@@ -225,10 +231,10 @@ func Open(dir string, opt Options, check Check) (_ *Dir, _ *Report, err error) {
 	return d, &report, nil
 }
 
-// precondition marks a state directory that may not be worked in (a link, another owner, a loose mode)
-// as a failed precondition: the operator must fix it.
+// precondition marks a state directory that may not be worked in (a link, another owner, a loose mode,
+// another opener holding it) as a failed precondition: the operator must fix it.
 func precondition(err error) error {
-	if errors.Is(err, safedir.ErrWrongType) || errors.Is(err, safedir.ErrInsecure) {
+	if errors.Is(err, safedir.ErrWrongType) || errors.Is(err, safedir.ErrInsecure) || errors.Is(err, ErrHeld) {
 		return fmt.Errorf("%w: %w", err, errdefs.ErrFailedPrecondition)
 	}
 	return err
@@ -264,7 +270,7 @@ func (d *Dir) Delete(name string) error {
 // Extra returns the opened subdirectory name of Options.Extra, or nil.
 func (d *Dir) Extra(name string) *safedir.Dir { return d.extra[name] }
 
-// Close gives up the lock Open took, if any, for another process. The subdirectories stay open: a Put
+// Close gives up the lock Open took, for another process. The subdirectories stay open: a Put
 // racing a shutdown fails no worse than before. It is safe to call more than once.
 func (d *Dir) Close() { d.lock.Release() }
 

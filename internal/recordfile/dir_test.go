@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"crust.dev/crust/api/errdefs"
-	"crust.dev/crust/internal/dirlock"
 )
 
 // Open hands every valid record to the check and acts on its verdicts: kept, dropped (deleted) or moved
@@ -18,7 +17,7 @@ import (
 // handed to the check with their version.
 func TestOpenClassifies(t *testing.T) {
 	dir := t.TempDir()
-	opt := Options{Version: 1, Field: "p", BootID: "b1", Records: "recs", Extra: []string{"more"}, Lock: "test"}
+	opt := Options{Version: 1, Field: "p", BootID: "b1", Records: "recs", Extra: []string{"more"}, Holder: "test"}
 	keepAll := func(Loaded) (bool, error) { return false, nil }
 	d, _, err := Open(dir, opt, keepAll)
 	if err != nil {
@@ -38,7 +37,7 @@ func TestOpenClassifies(t *testing.T) {
 	if d.Extra("more") == nil {
 		t.Fatal("the extra subdirectory is not open")
 	}
-	if _, _, err := Open(dir, opt, keepAll); !errors.Is(err, dirlock.ErrHeld) {
+	if _, _, err := Open(dir, opt, keepAll); !errors.Is(err, ErrHeld) {
 		t.Fatalf("second Open while locked: %v", err)
 	}
 	d.Close()

@@ -1,44 +1,63 @@
 // Package recordfile is crust's one crash-safe record engine, shared by crustd's store of descriptors
 // (internal/store) and the CSI proxy's journal (internal/csiproxy): small records, one JSON document per
-// file, in a directory that one process at a time owns.
+// file, in a directory that one process at a time owns. This documentation is the engine's contract, the
+// one place it is written: its users document only what they add (their records subdirectory, the names
+// of their record files, their payload, and what a record of another boot means to them), and
+// docs/security.md ("State on disk") links here.
 //
 // # Promises
 //
 //   - Dir.Put and Dir.Delete are durable when they return nil, and a crash at any instant leaves each
 //     record wholly old or wholly new, never torn: a record is written to a temporary file in tmp/ (same
-//     filesystem), fsynced, renamed over its name, and the directory is fsynced.
+//     filesystem), fsynced, renamed over its name, and the directory is fsynced. Delete unlinks the
+//     record and fsyncs the directory.
+//   - One process at a time: Open takes <dir>/lock for its Options.Holder before it creates, empties or
+//     moves anything in dir, and Dir.Close gives it up. A second opener, in this process or another, fails at
+//     once, having changed nothing, with an error wrapping ErrHeld and errdefs.ErrFailedPrecondition that
+//     names the directory and the holder (`/run/crust is held by pid 42 (crustd)`). The lock is an
+//     exclusive flock(2) (api/safedir's Dir.Lock), the kernel's: it goes with the holder's process however
+//     that ends, so a crash never leaves a stale lock.
 //   - Every file operation is relative to a directory opened once (api/safedir) and never follows a
-//     symbolic link.
-//   - Open never fails because of a damaged record: it moves the file into corrupt/, logs and reports it.
+//     symbolic link. The directory must be ours and writable by us alone: Open refuses, naming the path,
+//     with errdefs.ErrFailedPrecondition, a link at the place of dir, of <dir>/lock or of a subdirectory,
+//     and a dir another user owns or its group or others may write in.
+//   - Open never fails because of a damaged record: it moves the file into corrupt/ (the quarantine),
+//     logs and reports it.
 //   - Open fails, before it deletes or moves anything, on a record of a newer format version, so that an
 //     older program over a newer one's state loses nothing; and on an I/O error reading a record, because
 //     the record may well be good (moving it aside would lose what it holds) and a restart retries.
 //   - A record carries the boot id of its writer. What a record of another boot means is the user's to
 //     say, through its Check: crustd drops its descriptors (a VM does not survive a reboot), the proxy
 //     keeps its journal (an obligation to undo survives a reboot).
-//   - With Options.Lock, one process at a time: <dir>/lock (internal/dirlock).
 //
 // # On-disk format
 //
 // This format is a contract: a change that older code cannot read correctly takes a new record version.
 //
-//	<dir>/                          ours, writable by us alone; created mode 0700 if missing
-//	<dir>/lock                      with Options.Lock: the flock(2) of the holder, naming its pid
+//	<dir>/                          ours, writable by us alone; created mode 0700 if missing (an existing
+//	                                one keeps its mode)
+//	<dir>/lock                      mode 0600: "pid <pid> (<holder>)" of the last holder; its flock(2) is
+//	                                the lock
 //	<dir>/<records>/<name>          one record, mode 0600 (the user names its records subdirectory and files)
 //	<dir>/tmp/                      files of writes in progress; emptied by Open
 //	<dir>/corrupt/<name>.<UTC time> a file Open moved aside, such as x.json.20250102T030405.123456789Z
+//	<dir>/<extra>/                  a subdirectory the user keeps beside its records (Options.Extra)
 //
-// Every subdirectory has mode 0700. A record is one JSON object, written as one line ending in a newline:
+// Every subdirectory has mode 0700 (Open tightens a looser one). A record is one JSON object, written as
+// one line ending in a newline:
 //
 //	{"version":V,"bootId":"<boot id>","sha256":"<hex sha256 of the payload bytes>","<field>":<payload>}
 //
 // version is a JSON integer (every future format keeps it, so that older code recognises a record it must
-// not touch); bootId the writer's boot id (ReadBootID), non-empty; sha256 the lowercase hex SHA-256 of the
-// payload bytes exactly as stored, from the first byte of the value of <field> to its last; <field> the
-// user's payload, any JSON. Writers write the members in the order shown, without whitespace; readers
-// accept whitespace and any member order. The checksum is over the payload's bytes as stored, which is why
-// the envelope is assembled here rather than by json.Marshal (that would re-compact the payload). A
-// record file is at most MaxSize bytes.
+// not touch); bootId the writer's boot id (ReadBootID: /proc/sys/kernel/random/boot_id), non-empty;
+// sha256 the lowercase hex SHA-256 of the payload bytes exactly as stored, from the first byte of the
+// value of <field> to its last (a JSON string's quotes included); <field> the user's payload, any JSON.
+// Writers write the members in the order shown, without whitespace; readers accept whitespace and any
+// member order. The checksum is over the payload's bytes as stored, which is why the envelope is
+// assembled here rather than by json.Marshal (that would re-compact the payload), and it covers only the
+// payload: a damaged bootId makes a record look like another boot's, and a damaged version can make Open
+// refuse to start. A record file is at most MaxSize bytes (1 MiB); Put refuses a larger record, so that
+// everything Put accepts Open loads.
 //
 // Open empties tmp/, then classifies every entry of the records subdirectory before acting on any:
 //

@@ -114,7 +114,7 @@ func (s checkedStream) RecvMsg(m any) error {
 		return err
 	}
 	if bad := s.codec.take(m); bad != nil {
-		return errdefs.ToGRPC(bad)
+		return bad
 	}
 	return nil
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	crustv1 "crust.dev/crust/api/crust/v1"
-	"crust.dev/crust/internal/kata"
+	"crust.dev/crust/internal/katadir"
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/store"
 	"crust.dev/crust/internal/validate"
@@ -32,7 +32,7 @@ func TestListProblemsIsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proj, err := kata.New(filepath.Join(root, "kata"))
+	proj, err := katadir.New(filepath.Join(root, "kata"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestListProblemsIsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := kata.NewAdapter(proj, nil, nil)
+	k := katadir.NewAdapter(proj, nil, nil)
 	m, err := manager.Open(manager.Config{Validator: v, Store: st, Subscribers: []manager.Subscriber{k}, Claims: k, KubeletDir: root},
 		manager.Loaded(*loaded))
 	if err != nil {

@@ -16,10 +16,8 @@ import (
 	"strings"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/status"
 
 	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/api/errdefs"
@@ -77,8 +75,8 @@ func New(cfg Config) *Server {
 		grpc.ForceServerCodecV2(ic.codec),
 		grpc.MaxRecvMsgSize(MaxMessageBytes),
 		command.StreamWorkers(),
-		grpc.ChainUnaryInterceptor(append(counting.unary, calls.Unary(), ic.unary)...),
-		grpc.ChainStreamInterceptor(append(counting.stream, calls.Stream(), ic.stream)...),
+		grpc.ChainUnaryInterceptor(append(counting.unary, calls.Unary(), errdefs.UnaryServerInterceptor, ic.unary)...),
+		grpc.ChainStreamInterceptor(append(counting.stream, calls.Stream(), errdefs.StreamServerInterceptor, ic.stream)...),
 	)
 	out := answers(cfg.Annotators)
 	crustv1.RegisterVolumeServiceServer(g, &volumes{m: cfg.Manager, out: out, metrics: cfg.Metrics})
@@ -100,7 +98,7 @@ func (s *Server) SetServing(serving bool) {
 	}
 }
 
-// interceptors are crustd's own steps of every call, inside the call log: the caller's credentials and
+// interceptors are crustd's own steps of every call, inside the call log and errdefs' conversion: the caller's credentials and
 // the request's decoding.
 type interceptors struct {
 	policy peercred.Policy
@@ -113,7 +111,7 @@ func (ic *interceptors) unary(ctx context.Context, req any, info *grpc.UnaryServ
 		return nil, err
 	}
 	if bad != nil {
-		return nil, errdefs.ToGRPC(bad)
+		return nil, bad
 	}
 	return handler(ctx, req)
 }
@@ -131,10 +129,10 @@ func (ic *interceptors) authorise(ctx context.Context, method string) error {
 	}
 	cred, ok := peercred.FromContext(ctx)
 	if !ok {
-		return status.Error(codes.PermissionDenied, "caller credentials unknown: crust serves only unix sockets")
+		return errdefs.Errorf(errdefs.ErrPermissionDenied, "caller credentials unknown: crust serves only unix sockets")
 	}
 	if !ic.policy.Allowed(cred) {
-		return status.Errorf(codes.PermissionDenied, "caller uid %d gid %d is not allowed (crustd --allow-uid/--allow-gid)", cred.Uid, cred.Gid)
+		return errdefs.Errorf(errdefs.ErrPermissionDenied, "caller uid %d gid %d is not allowed (crustd --allow-uid/--allow-gid)", cred.Uid, cred.Gid)
 	}
 	return nil
 }

@@ -55,14 +55,14 @@ type volumes struct {
 func (s *volumes) StageVolume(ctx context.Context, r *crustv1.StageVolumeRequest) (*crustv1.StageVolumeResponse, error) {
 	v, err := s.m.Stage(ctx, r.GetSpec())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &crustv1.StageVolumeResponse{Volume: s.out(v)}, nil
 }
 
 func (s *volumes) UnstageVolume(ctx context.Context, r *crustv1.UnstageVolumeRequest) (*crustv1.UnstageVolumeResponse, error) {
 	if err := s.m.Unstage(ctx, r.GetVolumeTargetPath()); err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &crustv1.UnstageVolumeResponse{}, nil
 }
@@ -70,7 +70,7 @@ func (s *volumes) UnstageVolume(ctx context.Context, r *crustv1.UnstageVolumeReq
 func (s *volumes) GetVolume(ctx context.Context, r *crustv1.GetVolumeRequest) (*crustv1.GetVolumeResponse, error) {
 	v, err := s.m.Get(ctx, r.GetVolumeTargetPath())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &crustv1.GetVolumeResponse{Volume: s.out(v)}, nil
 }
@@ -84,13 +84,13 @@ const (
 
 func (s *volumes) ListVolumes(ctx context.Context, r *crustv1.ListVolumesRequest) (*crustv1.ListVolumesResponse, error) {
 	if r.GetMaxEntries() < 0 {
-		return nil, errdefs.ToGRPC(errdefs.Field("max_entries", "is %d; it must not be negative", r.GetMaxEntries()))
+		return nil, errdefs.Field("max_entries", "is %d; it must not be negative", r.GetMaxEntries())
 	}
 	after := ""
 	if t := r.GetStartingToken(); t != "" {
 		b, err := base64.RawURLEncoding.DecodeString(t)
 		if err != nil || len(b) == 0 || b[0] != '/' {
-			return nil, errdefs.ToGRPC(errdefs.Field("starting_token", "%q is not a token crustd issued", t))
+			return nil, errdefs.Field("starting_token", "%q is not a token crustd issued", t)
 		}
 		after = string(b)
 	}
@@ -113,7 +113,7 @@ func (s *volumes) ListVolumes(ctx context.Context, r *crustv1.ListVolumesRequest
 func (s *volumes) GetVolumeStats(ctx context.Context, r *crustv1.GetVolumeStatsRequest) (*crustv1.GetVolumeStatsResponse, error) {
 	resp, err := s.m.Stats(ctx, r.GetVolumeTargetPath())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	if s.metrics != nil {
 		switch resp.GetVolumeCondition().GetMessage() { // the answers Stats gives from the host
@@ -129,7 +129,7 @@ func (s *volumes) GetVolumeStats(ctx context.Context, r *crustv1.GetVolumeStatsR
 func (s *volumes) ExpandVolume(ctx context.Context, r *crustv1.ExpandVolumeRequest) (*crustv1.ExpandVolumeResponse, error) {
 	capacity, err := s.m.Expand(ctx, r.GetVolumeTargetPath(), r.GetRequiredBytes(), r.GetLimitBytes())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &crustv1.ExpandVolumeResponse{CapacityBytes: capacity}, nil
 }
@@ -169,14 +169,14 @@ func (s *runtime) ClaimVolume(ctx context.Context, r *crustv1.ClaimVolumeRequest
 	}
 	v, err := s.m.Claim(ctx, r.GetVolumeTargetPath(), r.GetSandboxId(), r.GetHandlerEndpoint())
 	if err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &crustv1.ClaimVolumeResponse{Volume: v}, nil
 }
 
 func (s *runtime) ReleaseVolume(ctx context.Context, r *crustv1.ReleaseVolumeRequest) (*crustv1.ReleaseVolumeResponse, error) {
 	if err := s.m.Release(ctx, r.GetVolumeTargetPath(), r.GetSandboxId(), r.GetForce()); err != nil {
-		return nil, errdefs.ToGRPC(err)
+		return nil, err
 	}
 	return &crustv1.ReleaseVolumeResponse{}, nil
 }
@@ -190,7 +190,7 @@ func (s *runtime) WatchVolumes(r *crustv1.WatchVolumesRequest, stream grpc.Serve
 			return nil
 		case ev, ok := <-w.Events():
 			if !ok {
-				return errdefs.ToGRPC(w.Err())
+				return w.Err()
 			}
 			if err := stream.Send(event(ev, s.out)); err != nil {
 				return err

@@ -96,10 +96,11 @@ func TestCrash(t *testing.T) {
 			tmpLeftovers++
 		}
 		var logs bytes.Buffer
-		_, r, err := Open(dir, crashBoot, testLogger(&logs))
+		s, r, err := Open(dir, crashBoot, testLogger(&logs))
 		if err != nil {
 			t.Fatalf("run %d: Open after a kill: %v", runs, err)
 		}
+		s.Close() // for the next child
 		if len(r.Corrupt) > 0 || len(r.Dropped) > 0 {
 			t.Fatalf("run %d: Corrupt %v, Dropped %v after a kill\n%s", runs, r.Corrupt, r.Dropped, logs.String())
 		}

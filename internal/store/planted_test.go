@@ -12,11 +12,11 @@ import (
 	"crust.dev/crust/api/safedir/safedirtest"
 )
 
-// TestPlantedLinksInTheStateDir: a symbolic link at the place of the state directory or of one of its
-// subdirectories makes Open fail with FAILED_PRECONDITION naming it, and nothing is emptied, chmodded,
+// TestPlantedLinksInTheStateDir: a symbolic link at the place of the state directory, of its lock or of
+// one of its subdirectories makes Open fail with FAILED_PRECONDITION naming it, and nothing is emptied, chmodded,
 // read or moved through it.
 func TestPlantedLinksInTheStateDir(t *testing.T) {
-	for _, sub := range []string{"", "tmp", "volumes", "corrupt"} {
+	for _, sub := range []string{"", "lock", "tmp", "volumes", "corrupt"} {
 		t.Run("link at "+filepath.Join("<state>", sub), func(t *testing.T) {
 			base := t.TempDir()
 			state := filepath.Join(base, "state")
@@ -55,7 +55,7 @@ func TestPlantedLinksInTheStateDir(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := safedirtest.Snapshot(t, outside)
-			_, _, err = Open(state, bootA, nil)
+			_, _, err = reopen(t, state, bootA, Options{})
 			if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), at) {
 				t.Errorf("Open = %v; want FAILED_PRECONDITION naming %s", err, at)
 			}

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	crustv1 "crust.dev/crust/api/crust/v1"
-	"crust.dev/crust/internal/recordfile"
 )
 
 // Record format versions: this code reads every version from oldestRecordVersion to recordVersion, and
@@ -34,9 +33,6 @@ const (
 // previous release, v0.1.0, reads version 1 alone; the default moves to 2 in v0.3.0, the first release
 // whose previous one (v0.2.0) reads version 2, as the package documentation says.
 const DefaultWriteVersion = 1
-
-// maxRecordSize bounds a record file. Put refuses a larger record, so anything Put accepts Open loads.
-const maxRecordSize = recordfile.MaxSize
 
 // payloadField is the envelope's key for the volume.
 const payloadField = "volume"

@@ -1,97 +1,49 @@
 // Package store is crustd's crash-safe persistence of volume descriptors (*crustv1.Volume), one record
 // per target path (Volume.Spec.VolumeTargetPath). It knows nothing of gRPC or Kata, and it keeps no index:
 // the caller holds the descriptors in memory, calls Put and Delete to make changes durable, and calls Open
-// once at start to read back what survived. The records are kept by the record engine
-// (internal/recordfile); this package adds what they hold and which to keep.
+// once at start to read back what survived.
 //
-// # Promises
+// The records are kept by the record engine, internal/recordfile, whose package documentation is the
+// contract of the state directory: the record format (version, boot id, checksum), the atomic and
+// durable replace, file modes, the quarantine of a damaged record in corrupt/, the refusal of a newer
+// version, links never followed, and the lock that gives the directory to one crustd at a time (a second
+// one fails naming the first: Open takes it for the holder "crustd", Close gives it up). This package
+// adds only what crustd keeps in it:
 //
-//   - Put and Delete are durable when they return nil: the change survives a crash of the process or of
-//     the machine (given a filesystem that honours fsync).
-//   - A crash at any instant leaves each record wholly old or wholly new, never torn; Open never sees a
-//     half-written record.
+//   - Records: <dir>/volumes/<key>.json, one per target path, where <key> is the lowercase hex SHA-256 of
+//     the target path's bytes (a hash, because a target path may be longer than NAME_MAX). The envelope's
+//     payload member is "volume".
+//   - A record of another boot is deleted at Open and its target path reported in LoadReport.Dropped: a
+//     descriptor says what a running VM may use, and no VM survives a reboot.
+//   - A payload that is not a Volume in its version's encoding, a Volume without a target path, or a file
+//     name that is not <key of its target path>.json is damage: moved aside, reported in
+//     LoadReport.Corrupt.
 //   - Put and Delete are idempotent. They are safe to call concurrently for different target paths; calls
 //     for one target path must be serialised by the caller.
-//   - Open never fails because of a damaged record: it moves the file aside, logs it and reports it. It
-//     does fail on an I/O error reading a record: the record may be good, and a restart retries.
-//   - Open deletes the records written under another boot id and reports their target paths.
-//   - Open fails, before it deletes or moves any record, when it finds a record of a newer format version,
-//     so that running an older crustd over a newer one's state loses nothing.
-//   - Put writes the record format version it is told to (Options.WriteVersion), by default the newest one
-//     the previous release reads, and Open rewrites in that version the records of this boot written in a
-//     newer one: the previous release starts on what this one leaves (a rollback), whatever this one was
-//     told before.
-//   - No file operation follows a symbolic link: Open refuses a link at the place of dir or of one of its
-//     subdirectories, and a link among the records is moved aside as damaged, never read through.
 //
-// Only one process may use a store directory at a time; the store does not lock it, crustd does
-// (internal/dirlock: <dir>/lock, which Open leaves alone).
+// # Record versions
 //
-// # On-disk format
+// This code reads versions 1 and 2 (OldestVersion, NewestVersion); their payloads:
 //
-// This format is a contract: a change that older code cannot read correctly takes a new record version.
+//   - 2: a JSON string holding the standard base64 (RFC 4648, padded) of the protobuf binary encoding of
+//     crust.v1.Volume: a start decodes thousands, and the binary decodes several times faster than JSON.
+//   - 1: the proto3 JSON encoding (protojson) of crust.v1.Volume.
 //
-//	<dir>/                                    ours, writable by us alone; created mode 0700 if missing
-//	<dir>/volumes/                            mode 0700
-//	<dir>/volumes/<key>.json                  one record per target path, mode 0600
-//	<dir>/tmp/                                mode 0700; files of writes in progress; emptied by Open
-//	<dir>/corrupt/                            mode 0700
-//	<dir>/corrupt/<name>.<UTC time>           a file Open moved aside from volumes/, such as
-//	                                          <key>.json.20250102T030405.123456789Z
-//
-// <key> is the lowercase hex SHA-256 of the target path's bytes (a hash, because a target path may be
-// longer than NAME_MAX).
-//
-// A record is one JSON object, written as one line ending in a newline:
-//
-//	{"version":1,"bootId":"<boot id>","sha256":"<hex SHA-256 of the payload>","volume":<payload>}
-//
-// Its members:
-//
-//   - version: the record format version, a JSON integer. This code reads 1 and 2, and writes the one it
-//     is told to (crustd's --store-write-version), 1 by default (see below). Every future format keeps a
-//     top-level integer "version" member, so that older code recognises a record it must not touch.
-//   - bootId: the boot id (see recordfile.ReadBootID) of the boot that wrote the record; a non-empty string.
-//   - sha256: the lowercase hex SHA-256 of the payload bytes exactly as they are in the file, from the first
-//     byte of the value of "volume" to its last (in version 2 its quotes included).
-//   - volume: the payload. In version 2, a JSON string holding the standard base64 (RFC 4648, padded) of
-//     the protobuf binary encoding of crust.v1.Volume: a start decodes thousands, and the binary decodes
-//     several times faster than JSON. In version 1, the proto3 JSON encoding (protojson) of
-//     crust.v1.Volume. Neither encoding is byte-stable across builds, so the checksum is
-//     taken over the stored bytes and verified against them, never against a re-encoding.
+// Neither encoding is byte-stable across builds, which is why the engine's checksum is over the stored
+// bytes. Unknown fields in the payload are ignored (an unknown enum value is dropped in version 1 and kept
+// as its number in version 2): a newer crustd may add fields to Volume within a record version, and an
+// older crustd must still load the descriptor rather than lose the volume.
 //
 // Which version is written. crustd before record version 2 (the v0.1.0 images) reads version 1 alone and
-// refuses to start on a record of version 2. So the version written is a setting, as the storage version
-// of a Kubernetes API server is: by default (DefaultWriteVersion) the newest version the previous release
-// reads, 1 until v0.3.0, whose previous release (v0.2.0) reads 2; then the default moves to 2, and
-// --store-write-version=1 keeps what a rollback to v0.1.0 needs. A record is read in whatever version it
-// is, and written in the write version at its next Put; Open rewrites at once the records of this boot
-// in a version newer than the write version, so that after a restart with --store-write-version=1 the
-// previous release can be rolled back to. Records of an earlier boot are dropped anyway.
-// `crustctl get -o json` and `crustctl ls -o json` show the descriptors crustd holds as JSON.
-//
-// Writers write the members in the order shown, without whitespace. Readers accept JSON whitespace and
-// any member order. The checksum covers only the payload: a damaged bootId makes the record look like
-// another boot's (it is dropped and reported), and a damaged version can make Open refuse to start.
-//
-// Put writes the record to a new file in <dir>/tmp (on the same filesystem), fsyncs it, renames it over
-// <dir>/volumes/<key>.json and fsyncs <dir>/volumes. Delete unlinks the record and fsyncs <dir>/volumes.
-//
-// Open first removes everything in <dir>/tmp, then classifies each entry of <dir>/volumes:
-//
-//  1. A record whose version is greater than 2: Open fails naming the file, before it deletes or moves any
-//     record.
-//  2. Not a valid record of version 1 or 2: not a regular file, larger than 1 MiB, not JSON, version
-//     missing or below 1, empty bootId, no volume, checksum mismatch, a payload that is not a Volume in its
-//     version's encoding, an empty target path, or a file name that is not <key of its target path>.json.
-//     The file is moved into <dir>/corrupt, logged at Warn and reported in LoadReport.Corrupt.
-//  3. A valid record with another bootId: deleted, its target path reported in LoadReport.Dropped.
-//  4. Otherwise the record is loaded into LoadReport.Volumes; one in a version newer than the write
-//     version is written again in the write version (logged at Info with their number).
-//
-// Unknown fields in the payload are ignored (an unknown enum value is dropped in version 1 and kept as its
-// number in version 2): a newer crustd may add fields to Volume within a record version, and an older
-// crustd must still load the descriptor rather than lose the volume.
+// refuses to start on a record of version 2. So the version written is a setting (Options.WriteVersion,
+// crustd's --store-write-version), as the storage version of a Kubernetes API server is: by default
+// (DefaultWriteVersion) the newest version the previous release reads, 1 until v0.3.0, whose previous
+// release (v0.2.0) reads 2; then the default moves to 2, and --store-write-version=1 keeps what a rollback
+// to v0.1.0 needs. A record is read in whatever version it is, and written in the write version at its
+// next Put; Open rewrites at once (logged at Info with their number) the records of this boot in a
+// version newer than the write version, so that after a restart with --store-write-version=1 the previous
+// release can be rolled back to. Records of an earlier boot are dropped anyway. `crustctl get -o json` and
+// `crustctl ls -o json` show the descriptors crustd holds as JSON.
 package store
 
 import (
@@ -107,7 +59,11 @@ import (
 	"crust.dev/crust/internal/recordfile"
 )
 
-// Store persists descriptors under one directory. Create it with Open.
+// holder names crustd in the lock of its state directory (see recordfile).
+const holder = "crustd"
+
+// Store persists descriptors under one directory, which it holds from Open to Close. Create it with
+// Open.
 type Store struct {
 	dir     *recordfile.Dir
 	version int // the record format version Put writes
@@ -133,19 +89,15 @@ type LoadReport struct {
 	Corrupt []string
 }
 
-// Open creates the store's directories in dir as needed, cleans up after a crash and loads the records,
-// as the package documentation describes. bootID is the current boot's id (see recordfile.ReadBootID); records are
-// written with it, and records with another one are dropped. A nil log means slog.Default().
+// Open takes dir (recordfile.Open: its lock, its checks, its clean-up after a crash) and loads the
+// records, as the package documentation describes. bootID is the current boot's id (see
+// recordfile.ReadBootID); records are written with it, and records with another one are dropped. A nil
+// log means slog.Default().
 //
-// dir and its subdirectories are opened once, without following a symbolic link, and every file
-// operation of the Store is done relative to them, never through a link. Open fails with
-// errdefs.ErrFailedPrecondition, naming the path, when dir or one of its subdirectories is a symbolic link
-// or not a directory, or when dir is owned by another user than this process's effective one or writable
-// by its group or others (the error names the owner and the mode); it then changes nothing. A missing
-// dir is created mode 0700; an existing one keeps its mode.
-//
-// Open fails on a record of a newer format version (before it deletes or moves any record) and on I/O
-// errors, reading or rewriting a record included; it does not fail because of a damaged record.
+// Open fails as recordfile.Open does: with errdefs.ErrFailedPrecondition, having changed nothing, on a
+// directory another process holds (wrapping recordfile.ErrHeld), one that may not be worked in, or a
+// record of a newer format version; on I/O errors, rewriting a record included; never because of a
+// damaged record.
 //
 // Open writes records in DefaultWriteVersion; OpenWith is Open with Options.
 func Open(dir, bootID string, log *slog.Logger) (*Store, *LoadReport, error) {
@@ -189,7 +141,7 @@ func OpenWith(dir, bootID string, opt Options) (*Store, *LoadReport, error) {
 	}
 	d, r, err := recordfile.Open(dir, recordfile.Options{
 		Version: recordVersion, OldestVersion: oldestRecordVersion, WriteVersion: version,
-		Field: payloadField, BootID: bootID, Records: "volumes", Log: log,
+		Field: payloadField, BootID: bootID, Records: "volumes", Holder: holder, Log: log,
 	}, check)
 	if err != nil {
 		return nil, nil, fmt.Errorf("store: %w", err)
@@ -197,6 +149,7 @@ func OpenWith(dir, bootID string, opt Options) (*Store, *LoadReport, error) {
 	s := &Store{dir: d, version: version}
 	for _, v := range newer {
 		if err := s.Put(v); err != nil {
+			s.Close()
 			return nil, nil, fmt.Errorf("store: rewrite a record in version %d: %w", version, err)
 		}
 	}
@@ -242,3 +195,6 @@ func (s *Store) Delete(target string) error {
 	}
 	return nil
 }
+
+// Close gives the directory up for another crustd. It is safe to call more than once.
+func (s *Store) Close() { s.dir.Close() }

@@ -25,6 +25,8 @@ import (
 
 	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/internal/recordfile"
+	"crust.dev/crust/internal/recordfile/recordfiletest"
 )
 
 const (
@@ -93,11 +95,28 @@ func mustOpenWith(t *testing.T, dir, boot string, opt Options) (*Store, *LoadRep
 	t.Helper()
 	var logs bytes.Buffer
 	opt.Log = testLogger(&logs)
-	s, r, err := OpenWith(dir, boot, opt)
+	s, r, err := reopen(t, dir, boot, opt)
 	if err != nil {
 		t.Fatalf("Open: %v\nlogs:\n%s", err, logs.String())
 	}
 	return s, r
+}
+
+// opened holds, by directory, the store reopen last opened there.
+var opened sync.Map
+
+// reopen is OpenWith as a restarted crustd calls it: the store reopen last opened on dir is closed first
+// (its process has ended, and its lock with it), and the new one when t ends.
+func reopen(t testing.TB, dir, boot string, opt Options) (*Store, *LoadReport, error) {
+	if prev, ok := opened.LoadAndDelete(dir); ok {
+		prev.(*Store).Close()
+	}
+	s, r, err := OpenWith(dir, boot, opt)
+	if err == nil {
+		opened.Store(dir, s)
+		t.Cleanup(s.Close)
+	}
+	return s, r, err
 }
 
 func mustPut(t *testing.T, s *Store, vs ...*crustv1.Volume) {
@@ -339,7 +358,7 @@ func TestPutIdempotentAndReplaces(t *testing.T) {
 
 func TestPutRefuses(t *testing.T) {
 	huge := vol("/k/huge")
-	huge.Spec.Metadata = map[string]string{"x": strings.Repeat("y", maxRecordSize)}
+	huge.Spec.Metadata = map[string]string{"x": strings.Repeat("y", recordfile.MaxSize)}
 	for _, tc := range []struct {
 		name string
 		v    *crustv1.Volume
@@ -485,7 +504,7 @@ func TestCorruptMovedAside(t *testing.T) {
 			return filepath.Base(recordPath("", "")), rawRecord(recordVersion, bootA, []byte(`""`))
 		}},
 		{"over 1 MiB", "more than 1048576", func(_ *testing.T) (string, []byte) {
-			return filepath.Base(recordPath("", target)), bytes.Repeat([]byte(" "), maxRecordSize+1)
+			return filepath.Base(recordPath("", target)), bytes.Repeat([]byte(" "), recordfile.MaxSize+1)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -497,7 +516,7 @@ func TestCorruptMovedAside(t *testing.T) {
 			writeFile(t, filepath.Join(dir, "volumes", name), data)
 
 			var logs bytes.Buffer
-			_, r, err := Open(dir, bootA, testLogger(&logs))
+			_, r, err := reopen(t, dir, bootA, Options{Log: testLogger(&logs)})
 			if err != nil {
 				t.Fatalf("Open failed on a damaged record: %v", err)
 			}
@@ -616,7 +635,7 @@ func TestNewerVersionRefused(t *testing.T) {
 			writeFile(t, filepath.Join(dir, "volumes", "zz.json"), tc.record)
 			before := readDirNames(t, filepath.Join(dir, "volumes"))
 
-			_, _, err := Open(dir, bootA, testLogger(new(bytes.Buffer)))
+			_, _, err := reopen(t, dir, bootA, Options{Log: testLogger(new(bytes.Buffer))})
 			if err == nil {
 				t.Fatal("Open succeeded over a record of a newer version")
 			}
@@ -708,6 +727,17 @@ func TestOpenCreatesMissingStateDir(t *testing.T) {
 	if fi.Mode() != os.ModeDir|0o700 {
 		t.Errorf("%s: mode %v, want drwx------", dir, fi.Mode())
 	}
+}
+
+// One crustd per state directory: a second Open is refused, naming the directory and the holder, as
+// every user of the record engine is; Close gives the directory up.
+func TestSecondOpenRefused(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := mustOpen(t, dir, bootA)
+	_, _, err := OpenWith(dir, bootA, Options{})
+	recordfiletest.WantHeld(t, err, dir, "crustd")
+	s.Close()
+	mustOpen(t, dir, bootA)
 }
 
 func TestOpenRefusesEmptyBootID(t *testing.T) {

@@ -6,21 +6,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
+
+	"crust.dev/crust/internal/testutil"
 )
 
 // apiDir is the API module's directory.
-func apiDir(t *testing.T) string {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	dir, err := filepath.Abs(filepath.Join(filepath.Dir(file), "..", "..", "api"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
+func apiDir(*testing.T) string { return filepath.Join(testutil.RepoDir, "api") }
 
 // goCmd runs go in dir outside the workspace (as an integrator's module is) and returns its output.
 func goCmd(t *testing.T, dir string, args ...string) string {

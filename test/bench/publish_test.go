@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc"
 
 	"crust.dev/crust/api/crustd"
-	csidriver "crust.dev/crust/examples/lvm-csi"
+	"crust.dev/crust/examples/lvm-csi/lvmdriver"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/csiproxy"
 	"crust.dev/crust/internal/testutil"
@@ -136,7 +136,7 @@ func startProxyNode(b *testing.B, d *daemon, vgSize int64) *proxyNode {
 			"--crust-socket", ""},
 		Ready: harness.AnswersCSI(driverSock), StopMustSucceed: true})
 
-	n := &proxyNode{d: d, driverName: csidriver.DefaultName, log: &harness.SyncBuffer{}}
+	n := &proxyNode{d: d, driverName: lvmdriver.DefaultName, log: &harness.SyncBuffer{}}
 	log := slog.New(slog.NewTextHandler(n.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := csiproxy.Config{CSIAddress: proxySock, DriverAddress: driverSock, CrustSocket: d.socket,
 		StateDir: filepath.Join(dir, "proxy"), PodWait: time.Second, LockWait: 5 * time.Second}

@@ -12,12 +12,12 @@ import (
 
 	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
-	"crust.dev/crust/examples/microvm/handler"
 	"crust.dev/crust/examples/microvm/vm"
+	"crust.dev/crust/examples/microvm/vmhandler"
 	"crust.dev/crust/internal/testutil/benchfig"
 )
 
-// The handler's log messages the benchmark follows (examples/microvm/handler).
+// The handler's log messages the benchmark follows (examples/microvm/vmhandler).
 const (
 	msgReady      = "ready"
 	msgWaiting    = "nothing staged at the target yet; waiting for it"
@@ -33,7 +33,7 @@ const volumeSize = 64 << 20
 // 8 hot-plug ports, and the handler keeps a volume attached until it stops.
 const sandboxVolumes = 7
 
-// BenchmarkStageToMounted measures, for a running crust-microvm sandbox (handler.Run in this process, its
+// BenchmarkStageToMounted measures, for a running crust-microvm sandbox (vmhandler.Run in this process, its
 // VM under TCG) waiting for a target, the time from the StageVolume call on crustd to the volume mounted in
 // the guest: the moment the handler has the guest agent's answer to its mount, which it logs as "volume
 // mounted" (the guest's /proc/mounts is checked afterwards, untimed). Each op stages a fresh loop device
@@ -255,7 +255,7 @@ func (bt *batch) stop(b *testing.B) {
 	}
 }
 
-// sandboxRun is one handler.Run of a sandbox with targets waiting to be staged.
+// sandboxRun is one vmhandler.Run of a sandbox with targets waiting to be staged.
 type sandboxRun struct {
 	d                   *daemon
 	name, stateDir      string
@@ -274,15 +274,15 @@ func startSandbox(b *testing.B, d *daemon, g guestImages, name string, n int) *s
 	b.Helper()
 	logger, out := newHook(msgReady, msgWaiting, msgMounted, msgNotMounted, msgWatching)
 	s := &sandboxRun{d: d, name: name, stateDir: b.TempDir(), log: out, done: make(chan error, 1)}
-	cfg := handler.Config{Name: name, CrustSocket: d.socket, Accel: accel(), StateDir: s.stateDir, Assets: g.assets, Log: logger}
+	cfg := vmhandler.Config{Name: name, CrustSocket: d.socket, Accel: accel(), StateDir: s.stateDir, Assets: g.assets, Log: logger}
 	for j := range n {
 		s.targets = append(s.targets, d.target(b, "0b5e0000-0000-4000-8000-00000000be01", fmt.Sprintf("pv-%s-%d", name, j)))
 		s.guestPaths = append(s.guestPaths, fmt.Sprintf("/bench/crust-%d", j))
-		cfg.Volumes = append(cfg.Volumes, handler.Volume{Target: s.targets[j], GuestPath: s.guestPaths[j]})
+		cfg.Volumes = append(cfg.Volumes, vmhandler.Volume{Target: s.targets[j], GuestPath: s.guestPaths[j]})
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	go func() { s.done <- handler.Run(ctx, cfg) }()
+	go func() { s.done <- vmhandler.Run(ctx, cfg) }()
 	wctx, wcancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer wcancel()
 	s.await(wctx, b, msgReady, "")
@@ -292,7 +292,7 @@ func startSandbox(b *testing.B, d *daemon, g guestImages, name string, n int) *s
 	// The first op times neither the watch's connection nor the guest's start (its kernel modules, which
 	// load on the one vCPU that the first mount needs).
 	s.await(wctx, b, msgWatching, "")
-	if _, err := handler.Health(wctx, s.stateDir, name, true); err != nil {
+	if _, err := vmhandler.Health(wctx, s.stateDir, name, true); err != nil {
 		b.Fatalf("the sandbox's guest agent: %v", err)
 	}
 	return s
@@ -336,7 +336,7 @@ func (s *sandboxRun) checkMounted(b *testing.B, path string) {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	res, err := handler.Exec(ctx, s.stateDir, s.name, []string{"cat", "/proc/mounts"})
+	res, err := vmhandler.Exec(ctx, s.stateDir, s.name, []string{"cat", "/proc/mounts"})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -42,7 +42,7 @@ import (
 
 	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/api/crustd"
-	csidriver "crust.dev/crust/examples/lvm-csi"
+	"crust.dev/crust/examples/lvm-csi/lvmdriver"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/harness"
@@ -157,7 +157,7 @@ func runSanity(t *testing.T, mode string) outcome {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop, err := csidriver.Start(driverSock, csidriver.Config{VG: vg.Name, Devices: []string{vg.Device}, NodeID: "sanity-node",
+	stop, err := lvmdriver.Start(driverSock, lvmdriver.Config{VG: vg.Name, Devices: []string{vg.Device}, NodeID: "sanity-node",
 		StateDir: filepath.Join(dir, "driver"), Log: slog.New(slog.NewTextHandler(driverLog, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"crust.dev/crust/api/volume"
-	csidriver "crust.dev/crust/examples/lvm-csi"
+	"crust.dev/crust/examples/lvm-csi/lvmdriver"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/testutil/harness"
 
@@ -97,14 +97,14 @@ func runSanity(t *testing.T, root, mode string) {
 		}
 		crust = startCrustd(t, dir, pathsDir)
 	}
-	cfg := csidriver.Config{
+	cfg := lvmdriver.Config{
 		VG: vg.Name, Devices: []string{vg.Device}, NodeID: "sanity-node", StateDir: filepath.Join(dir, "state"),
 		Log: slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	if crust != nil {
 		cfg.CrustSocket = crust.socket
 	}
-	stop, err := csidriver.Start(endpoint, cfg)
+	stop, err := lvmdriver.Start(endpoint, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

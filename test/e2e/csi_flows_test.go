@@ -24,7 +24,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	crustv1 "crust.dev/crust/api/crust/v1"
-	csidriver "crust.dev/crust/examples/lvm-csi"
+	"crust.dev/crust/examples/lvm-csi/lvmdriver"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/test/co"
@@ -70,14 +70,14 @@ func TestCSIFlows(t *testing.T) {
 	vgA := lvmtest.New(t, 1<<30)
 	stateA := t.TempDir()
 	sockA := filepath.Join(d.kubelet, "plugins", deferringDriver, "csi.sock")
-	startLVMDriver(t, sockA, csidriver.Config{Name: deferringDriver, VG: vgA.Name, Devices: []string{vgA.Device},
+	startLVMDriver(t, sockA, lvmdriver.Config{Name: deferringDriver, VG: vgA.Name, Devices: []string{vgA.Device},
 		StateDir: stateA, CrustSocket: d.socket}, filepath.Join(logDir, "driver-a.log"))
 
 	// Flow 2's driver: deferral off; kubelet reaches it through crust-csi-proxy, the sidecars directly.
 	vgB := lvmtest.New(t, 1<<30)
 	stateB := t.TempDir()
 	sockB := filepath.Join(d.kubelet, "plugins", plainDriver, "driver.sock")
-	startLVMDriver(t, sockB, csidriver.Config{Name: plainDriver, VG: vgB.Name, Devices: []string{vgB.Device},
+	startLVMDriver(t, sockB, lvmdriver.Config{Name: plainDriver, VG: vgB.Name, Devices: []string{vgB.Device},
 		StateDir: stateB}, filepath.Join(logDir, "driver-b.log"))
 	api, kubeconfig := startAPIServer(t)
 	proxySock := filepath.Join(d.kubelet, "plugins", plainDriver, "csi.sock")
@@ -386,14 +386,14 @@ func newCO(t *testing.T, d *daemon, api *co.APIServer, assets, vmState string) *
 
 // startLVMDriver runs the reference LVM driver in this process on socket, logging to logFile, until
 // the test ends.
-func startLVMDriver(t *testing.T, socket string, cfg csidriver.Config, logFile string) {
+func startLVMDriver(t *testing.T, socket string, cfg lvmdriver.Config, logFile string) {
 	t.Helper()
 	f, err := os.Create(logFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	stop, err := csidriver.Start(socket, cfg)
+	stop, err := lvmdriver.Start(socket, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 
 	"crust.dev/crust/api/client"
 	crustv1 "crust.dev/crust/api/crust/v1"
-	csidriver "crust.dev/crust/examples/lvm-csi"
+	"crust.dev/crust/examples/lvm-csi/lvmdriver"
 	"crust.dev/crust/examples/lvm-csi/lvmtest"
 	"crust.dev/crust/internal/testutil/harness"
 	"crust.dev/crust/test/co"
@@ -160,7 +160,7 @@ func TestIOLimitsThroughTheProxies(t *testing.T) {
 
 	vg := lvmtest.New(t, 512<<20)
 	driverSock := filepath.Join(d.kubelet, "plugins", plainDriver, "driver.sock")
-	startLVMDriver(t, driverSock, csidriver.Config{Name: plainDriver, VG: vg.Name, Devices: []string{vg.Device},
+	startLVMDriver(t, driverSock, lvmdriver.Config{Name: plainDriver, VG: vg.Name, Devices: []string{vg.Device},
 		StateDir: t.TempDir(), NoVolumeContext: true, StrictAccessType: true}, filepath.Join(logDir, "driver.log"))
 	api, kubeconfig := startAPIServer(t)
 	nodeSock := filepath.Join(d.kubelet, "plugins", plainDriver, "csi.sock")

@@ -7,13 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"crust.dev/crust/examples/microvm/handler"
+	"crust.dev/crust/examples/microvm/vmhandler"
 	"crust.dev/crust/internal/testutil/harness"
 )
 
 // TestMicroVMQemuKilled first forces the release of a volume mounted in a running crust-microvm's guest:
 // the handler, alive, claims it again and says so. Then it kills QEMU (SIGKILL) under it. The handler, QEMU's parent, notices at once: it says in a log line and in its exit status
-// (handler.ExitVMDied) that it released the claims and did not restart the VM, releases the claim in
+// (vmhandler.ExitVMDied) that it released the claims and did not restart the VM, releases the claim in
 // crustd, and leaves no socket and no process behind. One VM boot (TCG).
 func TestMicroVMQemuKilled(t *testing.T) {
 	d, assets := newMicroVMDaemon(t)
@@ -52,8 +52,8 @@ func TestMicroVMQemuKilled(t *testing.T) {
 		t.Fatalf("crust-microvm still runs a minute after its QEMU was killed:\n%s", m.Log())
 	}
 	t.Logf("QEMU killed -> crust-microvm released the claim and exited in %s", time.Since(t0).Round(time.Millisecond))
-	if code := m.ExitCode(); code != handler.ExitVMDied {
-		t.Errorf("exit status %d, want %d (the VM died)", code, handler.ExitVMDied)
+	if code := m.ExitCode(); code != vmhandler.ExitVMDied {
+		t.Errorf("exit status %d, want %d (the VM died)", code, vmhandler.ExitVMDied)
 	}
 	if got := m.LogValue("QEMU exited under the running sandbox; releasing the volumes' claims and stopping, not restarting the VM", "qemu"); got != "signal: killed" {
 		t.Errorf("no log line saying what was done (qemu=%q):\n%s", got, m.Log())

@@ -70,6 +70,7 @@ func TestListVolumesAtScale(t *testing.T) {
 			}
 		}
 	}
+	s.Close() // for crustd
 	t.Logf("wrote %d records in %s", pods*perPod, time.Since(t0).Round(100*time.Millisecond))
 	t0 = time.Now()
 	d := newDaemon(t, "--state-dir", state, "--kubelet-dir", kubelet, "--kata-dir", "")

@@ -17,7 +17,7 @@ import (
 
 	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
-	"crust.dev/crust/examples/microvm/handler"
+	"crust.dev/crust/examples/microvm/vmhandler"
 )
 
 // guestMounts are the mount types the guest makes itself; others (cgroup) are left out.
@@ -79,7 +79,7 @@ func (s *sandbox) prepareContainer(ctx context.Context, id, bundle string, rootf
 				s.log.Info("crust volume attached for the container", "container", id, "target", src, "destination", m.Destination)
 				req.Mounts = append(req.Mounts, &agentv1.ContainerMount{Destination: m.Destination, Type: "bind", Source: att.GuestPath, Options: m.Options})
 				continue
-			case !handler.ErrNotDeferred(err):
+			case !vmhandler.ErrNotDeferred(err):
 				return nil, fmt.Errorf("volume %s for %s: %w", src, m.Destination, err)
 			}
 		}

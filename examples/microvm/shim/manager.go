@@ -10,7 +10,7 @@
 //     bind mounts are mounted on the host under the sandbox's shared directory, which one virtiofsd
 //     (chroot sandbox, so that later mounts are seen) exports to the guest; a bind mount whose source is a
 //     target path crustd holds a descriptor for is claimed for the sandbox, hot-plugged and mounted in the
-//     guest (examples/microvm/handler's Volumes), and never mounted on the host.
+//     guest (examples/microvm/vmhandler's Volumes), and never mounted on the host.
 //   - A block device of a container's linux.devices (CRI's raw block volume) is the host's device given
 //     to the VM: a node of it in the state directory (mknod by its major and minor) is hot-plugged as a
 //     virtio-blk disk, once per sandbox, and made at the spec's path in the container; it leaves the VM
@@ -47,8 +47,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	crusthandler "crust.dev/crust/api/handler"
-	"crust.dev/crust/examples/microvm/handler"
 	"crust.dev/crust/examples/microvm/vm"
+	"crust.dev/crust/examples/microvm/vmhandler"
 )
 
 // RuntimeType is the runtime_type containerd is configured with for this shim.
@@ -92,8 +92,8 @@ func SettingsFromEnv() (Settings, error) {
 	}
 	s := Settings{
 		CrustSocket: get("CRUST_SOCKET", crusthandler.DefaultSocket),
-		Assets:      get("CRUST_MICROVM_ASSETS", handler.DefaultAssets),
-		StateDir:    get("CRUST_MICROVM_STATE_DIR", handler.DefaultStateDir),
+		Assets:      get("CRUST_MICROVM_ASSETS", vmhandler.DefaultAssets),
+		StateDir:    get("CRUST_MICROVM_STATE_DIR", vmhandler.DefaultStateDir),
 		Accel:       vm.Accel(get("CRUST_MICROVM_ACCEL", string(vm.AccelAuto))),
 		KubeletDir:  filepath.Clean(get("CRUST_KUBELET_DIR", "/var/lib/kubelet")),
 	}

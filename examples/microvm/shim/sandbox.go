@@ -18,9 +18,9 @@ import (
 	"crust.dev/crust/api/errdefs"
 	crusthandler "crust.dev/crust/api/handler"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
-	"crust.dev/crust/examples/microvm/handler"
 	"crust.dev/crust/examples/microvm/podnet"
 	"crust.dev/crust/examples/microvm/vm"
+	"crust.dev/crust/examples/microvm/vmhandler"
 )
 
 // A sandbox's state directory, Settings.StateDir/<first 16 of the sandbox id>, holds:
@@ -29,14 +29,14 @@ import (
 //	  <id>/rootfs    the container's rootfs (a bind of its bundle's rootfs)
 //	  <id>/mounts/N  the container's N-th OCI mount, when it is an ordinary bind mount
 //	devices/       a node of each host block device of the containers' linux.devices, hot-plugged
-//	handler.sock   RuntimeHandlerService, for crustd
+//	vmhandler.sock   RuntimeHandlerService, for crustd
 //	qemu.pid       QEMU's pid, for the delete action after a dead shim
 //	and the VM's own sockets and logs (package vm).
 const (
 	sharedDir     = "shared"
 	shareTag      = "crust-shared"
 	guestShared   = "/run/crust/shared"
-	handlerSocket = "handler.sock"
+	handlerSocket = "vmhandler.sock"
 	pidFile       = "qemu.pid"
 )
 
@@ -48,7 +48,7 @@ type sandbox struct {
 	net     *podnet.Link // nil without a pod network
 	vm      *vm.VM
 	crust   *crusthandler.Client
-	volumes *handler.Volumes
+	volumes *vmhandler.Volumes
 	devices map[string]*hostDevice // by disk id
 	log     *slog.Logger
 }
@@ -105,7 +105,7 @@ func bootSandbox(ctx context.Context, set Settings, id string, spec *specs.Spec,
 	if _, err := s.vm.Agent().MountShare(ctx, &agentv1.MountShareRequest{Tag: shareTag, Target: guestShared}); err != nil {
 		return s, fmt.Errorf("mounting the shared directory in the guest: %w", err)
 	}
-	s.volumes, err = handler.ServeVolumes(handler.VolumesConfig{SandboxID: id, Crust: s.crust, VM: s.vm,
+	s.volumes, err = vmhandler.ServeVolumes(vmhandler.VolumesConfig{SandboxID: id, Crust: s.crust, VM: s.vm,
 		HandlerSocket: filepath.Join(dir, handlerSocket), Log: log})
 	return s, err
 }
@@ -134,7 +134,7 @@ func (s *sandbox) teardown(ctx context.Context) error {
 
 // cleanSandbox kills a QEMU left in dir by a dead shim, undoes the mounts below dir and removes it.
 func cleanSandbox(dir string) error {
-	_ = handler.KillStaleQEMU(dir, pidFile)
+	_ = vmhandler.KillStaleQEMU(dir, pidFile)
 	if err := unmountBelow(dir); err != nil {
 		return err
 	}

@@ -14,7 +14,7 @@ import (
 
 	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
-	"crust.dev/crust/examples/microvm/handler"
+	"crust.dev/crust/examples/microvm/vmhandler"
 )
 
 // A container's subPath of a volume reaches its spec as a bind source kubelet made: kubelet creates the
@@ -121,44 +121,44 @@ func mountHolding(mounts []*mountinfo.Info, p string) *mountinfo.Info {
 // for, and answers it with the guest path the container's bind comes from: for a target crustd holds a
 // descriptor for, the volume's guest mount; for kubelet's subPath mount of a directory in such a target
 // (subPathIn), that directory of the guest's mount, made when missing (makeGuestDir). A source of no crust
-// volume is handler.ErrNotDeferred: an ordinary mount, to share. A subPath of a crust volume is never
+// volume is vmhandler.ErrNotDeferred: an ordinary mount, to share. A subPath of a crust volume is never
 // answered so.
-func (s *sandbox) attachVolume(ctx context.Context, src string) (handler.Attached, error) {
+func (s *sandbox) attachVolume(ctx context.Context, src string) (vmhandler.Attached, error) {
 	uid, ok := s.set.subPathPod(src)
 	if !ok {
 		return s.volumes.Attach(ctx, src)
 	}
 	targets, err := s.set.csiTargets(uid)
 	if err != nil {
-		return handler.Attached{}, fmt.Errorf("the volumes of pod %s: %w", uid, err)
+		return vmhandler.Attached{}, fmt.Errorf("the volumes of pod %s: %w", uid, err)
 	}
 	mounts, err := mountinfo.GetMounts(nil)
 	if err != nil {
-		return handler.Attached{}, fmt.Errorf("subPath %s: the mount table: %w", src, err)
+		return vmhandler.Attached{}, fmt.Errorf("subPath %s: the mount table: %w", src, err)
 	}
 	ins, err := subPathIn(mounts, src, targets)
 	if err != nil {
-		return handler.Attached{}, err
+		return vmhandler.Attached{}, err
 	}
 	for _, in := range ins {
 		att, err := s.volumes.Attach(ctx, in.target)
 		switch {
-		case handler.ErrNotDeferred(err):
+		case vmhandler.ErrNotDeferred(err):
 			continue
 		case err != nil:
-			return handler.Attached{}, fmt.Errorf("subPath %s of volume %s: %w", in.rel, in.target, err)
+			return vmhandler.Attached{}, fmt.Errorf("subPath %s of volume %s: %w", in.rel, in.target, err)
 		case att.Block:
-			return handler.Attached{}, errdefs.Errorf(errdefs.ErrInvalidArgument, "subPath %s of %s: the volume is raw block", in.rel, in.target)
+			return vmhandler.Attached{}, errdefs.Errorf(errdefs.ErrInvalidArgument, "subPath %s of %s: the volume is raw block", in.rel, in.target)
 		}
 		if err := makeGuestDir(ctx, s.vm.Agent(), att.GuestPath, in.rel); err != nil {
-			return handler.Attached{}, fmt.Errorf("subPath %s of volume %s: %w", in.rel, in.target, err)
+			return vmhandler.Attached{}, fmt.Errorf("subPath %s of volume %s: %w", in.rel, in.target, err)
 		}
 		s.log.Info("subPath of a crust volume: bound from the guest's mount of the volume, not from the node",
 			"subpath_mount", src, "target", in.target, "path", in.rel)
 		att.GuestPath = path.Join(att.GuestPath, in.rel)
 		return att, nil
 	}
-	return handler.Attached{}, errdefs.Errorf(errdefs.ErrNotFound, "subPath %s lies in no crust volume of pod %s", src, uid)
+	return vmhandler.Attached{}, errdefs.Errorf(errdefs.ErrNotFound, "subPath %s lies in no crust volume of pod %s", src, uid)
 }
 
 // makeGuestDirScript makes $2 (a clean relative path) in the directory $1, one element at a time, as

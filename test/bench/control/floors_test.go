@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	crustv1 "crust.dev/crust/api/crust/v1"
-	katafmt "crust.dev/crust/api/kata"
+	"crust.dev/crust/api/kata"
 )
 
 // kataLib does, in process, what Kata's direct-volume library (the Go package a driver links, as Azure's
@@ -28,7 +28,7 @@ func (k kataLib) volumeDir(volumePath string) string {
 
 // pair adds and removes the volume of spec, as a driver would at publish and unpublish.
 func (k kataLib) pair(b *testing.B, spec *crustv1.VolumeSpec) {
-	mi, err := json.Marshal(katafmt.MountInfo{VolumeType: katafmt.VolumeTypeDirect, Device: spec.GetVolumeBackingPath(), FsType: spec.GetFsType()})
+	mi, err := json.Marshal(kata.MountInfo{VolumeType: kata.VolumeTypeDirect, Device: spec.GetVolumeBackingPath(), FsType: spec.GetFsType()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func (k kataLib) add(volumePath, mountInfo string) error {
 	case !st.IsDir():
 		return fmt.Errorf("%s is not a directory", dir)
 	}
-	var check katafmt.MountInfo
+	var check kata.MountInfo
 	if err := json.Unmarshal([]byte(mountInfo), &check); err != nil {
 		return err
 	}

@@ -11,7 +11,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	crustv1 "crust.dev/crust/api/crust/v1"
-	katafmt "crust.dev/crust/api/kata"
+	"crust.dev/crust/api/kata"
 )
 
 // Pairs per round of each side.
@@ -204,7 +204,7 @@ func concurrently(n, total int, op func(i int)) time.Duration {
 
 // cliPair adds and removes the volume of spec with one crustctl direct-volume process each.
 func cliPair(b *testing.B, kataDir string, spec *crustv1.VolumeSpec) {
-	mi, err := json.Marshal(katafmt.MountInfo{VolumeType: katafmt.VolumeTypeDirect, Device: spec.GetVolumeBackingPath(), FsType: spec.GetFsType()})
+	mi, err := json.Marshal(kata.MountInfo{VolumeType: kata.VolumeTypeDirect, Device: spec.GetVolumeBackingPath(), FsType: spec.GetFsType()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-// Command crust-lvm-csi runs crust's reference CSI driver (package csidriver) as a process: the binary of
+// Command crust-lvm-csi runs crust's reference CSI driver (package lvmdriver) as a process: the binary of
 // the crust/crust-lvm-csi image that deploy/examples deploys, and of the test tiers that run the driver
 // out of process. It serves until SIGINT or SIGTERM.
 //
@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	csidriver "crust.dev/crust/examples/lvm-csi"
+	"crust.dev/crust/examples/lvm-csi/lvmdriver"
 	"crust.dev/crust/pkg/command"
 )
 
@@ -23,12 +23,12 @@ func main() {
 }
 
 func newCommand() *cobra.Command {
-	var cfg csidriver.Config
+	var cfg lvmdriver.Config
 	var endpoint string
 	cmd := command.Server("crust-lvm-csi", "crust's reference CSI driver: LVM volumes, deferred to microVM runtimes through crustd",
 		func(ctx context.Context, _ *cobra.Command, log *slog.Logger) error {
 			cfg.Log = log
-			stop, err := csidriver.Start(endpoint, cfg)
+			stop, err := lvmdriver.Start(endpoint, cfg)
 			if err != nil {
 				return err
 			}
@@ -41,7 +41,7 @@ func newCommand() *cobra.Command {
 	f.StringArrayVar(&cfg.Devices, "pv", nil, "physical volume of the group, the only devices LVM looks at (repeatable; none: LVM's own scan)")
 	// Deferral is off unless the socket is named, by the flag or by the environment.
 	command.AddSocketFlag(f, &cfg.CrustSocket, "", `crustd's socket; "" turns deferral off`)
-	f.StringVar(&cfg.Name, "name", csidriver.DefaultName, "CSI plugin name")
+	f.StringVar(&cfg.Name, "name", lvmdriver.DefaultName, "CSI plugin name")
 	f.StringVar(&cfg.NodeID, "node-id", "", "node id (default: the host name)")
 	f.StringVar(&cfg.StateDir, "state-dir", "", "private directory (default: a temporary one)")
 	f.StringVar((*string)(&cfg.Activation), "activation", "", `"device-mapper", "extent-map", or "" to pick`)

@@ -1,7 +1,7 @@
 // Package lvm runs LVM's commands for crust's reference CSI driver and its test set-up, with a
 // configuration that works on a machine without udev and, where the kernel has no device-mapper, without
 // activation: LVM then keeps the metadata (allocation, extents, tags) and the driver maps the extents
-// itself (see the csidriver package).
+// itself (see the lvmdriver package).
 //
 // Every command gets --config with: a global filter that accepts only the configured physical volumes
 // (so LVM never scans anything else, in particular not the devices of the logical volumes), no devices
