@@ -117,7 +117,8 @@ func isBind(m specs.Mount) bool {
 	return m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
 }
 
-// bindInto bind-mounts src (recursively) at dst, made as a file or a directory like src, read-only when ro.
+// bindInto bind-mounts src (recursively) at dst, made as a file or a directory like src, read-only when ro;
+// the bind is a slave of src (mounts propagate from src to it, never back).
 func bindInto(src, dst string, ro bool) error {
 	fi, err := os.Stat(src)
 	if err != nil {
@@ -139,6 +140,14 @@ func bindInto(src, dst string, ro bool) error {
 	}
 	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind %s at %s: %w", src, dst, err)
+	}
+	// A slave of src: what is mounted on the node later still shows (kubelet's mounts under a pod's
+	// directory), but nothing done here reaches the node. On a node whose mounts are shared (kubelet's
+	// are), a copy that stayed a peer would carry its unmount back: unmounting a hostPath "/" bind's
+	// submounts here would unmount the node's /dev, /sys and /proc.
+	if err := unix.Mount("", dst, "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		_ = unix.Unmount(dst, unix.MNT_DETACH)
+		return fmt.Errorf("make the bind of %s at %s a slave: %w", src, dst, err)
 	}
 	if ro {
 		if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {

@@ -141,7 +141,8 @@ func cleanSandbox(dir string) error {
 	return os.RemoveAll(dir)
 }
 
-// unmountBelow unmounts every mount at or below dir, the deepest first.
+// unmountBelow unmounts every mount at or below dir, the deepest first, each made a slave first so that
+// no unmount propagates out of dir to a peer (the node's own mounts, when a bind of them is shared).
 func unmountBelow(dir string) error {
 	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 	if err != nil {
@@ -149,6 +150,14 @@ func unmountBelow(dir string) error {
 	}
 	slices.SortFunc(mounts, func(a, b *mountinfo.Info) int { return len(b.Mountpoint) - len(a.Mountpoint) })
 	var errs []error
+	for _, m := range slices.Backward(mounts) { // the shallowest first: MS_REC covers what is below
+		if err := unix.Mount("", m.Mountpoint, "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("make %s a slave: %w", m.Mountpoint, err))
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...) // unmounting now could unmount the node's mounts
+	}
 	for _, m := range mounts {
 		if err := unix.Unmount(m.Mountpoint, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("unmount %s: %w", m.Mountpoint, err))
