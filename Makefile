@@ -50,7 +50,7 @@ help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: deps
-deps: ## Install the Debian packages the tests need (as root; skipped when present)
+deps: ## Install the Debian packages the tests need (as root; skipped when present), and the API module's own dependencies
 	@# A containerd or runc that did not come from Debian (containerd.io, a release tarball) is used as it
 	@# is: installing Debian's package would replace or shadow it.
 	@missing=$$(for p in $(DEB_PKGS); do \
@@ -60,6 +60,9 @@ deps: ## Install the Debian packages the tests need (as root; skipped when prese
 		echo "installing:" $$missing; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
+	@# The versions the API module's go.mod names (lower than the workspace's), for test/api, which builds
+	@# a driver module on them alone with the module proxy turned off.
+	cd api && GOWORK=off $(GO) mod download
 
 .PHONY: build
 build: ## Build every binary of every module into bin/
