@@ -164,20 +164,24 @@ func (s *sandbox) attachVolume(ctx context.Context, src string) (vmhandler.Attac
 // makeGuestDirScript makes $2 (a clean relative path) in the directory $1, one element at a time, as
 // kubelet's SafeMakeDir makes a subPath in a volume on the node: each missing element made by root with
 // the permissions of the volume's root directory (an fsGroup's setgid bit included), never through a link.
+// The last element may be a regular file already there: a subPath may name a file, which the container
+// then gets bound in its place.
 const makeGuestDirScript = `set -ef
-d=$1; mode=$(stat -c %a "$1"); IFS=/
+root=$1; d=$1; mode=$(stat -c %a "$1"); IFS=/
 for c in $2; do
 	d=$d/$c
 	if [ -L "$d" ]; then echo "$d is a symbolic link" >&2; exit 1; fi
 	if [ ! -e "$d" ]; then mkdir "$d" && chmod "$mode" "$d"; fi
+	if [ "$d" = "$root/$2" ] && [ -f "$d" ]; then exit 0; fi
 	if [ ! -d "$d" ]; then echo "$d is not a directory" >&2; exit 1; fi
 done`
 
 // makeGuestDir makes the directory rel (relative and clean) in the guest directory root, a volume's
 // mount, when it is missing, each element it makes with root's permissions, owned by root (as kubelet
-// makes a subPath's directory on the node). An element that is a symbolic link, or not a directory, is an
-// error: what is in the volume is the pod's, and a link there must not lead a container's bind out of it.
-// A link planted between this check and the guest's bind mount is not caught.
+// makes a subPath's directory on the node); rel may instead name a regular file there. An element that is
+// a symbolic link, or not a directory (but rel's own regular file), is an error: what is in the volume is
+// the pod's, and a link there must not lead a container's bind out of it. A link planted between this
+// check and the guest's bind mount is not caught.
 func makeGuestDir(ctx context.Context, agent agentv1.AgentServiceService, root, rel string) error {
 	return guestExec(ctx, agent, "making the subPath's directory in the guest", "sh", "-c", makeGuestDirScript, "sh", root, rel)
 }

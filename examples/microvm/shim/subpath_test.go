@@ -3,8 +3,10 @@ package shim
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/moby/sys/mountinfo"
@@ -71,5 +73,50 @@ func TestSubPathIn(t *testing.T) {
 	}
 	if _, err := subPathIn([]*mountinfo.Info{rootfs}, src, targets); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("a subPath that is no mount point: %v, want FAILED_PRECONDITION", err)
+	}
+}
+
+// makeGuestDirScript, run here by the host's sh as the guest's busybox sh runs it: missing elements are
+// made with the root's mode, a regular file may end the path, and a link or a file on the way is refused.
+func TestMakeGuestDirScript(t *testing.T) {
+	root := t.TempDir()
+	if err := os.Chmod(root, 0o775|os.ModeSetgid); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"file", "d/file"} {
+		if err := os.MkdirAll(filepath.Join(root, filepath.Dir(p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, p), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("/etc", filepath.Join(root, "link")); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		rel, fails string
+	}{
+		{rel: "a/b/c"},
+		{rel: "file"},
+		{rel: "d/file"},
+		{rel: "file/x", fails: "is not a directory"},
+		{rel: "link", fails: "is a symbolic link"},
+		{rel: "link/x", fails: "is a symbolic link"},
+	} {
+		out, err := exec.Command("sh", "-c", makeGuestDirScript, "sh", root, tc.rel).CombinedOutput()
+		switch {
+		case tc.fails == "" && err != nil:
+			t.Errorf("%s: %v: %s", tc.rel, err, out)
+		case tc.fails != "" && (err == nil || !strings.Contains(string(out), tc.fails)):
+			t.Errorf("%s: %v: %q, want a refusal saying %q", tc.rel, err, out, tc.fails)
+		}
+	}
+	fi, err := os.Stat(filepath.Join(root, "a", "b", "c"))
+	if err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o775 || fi.Mode()&os.ModeSetgid == 0 {
+		t.Errorf("a/b/c made as %v (%v), want a directory with the root's mode, setgid included", fi.Mode(), err)
+	}
+	if _, err := os.Lstat("/etc/x"); err == nil {
+		t.Error("a directory was made through the link")
 	}
 }
