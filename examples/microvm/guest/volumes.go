@@ -24,7 +24,10 @@ import (
 )
 
 const (
-	defaultDeviceWait = 10 * time.Second
+	// defaultDeviceWait bounds the wait for a hot-plugged disk to show in the guest when the host names no
+	// bound: a TCG guest on a busy two-core host has taken more than 10 s to probe one disk of several
+	// hot-plugged at once (Kubernetes' storage suite, several raw block volumes in one pod).
+	defaultDeviceWait = time.Minute
 	maxDeviceWait     = 5 * time.Minute
 	// growWait bounds the wait for a disk to show a resize done by the host.
 	growWait = 10 * time.Second
