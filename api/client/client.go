@@ -20,6 +20,7 @@ import (
 type Client struct {
 	conn    *grpc.ClientConn
 	volumes crustv1.VolumeServiceClient
+	info    crustv1.InfoServiceClient
 	driver  string
 }
 
@@ -52,11 +53,18 @@ func New(socket string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{conn: conn, volumes: crustv1.NewVolumeServiceClient(conn), driver: o.driver}, nil
+	return &Client{conn: conn, volumes: crustv1.NewVolumeServiceClient(conn), info: crustv1.NewInfoServiceClient(conn), driver: o.driver}, nil
 }
 
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
+
+// Info returns what crustd speaks: its version, the API versions and the features it serves (the
+// crustd.Feature* names, such as crustd.FeatureRawBlock before depositing a raw block volume). A crustd
+// older than the call answers Unimplemented, and serves none of the features.
+func (c *Client) Info(ctx context.Context) (*crustv1.GetInfoResponse, error) {
+	return c.info.GetInfo(ctx, &crustv1.GetInfoRequest{})
+}
 
 // Volumes returns the raw VolumeService client, for calls this package does not wrap (GetVolume,
 // ListVolumes).

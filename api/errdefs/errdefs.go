@@ -52,8 +52,10 @@ var (
 	ErrUnavailable = errors.New("unavailable")
 	// ErrUnimplemented: the process that answers does not do that call, or not for that kind of volume.
 	ErrUnimplemented = errors.New("unimplemented")
-	// ErrOutOfRange: a size the request asks cannot be met as asked (a capacity its range forbids, a
-	// volume that would have to shrink).
+	// ErrOutOfRange: a value the request asks for lies outside the range that can be served: a size
+	// that cannot be met as asked (a capacity its range forbids, a volume that would have to shrink), or
+	// a watch revision crustd cannot resume after (it no longer keeps the changes since, or never issued
+	// it: list again).
 	ErrOutOfRange = errors.New("out of range")
 	// ErrInternal: a fault of the component that answers, not of the request (a bug, a broken disk).
 	ErrInternal = errors.New("internal")

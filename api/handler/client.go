@@ -4,8 +4,9 @@
 //
 // What it offers:
 //   - Client (from Dial): Claim a deferred volume for a sandbox, Release it, Get one descriptor, and Watch
-//     the descriptors as they come and go. Claim and Release are idempotent for the same sandbox: a claim
-//     repeated after a crash, or a release of a volume no longer claimed, is not an error.
+//     the descriptors as they come and go (resuming after a revision, SinceRevision). Claim and Release are
+//     idempotent for the same sandbox: a claim repeated after a crash, or a release of a volume no longer
+//     claimed, is not an error. Info says what crustd speaks: its version and the features it serves.
 //   - Client.KeepClaims: claim again, whenever crustd restarts, every volume the handler still holds.
 //   - ServeHandler: serve RuntimeHandlerService on a unix socket, so that crustd can forward
 //     NodeGetVolumeStats and NodeExpandVolume for a claimed volume to the handler that holds it.
@@ -14,11 +15,15 @@
 // A handler's life with one volume:
 //
 //	c, _ := handler.Dial(crustd.DefaultSocket)
-//	stop, endpoint, _ := handler.ServeHandler("/run/myhandler/crust.sock", myHandler)
+//	stop, endpoint, _ := handler.ServeHandler(crustd.HandlerSocket(crustd.DefaultSocket, "myhandler"), myHandler)
 //	v, _ := c.Claim(ctx, targetPath, sandboxID, endpoint)   // attach v.ResolvedBackingPath, mount in the guest
 //	...
 //	_ = c.Release(ctx, targetPath, sandboxID)                // after unmount and unplug
 //	stop()
+//
+// The handler's socket must lie where crustd sees it (crustd runs in a pod that mounts a few host
+// directories): crustd.HandlerSocket names a path beside crustd's own socket, which it always sees.
+// crustd refuses a claim whose endpoint's socket it cannot see (FailedPrecondition, naming the path).
 //
 // examples/microvm in crust's repository is a complete handler built on this package.
 package handler
@@ -27,11 +32,13 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 
 	"google.golang.org/grpc"
 
 	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/api/crustd"
+	"crust.dev/crust/api/errdefs"
 )
 
 // DefaultSocket is crustd's default socket.
@@ -42,6 +49,7 @@ type Client struct {
 	conn *grpc.ClientConn
 	rt   crustv1.RuntimeServiceClient
 	vols crustv1.VolumeServiceClient
+	info crustv1.InfoServiceClient
 }
 
 // Dial returns a client for crustd at socket (a path or unix:// address). It does not wait for crustd; the
@@ -51,7 +59,8 @@ func Dial(socket string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{conn: conn, rt: crustv1.NewRuntimeServiceClient(conn), vols: crustv1.NewVolumeServiceClient(conn)}, nil
+	return &Client{conn: conn, rt: crustv1.NewRuntimeServiceClient(conn), vols: crustv1.NewVolumeServiceClient(conn),
+		info: crustv1.NewInfoServiceClient(conn)}, nil
 }
 
 // Close closes the connection.
@@ -60,9 +69,11 @@ func (c *Client) Close() error { return c.conn.Close() }
 // Claim records that sandboxID uses the volume at targetPath and returns its descriptor. endpoint is where
 // the handler serves RuntimeHandlerService (see ServeHandler), or "" when it serves no stats. Claiming again
 // for the same sandbox is not an error. Errors are gRPC status errors with crust's codes (NotFound: nothing
-// staged there, so the path is an ordinary volume; FailedPrecondition: another sandbox holds it or the
-// device changed). The descriptor is whole: secret metadata (an encryptionKey) is there, for the handler
-// to use and never to log; every other answer (Get, Watch) carries it as "<redacted>".
+// staged there, so the path is an ordinary volume; FailedPrecondition: another sandbox holds it, the
+// device changed, or crustd cannot see endpoint's socket, whose path the message names: see
+// crustd.HandlerSocket for where crustd sees one). The descriptor is whole: secret metadata (an
+// encryptionKey) is there, for the handler to use and never to log; every other answer (Get, Watch)
+// carries it as "<redacted>".
 func (c *Client) Claim(ctx context.Context, targetPath, sandboxID, endpoint string) (*crustv1.Volume, error) {
 	r, err := c.rt.ClaimVolume(ctx, &crustv1.ClaimVolumeRequest{
 		VolumeTargetPath: targetPath, SandboxId: sandboxID, HandlerEndpoint: endpoint,
@@ -88,11 +99,57 @@ func (c *Client) Get(ctx context.Context, targetPath string) (*crustv1.Volume, e
 	return r.GetVolume(), nil
 }
 
+// Info returns what crustd speaks: its version, the API versions and the features it serves (the
+// crustd.Feature* names). A crustd older than the call answers Unimplemented, and serves none of the
+// features.
+func (c *Client) Info(ctx context.Context) (*crustv1.GetInfoResponse, error) {
+	return c.info.GetInfo(ctx, &crustv1.GetInfoRequest{})
+}
+
+// WatchOption changes what Watch asks crustd for.
+type WatchOption func(*watchOptions)
+
+type watchOptions struct {
+	since *uint64
+}
+
+// SinceRevision makes Watch resume after revision, that of the last change or EVENT_TYPE_SYNCED fn was
+// given (not that of an EVENT_TYPE_EXISTING: a listing is whole only at its EVENT_TYPE_SYNCED): fn is given the changes made since, as crustd sent them then, then
+// EVENT_TYPE_SYNCED with resumed set, then the changes as they come. When crustd cannot resume from it
+// (it no longer keeps the changes since, as after a crash of crustd: crust.proto's
+// WatchVolumesResponse.revision says what survives a restart), Watch with sendExisting lists the volumes
+// again instead (EVENT_TYPE_EXISTING for each, then EVENT_TYPE_SYNCED with resumed unset: drop what was
+// held that they did not name), and Watch without it returns an error of kind errdefs.ErrOutOfRange at
+// once. A crustd that does not resume watches (Info lists no crustd.FeatureWatchResume) counts as one
+// that cannot resume; Watch asks Info first.
+func SinceRevision(revision uint64) WatchOption {
+	return func(o *watchOptions) { o.since = &revision }
+}
+
 // Watch calls fn for every volume event until ctx ends (then it returns nil), fn returns an error (returned
 // as is) or the stream breaks (its error). With sendExisting, the first events describe every stored volume
-// and are followed by EVENT_TYPE_SYNCED.
-func (c *Client) Watch(ctx context.Context, sendExisting bool, fn func(*crustv1.WatchVolumesResponse) error) error {
-	stream, err := c.rt.WatchVolumes(ctx, &crustv1.WatchVolumesRequest{SendExisting: sendExisting})
+// and are followed by EVENT_TYPE_SYNCED. SinceRevision resumes a watch instead.
+func (c *Client) Watch(ctx context.Context, sendExisting bool, fn func(*crustv1.WatchVolumesResponse) error, opts ...WatchOption) error {
+	var o watchOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	req := &crustv1.WatchVolumesRequest{SendExisting: sendExisting}
+	if o.since != nil {
+		resumes, err := c.resumes(ctx)
+		switch {
+		case err != nil:
+			return err
+		case resumes:
+			req.SinceRevision = o.since
+		case !sendExisting:
+			return errdefs.Errorf(errdefs.ErrOutOfRange, "watch since revision %d: this crustd does not resume watches "+
+				"(it serves no %q feature); watch with sendExisting", *o.since, crustd.FeatureWatchResume)
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx) // ends the stream however Watch returns
+	defer cancel()
+	stream, err := c.rt.WatchVolumes(ctx, req)
 	if err != nil {
 		return err
 	}
@@ -108,4 +165,17 @@ func (c *Client) Watch(ctx context.Context, sendExisting bool, fn func(*crustv1.
 			return err
 		}
 	}
+}
+
+// resumes says whether crustd resumes watches: whether Info lists crustd.FeatureWatchResume (a crustd
+// without Info does not).
+func (c *Client) resumes(ctx context.Context) (bool, error) {
+	info, err := c.Info(ctx)
+	if errors.Is(err, errdefs.ErrUnimplemented) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return slices.Contains(info.GetFeatures(), crustd.FeatureWatchResume), nil
 }

@@ -21,13 +21,16 @@ type Reclaim struct {
 }
 
 // KeepClaims keeps the claims of a live handler: until ctx ends, it watches crustd and claims again, for
-// sandboxID with endpoint, each volume for which holds(target) is true (the handler still uses it) once
-// it sees that volume's claim ended while the handler was not the one to end it: crustd found the
-// handler's endpoint refusing and took it for dead, or an operator forced the release. A handler must make
-// holds false before it releases a volume itself, so that its own releases are left alone. When the watch
-// (re)starts, a volume the handler holds that crustd shows unclaimed is claimed again too, so a release
-// missed while the watch was broken is caught. report, when not nil, is called after each claim made
-// again. A broken watch is resumed after a second; KeepClaims returns nil when ctx ends.
+// sandboxID with endpoint, each volume for which holds(target) is true (the handler still uses it) once it
+// sees that volume's claim ended while the handler was not the one to end it: crustd found the handler's
+// endpoint refusing and took it for dead, or an operator forced the release. A handler must make holds false
+// before it releases a volume itself, so that its own releases are left alone. When the watch (re)starts, a
+// volume the handler holds that crustd shows unclaimed is claimed again too, so a release missed while the
+// watch was broken is caught. report, when not nil, is called after each claim made again, refusals included:
+// a claim crustd refuses (another sandbox claimed the volume first, or crustd cannot see endpoint's socket)
+// is reported, not tried again. A broken watch is resumed after a second, after the last revision it saw
+// (SinceRevision) when crustd can, so that a release made meanwhile is seen as one; KeepClaims returns nil
+// when ctx ends.
 func (c *Client) KeepClaims(ctx context.Context, sandboxID, endpoint string, holds func(target string) bool, report func(Reclaim)) error {
 	reclaim := func(target string, reason crustv1.ReleaseReason, detail string) {
 		v, err := c.Claim(ctx, target, sandboxID, endpoint)
@@ -38,8 +41,12 @@ func (c *Client) KeepClaims(ctx context.Context, sandboxID, endpoint string, hol
 			report(Reclaim{Target: target, Reason: reason, Detail: detail, Volume: v, Err: err})
 		}
 	}
+	var opts []WatchOption // after the first watch: resume after the last revision seen
 	for ctx.Err() == nil {
 		_ = c.Watch(ctx, true, func(ev *crustv1.WatchVolumesResponse) error {
+			if ev.GetType() != crustv1.EventType_EVENT_TYPE_EXISTING {
+				opts = []WatchOption{SinceRevision(ev.GetRevision())}
+			}
 			target := ev.GetVolume().GetSpec().GetVolumeTargetPath()
 			switch ev.GetType() {
 			case crustv1.EventType_EVENT_TYPE_EXISTING:
@@ -52,7 +59,7 @@ func (c *Client) KeepClaims(ctx context.Context, sandboxID, endpoint string, hol
 				}
 			}
 			return nil
-		})
+		}, opts...)
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Second):

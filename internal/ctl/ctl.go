@@ -89,15 +89,48 @@ func NewCommand() *cobra.Command {
 	pf.DurationVar(&g.timeout, "timeout", 30*time.Second, "how long a call may take")
 	root.AddCommand(
 		g.lsCmd(), g.getCmd(), g.stageCmd(), g.unstageCmd(), g.statsCmd(), g.expandCmd(),
-		g.claimCmd(), g.releaseCmd(), g.watchCmd(), g.doctorCmd(), directvolume.NewCommand(),
-		command.VersionCommand(func(_ *cobra.Command, w io.Writer) error {
-			// The API has no call that reports crustd's version; its metrics do (crust_build_info).
-			_, err := fmt.Fprintln(w, "crustd: its API does not report a version; see crust_build_info in its metrics")
-			return err
-		}),
+		g.claimCmd(), g.releaseCmd(), g.watchCmd(), g.doctorCmd(), g.infoCmd(), directvolume.NewCommand(),
+		command.VersionCommand(g.crustdVersion),
 	)
 	command.SetVersion(root)
 	return root
+}
+
+// versionTimeout bounds the call `crustctl version` makes, so that it answers soon with crustctl's own
+// version even when crustd hangs.
+const versionTimeout = 5 * time.Second
+
+// crustdVersion is what `crustctl version` prints after its own version: crustd's, as GetInfo answers
+// it, or why it could not be asked. It never fails: crustctl's version is printed whatever crustd does.
+func (g *globals) crustdVersion(cmd *cobra.Command, w io.Writer) error {
+	err := g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
+		ctx, cancel := context.WithTimeout(ctx, versionTimeout)
+		defer cancel()
+		r, err := crustv1.NewInfoServiceClient(conn).GetInfo(ctx, &crustv1.GetInfoRequest{})
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "crustd version %s (revision %s, API %s)\n", r.GetVersion(), r.GetRevision(),
+			strings.Join(r.GetApiVersions(), ", "))
+		return err
+	})
+	if errors.Is(err, errdefs.ErrUnimplemented) {
+		_, err = fmt.Fprintln(w, "crustd: older than its API's GetInfo; its version is in its metrics (crust_build_info)")
+	} else if err != nil {
+		_, err = fmt.Fprintf(w, "crustd: not asked (%v); its version is also in its metrics (crust_build_info)\n", err)
+	}
+	return err
+}
+
+func (g *globals) infoCmd() *cobra.Command {
+	return &cobra.Command{
+		Use: "info", Short: "Show what crustd speaks: its version, the API versions and the features it serves", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return show(g, cmd, "table", func(ctx context.Context, conn *grpc.ClientConn) (*crustv1.GetInfoResponse, error) {
+				return crustv1.NewInfoServiceClient(conn).GetInfo(ctx, &crustv1.GetInfoRequest{})
+			}, infoRows)
+		},
+	}
 }
 
 // call dials crustd and runs fn with a context bounded by --timeout.
@@ -312,7 +345,10 @@ func (g *globals) releaseCmd() *cobra.Command {
 }
 
 func (g *globals) watchCmd() *cobra.Command {
-	var existing bool
+	var (
+		existing bool
+		since    uint64
+	)
 	cmd := &cobra.Command{
 		Use: "watch", Short: "Print volume events as they happen: one JSON document a line (the default), a table row each (-o table), or YAML documents", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -325,7 +361,11 @@ func (g *globals) watchCmd() *cobra.Command {
 				return err
 			}
 			defer func() { _ = conn.Close() }()
-			stream, err := crustv1.NewRuntimeServiceClient(conn).WatchVolumes(cmd.Context(), &crustv1.WatchVolumesRequest{SendExisting: existing})
+			req := &crustv1.WatchVolumesRequest{SendExisting: existing}
+			if cmd.Flags().Changed("since") {
+				req.SinceRevision = &since
+			}
+			stream, err := crustv1.NewRuntimeServiceClient(conn).WatchVolumes(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
@@ -343,7 +383,9 @@ func (g *globals) watchCmd() *cobra.Command {
 			}
 		},
 	}
-	cmd.Flags().BoolVar(&existing, "existing", false, "first list the volumes that exist")
+	cmd.Flags().BoolVar(&existing, "existing", false, "first list the volumes that exist (with --since: only when crustd cannot resume)")
+	cmd.Flags().Uint64Var(&since, "since", 0, "resume after this revision: first the changes made since, then a synced event "+
+		"(DETAIL resumed); OUT_OF_RANGE when crustd no longer keeps them")
 	return cmd
 }
 

@@ -208,6 +208,9 @@ func (g *globals) printEvent(w io.Writer, ev *crustv1.WatchVolumesResponse, head
 		target = "-"
 	}
 	detail := ev.GetDetail()
+	if ev.GetResumed() {
+		detail = "resumed"
+	}
 	if detail == "" {
 		detail = "-"
 	}
@@ -225,6 +228,17 @@ func (g *globals) printEvent(w io.Writer, ev *crustv1.WatchVolumesResponse, head
 	}
 	t.row(row...)
 	return t.w.Flush()
+}
+
+// infoRows is GetInfo's answer as a table: one row, its lists comma-separated (one feature a line in the
+// wide form's FEATURES column would break the table; -o yaml lists them one a line).
+func infoRows(t *table, r *crustv1.GetInfoResponse) {
+	t.header("VERSION", "REVISION", "API", "FEATURES")
+	features := strings.Join(r.GetFeatures(), ",")
+	if features == "" {
+		features = "-"
+	}
+	t.row(r.GetVersion(), r.GetRevision(), strings.Join(r.GetApiVersions(), ","), features)
 }
 
 // enumWord is a protobuf enum value's name without its prefix, in lower case: EVENT_TYPE_STAGED → staged.

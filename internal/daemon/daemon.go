@@ -1,9 +1,10 @@
 // Package daemon wires crustd together: it loads the store, opens the core (internal/manager) with the
-// store, the validator, the forwarder, the host's mount check (internal/hostdev) and the Kata adapter
-// (internal/katadir: the projection, Kata's claims and caveats) injected, serves the API on the unix socket
-// and metrics over HTTP, watches runtime handlers, collects the descriptors of deleted pods, and stops
-// cleanly on a signal. Start-up fails on a bad configuration or an unusable directory, never on one bad
-// record.
+// store, the validator, the forwarder, the host's mount check (internal/hostdev), the handler socket check
+// (internal/validate) and the Kata adapter (internal/katadir: the projection, Kata's claims and caveats)
+// injected, serves the API on the unix socket and metrics over HTTP, watches runtime handlers, collects
+// the descriptors of deleted pods, and stops cleanly on a signal: it ends the watch streams, waits for the
+// calls in flight, and keeps the watch revision (manager.Close) so that watches resume across the restart.
+// Start-up fails on a bad configuration or an unusable directory, never on one bad record.
 package daemon
 
 import (
@@ -11,10 +12,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"crust.dev/crust/api/crustd"
 	"crust.dev/crust/api/kata"
 	"crust.dev/crust/api/unixsocket"
 	"crust.dev/crust/internal/crisandbox"
@@ -141,7 +144,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	katas := katadir.NewAdapter(proj, finder, log)
 	m, err := manager.Open(manager.Config{
 		Validator: v, Store: st, Subscribers: []manager.Subscriber{katas}, Claims: katas, Forwarder: fwd,
-		Mounts: hostdev.MountCheck{}, KubeletDir: cfg.KubeletDir, LockWait: cfg.LockWait, Log: log,
+		Mounts: hostdev.MountCheck{}, Sockets: validate.HandlerSockets{Dirs: []string{handlerSocketDir(cfg.Socket)}},
+		Revisions: st, KubeletDir: cfg.KubeletDir, LockWait: cfg.LockWait, Log: log,
 	}, manager.Loaded(*loaded))
 	if err != nil {
 		return err
@@ -157,7 +161,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	met.VolumeGauges(m.Counts)
 	met.QuarantineGauge(m.ProblemCounts)
 	srv := server.New(server.Config{
-		Manager: m, Annotators: []server.Annotator{katas}, Policy: peercred.Policy{UIDs: cfg.AllowUIDs, GIDs: cfg.AllowGIDs}, Metrics: met, Log: log,
+		Manager: m, Annotators: []server.Annotator{katas}, Policy: peercred.Policy{UIDs: cfg.AllowUIDs, GIDs: cfg.AllowGIDs}, Metrics: met,
+		Features: features(cfg), Log: log,
 	})
 	lis, err := unixsocket.Listen(cfg.Socket)
 	if err != nil {
@@ -198,12 +203,49 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	srv.SetServing(false)
 	stopped := make(chan struct{})
 	go func() { srv.GRPC.GracefulStop(); close(stopped) }()
+	m.EndWatches() // watch streams last until ended: end them, and they resume once crustd is back
 	select {
 	case <-stopped:
 	case <-time.After(10 * time.Second):
 		srv.GRPC.Stop()
 	}
+	// Nothing changes the descriptors any more: keep the revision as the last one, so that watches resume
+	// across the restart.
+	hwStop()
+	<-hwDone
+	gcStop()
+	<-gcDone
+	if cerr := m.Close(); cerr != nil {
+		log.Error("keep the watch revision at stop; watches will not resume across the restart", "err", cerr)
+	}
 	return err
+}
+
+// features are the features a crustd of cfg serves, as GetInfo names them (api/crustd's Feature*
+// constants; crust.proto's GetInfoResponse says what each promises).
+func features(cfg Config) []string {
+	f := []string{crustd.FeatureWatchResume, crustd.FeatureHandlerSocketCheck, crustd.FeatureHostMountCheck,
+		crustd.FeatureRawBlock, crustd.FeatureIOLimits, crustd.FeaturePmem, crustd.FeatureExpandUnclaimed}
+	for _, c := range []struct {
+		on      bool
+		feature string
+	}{
+		{cfg.AllowFileBacked, crustd.FeatureFileBacked},
+		{cfg.KataDir != "", crustd.FeatureKataProjection},
+		{cfg.CRIEndpoint != "", crustd.FeatureKataCRIDiscovery},
+		{cfg.HandlerGrace > 0, crustd.FeatureHandlerGoneRelease},
+	} {
+		if c.on {
+			f = append(f, c.feature)
+		}
+	}
+	return f
+}
+
+// handlerSocketDir is where crustd, serving at socket, tells handlers to keep their sockets: the
+// handlers/ directory beside its own, which it always sees.
+func handlerSocketDir(socket string) string {
+	return filepath.Join(filepath.Dir(socket), crustd.HandlerSocketDir)
 }
 
 // NewCommand returns the crustd command.

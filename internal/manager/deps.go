@@ -53,6 +53,28 @@ type HostMounts interface {
 	NotMounted(v *crustv1.Volume) error
 }
 
+// HandlerSockets tells whether crustd can reach a runtime handler's endpoint: a claim whose endpoint
+// crustd cannot dial is refused rather than recorded, since crustd could never forward to it and would
+// take the handler for gone.
+type HandlerSockets interface {
+	// Reachable returns nil when crustd sees the socket of endpoint (one HandlerEndpoint accepted; ""
+	// is nil), or an error of kind errdefs.ErrFailedPrecondition that names the path and where a
+	// handler's socket must lie.
+	Reachable(endpoint string) error
+}
+
+// Revisions keeps the watch revision counter across restarts of crustd (see Watch): what it kept is
+// read once, at Open, and replaced at Open, every RevisionBlock revisions, and at Close.
+type Revisions interface {
+	// KeptRevision returns what KeepRevision kept last, as read when the store was opened: a zero
+	// revision, not stopped, when nothing was kept (or what was could not be read, which the store logs).
+	KeptRevision() (revision uint64, stopped bool, state string)
+	// KeepRevision replaces what is kept, durably: with stopped, the last revision issued at a clean
+	// stop and the digest of the descriptors then held (state); without, a revision above every one
+	// issued so far.
+	KeepRevision(revision uint64, stopped bool, state string) error
+}
+
 // Forwarder reaches the runtime handler that claimed a volume, for stats and expansion; which handler,
 // and how it is reached, is its business (the claim says).
 type Forwarder interface {

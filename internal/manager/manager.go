@@ -17,7 +17,9 @@
 //   - One bad entry never stops the start or breaks an answer about the others: store records that
 //     cannot be read are reported with what the subscribers set aside (see Problems).
 //   - Watchers see the changes in the order they were made durable, each with a revision one higher than
-//     the previous one.
+//     the previous one; no revision is issued twice, across restarts too (Revisions), and a watch resumes
+//     after a revision while the changes since are kept (WatchSince).
+//   - A claim names a handler endpoint crustd can reach, or none (HandlerSockets).
 //
 // Errors are errdefs kinds; turning them into gRPC status is the server's job.
 package manager
@@ -61,6 +63,12 @@ type Config struct {
 	// Mounts says whether the host has a volume's device mounted, asked at every stage and claim; nil:
 	// nothing is asked (tests of other rules).
 	Mounts HostMounts
+	// Sockets says whether crustd can reach a claim's handler endpoint, asked at every claim that names
+	// one; nil: nothing is asked (tests of other rules).
+	Sockets HandlerSockets
+	// Revisions keeps the revision counter across restarts (see Watch); nil: revisions start at zero at
+	// every Open.
+	Revisions Revisions
 	// KubeletDir is the kubelet root; descriptors under <KubeletDir>/pods/<uid>/ are garbage-collected
 	// once that pod directory is gone.
 	KubeletDir string
@@ -68,7 +76,10 @@ type Config struct {
 	LockWait time.Duration
 	// WatchBuffer bounds how far a watcher may fall behind; 0 means DefaultWatchBuffer.
 	WatchBuffer int
-	Log         *slog.Logger
+	// WatchHistory is how many of the latest events are kept for watches that resume (WatchSince); 0
+	// means DefaultWatchHistory.
+	WatchHistory int
+	Log          *slog.Logger
 }
 
 // Manager holds the descriptors. Create it with Open.
@@ -83,6 +94,9 @@ type Manager struct {
 	byDevice map[devID]map[string]struct{} // the keys of vols, by device, for oneWriter
 	rev      uint64
 	watchers map[*Watcher]struct{}
+	revs     revisions // what is kept of rev, and what a watch resumes from
+	// watchesEnded is set by EndWatches: crustd is stopping, and no watcher is kept.
+	watchesEnded bool
 
 	corrupt problems.Set // store records moved aside at start
 }
@@ -97,6 +111,9 @@ func Open(cfg Config, loaded Loaded) (*Manager, error) {
 	if cfg.WatchBuffer <= 0 {
 		cfg.WatchBuffer = DefaultWatchBuffer
 	}
+	if cfg.WatchHistory <= 0 {
+		cfg.WatchHistory = DefaultWatchHistory
+	}
 	m := &Manager{
 		cfg:      cfg,
 		log:      cfg.Log,
@@ -109,6 +126,7 @@ func Open(cfg Config, loaded Loaded) (*Manager, error) {
 	for _, v := range loaded.Volumes {
 		m.set(v.GetSpec().GetVolumeTargetPath(), v)
 	}
+	m.openRevisions()
 	for _, s := range cfg.Subscribers {
 		s.Load(loaded.Volumes, loaded.Dropped)
 	}
@@ -331,6 +349,9 @@ func (m *Manager) claim(ctx context.Context, target string, c *crustv1.Claim, fo
 	}
 	if err := m.notMounted(old); err != nil {
 		return nil, err
+	}
+	if err := m.reachable(c.GetHandlerEndpoint()); err != nil {
+		return nil, fmt.Errorf("volume %q: refusing the claim of sandbox %q: %w", target, c.GetSandboxId(), err)
 	}
 	if o := old.GetClaim(); o != nil && o.GetHandlerEndpoint() == c.GetHandlerEndpoint() &&
 		o.GetClaimerPid() == c.GetClaimerPid() && o.GetClaimerStartTime() == c.GetClaimerStartTime() {
@@ -624,6 +645,14 @@ func (m *Manager) notMounted(v *crustv1.Volume) error {
 	return nil
 }
 
+// reachable says why crustd cannot reach the handler endpoint ep (HandlerSockets), or nil; "" is nil.
+func (m *Manager) reachable(ep string) error {
+	if m.cfg.Sockets == nil || ep == "" {
+		return nil
+	}
+	return m.cfg.Sockets.Reachable(ep)
+}
+
 // forwarding says why stats and expansion of the claimed volume v cannot be forwarded, or nil.
 func (m *Manager) forwarding(v *crustv1.Volume) error {
 	if m.cfg.Forwarder == nil {
@@ -797,7 +826,9 @@ func (m *Manager) commitEvent(target string, v *crustv1.Volume, ev *crustv1.Watc
 	defer m.mu.Unlock()
 	m.set(target, v)
 	m.rev++
+	m.keepRevision()
 	ev.Revision = m.rev
+	m.remember(ev)
 	m.broadcast(ev)
 }
 

@@ -48,6 +48,8 @@ type env struct {
 	sandboxes katadir.SandboxFinder // nil: no discovery of Kata sandboxes
 	fwd       Forwarder             // nil: no forwarding
 	mounts    HostMounts            // nil: no mount check
+	sockets   HandlerSockets        // nil: no check of handler endpoints
+	history   int                   // Config.WatchHistory; 0: the default
 }
 
 func newEnv(t testing.TB) *env {
@@ -142,12 +144,22 @@ func (e *env) open() error {
 	}
 	e.k = katadir.NewAdapter(proj, e.sandboxes, log)
 	e.m, err = Open(Config{Validator: v, Store: st, Subscribers: []Subscriber{e.k}, Claims: e.k, KubeletDir: e.kubelet,
-		LockWait: time.Minute, WatchBuffer: 16, Log: log, Forwarder: e.fwd, Mounts: e.mounts}, Loaded(*loaded))
+		LockWait: time.Minute, WatchBuffer: 16, WatchHistory: e.history, Log: log, Forwarder: e.fwd, Mounts: e.mounts,
+		Sockets: e.sockets, Revisions: st}, Loaded(*loaded))
 	if err != nil {
 		return err
 	}
 	e.k.Bind(e.m)
 	return nil
+}
+
+// stop ends the manager as crustd's clean stop does (Close), so that the next reopen goes on from its
+// revision.
+func (e *env) stop() {
+	e.t.Helper()
+	if err := e.m.Close(); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // closeStore gives up the state directory of the last store open opened, if any.

@@ -270,6 +270,21 @@ func (d *Dir) Delete(name string) error {
 // Extra returns the opened subdirectory name of Options.Extra, or nil.
 func (d *Dir) Extra(name string) *safedir.Dir { return d.extra[name] }
 
+// WriteExtra puts data (such as a record Encode made) at name in the subdirectory sub of Options.Extra,
+// atomically and durably as Put puts a record (prepared in tmp/, never through a symbolic link, mode
+// 0600). Read reads it back. It fails with errdefs.ErrInvalidArgument when sub is not one of
+// Options.Extra or data is larger than MaxSize.
+func (d *Dir) WriteExtra(sub, name string, data []byte) error {
+	dir := d.extra[sub]
+	if dir == nil {
+		return fmt.Errorf("%q is not a subdirectory this record directory keeps: %w", sub, errdefs.ErrInvalidArgument)
+	}
+	if len(data) > MaxSize {
+		return fmt.Errorf("file is %d bytes, more than %d: %w", len(data), MaxSize, errdefs.ErrInvalidArgument)
+	}
+	return Write(dir, d.tmp, name, data)
+}
+
 // Close gives up the lock Open took, for another process. The subdirectories stay open: a Put
 // racing a shutdown fails no worse than before. It is safe to call more than once.
 func (d *Dir) Close() { d.lock.Release() }

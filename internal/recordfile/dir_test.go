@@ -11,14 +11,19 @@ import (
 	"crust.dev/crust/api/errdefs"
 )
 
+// testOptions are the options of a record directory the tests open, with an extra subdirectory.
+var testOptions = Options{Version: 1, Field: "p", BootID: "b1", Records: "recs", Extra: []string{"more"}, Holder: "test"}
+
+// keepAll is a Check that keeps every record.
+func keepAll(Loaded) (bool, error) { return false, nil }
+
 // Open hands every valid record to the check and acts on its verdicts: kept, dropped (deleted) or moved
 // aside; a damaged envelope is moved aside without reaching the check; tmp/ is emptied; the lock is held
 // until Close; a newer record stops Open with nothing moved; records of the older versions read are
 // handed to the check with their version.
 func TestOpenClassifies(t *testing.T) {
 	dir := t.TempDir()
-	opt := Options{Version: 1, Field: "p", BootID: "b1", Records: "recs", Extra: []string{"more"}, Holder: "test"}
-	keepAll := func(Loaded) (bool, error) { return false, nil }
+	opt := testOptions
 	d, _, err := Open(dir, opt, keepAll)
 	if err != nil {
 		t.Fatal(err)
@@ -112,5 +117,43 @@ func TestOpenClassifies(t *testing.T) {
 	d.Close()
 	if len(versions) != 2 || versions["keep"] != 1 || versions["newer"] != 2 {
 		t.Errorf("versions handed to the check: %v; want keep 1, newer 2", versions)
+	}
+}
+
+// WriteExtra writes a file into an extra subdirectory as Put writes a record (Read reads it back), Open
+// leaves it alone, and a subdirectory that is not one of Options.Extra, or a file past MaxSize, is
+// InvalidArgument.
+func TestWriteExtra(t *testing.T) {
+	dir := t.TempDir()
+	d, _, err := Open(dir, testOptions, keepAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := Encode(1, "b1", "x", []byte(`42`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.WriteExtra("more", "r.json", rec); err != nil {
+		t.Fatal(err)
+	}
+	for sub, data := range map[string][]byte{"recs": rec, "none": rec, "more": make([]byte, MaxSize+1)} {
+		if err := d.WriteExtra(sub, "r.json", data); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("WriteExtra into %s of %d bytes: %v, want InvalidArgument", sub, len(data), err)
+		}
+	}
+	d.Close()
+	if d, _, err = Open(dir, testOptions, keepAll); err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	got, err := Read(d.Extra("more"), "r.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := Decode(got, 1, 1, "x"); err != nil || string(r.Payload) != "42" {
+		t.Errorf("read back %q: %+v, %v", got, r, err)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "more", "r.json")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("the file: %v, %v; want mode 0600", fi, err)
 	}
 }

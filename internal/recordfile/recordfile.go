@@ -41,7 +41,10 @@
 //	<dir>/<records>/<name>          one record, mode 0600 (the user names its records subdirectory and files)
 //	<dir>/tmp/                      files of writes in progress; emptied by Open
 //	<dir>/corrupt/<name>.<UTC time> a file Open moved aside, such as x.json.20250102T030405.123456789Z
-//	<dir>/<extra>/                  a subdirectory the user keeps beside its records (Options.Extra)
+//	<dir>/<extra>/                  a subdirectory the user keeps beside its records (Options.Extra);
+//	                                Open leaves its files alone, and Dir.WriteExtra writes them as Put
+//	                                writes a record (the user says what they hold and what a damaged
+//	                                one means)
 //
 // Every subdirectory has mode 0700 (Open tightens a looser one). A record is one JSON object, written as
 // one line ending in a newline:

@@ -16,7 +16,8 @@ func TestHealthWaitsForSetServing(t *testing.T) {
 	s := New(Config{})
 	check := func(when string, want healthpb.HealthCheckResponse_ServingStatus) {
 		t.Helper()
-		for _, name := range []string{"", crustv1.VolumeService_ServiceDesc.ServiceName, crustv1.RuntimeService_ServiceDesc.ServiceName} {
+		for _, name := range []string{"", crustv1.VolumeService_ServiceDesc.ServiceName, crustv1.RuntimeService_ServiceDesc.ServiceName,
+			crustv1.InfoService_ServiceDesc.ServiceName} {
 			r, err := s.Health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: name})
 			if err != nil || r.GetStatus() != want {
 				t.Errorf("%s: service %q is %v (%v), want %v", when, name, r.GetStatus(), err, want)

@@ -1,7 +1,7 @@
-// Package server serves crust's gRPC API on a unix socket: VolumeService, RuntimeService and the standard
-// health service. It is the one place where domain errors become gRPC status codes, where callers are
-// authorised (SO_PEERCRED against an allow-list) and where requests are logged (one interceptor, secrets
-// redacted) and counted.
+// Package server serves crust's gRPC API on a unix socket: VolumeService, RuntimeService, InfoService and
+// the standard health service. It is the one place where domain errors become gRPC status codes, where
+// callers are authorised (SO_PEERCRED against an allow-list) and where requests are logged (one
+// interceptor, secrets redacted) and counted.
 //
 // Promises: the socket is created with mode 0600 (by api/unixsocket, so it never exists with a wider
 // mode); a caller whose uid and gid are both off the allow-list gets PERMISSION_DENIED for every call
@@ -44,7 +44,10 @@ type Config struct {
 	Annotators []Annotator
 	Policy     peercred.Policy
 	Metrics    *metrics.Metrics // nil: not counted
-	Log        *slog.Logger
+	// Features are the features this crustd serves, as GetInfo names them (api/crustd's Feature*
+	// constants); GetInfo answers them sorted.
+	Features []string
+	Log      *slog.Logger
 }
 
 // Server is a configured gRPC server with its health service.
@@ -81,11 +84,17 @@ func New(cfg Config) *Server {
 	out := answers(cfg.Annotators)
 	crustv1.RegisterVolumeServiceServer(g, &volumes{m: cfg.Manager, out: out, metrics: cfg.Metrics})
 	crustv1.RegisterRuntimeServiceServer(g, &runtime{m: cfg.Manager, out: out})
+	crustv1.RegisterInfoServiceServer(g, newInfo(cfg.Features))
 	s := &Server{GRPC: g, Health: health.NewServer()} // which says SERVING for "" from the start
 	s.SetServing(false)
 	healthpb.RegisterHealthServer(g, s.Health)
 	return s
 }
+
+// serviceNames are the names the health service answers for: "" (the whole server) and every crust
+// service served.
+var serviceNames = []string{"", crustv1.VolumeService_ServiceDesc.ServiceName, crustv1.RuntimeService_ServiceDesc.ServiceName,
+	crustv1.InfoService_ServiceDesc.ServiceName}
 
 // SetServing marks the server and every crust service as serving (true) or not (false).
 func (s *Server) SetServing(serving bool) {
@@ -93,7 +102,7 @@ func (s *Server) SetServing(serving bool) {
 	if serving {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
-	for _, name := range []string{"", crustv1.VolumeService_ServiceDesc.ServiceName, crustv1.RuntimeService_ServiceDesc.ServiceName} {
+	for _, name := range serviceNames {
 		s.Health.SetServingStatus(name, st)
 	}
 }
@@ -145,6 +154,7 @@ var routine = map[string]bool{
 	crustv1.VolumeService_ListVolumes_FullMethodName:    true,
 	crustv1.VolumeService_GetVolumeStats_FullMethodName: true,
 	crustv1.VolumeService_ListProblems_FullMethodName:   true,
+	crustv1.InfoService_GetInfo_FullMethodName:          true,
 	healthpb.Health_Check_FullMethodName:                true,
 	healthpb.Health_Watch_FullMethodName:                true,
 	healthpb.Health_List_FullMethodName:                 true,

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/base64"
+	"slices"
 
 	"crust.dev/crust/api/volume"
 
@@ -11,6 +12,7 @@ import (
 
 	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/api/errdefs"
+	"crust.dev/crust/api/version"
 	"crust.dev/crust/internal/manager"
 	"crust.dev/crust/internal/metrics"
 	"crust.dev/crust/internal/peercred"
@@ -182,7 +184,15 @@ func (s *runtime) ReleaseVolume(ctx context.Context, r *crustv1.ReleaseVolumeReq
 }
 
 func (s *runtime) WatchVolumes(r *crustv1.WatchVolumesRequest, stream grpc.ServerStreamingServer[crustv1.WatchVolumesResponse]) error {
-	w := s.m.Watch(r.GetSendExisting())
+	var w *manager.Watcher
+	if r.SinceRevision != nil {
+		var err error
+		if w, err = s.m.WatchSince(r.GetSinceRevision(), r.GetSendExisting()); err != nil {
+			return err
+		}
+	} else {
+		w = s.m.Watch(r.GetSendExisting())
+	}
 	defer w.Stop()
 	for {
 		select {
@@ -197,4 +207,25 @@ func (s *runtime) WatchVolumes(r *crustv1.WatchVolumesRequest, stream grpc.Serve
 			}
 		}
 	}
+}
+
+// info serves InfoService: an answer made once, as nothing in it changes while crustd runs.
+type info struct {
+	crustv1.UnimplementedInfoServiceServer
+	resp *crustv1.GetInfoResponse
+}
+
+// APIVersions are the API versions crustd serves, as protobuf package names, oldest first.
+var APIVersions = []string{string(crustv1.File_crust_v1_crust_proto.Package())}
+
+func newInfo(features []string) *info {
+	v := version.Get()
+	return &info{resp: &crustv1.GetInfoResponse{
+		Version: v.Version, Revision: v.Revision, ApiVersions: APIVersions,
+		Features: slices.Compact(slices.Sorted(slices.Values(features))),
+	}}
+}
+
+func (s *info) GetInfo(context.Context, *crustv1.GetInfoRequest) (*crustv1.GetInfoResponse, error) {
+	return s.resp, nil // never changed: gRPC only encodes it
 }

@@ -16,7 +16,7 @@ import (
 // one of its subdirectories makes Open fail with FAILED_PRECONDITION naming it, and nothing is emptied, chmodded,
 // read or moved through it.
 func TestPlantedLinksInTheStateDir(t *testing.T) {
-	for _, sub := range []string{"", "lock", "tmp", "volumes", "corrupt"} {
+	for _, sub := range []string{"", "lock", "tmp", "volumes", "corrupt", "watch"} {
 		t.Run("link at "+filepath.Join("<state>", sub), func(t *testing.T) {
 			base := t.TempDir()
 			state := filepath.Join(base, "state")

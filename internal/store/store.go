@@ -20,6 +20,13 @@
 //     LoadReport.Corrupt.
 //   - Put and Delete are idempotent. They are safe to call concurrently for different target paths; calls
 //     for one target path must be serialised by the caller.
+//   - The watch revision: <dir>/watch/revision.json, one record (its own record version 1, payload member
+//     "revision") whose payload is {"revision":N,"stopped":true|false,"state":"<hex>"}: what the manager
+//     keeps of its revision counter (KeepRevision, KeptRevision; internal/manager says what the values
+//     mean). A record of another boot is read as not stopped: a revision above every one issued, never a
+//     point a watch resumes from. A missing record is revision zero, not stopped; one that cannot be read
+//     is logged at Warn and read as missing (and replaced at the manager's first KeepRevision). An
+//     older crustd leaves watch/ alone.
 //
 // # Record versions
 //
@@ -67,6 +74,8 @@ const holder = "crustd"
 type Store struct {
 	dir     *recordfile.Dir
 	version int // the record format version Put writes
+	bootID  string
+	kept    keptRevision // the watch revision record as Open read it
 }
 
 // Options are Open's settings beyond the directory and the boot id; the zero value is the default.
@@ -141,12 +150,12 @@ func OpenWith(dir, bootID string, opt Options) (*Store, *LoadReport, error) {
 	}
 	d, r, err := recordfile.Open(dir, recordfile.Options{
 		Version: recordVersion, OldestVersion: oldestRecordVersion, WriteVersion: version,
-		Field: payloadField, BootID: bootID, Records: "volumes", Holder: holder, Log: log,
+		Field: payloadField, BootID: bootID, Records: "volumes", Extra: []string{revisionDir}, Holder: holder, Log: log,
 	}, check)
 	if err != nil {
 		return nil, nil, fmt.Errorf("store: %w", err)
 	}
-	s := &Store{dir: d, version: version}
+	s := &Store{dir: d, version: version, bootID: bootID, kept: readRevision(d, bootID, log)}
 	for _, v := range newer {
 		if err := s.Put(v); err != nil {
 			s.Close()

@@ -254,7 +254,8 @@ func SandboxID(field, id string) error {
 // path is clean, at most 107 bytes (a socket address's limit), and free of control characters and of
 // '%', '?' and '#' (so that gRPC's URL parsing dials exactly that path). Nothing else is accepted, in
 // particular no TCP or DNS target, so that crustd cannot be pointed at the network. A refusal is a
-// *errdefs.FieldError naming field.
+// *errdefs.FieldError naming field. It reads nothing of the filesystem: whether crustd can see the
+// socket is HandlerSockets' question, asked once the claim's volume is known.
 func HandlerEndpoint(field, ep string) error {
 	if ep == "" {
 		return nil

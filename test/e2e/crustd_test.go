@@ -316,7 +316,7 @@ func TestWatchOverTheSocket(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"stage", "--target-path", target, "--device", dev, "--fs-type", "xfs"},
-		{"claim", target, "--sandbox-id", "sb-1", "--endpoint", "unix:///run/handler.sock"},
+		{"claim", target, "--sandbox-id", "sb-1"},
 		{"release", target, "--sandbox-id", "sb-1"},
 		{"unstage", "--target-path", target},
 	} {
@@ -500,17 +500,22 @@ func TestVersionAgrees(t *testing.T) {
 			t.Errorf("%v: revision %s %s, another binary said %s %s", c, m[3], m[4], revision, goVersion)
 		}
 	}
-	// crustctl version says where crustd's version is to be found.
-	if out, _, _ := runAs(t, nil, filepath.Join(dir, "crustctl"), "version"); !strings.Contains(out, "crust_build_info") {
+	// crustctl version, with no crustd to ask, says where crustd's version is to be found.
+	if out, _, _ := runAs(t, nil, filepath.Join(dir, "crustctl"), "--crust-socket", filepath.Join(dir, "none.sock"), "version"); !strings.Contains(out, "crust_build_info") {
 		t.Errorf("crustctl version: %q does not say where crustd's version is", out)
 	}
 
 	addr := freeAddr(t)
-	harness.StartCrustd(t, filepath.Join(dir, "crustd"), "--kata-dir", "", "--http-addr", addr)
+	d := harness.StartCrustd(t, filepath.Join(dir, "crustd"), "--kata-dir", "", "--http-addr", addr)
 	_, body := harness.HTTPGet(t, addr, "/metrics")
 	want := fmt.Sprintf(`crust_build_info{goversion=%q,revision=%q,version=%q} 1`, goVersion, revision, stamped)
 	if !strings.Contains(body, want) {
 		t.Errorf("/metrics lacks %s", want)
+	}
+	// crustctl version asks crustd (GetInfo) for its own.
+	out, errOut, code := runAs(t, nil, filepath.Join(dir, "crustctl"), "--crust-socket", d.Socket, "version")
+	if want := fmt.Sprintf("crustd version %s (revision %s, API crust.v1)\n", stamped, revision); code != 0 || !strings.HasSuffix(out, want) {
+		t.Errorf("crustctl version: exit %d, printed %q (stderr %q); want it to end with %q", code, out, errOut, want)
 	}
 }
 
@@ -600,7 +605,7 @@ func TestWatchTable(t *testing.T) {
 	if r := next(); len(r) < 4 || r[1] != "staged" || r[2] != target || r[3] != "-" {
 		t.Fatalf("row %q, want staged %s", r, target)
 	}
-	if _, errOut, code := d.crustctl("claim", target, "--sandbox-id", "sb-t", "--endpoint", "unix:///run/handler.sock"); code != 0 {
+	if _, errOut, code := d.crustctl("claim", target, "--sandbox-id", "sb-t"); code != 0 {
 		t.Fatalf("claim: %s", errOut)
 	}
 	if r := next(); len(r) < 4 || r[1] != "claimed" || r[3] != "sb-t" {

@@ -147,15 +147,27 @@ func newHostileEnv(t *testing.T, d *daemon) *hostileEnv {
 		crustv1.RegisterRuntimeHandlerServiceServer(srv, crustv1.UnimplementedRuntimeHandlerServiceServer{})
 	})
 	h.endpointA = "unix://" + hsock
+	// sb-b's handler: gone, its socket left behind (crustd sees it; it refuses connections)
+	must(listening(filepath.Join(d.root, "handler-b.sock")))
 	_, err := h.rc.ClaimVolume(ctx, &crustv1.ClaimVolumeRequest{VolumeTargetPath: h.tA, SandboxId: hostileSandbox,
 		HandlerEndpoint: h.endpointA})
 	must(err)
 	return h
 }
 
-// deadHandler claims tB for a sandbox whose handler endpoint nobody serves, makes call, and releases.
+// deadHandler claims tB for a sandbox whose handler endpoint nobody serves (a socket left by a handler that
+// is gone: crustd sees it, and it refuses connections), makes call, and releases.
 func (h *hostileEnv) deadHandler(call func(t *testing.T) error) func(t *testing.T) error {
-	return h.claimThen("sb-dead", "unix://"+filepath.Join(h.d.root, "nobody-serves.sock"), call)
+	sock := filepath.Join(h.d.root, "nobody-serves.sock")
+	claim := h.claimThen("sb-dead", "unix://"+sock, call)
+	return func(t *testing.T) error {
+		if _, err := os.Lstat(sock); err != nil {
+			if err := listening(sock); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return claim(t)
+	}
 }
 
 // claimThen claims tB for sandbox with endpoint, makes call, and releases.
@@ -350,7 +362,9 @@ func (h *hostileEnv) snapshot(t *testing.T) []string {
 			line := fmt.Sprintf("%s %o %d:%d", p, st.Mode, st.Uid, st.Gid)
 			switch st.Mode & unix.S_IFMT {
 			case unix.S_IFREG:
-				if p == filepath.Join(h.d.state, "lock") { // holds the running crustd's pid
+				// The lock holds the running crustd's pid, and the watch revision record what crustd keeps of its
+				// revision counter, rewritten at every start.
+				if p == filepath.Join(h.d.state, "lock") || p == filepath.Join(h.d.state, "watch", "revision.json") {
 					break
 				}
 				line += fmt.Sprintf(" %d", st.Size)
@@ -856,6 +870,10 @@ func (h *hostileEnv) cases() []hostileCase {
 		hostileCase{name: "claim: the device another sandbox holds, through another path", act: claim(h.tA2, "sb-b", ep),
 			want: codes.FailedPrecondition},
 		hostileCase{name: "claim: unknown target", act: claim(h.target(), "sb-b", ep), want: codes.NotFound},
+		hostileCase{name: "claim: an endpoint whose socket crustd cannot see", want: codes.FailedPrecondition,
+			act: claim(h.tB, "sb-b", "unix://"+filepath.Join(h.d.root, "nowhere", "h.sock"))},
+		hostileCase{name: "claim: an endpoint that is not a socket", want: codes.FailedPrecondition,
+			act: claim(h.tB, "sb-b", "unix://"+filepath.Join(h.bait, "secret"))},
 		hostileCase{name: "release: another sandbox's claim", act: release(h.tA, "sb-b"), want: codes.FailedPrecondition},
 		hostileCase{name: "release: no sandbox and no force", act: release(h.tA, ""), want: inv},
 	)
@@ -1086,7 +1104,7 @@ func (h *hostileEnv) race(claims bool) func(t *testing.T) error {
 						}
 						sb := fmt.Sprintf("sb-race-%d", w%2)
 						_, err := h.rc.ClaimVolume(ctx, &crustv1.ClaimVolumeRequest{VolumeTargetPath: target, SandboxId: sb,
-							HandlerEndpoint: "unix://" + filepath.Join(h.d.root, "race.sock")})
+							HandlerEndpoint: h.endpointA})
 						note("claim", err)
 						_, err = h.rc.ReleaseVolume(ctx, &crustv1.ReleaseVolumeRequest{VolumeTargetPath: target, SandboxId: sb})
 						note("release", err)

@@ -6,14 +6,16 @@
 
 // Package crust.v1 is the API of crustd, the per-node daemon that holds deferred-mount descriptors for
 // block-backed volumes. CSI node plugins deposit descriptors through VolumeService; microVM runtime handlers
-// consume them through RuntimeService and answer stats and expansion through RuntimeHandlerService.
+// consume them through RuntimeService and answer stats and expansion through RuntimeHandlerService; anyone
+// crustd admits asks it through InfoService what it speaks.
 //
 // Every RPC that names a volume is keyed by its target path (the CSI publish target path) and is
 // idempotent for that key. Errors use CSI's codes: INVALID_ARGUMENT for bad input (the message names the
 // field), ALREADY_EXISTS for the same target with other parameters, NOT_FOUND for an unknown target,
 // FAILED_PRECONDITION for a state conflict, ABORTED for an operation already in flight on the same target,
 // PERMISSION_DENIED for a caller that is not allowed, UNAVAILABLE when the owner of a volume cannot be
-// reached. A refused request changes nothing.
+// reached, OUT_OF_RANGE for a size that cannot be met or a watch revision crustd cannot resume from. A
+// refused request changes nothing.
 
 package crustv1
 
@@ -276,7 +278,7 @@ const (
 	EventType_EVENT_TYPE_UNSPECIFIED EventType = 0
 	// The volume was there when the watch started (only with send_existing).
 	EventType_EVENT_TYPE_EXISTING EventType = 1
-	// Every existing volume has been sent; changes follow.
+	// Every existing volume has been sent, or (resumed) every change since since_revision; changes follow.
 	EventType_EVENT_TYPE_SYNCED EventType = 2
 	// A descriptor was deposited.
 	EventType_EVENT_TYPE_STAGED EventType = 3
@@ -1894,7 +1896,12 @@ type ClaimVolumeRequest struct {
 	VolumeTargetPath string `protobuf:"bytes,1,opt,name=volume_target_path,json=volumeTargetPath,proto3" json:"volume_target_path,omitempty"`
 	// The sandbox that uses it.
 	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	// Where the handler serves RuntimeHandler (unix:///path), for stats and expansion.
+	// Where the handler serves RuntimeHandler (unix:///path), for stats and expansion; empty when it serves
+	// none. crustd dials it from its own mount namespace, so the socket must lie in a host directory that
+	// crustd's pod mounts. The directory of crustd's own socket always is: keep handler sockets in its
+	// handlers/ subdirectory (/run/crust/handlers/ with the shipped DaemonSet). The shipped DaemonSet also
+	// mounts /run/crust-microvm, the reference handler's; for any other directory, add a hostPath volume to
+	// crustd's pod. An endpoint whose socket crustd cannot see is refused with FAILED_PRECONDITION.
 	HandlerEndpoint string `protobuf:"bytes,3,opt,name=handler_endpoint,json=handlerEndpoint,proto3" json:"handler_endpoint,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
@@ -2102,8 +2109,21 @@ func (*ReleaseVolumeResponse) Descriptor() ([]byte, []int) {
 // WatchVolumesRequest starts a watch.
 type WatchVolumesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// First send an EVENT_TYPE_EXISTING event for every stored volume, then EVENT_TYPE_SYNCED.
-	SendExisting  bool `protobuf:"varint,1,opt,name=send_existing,json=sendExisting,proto3" json:"send_existing,omitempty"`
+	// First send an EVENT_TYPE_EXISTING event for every stored volume, then EVENT_TYPE_SYNCED. With
+	// since_revision: only when crustd cannot resume from it.
+	SendExisting bool `protobuf:"varint,1,opt,name=send_existing,json=sendExisting,proto3" json:"send_existing,omitempty"`
+	// Resume after this revision: that of the last change or EVENT_TYPE_SYNCED the watcher received (not
+	// that of an EVENT_TYPE_EXISTING: a listing is whole only at its EVENT_TYPE_SYNCED). crustd first sends
+	// every change made after it, each event as it was sent then (its revision included), then
+	// EVENT_TYPE_SYNCED with resumed set and the current revision, then changes as they come. When crustd
+	// no longer keeps the changes after it (it keeps the last 4096, and none from before a restart unless
+	// the restart kept them: see WatchVolumesResponse.revision) or did not issue it (it is above crustd's
+	// current revision), it answers OUT_OF_RANGE naming the oldest revision it resumes after; with
+	// send_existing it sends every stored volume instead, as send_existing alone does, with resumed unset
+	// on its EVENT_TYPE_SYNCED. Either way the watcher's view is lost: it drops what it held and takes
+	// what a listing sends. Unset: no resume. A crustd without the "watch-resume" feature
+	// (GetInfoResponse.features) ignores this field.
+	SinceRevision *uint64 `protobuf:"varint,2,opt,name=since_revision,json=sinceRevision,proto3,oneof" json:"since_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2145,6 +2165,13 @@ func (x *WatchVolumesRequest) GetSendExisting() bool {
 	return false
 }
 
+func (x *WatchVolumesRequest) GetSinceRevision() uint64 {
+	if x != nil && x.SinceRevision != nil {
+		return *x.SinceRevision
+	}
+	return 0
+}
+
 // WatchVolumesResponse is one event.
 type WatchVolumesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2152,14 +2179,25 @@ type WatchVolumesResponse struct {
 	Type EventType `protobuf:"varint,1,opt,name=type,proto3,enum=crust.v1.EventType" json:"type,omitempty"`
 	// The volume after the change (before it, for EVENT_TYPE_UNSTAGED). Absent for EVENT_TYPE_SYNCED.
 	Volume *Volume `protobuf:"bytes,2,opt,name=volume,proto3" json:"volume,omitempty"`
-	// Increases by one with every change crustd makes durable, so a watcher can tell it missed none.
+	// Increases by one with every change crustd makes durable, so a watcher can tell it missed none, and is
+	// never issued twice for two changes. EVENT_TYPE_EXISTING and EVENT_TYPE_SYNCED carry the revision the
+	// stream is current to. Revisions survive a restart of crustd within the node's boot: after a clean
+	// stop (SIGTERM, as a rolling update sends) they go on from the last one, and a watcher resumes from
+	// it (since_revision) as long as crustd finds the descriptors as it left them; after a crash, or when
+	// the descriptors changed while it was stopped, they go on from a revision above every one issued
+	// before (a jump), and a resume from before the restart is OUT_OF_RANGE. They start again at zero when
+	// crustd's state directory starts empty (a reboot, with its usual tmpfs one).
 	Revision uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
 	// For EVENT_TYPE_RELEASED: who ended the claim.
 	ReleaseReason ReleaseReason `protobuf:"varint,4,opt,name=release_reason,json=releaseReason,proto3,enum=crust.v1.ReleaseReason" json:"release_reason,omitempty"`
 	// For EVENT_TYPE_RELEASED: the claim that ended.
 	ReleasedClaim *Claim `protobuf:"bytes,5,opt,name=released_claim,json=releasedClaim,proto3" json:"released_claim,omitempty"`
 	// For EVENT_TYPE_RELEASED by crustd: why, in words (which check failed and for how long).
-	Detail        string `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`
+	Detail string `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`
+	// For EVENT_TYPE_SYNCED: true when the events before it were the changes since since_revision (the
+	// watcher's view is current), false when they were every stored volume (EVENT_TYPE_EXISTING: the
+	// watcher drops what it held that they did not name).
+	Resumed       bool `protobuf:"varint,7,opt,name=resumed,proto3" json:"resumed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2236,6 +2274,144 @@ func (x *WatchVolumesResponse) GetDetail() string {
 	return ""
 }
 
+func (x *WatchVolumesResponse) GetResumed() bool {
+	if x != nil {
+		return x.Resumed
+	}
+	return false
+}
+
+// GetInfoRequest asks what crustd speaks.
+type GetInfoRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetInfoRequest) Reset() {
+	*x = GetInfoRequest{}
+	mi := &file_crust_v1_crust_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetInfoRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetInfoRequest) ProtoMessage() {}
+
+func (x *GetInfoRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_v1_crust_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetInfoRequest.ProtoReflect.Descriptor instead.
+func (*GetInfoRequest) Descriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{28}
+}
+
+// GetInfoResponse says what crustd speaks.
+type GetInfoResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// crustd's version, as `crustd --version` prints it: vX.Y.Z for a release, vX.Y.Z-dev+COMMIT between
+	// releases, "devel" for a build that was not stamped.
+	Version string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	// The VCS revision crustd was built from ("unknown" when none was recorded).
+	Revision string `protobuf:"bytes,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The API versions crustd serves, as protobuf package names, oldest first: "crust.v1".
+	ApiVersions []string `protobuf:"bytes,3,rep,name=api_versions,json=apiVersions,proto3" json:"api_versions,omitempty"`
+	// The features this crustd serves, by name, sorted. A name is never reused for another meaning; a client
+	// tests for the names it needs and ignores the others. Those of crust.v1:
+	//
+	//   - "watch-resume": WatchVolumes honours since_revision, and revisions survive a restart as
+	//     WatchVolumesResponse.revision says.
+	//   - "handler-socket-check": ClaimVolume refuses with FAILED_PRECONDITION a handler_endpoint whose
+	//     socket crustd cannot see.
+	//   - "host-mount-check": StageVolume and ClaimVolume refuse with FAILED_PRECONDITION a device the host
+	//     has mounted (or a device built on it).
+	//   - "raw-block": VOLUME_MODE_BLOCK descriptors are accepted.
+	//   - "io-limits": VolumeSpec.io_limits is accepted and handed to the handler.
+	//   - "pmem": VOLUME_TYPE_PMEM descriptors are accepted.
+	//   - "file-backed": VOLUME_TYPE_FILE descriptors are accepted (crustd --allow-file-backed).
+	//   - "expand-unclaimed": ExpandVolume of a volume no sandbox holds records requested_bytes for the
+	//     handler that claims it next.
+	//   - "kata-projection": every descriptor is written into Kata's direct-volume directory for an
+	//     unmodified Kata runtime, whose sandbox-id files count as claims (crustd --kata-dir).
+	//   - "kata-cri-discovery": the Kata sandbox of a volume whose runtime records no sandbox id
+	//     (runtime-rs) is found through the CRI runtime (crustd --cri-endpoint).
+	//   - "handler-gone-release": the claims of a handler whose endpoint refuses connections are released
+	//     after a grace period (crustd --handler-grace).
+	Features      []string `protobuf:"bytes,4,rep,name=features,proto3" json:"features,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetInfoResponse) Reset() {
+	*x = GetInfoResponse{}
+	mi := &file_crust_v1_crust_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetInfoResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetInfoResponse) ProtoMessage() {}
+
+func (x *GetInfoResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_v1_crust_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetInfoResponse.ProtoReflect.Descriptor instead.
+func (*GetInfoResponse) Descriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *GetInfoResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *GetInfoResponse) GetRevision() string {
+	if x != nil {
+		return x.Revision
+	}
+	return ""
+}
+
+func (x *GetInfoResponse) GetApiVersions() []string {
+	if x != nil {
+		return x.ApiVersions
+	}
+	return nil
+}
+
+func (x *GetInfoResponse) GetFeatures() []string {
+	if x != nil {
+		return x.Features
+	}
+	return nil
+}
+
 // RuntimeHandlerServiceGetVolumeStatsRequest names a claimed volume.
 type RuntimeHandlerServiceGetVolumeStatsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2249,7 +2425,7 @@ type RuntimeHandlerServiceGetVolumeStatsRequest struct {
 
 func (x *RuntimeHandlerServiceGetVolumeStatsRequest) Reset() {
 	*x = RuntimeHandlerServiceGetVolumeStatsRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[28]
+	mi := &file_crust_v1_crust_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2261,7 +2437,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsRequest) String() string {
 func (*RuntimeHandlerServiceGetVolumeStatsRequest) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceGetVolumeStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[28]
+	mi := &file_crust_v1_crust_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2274,7 +2450,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsRequest) ProtoReflect() protoreflect
 
 // Deprecated: Use RuntimeHandlerServiceGetVolumeStatsRequest.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceGetVolumeStatsRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{28}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RuntimeHandlerServiceGetVolumeStatsRequest) GetVolumeTargetPath() string {
@@ -2304,7 +2480,7 @@ type RuntimeHandlerServiceGetVolumeStatsResponse struct {
 
 func (x *RuntimeHandlerServiceGetVolumeStatsResponse) Reset() {
 	*x = RuntimeHandlerServiceGetVolumeStatsResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[29]
+	mi := &file_crust_v1_crust_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2316,7 +2492,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsResponse) String() string {
 func (*RuntimeHandlerServiceGetVolumeStatsResponse) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceGetVolumeStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[29]
+	mi := &file_crust_v1_crust_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2329,7 +2505,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsResponse) ProtoReflect() protoreflec
 
 // Deprecated: Use RuntimeHandlerServiceGetVolumeStatsResponse.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceGetVolumeStatsResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{29}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RuntimeHandlerServiceGetVolumeStatsResponse) GetUsage() []*VolumeUsage {
@@ -2363,7 +2539,7 @@ type RuntimeHandlerServiceExpandVolumeRequest struct {
 
 func (x *RuntimeHandlerServiceExpandVolumeRequest) Reset() {
 	*x = RuntimeHandlerServiceExpandVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[30]
+	mi := &file_crust_v1_crust_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2375,7 +2551,7 @@ func (x *RuntimeHandlerServiceExpandVolumeRequest) String() string {
 func (*RuntimeHandlerServiceExpandVolumeRequest) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceExpandVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[30]
+	mi := &file_crust_v1_crust_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2388,7 +2564,7 @@ func (x *RuntimeHandlerServiceExpandVolumeRequest) ProtoReflect() protoreflect.M
 
 // Deprecated: Use RuntimeHandlerServiceExpandVolumeRequest.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceExpandVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{30}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RuntimeHandlerServiceExpandVolumeRequest) GetVolumeTargetPath() string {
@@ -2430,7 +2606,7 @@ type RuntimeHandlerServiceExpandVolumeResponse struct {
 
 func (x *RuntimeHandlerServiceExpandVolumeResponse) Reset() {
 	*x = RuntimeHandlerServiceExpandVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[31]
+	mi := &file_crust_v1_crust_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2442,7 +2618,7 @@ func (x *RuntimeHandlerServiceExpandVolumeResponse) String() string {
 func (*RuntimeHandlerServiceExpandVolumeResponse) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceExpandVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[31]
+	mi := &file_crust_v1_crust_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2455,7 +2631,7 @@ func (x *RuntimeHandlerServiceExpandVolumeResponse) ProtoReflect() protoreflect.
 
 // Deprecated: Use RuntimeHandlerServiceExpandVolumeResponse.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceExpandVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{31}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RuntimeHandlerServiceExpandVolumeResponse) GetCapacityBytes() int64 {
@@ -2595,16 +2771,25 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05force\x18\x03 \x01(\bR\x05force\"\x17\n" +
-	"\x15ReleaseVolumeResponse\":\n" +
+	"\x15ReleaseVolumeResponse\"y\n" +
 	"\x13WatchVolumesRequest\x12#\n" +
-	"\rsend_existing\x18\x01 \x01(\bR\fsendExisting\"\x95\x02\n" +
+	"\rsend_existing\x18\x01 \x01(\bR\fsendExisting\x12*\n" +
+	"\x0esince_revision\x18\x02 \x01(\x04H\x00R\rsinceRevision\x88\x01\x01B\x11\n" +
+	"\x0f_since_revision\"\xaf\x02\n" +
 	"\x14WatchVolumesResponse\x12'\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x13.crust.v1.EventTypeR\x04type\x12(\n" +
 	"\x06volume\x18\x02 \x01(\v2\x10.crust.v1.VolumeR\x06volume\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\x12>\n" +
 	"\x0erelease_reason\x18\x04 \x01(\x0e2\x17.crust.v1.ReleaseReasonR\rreleaseReason\x126\n" +
 	"\x0ereleased_claim\x18\x05 \x01(\v2\x0f.crust.v1.ClaimR\rreleasedClaim\x12\x16\n" +
-	"\x06detail\x18\x06 \x01(\tR\x06detail\"y\n" +
+	"\x06detail\x18\x06 \x01(\tR\x06detail\x12\x18\n" +
+	"\aresumed\x18\a \x01(\bR\aresumed\"\x10\n" +
+	"\x0eGetInfoRequest\"\x86\x01\n" +
+	"\x0fGetInfoResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\tR\brevision\x12!\n" +
+	"\fapi_versions\x18\x03 \x03(\tR\vapiVersions\x12\x1a\n" +
+	"\bfeatures\x18\x04 \x03(\tR\bfeatures\"y\n" +
 	"*RuntimeHandlerServiceGetVolumeStatsRequest\x12,\n" +
 	"\x12volume_target_path\x18\x01 \x01(\tR\x10volumeTargetPath\x12\x1d\n" +
 	"\n" +
@@ -2667,7 +2852,9 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\x0eRuntimeService\x12J\n" +
 	"\vClaimVolume\x12\x1c.crust.v1.ClaimVolumeRequest\x1a\x1d.crust.v1.ClaimVolumeResponse\x12P\n" +
 	"\rReleaseVolume\x12\x1e.crust.v1.ReleaseVolumeRequest\x1a\x1f.crust.v1.ReleaseVolumeResponse\x12O\n" +
-	"\fWatchVolumes\x12\x1d.crust.v1.WatchVolumesRequest\x1a\x1e.crust.v1.WatchVolumesResponse0\x012\x8f\x02\n" +
+	"\fWatchVolumes\x12\x1d.crust.v1.WatchVolumesRequest\x1a\x1e.crust.v1.WatchVolumesResponse0\x012M\n" +
+	"\vInfoService\x12>\n" +
+	"\aGetInfo\x12\x18.crust.v1.GetInfoRequest\x1a\x19.crust.v1.GetInfoResponse2\x8f\x02\n" +
 	"\x15RuntimeHandlerService\x12}\n" +
 	"\x0eGetVolumeStats\x124.crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest\x1a5.crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse\x12w\n" +
 	"\fExpandVolume\x122.crust.v1.RuntimeHandlerServiceExpandVolumeRequest\x1a3.crust.v1.RuntimeHandlerServiceExpandVolumeResponseB&Z$crust.dev/crust/api/crust/v1;crustv1b\x06proto3"
@@ -2685,7 +2872,7 @@ func file_crust_v1_crust_proto_rawDescGZIP() []byte {
 }
 
 var file_crust_v1_crust_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_crust_v1_crust_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_crust_v1_crust_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_crust_v1_crust_proto_goTypes = []any{
 	(VolumeType)(0),                                     // 0: crust.v1.VolumeType
 	(VolumeMode)(0),                                     // 1: crust.v1.VolumeMode
@@ -2722,23 +2909,25 @@ var file_crust_v1_crust_proto_goTypes = []any{
 	(*ReleaseVolumeResponse)(nil),                       // 32: crust.v1.ReleaseVolumeResponse
 	(*WatchVolumesRequest)(nil),                         // 33: crust.v1.WatchVolumesRequest
 	(*WatchVolumesResponse)(nil),                        // 34: crust.v1.WatchVolumesResponse
-	(*RuntimeHandlerServiceGetVolumeStatsRequest)(nil),  // 35: crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
-	(*RuntimeHandlerServiceGetVolumeStatsResponse)(nil), // 36: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
-	(*RuntimeHandlerServiceExpandVolumeRequest)(nil),    // 37: crust.v1.RuntimeHandlerServiceExpandVolumeRequest
-	(*RuntimeHandlerServiceExpandVolumeResponse)(nil),   // 38: crust.v1.RuntimeHandlerServiceExpandVolumeResponse
-	nil,                           // 39: crust.v1.VolumeSpec.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 40: google.protobuf.Timestamp
+	(*GetInfoRequest)(nil),                              // 35: crust.v1.GetInfoRequest
+	(*GetInfoResponse)(nil),                             // 36: crust.v1.GetInfoResponse
+	(*RuntimeHandlerServiceGetVolumeStatsRequest)(nil),  // 37: crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
+	(*RuntimeHandlerServiceGetVolumeStatsResponse)(nil), // 38: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
+	(*RuntimeHandlerServiceExpandVolumeRequest)(nil),    // 39: crust.v1.RuntimeHandlerServiceExpandVolumeRequest
+	(*RuntimeHandlerServiceExpandVolumeResponse)(nil),   // 40: crust.v1.RuntimeHandlerServiceExpandVolumeResponse
+	nil,                           // 41: crust.v1.VolumeSpec.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 42: google.protobuf.Timestamp
 }
 var file_crust_v1_crust_proto_depIdxs = []int32{
 	0,  // 0: crust.v1.VolumeSpec.volume_type:type_name -> crust.v1.VolumeType
 	2,  // 1: crust.v1.VolumeSpec.supplemental_group_change_policy:type_name -> crust.v1.FSGroupChangePolicy
-	39, // 2: crust.v1.VolumeSpec.metadata:type_name -> crust.v1.VolumeSpec.MetadataEntry
+	41, // 2: crust.v1.VolumeSpec.metadata:type_name -> crust.v1.VolumeSpec.MetadataEntry
 	1,  // 3: crust.v1.VolumeSpec.volume_mode:type_name -> crust.v1.VolumeMode
 	7,  // 4: crust.v1.VolumeSpec.io_limits:type_name -> crust.v1.IOLimits
-	40, // 5: crust.v1.Claim.claim_time:type_name -> google.protobuf.Timestamp
+	42, // 5: crust.v1.Claim.claim_time:type_name -> google.protobuf.Timestamp
 	8,  // 6: crust.v1.Volume.spec:type_name -> crust.v1.VolumeSpec
 	9,  // 7: crust.v1.Volume.device_number:type_name -> crust.v1.DeviceNumber
-	40, // 8: crust.v1.Volume.stage_time:type_name -> google.protobuf.Timestamp
+	42, // 8: crust.v1.Volume.stage_time:type_name -> google.protobuf.Timestamp
 	10, // 9: crust.v1.Volume.claim:type_name -> crust.v1.Claim
 	8,  // 10: crust.v1.StageVolumeRequest.spec:type_name -> crust.v1.VolumeSpec
 	11, // 11: crust.v1.StageVolumeResponse.volume:type_name -> crust.v1.Volume
@@ -2766,22 +2955,24 @@ var file_crust_v1_crust_proto_depIdxs = []int32{
 	29, // 33: crust.v1.RuntimeService.ClaimVolume:input_type -> crust.v1.ClaimVolumeRequest
 	31, // 34: crust.v1.RuntimeService.ReleaseVolume:input_type -> crust.v1.ReleaseVolumeRequest
 	33, // 35: crust.v1.RuntimeService.WatchVolumes:input_type -> crust.v1.WatchVolumesRequest
-	35, // 36: crust.v1.RuntimeHandlerService.GetVolumeStats:input_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
-	37, // 37: crust.v1.RuntimeHandlerService.ExpandVolume:input_type -> crust.v1.RuntimeHandlerServiceExpandVolumeRequest
-	13, // 38: crust.v1.VolumeService.StageVolume:output_type -> crust.v1.StageVolumeResponse
-	15, // 39: crust.v1.VolumeService.UnstageVolume:output_type -> crust.v1.UnstageVolumeResponse
-	17, // 40: crust.v1.VolumeService.GetVolume:output_type -> crust.v1.GetVolumeResponse
-	19, // 41: crust.v1.VolumeService.ListVolumes:output_type -> crust.v1.ListVolumesResponse
-	23, // 42: crust.v1.VolumeService.GetVolumeStats:output_type -> crust.v1.GetVolumeStatsResponse
-	25, // 43: crust.v1.VolumeService.ExpandVolume:output_type -> crust.v1.ExpandVolumeResponse
-	27, // 44: crust.v1.VolumeService.ListProblems:output_type -> crust.v1.ListProblemsResponse
-	30, // 45: crust.v1.RuntimeService.ClaimVolume:output_type -> crust.v1.ClaimVolumeResponse
-	32, // 46: crust.v1.RuntimeService.ReleaseVolume:output_type -> crust.v1.ReleaseVolumeResponse
-	34, // 47: crust.v1.RuntimeService.WatchVolumes:output_type -> crust.v1.WatchVolumesResponse
-	36, // 48: crust.v1.RuntimeHandlerService.GetVolumeStats:output_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
-	38, // 49: crust.v1.RuntimeHandlerService.ExpandVolume:output_type -> crust.v1.RuntimeHandlerServiceExpandVolumeResponse
-	38, // [38:50] is the sub-list for method output_type
-	26, // [26:38] is the sub-list for method input_type
+	35, // 36: crust.v1.InfoService.GetInfo:input_type -> crust.v1.GetInfoRequest
+	37, // 37: crust.v1.RuntimeHandlerService.GetVolumeStats:input_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
+	39, // 38: crust.v1.RuntimeHandlerService.ExpandVolume:input_type -> crust.v1.RuntimeHandlerServiceExpandVolumeRequest
+	13, // 39: crust.v1.VolumeService.StageVolume:output_type -> crust.v1.StageVolumeResponse
+	15, // 40: crust.v1.VolumeService.UnstageVolume:output_type -> crust.v1.UnstageVolumeResponse
+	17, // 41: crust.v1.VolumeService.GetVolume:output_type -> crust.v1.GetVolumeResponse
+	19, // 42: crust.v1.VolumeService.ListVolumes:output_type -> crust.v1.ListVolumesResponse
+	23, // 43: crust.v1.VolumeService.GetVolumeStats:output_type -> crust.v1.GetVolumeStatsResponse
+	25, // 44: crust.v1.VolumeService.ExpandVolume:output_type -> crust.v1.ExpandVolumeResponse
+	27, // 45: crust.v1.VolumeService.ListProblems:output_type -> crust.v1.ListProblemsResponse
+	30, // 46: crust.v1.RuntimeService.ClaimVolume:output_type -> crust.v1.ClaimVolumeResponse
+	32, // 47: crust.v1.RuntimeService.ReleaseVolume:output_type -> crust.v1.ReleaseVolumeResponse
+	34, // 48: crust.v1.RuntimeService.WatchVolumes:output_type -> crust.v1.WatchVolumesResponse
+	36, // 49: crust.v1.InfoService.GetInfo:output_type -> crust.v1.GetInfoResponse
+	38, // 50: crust.v1.RuntimeHandlerService.GetVolumeStats:output_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
+	40, // 51: crust.v1.RuntimeHandlerService.ExpandVolume:output_type -> crust.v1.RuntimeHandlerServiceExpandVolumeResponse
+	39, // [39:52] is the sub-list for method output_type
+	26, // [26:39] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
 	26, // [26:26] is the sub-list for extension extendee
 	0,  // [0:26] is the sub-list for field type_name
@@ -2793,15 +2984,16 @@ func file_crust_v1_crust_proto_init() {
 		return
 	}
 	file_crust_v1_crust_proto_msgTypes[1].OneofWrappers = []any{}
+	file_crust_v1_crust_proto_msgTypes[26].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crust_v1_crust_proto_rawDesc), len(file_crust_v1_crust_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   33,
+			NumMessages:   35,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   4,
 		},
 		GoTypes:           file_crust_v1_crust_proto_goTypes,
 		DependencyIndexes: file_crust_v1_crust_proto_depIdxs,

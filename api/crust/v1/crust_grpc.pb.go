@@ -6,14 +6,16 @@
 
 // Package crust.v1 is the API of crustd, the per-node daemon that holds deferred-mount descriptors for
 // block-backed volumes. CSI node plugins deposit descriptors through VolumeService; microVM runtime handlers
-// consume them through RuntimeService and answer stats and expansion through RuntimeHandlerService.
+// consume them through RuntimeService and answer stats and expansion through RuntimeHandlerService; anyone
+// crustd admits asks it through InfoService what it speaks.
 //
 // Every RPC that names a volume is keyed by its target path (the CSI publish target path) and is
 // idempotent for that key. Errors use CSI's codes: INVALID_ARGUMENT for bad input (the message names the
 // field), ALREADY_EXISTS for the same target with other parameters, NOT_FOUND for an unknown target,
 // FAILED_PRECONDITION for a state conflict, ABORTED for an operation already in flight on the same target,
 // PERMISSION_DENIED for a caller that is not allowed, UNAVAILABLE when the owner of a volume cannot be
-// reached. A refused request changes nothing.
+// reached, OUT_OF_RANGE for a size that cannot be met or a watch revision crustd cannot resume from. A
+// refused request changes nothing.
 
 package crustv1
 
@@ -426,11 +428,18 @@ type RuntimeServiceClient interface {
 	// FAILED_PRECONDITION until the first is released. The device must still be the one that was staged
 	// (same device number), or the claim fails with FAILED_PRECONDITION. A handler grows the filesystem to
 	// the device's size when it mounts a volume whose device is larger than its filesystem, as happens
-	// after an ExpandVolume before any claim (Volume.requested_bytes).
+	// after an ExpandVolume before any claim (Volume.requested_bytes). A handler_endpoint whose socket
+	// crustd cannot see (it does not exist in crustd's mount namespace, or is not a socket) fails with
+	// FAILED_PRECONDITION naming the path, at every claim, repeats included: crustd could never forward
+	// stats or expansion to it, and would take the handler for gone (see ClaimVolumeRequest). A target
+	// nothing is staged at is NOT_FOUND whatever the endpoint.
 	ClaimVolume(ctx context.Context, in *ClaimVolumeRequest, opts ...grpc.CallOption) (*ClaimVolumeResponse, error)
 	// ReleaseVolume ends a claim. Releasing a volume that is not claimed, or not known, is not an error.
 	ReleaseVolume(ctx context.Context, in *ReleaseVolumeRequest, opts ...grpc.CallOption) (*ReleaseVolumeResponse, error)
-	// WatchVolumes streams an event for every change, in the order the changes were made durable.
+	// WatchVolumes streams an event for every change, in the order the changes were made durable. A watch
+	// resumes after a revision it was sent (WatchVolumesRequest.since_revision): crustd replays the changes
+	// made since, or answers OUT_OF_RANGE, naming the oldest revision it can resume from, when it no longer
+	// keeps them (see WatchVolumesResponse.revision for what survives a restart).
 	WatchVolumes(ctx context.Context, in *WatchVolumesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchVolumesResponse], error)
 }
 
@@ -492,11 +501,18 @@ type RuntimeServiceServer interface {
 	// FAILED_PRECONDITION until the first is released. The device must still be the one that was staged
 	// (same device number), or the claim fails with FAILED_PRECONDITION. A handler grows the filesystem to
 	// the device's size when it mounts a volume whose device is larger than its filesystem, as happens
-	// after an ExpandVolume before any claim (Volume.requested_bytes).
+	// after an ExpandVolume before any claim (Volume.requested_bytes). A handler_endpoint whose socket
+	// crustd cannot see (it does not exist in crustd's mount namespace, or is not a socket) fails with
+	// FAILED_PRECONDITION naming the path, at every claim, repeats included: crustd could never forward
+	// stats or expansion to it, and would take the handler for gone (see ClaimVolumeRequest). A target
+	// nothing is staged at is NOT_FOUND whatever the endpoint.
 	ClaimVolume(context.Context, *ClaimVolumeRequest) (*ClaimVolumeResponse, error)
 	// ReleaseVolume ends a claim. Releasing a volume that is not claimed, or not known, is not an error.
 	ReleaseVolume(context.Context, *ReleaseVolumeRequest) (*ReleaseVolumeResponse, error)
-	// WatchVolumes streams an event for every change, in the order the changes were made durable.
+	// WatchVolumes streams an event for every change, in the order the changes were made durable. A watch
+	// resumes after a revision it was sent (WatchVolumesRequest.since_revision): crustd replays the changes
+	// made since, or answers OUT_OF_RANGE, naming the oldest revision it can resume from, when it no longer
+	// keeps them (see WatchVolumesResponse.revision for what survives a restart).
 	WatchVolumes(*WatchVolumesRequest, grpc.ServerStreamingServer[WatchVolumesResponse]) error
 	mustEmbedUnimplementedRuntimeServiceServer()
 }
@@ -608,6 +624,120 @@ var RuntimeService_ServiceDesc = grpc.ServiceDesc{
 			ServerStreams: true,
 		},
 	},
+	Metadata: "crust/v1/crust.proto",
+}
+
+const (
+	InfoService_GetInfo_FullMethodName = "/crust.v1.InfoService/GetInfo"
+)
+
+// InfoServiceClient is the client API for InfoService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// InfoService is served by crustd for every caller it admits: CSI node plugins, runtime handlers,
+// operators' tools. It says what this crustd speaks, so that a client can tell before it relies on a
+// feature; a crustd older than InfoService answers UNIMPLEMENTED, and has none of the features below.
+type InfoServiceClient interface {
+	// GetInfo returns crustd's version, the API versions it serves and the features it serves. It changes
+	// nothing, and its answer changes only when crustd restarts (with another version or configuration).
+	GetInfo(ctx context.Context, in *GetInfoRequest, opts ...grpc.CallOption) (*GetInfoResponse, error)
+}
+
+type infoServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewInfoServiceClient(cc grpc.ClientConnInterface) InfoServiceClient {
+	return &infoServiceClient{cc}
+}
+
+func (c *infoServiceClient) GetInfo(ctx context.Context, in *GetInfoRequest, opts ...grpc.CallOption) (*GetInfoResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetInfoResponse)
+	err := c.cc.Invoke(ctx, InfoService_GetInfo_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// InfoServiceServer is the server API for InfoService service.
+// All implementations must embed UnimplementedInfoServiceServer
+// for forward compatibility.
+//
+// InfoService is served by crustd for every caller it admits: CSI node plugins, runtime handlers,
+// operators' tools. It says what this crustd speaks, so that a client can tell before it relies on a
+// feature; a crustd older than InfoService answers UNIMPLEMENTED, and has none of the features below.
+type InfoServiceServer interface {
+	// GetInfo returns crustd's version, the API versions it serves and the features it serves. It changes
+	// nothing, and its answer changes only when crustd restarts (with another version or configuration).
+	GetInfo(context.Context, *GetInfoRequest) (*GetInfoResponse, error)
+	mustEmbedUnimplementedInfoServiceServer()
+}
+
+// UnimplementedInfoServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedInfoServiceServer struct{}
+
+func (UnimplementedInfoServiceServer) GetInfo(context.Context, *GetInfoRequest) (*GetInfoResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetInfo not implemented")
+}
+func (UnimplementedInfoServiceServer) mustEmbedUnimplementedInfoServiceServer() {}
+func (UnimplementedInfoServiceServer) testEmbeddedByValue()                     {}
+
+// UnsafeInfoServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to InfoServiceServer will
+// result in compilation errors.
+type UnsafeInfoServiceServer interface {
+	mustEmbedUnimplementedInfoServiceServer()
+}
+
+func RegisterInfoServiceServer(s grpc.ServiceRegistrar, srv InfoServiceServer) {
+	// If the following call panics, it indicates UnimplementedInfoServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&InfoService_ServiceDesc, srv)
+}
+
+func _InfoService_GetInfo_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetInfoRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InfoServiceServer).GetInfo(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: InfoService_GetInfo_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InfoServiceServer).GetInfo(ctx, req.(*GetInfoRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// InfoService_ServiceDesc is the grpc.ServiceDesc for InfoService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var InfoService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "crust.v1.InfoService",
+	HandlerType: (*InfoServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "GetInfo",
+			Handler:    _InfoService_GetInfo_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
 	Metadata: "crust/v1/crust.proto",
 }
 

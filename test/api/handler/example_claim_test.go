@@ -8,6 +8,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/crustd"
 	"crust.dev/crust/api/handler"
 )
 
@@ -41,7 +42,8 @@ func Example_claim() {
 		return
 	}
 	defer func() { _ = c.Close() }()
-	stop, endpoint, err := handler.ServeHandler(filepath.Join(root, "run", "handler.sock"), guest{})
+	// The handler's socket lies beside crustd's, where crustd sees it whatever its pod mounts.
+	stop, endpoint, err := handler.ServeHandler(crustd.HandlerSocket(socket, "example"), guest{})
 	if err != nil {
 		fmt.Println(err)
 		return

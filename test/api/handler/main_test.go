@@ -43,7 +43,10 @@ func runMain(m *testing.M) int {
 
 // deposit does what a CSI driver does at NodePublishVolume for a deferred volume (see api/client): a
 // 64 MiB image file stands in for the device. It returns the target path and a client of the driver's.
-func deposit(pv string) (string, *client.Client, error) {
+func deposit(pv string) (string, *client.Client, error) { return depositAt(root, socket, pv) }
+
+// depositAt is deposit for the crustd serving at socket, of crustdtest.FileConfig(root).
+func depositAt(root, socket, pv string) (string, *client.Client, error) {
 	const podUID = "0f1e2d3c-0000-4000-8000-000000000001"
 	device := filepath.Join(root, crustdtest.ImageDir, pv+".img")
 	dir := filepath.Join(root, "kubelet", "pods", podUID, "volumes", "kubernetes.io~csi", pv)
