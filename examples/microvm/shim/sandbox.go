@@ -29,14 +29,14 @@ import (
 //	  <id>/rootfs    the container's rootfs (a bind of its bundle's rootfs)
 //	  <id>/mounts/N  the container's N-th OCI mount, when it is an ordinary bind mount
 //	devices/       a node of each host block device of the containers' linux.devices, hot-plugged
-//	vmhandler.sock   RuntimeHandlerService, for crustd
+//	handler.sock   RuntimeHandlerService, for crustd
 //	qemu.pid       QEMU's pid, for the delete action after a dead shim
 //	and the VM's own sockets and logs (package vm).
 const (
 	sharedDir     = "shared"
 	shareTag      = "crust-shared"
 	guestShared   = "/run/crust/shared"
-	handlerSocket = "vmhandler.sock"
+	handlerSocket = "handler.sock"
 	pidFile       = "qemu.pid"
 )
 
