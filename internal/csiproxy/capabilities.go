@@ -84,25 +84,24 @@ func (p *Proxy) driverHas(ctx context.Context, c csi.NodeServiceCapability_RPC_T
 	return known[c], nil
 }
 
-// withoutMountGroup returns the capability without volume_mount_group, and the group it named (nil for
-// none), when the driver lacks VOLUME_MOUNT_GROUP; otherwise the capability as it is.
-func (p *Proxy) withoutMountGroup(ctx context.Context, c *csi.VolumeCapability) (*csi.VolumeCapability, *int, error) {
-	g := c.GetMount().GetVolumeMountGroup()
-	if g == "" {
+// withoutMountGroup returns c without volume_mount_group, and gid, the group it names (mountGroup: nil
+// for none, gidErr for a malformed one), when c names one and the driver lacks VOLUME_MOUNT_GROUP;
+// otherwise c as it is and no group. gidErr is returned only then: a driver that takes the group is
+// given it as it is.
+func (p *Proxy) withoutMountGroup(ctx context.Context, c *csi.VolumeCapability, gid *int64, gidErr error) (*csi.VolumeCapability, *int64, error) {
+	if gid == nil && gidErr == nil {
 		return c, nil, nil
 	}
 	has, err := p.driverHas(ctx, csi.NodeServiceCapability_RPC_VOLUME_MOUNT_GROUP)
 	if err != nil || has {
 		return c, nil, err
 	}
-	gid, err := mountGroup(c)
-	if err != nil {
-		return nil, nil, err
+	if gidErr != nil {
+		return nil, nil, gidErr
 	}
-	n := int(*gid)
-	out := proto.Clone(c).(*csi.VolumeCapability)
+	out := proto.CloneOf(c)
 	out.GetMount().VolumeMountGroup = ""
-	return out, &n, nil
+	return out, gid, nil
 }
 
 // mountGroup returns the group id c's volume_mount_group names, or nil when it names none.

@@ -239,7 +239,8 @@ func (e *env) assertPublished(mode Mode, target string) {
 }
 
 // published checks a published volume: deferred, a descriptor in crustd on the private path's device, an
-// empty unmounted target and one private bind mount; host-mounted, a mounted target and no descriptor.
+// empty target with the guard alone mounted on it (the pods have no subPath) and one private bind mount;
+// host-mounted, a mounted target and no descriptor.
 func (e *env) published(mode Mode, target string) error {
 	v, err := e.crust.GetVolume(context.Background(), &crustv1.GetVolumeRequest{VolumeTargetPath: target})
 	priv := mountsUnder(filepath.Join(filepath.Dir(target), privateBlockDir))
@@ -255,8 +256,8 @@ func (e *env) published(mode Mode, target string) error {
 		if derr != nil || v.GetVolume().GetResolvedBackingPath() != dev {
 			return fmt.Errorf("descriptor device %s, private path's %s (%v)", v.GetVolume().GetResolvedBackingPath(), dev, derr)
 		}
-		if m := mountsUnder(target); len(m) != 0 {
-			return fmt.Errorf("deferred target mounted: %v", m)
+		if on, gerr := guarded(target); gerr != nil || !on || len(mountsUnder(target)) != 1 {
+			return fmt.Errorf("deferred target: mounts %v, guarded %v (%v); want the guard alone", mountsUnder(target), on, gerr)
 		}
 	case ModeHost:
 		if err == nil {

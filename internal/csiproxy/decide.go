@@ -56,12 +56,18 @@ type Pod struct {
 	RuntimeClassName     string
 	// FSGroupChangePolicy is the pod's securityContext.fsGroupChangePolicy ("" when unset).
 	FSGroupChangePolicy string
+	// Phase is the pod's status.phase, such as "Running" ("" when unknown).
+	Phase string
+	// SubPath is whether a container or init container of the pod mounts a volume with subPath or
+	// subPathExpr: kubelet then makes directories in the volume's target path on the node.
+	SubPath bool
 }
 
-// PodSource answers pod and RuntimeClass look-ups from a cache. Pod reports found=false for a pod it
-// does not hold; RuntimeHandler reports found=false for a RuntimeClass it does not hold.
+// PodSource answers pod and RuntimeClass look-ups from a cache. Pod and PodByUID report found=false for
+// a pod it does not hold; RuntimeHandler reports found=false for a RuntimeClass it does not hold.
 type PodSource interface {
 	Pod(namespace, name string) (p Pod, found bool)
+	PodByUID(uid string) (p Pod, found bool)
 	RuntimeHandler(runtimeClass string) (handler string, found bool)
 }
 

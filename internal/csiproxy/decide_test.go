@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,6 +29,14 @@ type fakePods struct {
 }
 
 func (f fakePods) Pod(ns, name string) (Pod, bool) { p, ok := f.pods[ns+"/"+name]; return p, ok }
+func (f fakePods) PodByUID(uid string) (Pod, bool) {
+	for _, p := range f.pods {
+		if p.UID == uid {
+			return p, true
+		}
+	}
+	return Pod{}, false
+}
 func (f fakePods) RuntimeHandler(c string) (string, bool) {
 	h, ok := f.classes[c]
 	return h, ok
@@ -191,10 +200,22 @@ func TestInformerPods(t *testing.T) {
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: types.UID("u1")},
 			Spec: corev1.PodSpec{NodeName: "node-a", RuntimeClassName: &kata}},
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "plain", UID: types.UID("u2")},
-			Spec: corev1.PodSpec{NodeName: "node-a"}},
+			Spec: corev1.PodSpec{NodeName: "node-a", InitContainers: []corev1.Container{{Name: "init",
+				VolumeMounts: []corev1.VolumeMount{{Name: "a", MountPath: "/a"}, {Name: "b", MountPath: "/b", SubPathExpr: "$(POD)"}}}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning}},
 		&nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: kata}, Handler: "kata-qemu"},
 	)
 	ip := syncedInformers(ctx, t, cs)
+	// By UID too, with the phase and whether a container mounts a subPath.
+	if p, ok := ip.PodByUID("u2"); !ok || p.Name != "plain" || p.Phase != "Running" || !p.SubPath {
+		t.Fatalf("pod u2: %+v, %v; want plain, Running, with a subPath", p, ok)
+	}
+	if p, ok := ip.PodByUID("u1"); !ok || p.Name != "vm" || p.Phase != "" || p.SubPath {
+		t.Fatalf("pod u1: %+v, %v; want vm, no phase, no subPath", p, ok)
+	}
+	if _, ok := ip.PodByUID("u9"); ok {
+		t.Fatal("an unknown UID is found")
+	}
 	in := func(name string) DecideInput {
 		return DecideInput{Capability: mountCap(), Pods: ip, Handlers: Handlers{"kata-qemu"},
 			VolumeContext: map[string]string{DeferKey: "true", podNamespaceKey: "ns", podNameKey: name}}
@@ -217,10 +238,15 @@ func TestInformerPods(t *testing.T) {
 	if _, _, err := decideWaiting(ctx, in("never"), 300*time.Millisecond); !errors.Is(err, errPodNotSeen) {
 		t.Fatalf("missing pod: %v; want errPodNotSeen", err)
 	}
-	// The cache holds only what Decide reads.
+	// The cache holds only what Pod reads.
 	p, err := ip.pods.Pods("ns").Get("vm")
 	if err != nil || len(p.Labels) != 0 || p.Spec.Containers != nil || p.Spec.RuntimeClassName == nil {
 		t.Fatalf("cached pod %+v, %v: want a trimmed pod with its runtimeClassName", p, err)
+	}
+	p, err = ip.pods.Pods("ns").Get("plain")
+	if want := []corev1.Container{{Name: "init", VolumeMounts: []corev1.VolumeMount{{Name: "b", SubPathExpr: "$(POD)"}}}}; err != nil ||
+		!reflect.DeepEqual(p.Spec.InitContainers, want) || p.Status.Phase != corev1.PodRunning {
+		t.Fatalf("cached pod %+v, %v: want its subPath mounts alone and its phase", p, err)
 	}
 }
 

@@ -57,8 +57,13 @@
 // directory and deposits the descriptor through crustd's StageVolume (built by api/client's StageRequest):
 // the target path, the device, fs type from the original capability (ext4 when empty), its mount flags,
 // read-only (the request's readonly, a "ro" flag or a reader-only access mode), fsGroup from
-// volume_mount_group with the pod's fsGroupChangePolicy, the pod's info as metadata, the driver's name, create_filesystem=true. NodeUnpublishVolume
-// unstages at crustd, has the driver unpublish the private path, removes it and the target directory.
+// volume_mount_group with the pod's fsGroupChangePolicy, the pod's info as metadata, the driver's name, create_filesystem=true.
+// It then mounts the guard on the target, an empty read-only tmpfs, so that a runtime that uses the target
+// instead of claiming the volume fails to write rather than writing to the node's disk (not for a pod with
+// a subPath, nor one the cache does not hold: guard.go). NodeUnpublishVolume unmounts the guard, moves a
+// target that holds data into the quarantine (releaseTarget), unstages at crustd, has the driver unpublish
+// the private path, removes it and the target directory. While the pod runs, a deferred volume no sandbox
+// claims is reported (checkConsumed).
 // NodeGetVolumeStats, NodeGetVolumeHealth and NodeExpandVolume of a deferred volume go to crustd
 // (GetVolumeStats, ExpandVolume), which forwards them to the runtime handler that claimed the volume; for expansion the
 // driver's NodeExpandVolume is called first on the private block path when the driver has EXPAND_VOLUME.
@@ -89,7 +94,9 @@
 //
 // With --kubeconfig the proxy records Events on the pod of each publish it decides: VolumeDeferred,
 // VolumeMountedOnHost (with why the pod is not a microVM pod) and VolumeDeferralFailed (with the code and
-// message of the step that failed), so that `kubectl describe pod` says what became of the volume.
+// message of the step that failed), so that `kubectl describe pod` says what became of the volume; and,
+// as warnings, VolumeNotConsumed for a deferred volume no sandbox claims while the pod runs and
+// VolumeDataQuarantined for a target moved into the quarantine at unpublish.
 //
 // # State
 //

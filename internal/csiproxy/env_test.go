@@ -197,7 +197,7 @@ func (e *env) startCrustd() {
 
 func (e *env) config() Config {
 	return Config{CSIAddress: e.proxySock, DriverAddress: e.driverSock, CrustSocket: e.crustSock, StateDir: e.state,
-		PodWait: time.Second, LockWait: 5 * time.Second}
+		PodWait: time.Second, LockWait: 5 * time.Second, GuardTargets: true}
 }
 
 // createVolume makes a volume through the driver's controller; deferrable volumes carry crust.dev/defer.

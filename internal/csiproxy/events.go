@@ -16,11 +16,15 @@ import (
 
 // Reasons of the Events the proxy records on a pod, so that `kubectl describe pod` says what became of
 // the pod's volumes: deferred to its sandbox, mounted on the host instead (and why), or why a deferral
-// failed. Repeats of an event are counted by the recorder, not recorded again.
+// failed; that no sandbox claims a deferred volume while the pod runs, and that what a runtime wrote into
+// a deferred volume's target on the node was moved into the quarantine. Repeats of an event are counted
+// by the recorder, not recorded again.
 const (
-	ReasonDeferred       = "VolumeDeferred"
-	ReasonHostMounted    = "VolumeMountedOnHost"
-	ReasonDeferralFailed = "VolumeDeferralFailed"
+	ReasonDeferred        = "VolumeDeferred"
+	ReasonHostMounted     = "VolumeMountedOnHost"
+	ReasonDeferralFailed  = "VolumeDeferralFailed"
+	ReasonNotConsumed     = "VolumeNotConsumed"
+	ReasonDataQuarantined = "VolumeDataQuarantined"
 )
 
 // newRecorder records events through cs until ctx ends.
@@ -31,10 +35,10 @@ func newRecorder(ctx context.Context, cs kubernetes.Interface, node string) reco
 	return b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "crust-csi-proxy", Host: node})
 }
 
-// podEvent records an event on the pod a publish is for, named by the pod info in its volume context;
-// it does nothing without a recorder (no --kubeconfig) or without pod info.
-func (p *Proxy) podEvent(volCtx map[string]string, eventType, reason, format string, args ...any) {
-	pod := client.PodInfo(volCtx)
+// podEvent records an event on pod, the pod a publish is for as its volume context names it
+// (client.PodInfo); it does nothing without a recorder (no --kubeconfig) or without the pod's namespace
+// and name.
+func (p *Proxy) podEvent(pod client.Pod, eventType, reason, format string, args ...any) {
 	if p.events == nil || pod.Namespace == "" || pod.Name == "" {
 		return
 	}

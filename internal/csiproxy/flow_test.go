@@ -49,9 +49,9 @@ func podContext(vol *csi.Volume, ns, name, uid string) map[string]string {
 // TestDeferredAndHostMount is one StorageClass (crust.dev/defer: "true") serving both kinds of pod, with
 // pod look-ups through the informer code on client-go's fake clientset (no API server runs here): a runc
 // pod gets the volume formatted and mounted on the host by the proxy and writes data; a microVM pod then
-// gets it deferred (the descriptor in crustd, the target an empty directory), and the sandbox stand-in
-// claims it, sees the runc pod's data, writes its own; stats and online expansion go through crustd to the
-// sandbox; then the runc pod sees the sandbox's data. Nothing is left at the end.
+// gets it deferred (the descriptor in crustd, the target an empty directory under the read-only guard),
+// and the sandbox stand-in claims it, sees the runc pod's data, writes its own; stats and online expansion
+// go through crustd to the sandbox; then the runc pod sees the sandbox's data. Nothing is left at the end.
 func TestDeferredAndHostMount(t *testing.T) {
 	e := newEnv(t)
 	kataClass := "kata-qemu-class"
@@ -154,8 +154,8 @@ func TestDeferredAndHostMount(t *testing.T) {
 	if entries, err := os.ReadDir(vmTarget); err != nil || len(entries) != 0 {
 		t.Fatalf("deferred target: %v, %v; want an empty directory", entries, err)
 	}
-	if m := mountsUnder(vmTarget); len(m) != 0 {
-		t.Fatalf("deferred target is mounted: %v", m)
+	if on, err := guarded(vmTarget); err != nil || !on || len(mountsUnder(vmTarget)) != 1 {
+		t.Fatalf("deferred target: mounts %v, guarded %v (%v); want the read-only guard alone", mountsUnder(vmTarget), on, err)
 	}
 	got, err := e.crust.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: vmTarget})
 	if err != nil {

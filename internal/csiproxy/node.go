@@ -32,7 +32,8 @@ func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeReque
 	volCtx := p.volumeContext(ctx, r.GetVolumeContext(), r.GetVolumeId())
 	if !isMount(r.GetVolumeCapability()) || !DeferRequested(volCtx) || r.GetVolumeId() == "" || path == "" {
 		// The group, when the driver cannot take it, is given at publish (forwardPublish).
-		c, gid, err := p.withoutMountGroup(ctx, r.GetVolumeCapability())
+		gid, gidErr := mountGroup(r.GetVolumeCapability())
+		c, gid, err := p.withoutMountGroup(ctx, r.GetVolumeCapability(), gid, gidErr)
 		if err != nil {
 			return nil, err
 		}
@@ -124,19 +125,19 @@ func undo[R any](ctx context.Context, p *Proxy, kind Kind, volumeID, path string
 // volume it would defer or host-mount whose I/O limits crustd would refuse is refused with
 // InvalidArgument naming the parameter, before anything is done.
 func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	pr := p.newPublishRequest(ctx, r)
 	target := r.GetTargetPath()
-	volCtx := p.volumeContext(ctx, r.GetVolumeContext(), r.GetVolumeId())
-	asked := DeferRequested(volCtx)
-	if asked && r.GetVolumeCapability().GetBlock() != nil && p.journal.Get(KindPublish, target) == nil {
+	held := p.journal.Get(KindPublish, target) != nil
+	if pr.deferAsked && pr.block && !held {
 		// A raw block volume of a class that defers: never deferred, whatever the pod (Decide).
-		p.decided(r, PassThrough, ReasonRawBlock)
-		return p.forwardPublish(ctx, r)
+		p.decided(pr, PassThrough, ReasonRawBlock)
+		return p.forwardPublish(ctx, pr)
 	}
 	if r.GetVolumeId() == "" || target == "" || r.GetVolumeCapability() == nil ||
-		((!isMount(r.GetVolumeCapability()) || !asked) && p.journal.Get(KindPublish, target) == nil) {
-		return p.forwardPublish(ctx, r)
+		((!pr.mount || !pr.deferAsked) && !held) {
+		return p.forwardPublish(ctx, pr)
 	}
-	rec, unlock, err := p.lockToChange(ctx, KindPublish, target, volCtx)
+	rec, unlock, err := p.lockToChange(ctx, KindPublish, target, pr.volumeContext())
 	if err != nil {
 		return nil, err
 	}
@@ -145,18 +146,17 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 	if rec == nil {
 		stage := p.journal.Get(KindStage, r.GetStagingTargetPath())
 		d, reason, err := decideWaiting(ctx, DecideInput{
-			Capability: r.GetVolumeCapability(), VolumeContext: volCtx,
+			Capability: r.GetVolumeCapability(), VolumeContext: pr.volumeContext(),
 			StagingPath: r.GetStagingTargetPath(), StagedAsBlock: stage != nil && stage.Phase == PhaseStaged && !stage.Stale,
 			Pods: p.pods, Handlers: p.handlers, DefaultHandler: p.cfg.DefaultHandler,
 		}, p.cfg.PodWait)
 		if err != nil {
-			return nil, errdefs.Errorf(errdefs.ErrUnavailable, "pod %s/%s: %v; retry",
-				r.GetVolumeContext()[podNamespaceKey], r.GetVolumeContext()[podNameKey], err)
+			return nil, errdefs.Errorf(errdefs.ErrUnavailable, "pod %s/%s: %v; retry", pr.pod.Namespace, pr.pod.Name, err)
 		}
 		why = reason
-		p.decided(r, d, why)
+		p.decided(pr, d, why)
 		if d == PassThrough {
-			return p.forwardPublish(ctx, r)
+			return p.forwardPublish(ctx, pr)
 		}
 		mode := ModeDeferred
 		if d == HostMount {
@@ -165,12 +165,11 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 		rec = &Record{Kind: KindPublish, Path: target, VolumeID: r.GetVolumeId(), Mode: mode}
 	} else if rec.VolumeID != r.GetVolumeId() {
 		return nil, errdefs.Errorf(errdefs.ErrAlreadyExists, "%s is published for volume %s, not %s", target, rec.VolumeID, r.GetVolumeId())
-	} else if rec.Phase == PhasePublished && !rec.Stale &&
-		(rec.ReadOnly != client.ReadOnly(r) || rec.FsType != fsType(r.GetVolumeCapability())) {
+	} else if rec.Phase == PhasePublished && !rec.Stale && (rec.ReadOnly != pr.readOnly || rec.FsType != pr.fsType) {
 		return nil, errdefs.Errorf(errdefs.ErrAlreadyExists, "%s is published %s, read-only %v; asked %s, read-only %v",
-			target, rec.FsType, rec.ReadOnly, fsType(r.GetVolumeCapability()), client.ReadOnly(r))
+			target, rec.FsType, rec.ReadOnly, pr.fsType, pr.readOnly)
 	}
-	caveats, err := p.publish(ctx, r, rec, volCtx)
+	caveats, err := p.publish(ctx, pr, rec)
 	switch {
 	case err != nil:
 		p.metrics.PublishFailed(string(rec.Mode))
@@ -178,14 +177,14 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 		if rec.Mode == ModeHost {
 			verb = "mounting it on the host"
 		}
-		p.podEvent(r.GetVolumeContext(), corev1.EventTypeWarning, ReasonDeferralFailed, "volume %s: %s failed (%v): %v",
+		p.podEvent(pr.pod, corev1.EventTypeWarning, ReasonDeferralFailed, "volume %s: %s failed (%v): %v",
 			r.GetVolumeId(), verb, errdefs.KindOf(err), err)
 	case why != "" && rec.Mode == ModeDeferred:
-		p.podEvent(r.GetVolumeContext(), corev1.EventTypeNormal, ReasonDeferred,
+		p.podEvent(pr.pod, corev1.EventTypeNormal, ReasonDeferred,
 			"volume %s deferred to the pod's sandbox (%s): crustd holds device %s for the microVM runtime to mount inside the VM%s",
 			r.GetVolumeId(), why, rec.Device, kataCaveats(caveats))
 	case why != "" && rec.Mode == ModeHost:
-		p.podEvent(r.GetVolumeContext(), corev1.EventTypeNormal, ReasonHostMounted,
+		p.podEvent(pr.pod, corev1.EventTypeNormal, ReasonHostMounted,
 			"volume %s formatted and mounted on the host by crust-csi-proxy, not deferred: %s", r.GetVolumeId(), why)
 	}
 	if err != nil {
@@ -195,20 +194,21 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 }
 
 // decided logs and counts the decision taken on a publish.
-func (p *Proxy) decided(r *csi.NodePublishVolumeRequest, d Decision, why string) {
+func (p *Proxy) decided(pr *publishRequest, d Decision, why string) {
 	mode := "filesystem"
-	if r.GetVolumeCapability().GetBlock() != nil {
+	if pr.block {
 		mode = "block"
 	}
-	p.log.Info("publish decision", "target", r.GetTargetPath(), "volume_id", r.GetVolumeId(), "volume_mode", mode,
+	p.log.Info("publish decision", "target", pr.sent.GetTargetPath(), "volume_id", pr.sent.GetVolumeId(), "volume_mode", mode,
 		"decision", d.String(), "why", why)
 	p.metrics.PublishDecision(d.String(), mode)
 }
 
 // forwardPublish forwards a publish to the driver; when the driver cannot take volume_mount_group the
 // proxy keeps it from the driver and gives the published filesystem the group itself, as kubelet does.
-func (p *Proxy) forwardPublish(ctx context.Context, r *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	c, gid, err := p.withoutMountGroup(ctx, r.GetVolumeCapability())
+func (p *Proxy) forwardPublish(ctx context.Context, pr *publishRequest) (*csi.NodePublishVolumeResponse, error) {
+	r := pr.sent
+	c, gid, err := p.withoutMountGroup(ctx, r.GetVolumeCapability(), pr.gid, pr.gidErr)
 	if err != nil {
 		return nil, err
 	}
@@ -219,13 +219,13 @@ func (p *Proxy) forwardPublish(ctx context.Context, r *csi.NodePublishVolumeRequ
 		}
 		return resp, nil
 	}
-	fr := proto.Clone(r).(*csi.NodePublishVolumeRequest)
+	fr := proto.CloneOf(r)
 	fr.VolumeCapability = c
 	resp, err := p.node.NodePublishVolume(outgoing(ctx), fr)
-	if err != nil || client.ReadOnly(r) {
+	if err != nil || pr.readOnly {
 		return resp, err
 	}
-	if err := fsgroup.Apply(r.GetTargetPath(), *gid, p.groupPolicy(r.GetVolumeContext())); err != nil {
+	if err := fsgroup.Apply(r.GetTargetPath(), int(*gid), p.groupPolicy(pr.pod)); err != nil {
 		return nil, errdefs.Errorf(errdefs.ErrInternal, "apply volume_mount_group %d to %s: %v", *gid, r.GetTargetPath(), err)
 	}
 	return resp, nil
@@ -262,31 +262,23 @@ func (p *Proxy) volumeContext(ctx context.Context, volCtx map[string]string, vol
 	return out
 }
 
-// fsType is the capability's filesystem type, volume.DefaultFSType when empty.
-func fsType(c *csi.VolumeCapability) string {
-	if t := c.GetMount().GetFsType(); t != "" {
-		return t
-	}
-	return volume.DefaultFSType
-}
-
-// publish runs every step of a deferred or host-mounted publish; each is idempotent, so a retry after a
-// crash runs them all again. A deferred volume's descriptor is built by api/client from r with volCtx, the
-// volume context with the StorageClass's crust keys (see volumeContext), as its volume context. It
-// returns the Kata caveats crustd answered for a deferred volume (none for a host mount).
-func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, rec *Record, volCtx map[string]string) (kataCaveats []string, err error) {
+// publish runs every step of a deferred or host-mounted publish of pr into rec; each is idempotent, so a
+// retry after a crash runs them all again. A deferred volume's descriptor is built by api/client from
+// pr's enriched request. It returns the Kata caveats crustd answered for a deferred volume (none for a
+// host mount).
+func (p *Proxy) publish(ctx context.Context, pr *publishRequest, rec *Record) (kataCaveats []string, err error) {
+	r := pr.sent
 	target := r.GetTargetPath()
-	gid, err := mountGroup(r.GetVolumeCapability())
-	if err != nil {
-		return nil, err
+	if pr.gidErr != nil {
+		return nil, pr.gidErr
 	}
 	// A repeat of a publish that completed must not tear it down when it fails (say, with ALREADY_EXISTS
 	// for other parameters): it stays published, as it was.
 	wasPublished := rec.Phase == PhasePublished && !rec.Stale
 	rec.StagingPath = r.GetStagingTargetPath()
 	rec.PrivatePath = p.privatePath(target)
-	rec.FsType = fsType(r.GetVolumeCapability())
-	rec.ReadOnly = client.ReadOnly(r)
+	rec.FsType = pr.fsType
+	rec.ReadOnly = pr.readOnly
 	if err := p.put(rec, PhasePublishing); err != nil {
 		return nil, err
 	}
@@ -313,7 +305,7 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 	if err := os.MkdirAll(filepath.Dir(rec.PrivatePath), 0o700); err != nil {
 		return fail(errdefs.Errorf(errdefs.ErrInternal, "private path: %v", err))
 	}
-	br := proto.Clone(r).(*csi.NodePublishVolumeRequest)
+	br := proto.CloneOf(r)
 	br.TargetPath = rec.PrivatePath
 	br.VolumeCapability = blockCapability(r.GetVolumeCapability())
 	if _, err := p.node.NodePublishVolume(outgoing(ctx), br); err != nil {
@@ -327,15 +319,19 @@ func (p *Proxy) publish(ctx context.Context, r *csi.NodePublishVolumeRequest, re
 	if err := os.Mkdir(target, 0o750); err != nil && !errors.Is(err, os.ErrExist) {
 		return fail(errdefs.Errorf(errdefs.ErrInternal, "create target path: %v", err))
 	}
+	policy := p.groupPolicy(pr.pod)
 	switch rec.Mode {
 	case ModeDeferred:
-		v, err := p.crust.Stage(ctx, withVolumeContext(r, volCtx), dev, p.publishOptions(ctx, volCtx)...)
+		v, err := p.crust.Stage(ctx, pr.req, dev, p.publishOptions(ctx, policy)...)
 		if err != nil {
 			return fail(fmt.Errorf("crustd: %w", errdefs.FromGRPC(err)))
 		}
 		kataCaveats = v.GetKataCaveats()
+		if err := p.guard(pr.pod, target); err != nil {
+			return fail(err)
+		}
 	case ModeHost:
-		if err := p.hostMount(rec, r.GetVolumeCapability().GetMount().GetMountFlags(), gid, p.groupPolicy(volCtx)); err != nil {
+		if err := p.hostMount(rec, pr.mountFlags, pr.gid, policy); err != nil {
 			return fail(err)
 		}
 	}
@@ -363,22 +359,21 @@ func (p *Proxy) privatePath(target string) string {
 
 // publishOptions are what the proxy asks of every descriptor it deposits, beyond what the request says:
 // a blank device is formatted in the guest, the descriptor names the driver, and the fsGroup, if any, is
-// applied under the pod's policy (groupPolicy).
-func (p *Proxy) publishOptions(ctx context.Context, volCtx map[string]string) []client.PublishOption {
+// applied under policy, the pod's (groupPolicy).
+func (p *Proxy) publishOptions(ctx context.Context, policy fsgroup.Policy) []client.PublishOption {
 	opts := []client.PublishOption{client.CreateFilesystem(), client.DriverName(p.driverNameFor(ctx))}
-	if p.groupPolicy(volCtx) == fsgroup.OnRootMismatch {
+	if policy == fsgroup.OnRootMismatch {
 		opts = append(opts, client.FSGroupChangePolicy(crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH))
 	}
 	return opts
 }
 
-// groupPolicy is how the fsGroup is given to a volume of the pod volCtx names (podInfoOnMount):
-// OnRootMismatch when the pod's securityContext.fsGroupChangePolicy says so, otherwise Always, Kubernetes'
-// default. kubelet leaves the group to a driver with VOLUME_MOUNT_GROUP, which the proxy announces, and
-// sends it no policy, so the proxy reads the policy from its pod cache. A pod the cache does not hold, or
-// holds under another UID, gets Always.
-func (p *Proxy) groupPolicy(volCtx map[string]string) fsgroup.Policy {
-	info := client.PodInfo(volCtx)
+// groupPolicy is how the fsGroup is given to a volume of info's pod (the pod a volume context names,
+// podInfoOnMount): OnRootMismatch when the pod's securityContext.fsGroupChangePolicy says so, otherwise
+// Always, Kubernetes' default. kubelet leaves the group to a driver with VOLUME_MOUNT_GROUP, which the
+// proxy announces, and sends it no policy, so the proxy reads the policy from its pod cache. A pod the
+// cache does not hold, or holds under another UID, gets Always.
+func (p *Proxy) groupPolicy(info client.Pod) fsgroup.Policy {
 	if p.pods == nil || info.Namespace == "" || info.Name == "" {
 		return fsgroup.Always
 	}
@@ -390,23 +385,14 @@ func (p *Proxy) groupPolicy(volCtx map[string]string) fsgroup.Policy {
 	return fsgroup.OnRootMismatch
 }
 
-// withVolumeContext returns r with volCtx as its volume context (r itself when that is already so).
-func withVolumeContext(r *csi.NodePublishVolumeRequest, volCtx map[string]string) *csi.NodePublishVolumeRequest {
-	if maps.Equal(r.GetVolumeContext(), volCtx) {
-		return r
-	}
-	c := proto.CloneOf(r)
-	c.VolumeContext = volCtx
-	return c
-}
-
 // undoPublish undoes every step a publish record may stand for, in reverse, and forgets the record. A
-// deferred target that holds anything but the empty directories kubelet makes for a subPath is
-// FailedPrecondition (checkTarget), before anything is changed.
+// deferred target loses its guard first, and what it holds beyond the empty directories kubelet makes for
+// a subPath is moved into the quarantine; when that cannot be, it is FailedPrecondition (releaseTarget),
+// before anything else is changed.
 func (p *Proxy) undoPublish(ctx context.Context, rec *Record) error {
 	target := rec.Path
 	if rec.Mode == ModeDeferred {
-		if err := checkTarget(target); err != nil {
+		if err := p.releaseTarget(rec); err != nil {
 			return err
 		}
 	}

@@ -20,10 +20,11 @@ import (
 )
 
 // informerPods is a PodSource and a ClassSource backed by informers: pods bound to one node (field
-// selector spec.nodeName), trimmed to what the proxy reads; RuntimeClasses; CSI PersistentVolumes,
+// selector spec.nodeName), trimmed to what the proxy reads and indexed by UID too; RuntimeClasses; CSI PersistentVolumes,
 // trimmed to driver, handle and class and indexed by driver and handle; StorageClasses.
 type informerPods struct {
 	pods    listerscorev1.PodLister
+	byUID   cache.Indexer // the pods, indexed by UID too (podUIDIndex)
 	classes listersnodev1.RuntimeClassLister
 	pvs     cache.Indexer
 	scs     listersstoragev1.StorageClassLister
@@ -32,6 +33,9 @@ type informerPods struct {
 
 // csiHandleIndex indexes PersistentVolumes by "<driver>/<volume handle>".
 const csiHandleIndex = "csiHandle"
+
+// podUIDIndex indexes pods by UID: a target path names its pod by UID alone.
+const podUIDIndex = "uid"
 
 // ClassSource answers, from a cache, whether the StorageClass of the PersistentVolume a driver knows by a
 // volume handle asks for deferral, and with what parameters (crust's I/O limits among them).
@@ -51,7 +55,7 @@ func newInformerPods(ctx context.Context, cs kubernetes.Interface, nodeName stri
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
 		}))
 	podInf := podFactory.Core().V1().Pods()
-	// Keep only what Decide and groupPolicy read: a node runs few pods, but each full pod object is large.
+	// Keep only what Pod reads: a node runs few pods, but each full pod object is large.
 	if err := podInf.Informer().SetTransform(func(obj any) (any, error) {
 		p, ok := obj.(*corev1.Pod)
 		if !ok {
@@ -59,13 +63,23 @@ func newInformerPods(ctx context.Context, cs kubernetes.Interface, nodeName stri
 		}
 		out := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion},
-			Spec:       corev1.PodSpec{NodeName: p.Spec.NodeName, RuntimeClassName: p.Spec.RuntimeClassName},
+			Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, RuntimeClassName: p.Spec.RuntimeClassName,
+				InitContainers: subPathMounts(p.Spec.InitContainers), Containers: subPathMounts(p.Spec.Containers)},
+			Status: corev1.PodStatus{Phase: p.Status.Phase},
 		}
 		if sc := p.Spec.SecurityContext; sc != nil && sc.FSGroupChangePolicy != nil {
 			out.Spec.SecurityContext = &corev1.PodSecurityContext{FSGroupChangePolicy: sc.FSGroupChangePolicy}
 		}
 		return out, nil
 	}); err != nil {
+		return nil, err
+	}
+	if err := podInf.Informer().AddIndexers(cache.Indexers{podUIDIndex: func(obj any) ([]string, error) {
+		if p, ok := obj.(*corev1.Pod); ok {
+			return []string{string(p.UID)}, nil
+		}
+		return nil, nil
+	}}); err != nil {
 		return nil, err
 	}
 	classFactory := informers.NewSharedInformerFactory(cs, 0)
@@ -96,6 +110,7 @@ func newInformerPods(ctx context.Context, cs kubernetes.Interface, nodeName stri
 	scInf := classFactory.Storage().V1().StorageClasses()
 	ip := &informerPods{
 		pods:    podInf.Lister(),
+		byUID:   podInf.Informer().GetIndexer(),
 		classes: classInf.Lister(),
 		pvs:     pvInf.Informer().GetIndexer(),
 		scs:     scInf.Lister(),
@@ -141,14 +156,51 @@ func (ip *informerPods) Pod(namespace, name string) (Pod, bool) {
 	if err != nil {
 		return Pod{}, false
 	}
-	out := Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID)}
+	return podOf(p), true
+}
+
+// PodByUID implements PodSource.
+func (ip *informerPods) PodByUID(uid string) (Pod, bool) {
+	objs, err := ip.byUID.ByIndex(podUIDIndex, uid)
+	if err != nil || len(objs) != 1 {
+		return Pod{}, false
+	}
+	p, ok := objs[0].(*corev1.Pod)
+	if !ok {
+		return Pod{}, false
+	}
+	return podOf(p), true
+}
+
+// podOf is what the proxy reads of p, a pod as the informer keeps it.
+func podOf(p *corev1.Pod) Pod {
+	out := Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Phase: string(p.Status.Phase)}
 	if p.Spec.RuntimeClassName != nil {
 		out.RuntimeClassName = *p.Spec.RuntimeClassName
 	}
 	if sc := p.Spec.SecurityContext; sc != nil && sc.FSGroupChangePolicy != nil {
 		out.FSGroupChangePolicy = string(*sc.FSGroupChangePolicy)
 	}
-	return out, true
+	out.SubPath = len(subPathMounts(p.Spec.InitContainers)) > 0 || len(subPathMounts(p.Spec.Containers)) > 0
+	return out
+}
+
+// subPathMounts trims containers to those with a volume mount of a subPath or subPathExpr, each to its
+// name and those mounts, each to its volume's name and the subPath; nil when none has one.
+func subPathMounts(containers []corev1.Container) []corev1.Container {
+	var out []corev1.Container
+	for _, c := range containers {
+		var mounts []corev1.VolumeMount
+		for _, m := range c.VolumeMounts {
+			if m.SubPath != "" || m.SubPathExpr != "" {
+				mounts = append(mounts, corev1.VolumeMount{Name: m.Name, SubPath: m.SubPath, SubPathExpr: m.SubPathExpr})
+			}
+		}
+		if mounts != nil {
+			out = append(out, corev1.Container{Name: c.Name, VolumeMounts: mounts})
+		}
+	}
+	return out
 }
 
 // RuntimeHandler implements PodSource.

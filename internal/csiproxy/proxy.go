@@ -54,6 +54,14 @@ type Config struct {
 	PodWait time.Duration
 	// LockWait is how long a call waits for another on the same path before ABORTED.
 	LockWait time.Duration
+	// GuardTargets mounts an empty read-only tmpfs on a deferred volume's target, for a pod the cache
+	// holds with no subPath, so that a runtime that uses the target instead of claiming the volume fails
+	// to write (see guardTarget).
+	GuardTargets bool
+	// UnconsumedInterval is how often the proxy looks for deferred volumes no sandbox has claimed while
+	// their pod runs (with pod look-ups; 0: never); UnconsumedGrace is how long after its publish such a
+	// volume is not yet reported.
+	UnconsumedInterval, UnconsumedGrace time.Duration
 	// HTTPAddr serves /metrics, /healthz and /readyz; "" serves nothing.
 	HTTPAddr string
 	// MetricsSecure is the authenticated /metrics endpoint (off by default).
@@ -72,6 +80,10 @@ func Defaults() Config {
 		StateDir:    DefaultStateDir,
 		PodWait:     2 * time.Second,
 		LockWait:    5 * time.Second,
+		// The deferred targets' guard and the check for unconsumed volumes (guard.go, consume.go).
+		GuardTargets:       true,
+		UnconsumedInterval: 30 * time.Second,
+		UnconsumedGrace:    2 * time.Minute,
 	}
 }
 
@@ -97,6 +109,7 @@ type Proxy struct {
 	codec    rawCodec
 	metrics  *metrics.Metrics
 	caps     driverCaps
+	consume  consumeCheck
 
 	nameMu     sync.Mutex
 	driverName string
@@ -237,6 +250,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) error {
 		return err
 	}
 	defer p.Close()
+	stopCheck := p.startConsumeCheck(ctx)
+	defer stopCheck()
 	if ip, ok := p.pods.(*informerPods); ok {
 		go func() {
 			if ip.waitSynced(ctx) {

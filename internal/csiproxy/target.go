@@ -2,6 +2,7 @@ package csiproxy
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 
@@ -17,52 +18,67 @@ import (
 // there at unpublish. Those empty directories are kubelet's and may go with the target. Anything else in
 // it (a file, a link, a device, a mount) was written on the node's disk by someone who took the target for
 // the volume, a runtime that did not claim it: that is data, and the proxy neither removes it nor hides it
-// by unpublishing. api/safedir has no removal of an empty directory alone (its RemoveAll removes files
-// too), so the walk below works on file descriptors itself, as safedir does: never through a link.
+// by unpublishing (it moves it into the quarantine first: see releaseTarget). api/safedir has no removal
+// of an empty directory alone (its RemoveAll removes files too), so the walk below works on file
+// descriptors itself, as safedir does: never through a link.
 
-// checkTarget answers FailedPrecondition, naming the entry and what it is, when the target directory at
-// target holds anything but directories holding nothing but directories, on the target's filesystem and
-// none of them a link. A target that is not there passes. It changes nothing.
-func checkTarget(target string) error {
+// whyMount is what targetData answers of an entry that is a mount point.
+const whyMount = "a mount point"
+
+// targetData answers the first entry of the target directory at target that is not kubelet's (anything
+// but directories holding nothing but directories, on the target's filesystem, none of them a link) and
+// what it is; entry is "" when there is none, or no target. It changes nothing.
+func targetData(target string) (entry, what string, err error) {
 	return walkTarget(target, false)
 }
 
-// clearTarget removes the empty directories in the target directory at target (see checkTarget), each
+// clearTarget removes the empty directories in the target directory at target (see targetData), each
 // only once empty and never through a link; it never removes anything but an empty directory. It answers
-// checkTarget's FailedPrecondition, before removing anything, when the target holds something else.
+// FailedPrecondition naming the entry and what it is, before removing anything, when the target holds
+// something else.
 func clearTarget(target string) error {
-	if err := walkTarget(target, false); err != nil {
+	entry, what, err := walkTarget(target, false)
+	if err == nil && entry == "" {
+		entry, what, err = walkTarget(target, true)
+	}
+	if err != nil {
 		return err
 	}
-	return walkTarget(target, true)
+	if entry != "" {
+		return errdefs.Errorf(errdefs.ErrFailedPrecondition, "%s; not unpublishing: move it away, then retry", heldData(target, entry, what))
+	}
+	return nil
+}
+
+// heldData says that the target at target holds entry, which is what, and what that means.
+func heldData(target, entry, what string) string {
+	return fmt.Sprintf("target path %s holds %s, %s: only the empty directories kubelet makes for a subPath belong in a "+
+		"deferred volume's target, so something wrote this on the node's disk (a runtime that did not take the volume)",
+		target, entry, what)
 }
 
 // walkTarget checks the tree below the directory at target, or with remove removes it (the target itself
-// stays), depth first.
-func walkTarget(target string, remove bool) error {
+// stays), depth first; it answers the first entry that is not kubelet's and what it is (emptyDirs), and
+// Internal when the tree cannot be read.
+func walkTarget(target string, remove bool) (entry, what string, err error) {
 	fd, err := unix.Open(target, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
-		return nil
+		return "", "", nil
 	}
 	if err != nil {
-		return errdefs.Errorf(errdefs.ErrInternal, "open target path %s: %v", target, err)
+		return "", "", errdefs.Errorf(errdefs.ErrInternal, "open target path %s: %v", target, err)
 	}
 	d := os.NewFile(uintptr(fd), target)
 	defer func() { _ = d.Close() }() // read-only
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return errdefs.Errorf(errdefs.ErrInternal, "stat target path %s: %v", target, err)
+		return "", "", errdefs.Errorf(errdefs.ErrInternal, "stat target path %s: %v", target, err)
 	}
-	bad, why, err := emptyDirs(d, target, st.Dev, remove)
+	entry, what, err = emptyDirs(d, target, st.Dev, remove)
 	if err != nil {
-		return errdefs.Errorf(errdefs.ErrInternal, "target path %s: %v", target, err)
+		return "", "", errdefs.Errorf(errdefs.ErrInternal, "target path %s: %v", target, err)
 	}
-	if bad != "" {
-		return errdefs.Errorf(errdefs.ErrFailedPrecondition, "target path %s holds %s, %s: only the empty directories kubelet "+
-			"makes for a subPath belong in a deferred volume's target, so something wrote this on the node's disk (a runtime "+
-			"that did not take the volume); not unpublishing: move it away, then retry", target, bad, why)
-	}
-	return nil
+	return entry, what, nil
 }
 
 // emptyDirs walks the entries of the open directory d, at path p, on device dev, and answers the first
@@ -87,7 +103,7 @@ func emptyDirs(d *os.File, p string, dev uint64, remove bool) (bad, why string, 
 			return child, "an entry that is no longer a directory", nil
 		}
 		if st.Dev != dev {
-			return child, "a mount point", nil
+			return child, whyMount, nil
 		}
 		cfd, err := unix.Openat(fd, n, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -104,7 +120,7 @@ func emptyDirs(d *os.File, p string, dev uint64, remove bool) (bad, why string, 
 			case errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST):
 				return child, "a directory something was made in while it was being removed", nil
 			case errors.Is(err, unix.EBUSY):
-				return child, "a mount point", nil
+				return child, whyMount, nil
 			case err != nil && !errors.Is(err, unix.ENOENT):
 				return "", "", &os.PathError{Op: "remove", Path: child, Err: err}
 			}

@@ -43,6 +43,10 @@ type Metrics struct {
 	decided  *prometheus.CounterVec
 	failed   *prometheus.CounterVec
 	hostStat *prometheus.CounterVec
+	// quarantined and unconsumed are crust-csi-proxy's: deferred volumes whose target held data at
+	// unpublish, and those no sandbox claims while their pod runs.
+	quarantined prometheus.Counter
+	unconsumed  prometheus.Gauge
 }
 
 // New returns a registry with the RPC metrics, crust_build_info and the Go and process collectors.
@@ -72,6 +76,10 @@ func New() *Metrics {
 		Name: "crust_stats_from_host_total",
 		Help: "Volume stats crustd answered from the host, because no sandbox had claimed the volume yet (the total only), by volume_mode (filesystem, block).",
 	}, []string{"volume_mode"})
+	m.quarantined = prometheus.NewCounter(prometheus.CounterOpts{Name: "crust_csi_proxy_quarantined_targets_total",
+		Help: "Deferred volumes' target directories crust-csi-proxy moved into <kubelet>/crust-quarantine at NodeUnpublishVolume because they held data: a runtime wrote to the node's disk instead of the volume; each is also a VolumeDataQuarantined event on the pod."})
+	m.unconsumed = prometheus.NewGauge(prometheus.GaugeOpts{Name: "crust_csi_proxy_unconsumed_volumes",
+		Help: "Deferred volumes that no sandbox has claimed although their pod is Running (past --unconsumed-grace), as crust-csi-proxy last checked; each is also a VolumeNotConsumed event on the pod."})
 	bi := version.Get()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "crust_build_info",
@@ -79,7 +87,7 @@ func New() *Metrics {
 		ConstLabels: prometheus.Labels{"version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion},
 	})
 	build.Set(1)
-	m.Registry.MustRegister(m.grpc, m.gone, m.gc, m.decided, m.failed, m.hostStat, build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.Registry.MustRegister(m.grpc, m.gone, m.gc, m.decided, m.failed, m.hostStat, m.quarantined, m.unconsumed, build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -107,6 +115,12 @@ func (m *Metrics) PublishDecision(decision, volumeMode string) {
 // PublishFailed counts one publish the proxy deferred (mode "deferred") or mounted on the host ("host")
 // that failed.
 func (m *Metrics) PublishFailed(mode string) { m.failed.WithLabelValues(mode).Inc() }
+
+// TargetQuarantined counts one deferred volume's target that crust-csi-proxy moved into the quarantine.
+func (m *Metrics) TargetQuarantined() { m.quarantined.Inc() }
+
+// SetUnconsumedVolumes sets the number of deferred volumes no sandbox claims while their pod runs.
+func (m *Metrics) SetUnconsumedVolumes(n int) { m.unconsumed.Set(float64(n)) }
 
 // StatsFromHost counts one stats answer crustd gave from the host for a volume of volumeMode
 // ("filesystem" or "block") that no sandbox claims.

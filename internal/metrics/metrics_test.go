@@ -47,6 +47,8 @@ func TestShippedQueriesNameExportedMetrics(t *testing.T) {
 	m.PublishFailed("deferred")
 	m.StatsFromHost("filesystem")
 	m.CollectedGarbage(1)
+	m.TargetQuarantined()
+	m.SetUnconsumedVolumes(1)
 	call := func(context.Context, any) (any, error) { return nil, nil }
 	if _, err := m.UnaryServerInterceptor()(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/crust.v1.VolumeService/GetVolume"}, call); err != nil {
 		t.Fatal(err)
