@@ -264,15 +264,36 @@ func (c *cluster) nsPath(path string) string {
 // nsMounts lists the mount points at or under dir in the node's mount namespace.
 func (c *cluster) nsMounts(t *testing.T, dir string) []string {
 	t.Helper()
-	mps, err := mountsIn(fmt.Sprintf("/proc/%d/mountinfo", c.nsPID), dir)
-	if err != nil {
-		t.Fatal(err)
+	ms := c.nsMountInfos(t, dir)
+	mps := make([]string, 0, len(ms))
+	for _, m := range ms {
+		mps = append(mps, m.Mountpoint)
 	}
 	return mps
 }
 
+// nsMountInfos is nsMounts with each mount's entry of the node's mount table.
+func (c *cluster) nsMountInfos(t *testing.T, dir string) []*mountinfo.Info {
+	t.Helper()
+	ms, err := mountInfosIn(fmt.Sprintf("/proc/%d/mountinfo", c.nsPID), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ms
+}
+
 // mountsIn lists the mount points at or under dir in the mountinfo table at path.
 func mountsIn(path, dir string) ([]string, error) {
+	ms, err := mountInfosIn(path, dir)
+	mps := make([]string, 0, len(ms))
+	for _, m := range ms {
+		mps = append(mps, m.Mountpoint)
+	}
+	return mps, err
+}
+
+// mountInfosIn is mountsIn with each mount's entry.
+func mountInfosIn(path, dir string) ([]*mountinfo.Info, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -282,11 +303,7 @@ func mountsIn(path, dir string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	mps := make([]string, 0, len(ms))
-	for _, m := range ms {
-		mps = append(mps, m.Mountpoint)
-	}
-	return mps, nil
+	return ms, nil
 }
 
 // cri is a client of the node's container runtime (containerd's CRI), closed at the test's end.
