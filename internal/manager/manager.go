@@ -146,7 +146,8 @@ func Open(cfg Config, loaded Loaded) (*Manager, error) {
 // subscriber's Restaged may redo what it could not do before); another spec for the same target is
 // ErrAlreadyExists. A subscriber may refuse a new descriptor (see Subscriber): nothing is stored then. A
 // device the host has mounted, or a device built on it, is ErrFailedPrecondition naming where (see
-// HostMounts), the same spec again included: nothing is stored, and a descriptor already held stays.
+// HostMounts), the same spec again included unless a sandbox holds it: nothing is stored, and a
+// descriptor already held stays.
 func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1.Volume, error) {
 	v, err := m.cfg.Validator.Volume(spec)
 	if err != nil {
@@ -159,10 +160,8 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 	}
 	defer unlock()
 
-	if err := m.notMounted(v); err != nil {
-		return nil, err
-	}
-	if old := m.get(target); old != nil {
+	old := m.get(target)
+	if old != nil {
 		if diff := differingFields(old.GetSpec(), v.GetSpec()); len(diff) > 0 {
 			return nil, fmt.Errorf("volume %q is staged with other parameters (%s): %w",
 				target, strings.Join(diff, ", "), errdefs.ErrAlreadyExists)
@@ -172,6 +171,16 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 				target, devString(old.GetDeviceNumber()), spec.GetVolumeBackingPath(), devString(v.GetDeviceNumber()),
 				errdefs.ErrAlreadyExists)
 		}
+	}
+	// A repeat of a deposit a sandbox holds changes nothing, so the device's mounts are the holder's
+	// business: its claim was checked (a runtime that mounts in the host's namespace, as crust's test
+	// stand-in for a VM does, would otherwise fail kubelet's repeated NodePublishVolume).
+	if old == nil || m.withFoundClaim(old).GetClaim() == nil {
+		if err := m.notMounted(v); err != nil {
+			return nil, err
+		}
+	}
+	if old != nil {
 		for _, s := range m.cfg.Subscribers {
 			if err := s.Restaged(old); err != nil {
 				return nil, err
