@@ -144,8 +144,13 @@ func TestCSIFlows(t *testing.T) {
 		if m := mountsUnder(t, filepath.Dir(c.StagingPath(v))); len(m) > 0 {
 			t.Errorf("%s: staged on the host: %v", v.Name, m)
 		}
-		if m := mountsUnder(t, target); len(m) > 0 {
-			t.Errorf("%s: mounted on the host at %v", v.Name, m)
+		// The proxy (flow 2) guards its deferred target with an empty read-only tmpfs: that, and nothing else.
+		want := []string{}
+		if v == volB {
+			want = []string{target + " tmpfs crust-deferred"}
+		}
+		if m := mountsUnder(t, target); !slices.Equal(m, want) {
+			t.Errorf("%s: mounted on the host at %v, want %v", v.Name, m, want)
 		}
 		if ents, err := os.ReadDir(target); err != nil || len(ents) > 0 {
 			t.Errorf("%s: the target path is not an empty directory (%v, %d entries)", v.Name, err, len(ents))
@@ -452,7 +457,7 @@ func stopOnCleanup(t *testing.T, c *co.CO, rp *co.RunningPod) {
 	})
 }
 
-// mountsUnder returns the mount points at or below dir.
+// mountsUnder returns the mounts at or below dir, each as its mount point, filesystem type and source.
 func mountsUnder(t *testing.T, dir string) []string {
 	t.Helper()
 	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
@@ -461,7 +466,7 @@ func mountsUnder(t *testing.T, dir string) []string {
 	}
 	out := make([]string, 0, len(ms))
 	for _, m := range ms {
-		out = append(out, m.Mountpoint)
+		out = append(out, m.Mountpoint+" "+m.FSType+" "+m.Source)
 	}
 	return out
 }
