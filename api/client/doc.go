@@ -18,6 +18,10 @@
 //		... return crust.Unpublish(ctx, req) (Stats, Expand alike), or the error
 //	}
 //
+// A deferring StorageClass may also serve pods that run on the host: Deferral decides per pod, from the
+// runtime handler of its RuntimeClass, whether a publish is deferred or formatted and mounted on the host
+// by the driver (whose stage skipped that).
+//
 // A raw block volume (a block capability) is left to the runtime, which takes the device kubelet maps;
 // a driver that wants crust's handlers to attach it anyway publishes it as CSI asks and deposits it
 // with the RawBlock option (Publish(ctx, req, dev, client.RawBlock())).

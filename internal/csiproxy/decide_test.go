@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"crust.dev/crust/api/client"
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/api/volume"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -63,7 +65,7 @@ func TestDecide(t *testing.T) {
 		// fast-vm's handler is kata-qemu; "kata" is not in the cache, so its name is the handler.
 		classes: map[string]string{"fast-vm": "kata-qemu", "gvisor": "runsc"},
 	}
-	handlers := Handlers{"kata", "kata-qemu"}
+	handlers := client.Handlers{"kata", "kata-qemu"}
 	on := map[string]string{DeferKey: "true"}
 	withPod := func(name, uid string) map[string]string {
 		m := map[string]string{DeferKey: "True", podNamespaceKey: "ns", podNameKey: name}
@@ -75,117 +77,53 @@ func TestDecide(t *testing.T) {
 	tests := []struct {
 		name    string
 		in      DecideInput
-		want    Decision
+		want    client.Decision
 		wantErr bool
 	}{
-		{"no flag", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{}}, PassThrough, false},
-		{"flag false", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{DeferKey: "false"}}, PassThrough, false},
-		{"flag garbage", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{DeferKey: "yes"}}, PassThrough, false},
-		{"flag 1", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{DeferKey: "1"}}, Defer, false},
-		{"flag with spaces and case", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{DeferKey: " TRUE "}}, Defer, false},
-		{"block capability", DecideInput{Capability: blockCap(), VolumeContext: on}, PassThrough, false},
-		{"nil capability", DecideInput{VolumeContext: on}, PassThrough, false},
-		{"no pod source", DecideInput{Capability: mountCap(), VolumeContext: on}, Defer, false},
-		{"no pod source, pod info ignored", DecideInput{Capability: mountCap(), VolumeContext: withPod("runc", "")}, Defer, false},
-		{"staged as filesystem", DecideInput{Capability: mountCap(), VolumeContext: on, StagingPath: "/s"}, PassThrough, false},
-		{"staged as block", DecideInput{Capability: mountCap(), VolumeContext: on, StagingPath: "/s", StagedAsBlock: true}, Defer, false},
-		{"pod source, no pod info", DecideInput{Capability: mountCap(), VolumeContext: on, Pods: pods, Handlers: handlers}, Defer, false},
-		{"runc pod", DecideInput{Capability: mountCap(), VolumeContext: withPod("runc", "u-runc"), Pods: pods, Handlers: handlers}, HostMount, false},
-		{"microVM pod, class name is the handler", DecideInput{Capability: mountCap(), VolumeContext: withPod("kata", ""), Pods: pods, Handlers: handlers}, Defer, false},
-		{"microVM pod through RuntimeClass.handler", DecideInput{Capability: mountCap(), VolumeContext: withPod("kata-rc", "u-kata-rc"), Pods: pods, Handlers: handlers}, Defer, false},
-		{"other sandbox runtime", DecideInput{Capability: mountCap(), VolumeContext: withPod("gvisor", ""), Pods: pods, Handlers: handlers}, HostMount, false},
-		{"pod not in cache", DecideInput{Capability: mountCap(), VolumeContext: withPod("nope", ""), Pods: pods, Handlers: handlers}, PassThrough, true},
-		{"pod recreated under the same name", DecideInput{Capability: mountCap(), VolumeContext: withPod("kata", "u-old"), Pods: pods, Handlers: handlers}, PassThrough, true},
-		{"no flag beats pod", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{podNamespaceKey: "ns", podNameKey: "kata"}, Pods: pods, Handlers: handlers}, PassThrough, false},
-		{"pod with no class on a node whose default is a microVM", DecideInput{Capability: mountCap(), VolumeContext: withPod("runc", ""), Pods: pods, Handlers: handlers, DefaultHandler: "kata-qemu"}, Defer, false},
-		{"pod with no class on a node whose default is runc", DecideInput{Capability: mountCap(), VolumeContext: withPod("runc", ""), Pods: pods, Handlers: handlers, DefaultHandler: "runc"}, HostMount, false},
-		{"a class beats the node's default", DecideInput{Capability: mountCap(), VolumeContext: withPod("gvisor", ""), Pods: pods, Handlers: handlers, DefaultHandler: "kata"}, HostMount, false},
+		{"no flag", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{}}, client.PassThrough, false},
+		{"flag false", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{DeferKey: "false"}}, client.PassThrough, false},
+		{"flag garbage", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{DeferKey: "yes"}}, client.PassThrough, false},
+		{"flag 1", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{DeferKey: "1"}}, client.Defer, false},
+		{"flag with spaces and case", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{DeferKey: " TRUE "}}, client.Defer, false},
+		{"block capability", DecideInput{Capability: blockCap(), VolumeContext: on}, client.PassThrough, false},
+		{"nil capability", DecideInput{VolumeContext: on}, client.PassThrough, false},
+		{"no pod source", DecideInput{Capability: mountCap(), VolumeContext: on}, client.Defer, false},
+		{"no pod source, pod info ignored", DecideInput{Capability: mountCap(), VolumeContext: withPod("runc", "")}, client.Defer, false},
+		{"staged as filesystem", DecideInput{Capability: mountCap(), VolumeContext: on, StagingPath: "/s"}, client.PassThrough, false},
+		{"staged as block", DecideInput{Capability: mountCap(), VolumeContext: on, StagingPath: "/s", StagedAsBlock: true}, client.Defer, false},
+		{"pod source, no pod info", DecideInput{Capability: mountCap(), VolumeContext: on, Deferral: deferral(pods, handlers, "", 0)}, client.Defer, false},
+		{"runc pod", DecideInput{Capability: mountCap(), VolumeContext: withPod("runc", "u-runc"), Deferral: deferral(pods, handlers, "", 0)}, client.HostMount, false},
+		{"microVM pod, class name is the handler", DecideInput{Capability: mountCap(), VolumeContext: withPod("kata", ""), Deferral: deferral(pods, handlers, "", 0)}, client.Defer, false},
+		{"microVM pod through RuntimeClass.handler", DecideInput{Capability: mountCap(), VolumeContext: withPod("kata-rc", "u-kata-rc"), Deferral: deferral(pods, handlers, "", 0)}, client.Defer, false},
+		{"other sandbox runtime", DecideInput{Capability: mountCap(), VolumeContext: withPod("gvisor", ""), Deferral: deferral(pods, handlers, "", 0)}, client.HostMount, false},
+		{"pod not in cache", DecideInput{Capability: mountCap(), VolumeContext: withPod("nope", ""), Deferral: deferral(pods, handlers, "", 0)}, client.PassThrough, true},
+		{"pod recreated under the same name", DecideInput{Capability: mountCap(), VolumeContext: withPod("kata", "u-old"), Deferral: deferral(pods, handlers, "", 0)}, client.PassThrough, true},
+		{"no flag beats pod", DecideInput{Capability: mountCap(), VolumeContext: map[string]string{podNamespaceKey: "ns", podNameKey: "kata"}, Deferral: deferral(pods, handlers, "", 0)}, client.PassThrough, false},
+		{"pod with no class on a node whose default is a microVM", DecideInput{Capability: mountCap(), VolumeContext: withPod("runc", ""), Deferral: deferral(pods, handlers, "kata-qemu", 0)}, client.Defer, false},
+		{"pod with no class on a node whose default is runc", DecideInput{Capability: mountCap(), VolumeContext: withPod("runc", ""), Deferral: deferral(pods, handlers, "runc", 0)}, client.HostMount, false},
+		{"a class beats the node's default", DecideInput{Capability: mountCap(), VolumeContext: withPod("gvisor", ""), Deferral: deferral(pods, handlers, "kata", 0)}, client.HostMount, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, why, err := Decide(tc.in)
+			got, why, err := Decide(context.Background(), tc.in)
 			if (err != nil) != tc.wantErr || got != tc.want {
 				t.Fatalf("Decide = %v (%q), %v; want %v, error %v", got, why, err, tc.want, tc.wantErr)
 			}
-			if tc.wantErr && !errors.Is(err, errPodNotSeen) {
-				t.Fatalf("error %v is not errPodNotSeen", err)
+			if tc.wantErr && (!errors.Is(err, client.ErrPodNotSeen) || !errors.Is(err, errdefs.ErrUnavailable)) {
+				t.Fatalf("error %v is not ErrPodNotSeen, of kind Unavailable", err)
 			}
 		})
 	}
 }
 
-// The default patterns of deploy/csi-proxy match every RuntimeClass handler kata-deploy creates and
-// crust-microvm, and nothing else; Decide names the pattern that matched.
-func TestHandlersMatch(t *testing.T) {
-	defaults, err := ParseHandlers([]string{"kata", "kata-*", "crust-microvm"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		handlers Handlers
-		handler  string
-		want     string // the pattern that matches; "" for none
-	}{
-		{defaults, "kata", "kata"},
-		{defaults, "kata-qemu", "kata-*"},
-		{defaults, "kata-clh", "kata-*"},
-		{defaults, "kata-fc", "kata-*"},
-		{defaults, "kata-dragonball", "kata-*"},
-		{defaults, "kata-qemu-runtime-rs", "kata-*"},
-		{defaults, "kata-qemu-tdx", "kata-*"},
-		{defaults, "kata-qemu-snp", "kata-*"},
-		{defaults, "kata-qemu-coco-dev", "kata-*"},
-		{defaults, "kata-qemu-nvidia-gpu", "kata-*"},
-		{defaults, "crust-microvm", "crust-microvm"},
-		{defaults, "runc", ""},
-		{defaults, "runsc", ""},
-		{defaults, "gvisor", ""},
-		{defaults, "katana", ""}, // neither kata nor kata-*
-		{defaults, "kata-", "kata-*"},
-		{defaults, "my-kata", ""},
-		{defaults, "crust-microvm-2", ""},
-		{defaults, "", ""},
-		{Handlers{"kata-qemu?"}, "kata-qemu2", "kata-qemu?"},
-		{Handlers{"kata-[cf]*"}, "kata-clh", "kata-[cf]*"},
-		{Handlers{"kata-[cf]*"}, "kata-qemu", ""},
-		{nil, "kata", ""},
-	} {
-		got, ok := tc.handlers.Match(tc.handler)
-		if got != tc.want || ok != (tc.want != "") {
-			t.Errorf("%v.Match(%q) = %q, %v; want %q", tc.handlers, tc.handler, got, ok, tc.want)
-		}
-		pods := fakePods{pods: map[string]Pod{"ns/p": {Namespace: "ns", Name: "p", RuntimeClassName: "rc"}},
-			classes: map[string]string{"rc": tc.handler}}
-		d, why, err := Decide(DecideInput{Capability: mountCap(), Pods: pods, Handlers: tc.handlers,
-			VolumeContext: map[string]string{DeferKey: "true", podNamespaceKey: "ns", podNameKey: "p"}})
-		switch {
-		case err != nil:
-			t.Errorf("handler %q: %v", tc.handler, err)
-		case tc.want != "" && (d != Defer || !strings.Contains(why, "pattern "+tc.want+")")):
-			t.Errorf("handler %q: %v (%s); want defer naming pattern %s", tc.handler, d, why, tc.want)
-		case tc.want == "" && d != HostMount:
-			t.Errorf("handler %q: %v (%s); want host-mount", tc.handler, d, why)
-		}
-	}
-}
-
-// A malformed pattern stops the proxy at start with the flag and the pattern named; empty ones are
-// dropped.
+// A malformed pattern stops the proxy at start with the flag and the pattern named.
 func TestParseHandlers(t *testing.T) {
 	for _, bad := range []string{"kata-[", "kata-[]", `kata\`} {
-		_, err := ParseHandlers([]string{"kata", bad})
-		if err == nil || !strings.Contains(err.Error(), "--microvm-handlers") || !strings.Contains(err.Error(), strconv.Quote(bad)) {
-			t.Errorf("ParseHandlers(%q) = %v; want an error naming --microvm-handlers and the pattern", bad, err)
-		}
-		_, err = New(context.Background(), Config{DriverAddress: "/nonexistent.sock", CrustSocket: "/nonexistent.sock",
+		_, err := New(context.Background(), Config{DriverAddress: "/nonexistent.sock", CrustSocket: "/nonexistent.sock",
 			StateDir: "/nonexistent", MicroVMHandlers: []string{bad}}, nil, Deps{})
-		if err == nil || !strings.Contains(err.Error(), strconv.Quote(bad)) {
-			t.Errorf("New with --microvm-handlers=%s: %v; want the pattern refused", bad, err)
+		if err == nil || !strings.Contains(err.Error(), "--microvm-handlers") || !strings.Contains(err.Error(), strconv.Quote(bad)) {
+			t.Errorf("New with --microvm-handlers=%s: %v; want the flag and the pattern named", bad, err)
 		}
-	}
-	h, err := ParseHandlers([]string{"", "kata", ""})
-	if err != nil || len(h) != 1 || h[0] != "kata" {
-		t.Errorf("ParseHandlers = %v, %v; want [kata]", h, err)
 	}
 }
 
@@ -217,13 +155,13 @@ func TestInformerPods(t *testing.T) {
 		t.Fatal("an unknown UID is found")
 	}
 	in := func(name string) DecideInput {
-		return DecideInput{Capability: mountCap(), Pods: ip, Handlers: Handlers{"kata-qemu"},
+		return DecideInput{Capability: mountCap(), Deferral: deferral(ip, client.Handlers{"kata-qemu"}, "", 0),
 			VolumeContext: map[string]string{DeferKey: "true", podNamespaceKey: "ns", podNameKey: name}}
 	}
-	if d, why, err := Decide(in("vm")); err != nil || d != Defer {
+	if d, why, err := Decide(ctx, in("vm")); err != nil || d != client.Defer {
 		t.Fatalf("vm pod: %v (%s), %v; want defer", d, why, err)
 	}
-	if d, why, err := Decide(in("plain")); err != nil || d != HostMount {
+	if d, why, err := Decide(ctx, in("plain")); err != nil || d != client.HostMount {
 		t.Fatalf("plain pod: %v (%s), %v; want host-mount", d, why, err)
 	}
 	// A pod created while a publish waits for it is picked up within the wait.
@@ -232,11 +170,13 @@ func TestInformerPods(t *testing.T) {
 		_, _ = cs.CoreV1().Pods("ns").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "late", UID: "u3"},
 			Spec: corev1.PodSpec{NodeName: "node-a", RuntimeClassName: &kata}}, metav1.CreateOptions{})
 	}()
-	if d, why, err := decideWaiting(ctx, in("late"), 5*time.Second); err != nil || d != Defer {
+	late := in("late")
+	late.Deferral.PodWait = time.Minute
+	if d, why, err := Decide(ctx, late); err != nil || d != client.Defer {
 		t.Fatalf("late pod: %v (%s), %v; want defer", d, why, err)
 	}
-	if _, _, err := decideWaiting(ctx, in("never"), 300*time.Millisecond); !errors.Is(err, errPodNotSeen) {
-		t.Fatalf("missing pod: %v; want errPodNotSeen", err)
+	if _, _, err := Decide(ctx, in("never")); !errors.Is(err, client.ErrPodNotSeen) {
+		t.Fatalf("missing pod: %v; want ErrPodNotSeen", err)
 	}
 	// The cache holds only what Pod reads.
 	p, err := ip.pods.Pods("ns").Get("vm")

@@ -130,7 +130,7 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 	held := p.journal.Get(KindPublish, target) != nil
 	if pr.deferAsked && pr.block && !held {
 		// A raw block volume of a class that defers: never deferred, whatever the pod (Decide).
-		p.decided(pr, PassThrough, ReasonRawBlock)
+		p.decided(pr, client.PassThrough, client.ReasonRawBlock)
 		return p.forwardPublish(ctx, pr)
 	}
 	if r.GetVolumeId() == "" || target == "" || r.GetVolumeCapability() == nil ||
@@ -145,21 +145,21 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 	why := "" // set when this call decides
 	if rec == nil {
 		stage := p.journal.Get(KindStage, r.GetStagingTargetPath())
-		d, reason, err := decideWaiting(ctx, DecideInput{
+		d, reason, err := Decide(ctx, DecideInput{
 			Capability: r.GetVolumeCapability(), VolumeContext: pr.volumeContext(),
 			StagingPath: r.GetStagingTargetPath(), StagedAsBlock: stage != nil && stage.Phase == PhaseStaged && !stage.Stale,
-			Pods: p.pods, Handlers: p.handlers, DefaultHandler: p.cfg.DefaultHandler,
-		}, p.cfg.PodWait)
+			Deferral: p.deferral,
+		})
 		if err != nil {
-			return nil, errdefs.Errorf(errdefs.ErrUnavailable, "pod %s/%s: %v; retry", pr.pod.Namespace, pr.pod.Name, err)
+			return nil, err
 		}
 		why = reason
 		p.decided(pr, d, why)
-		if d == PassThrough {
+		if d == client.PassThrough {
 			return p.forwardPublish(ctx, pr)
 		}
 		mode := ModeDeferred
-		if d == HostMount {
+		if d == client.HostMount {
 			mode = ModeHost
 		}
 		rec = &Record{Kind: KindPublish, Path: target, VolumeID: r.GetVolumeId(), Mode: mode}
@@ -194,7 +194,7 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 }
 
 // decided logs and counts the decision taken on a publish.
-func (p *Proxy) decided(pr *publishRequest, d Decision, why string) {
+func (p *Proxy) decided(pr *publishRequest, d client.Decision, why string) {
 	mode := "filesystem"
 	if pr.block {
 		mode = "block"

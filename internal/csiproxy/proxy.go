@@ -37,7 +37,7 @@ type Config struct {
 	DriverAddress string
 	// CrustSocket is crustd's API socket.
 	CrustSocket string
-	// MicroVMHandlers are the patterns (ParseHandlers) of the runtime handlers whose pods get deferred
+	// MicroVMHandlers are the patterns (client.ParseHandlers) of the runtime handlers whose pods get deferred
 	// volumes (with Kubeconfig).
 	MicroVMHandlers []string
 	// DefaultHandler is the node runtime's handler for pods that name no RuntimeClass (containerd's
@@ -103,7 +103,7 @@ type Proxy struct {
 	pods     PodSource
 	classes  ClassSource          // nil without --kubeconfig
 	events   record.EventRecorder // nil without --kubeconfig
-	handlers Handlers
+	deferral client.Deferral
 	mounter  *mount.SafeFormatAndMount
 	resizer  *mount.ResizeFs
 	codec    rawCodec
@@ -154,21 +154,20 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) (*Proxy, 
 	if cfg.StateDir == "" && deps.Journal == nil {
 		return nil, errors.New("--state-dir is required")
 	}
-	handlers, err := ParseHandlers(cfg.MicroVMHandlers)
+	handlers, err := client.ParseHandlers(cfg.MicroVMHandlers)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--microvm-handlers: %w", err)
 	}
 	p := &Proxy{
 		cfg: cfg, log: log, codec: newRawCodec(), pods: deps.Pods, journal: deps.Journal,
-		locks:    keylock.New(cfg.LockWait),
-		metrics:  metrics.New(),
-		handlers: handlers,
-		mounter:  mount.NewSafeFormatAndMount(mount.New(""), utilexec.New()),
-		resizer:  mount.NewResizeFs(utilexec.New()),
+		locks:   keylock.New(cfg.LockWait),
+		metrics: metrics.New(),
+		mounter: mount.NewSafeFormatAndMount(mount.New(""), utilexec.New()),
+		resizer: mount.NewResizeFs(utilexec.New()),
 	}
 	cs := deps.Clientset
 	if p.pods == nil && (cs != nil || cfg.Kubeconfig != "") {
-		if len(p.handlers) == 0 {
+		if len(handlers) == 0 {
 			return nil, errors.New("--kubeconfig needs --microvm-handlers: without them no pod would get a deferred volume")
 		}
 		if cfg.NodeName == "" {
@@ -186,6 +185,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) (*Proxy, 
 		p.pods, p.classes = ip, ip
 		p.events = newRecorder(ctx, cs, cfg.NodeName)
 	}
+	p.deferral = deferral(p.pods, handlers, cfg.DefaultHandler, cfg.PodWait)
 	if p.journal == nil {
 		bootID, err := recordfile.ReadBootID()
 		if err != nil {

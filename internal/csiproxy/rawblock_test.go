@@ -19,6 +19,8 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+
+	"crust.dev/crust/api/client"
 )
 
 // recordingCodec is the proto codec that also keeps the bytes of every message it decodes: what the
@@ -98,8 +100,8 @@ func TestRawBlockOfMicroVMPodPassesThrough(t *testing.T) {
 		MicroVMHandlers: []string{"kata"}}, log, Deps{Pods: pods})
 	ctx := context.Background()
 	volCtx := map[string]string{DeferKey: "true", podNamespaceKey: "ns", podNameKey: "vm", podUIDKey: "u-vm", "z": "1", "a": "2"}
-	if d, why, err := Decide(DecideInput{Capability: blockCap(), VolumeContext: volCtx, Pods: pods,
-		Handlers: Handlers{"kata"}}); d != PassThrough || why != ReasonRawBlock || err != nil {
+	if d, why, err := Decide(ctx, DecideInput{Capability: blockCap(), VolumeContext: volCtx,
+		Deferral: deferral(pods, client.Handlers{"kata"}, "", 0)}); d != client.PassThrough || why != client.ReasonRawBlock || err != nil {
 		t.Fatalf("Decide = %v, %q, %v", d, why, err)
 	}
 

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 
@@ -15,12 +16,14 @@ import (
 
 // stepsDriver is the part of a CSI driver that docs/driver-authors.md's "What to change, call by call"
 // changes, written as the page says: its controller copies crust's parameters into the volume context,
-// its node plugin skips the host's format and mount at stage and deposits at publish. mounted stands in
-// for the host mounts an unchanged driver makes (the example runs without root).
+// its node plugin skips the host's format and mount at stage and, at publish, deposits for a pod in a
+// microVM and formats and mounts on the host for any other. mounted stands in for the host mounts an
+// unchanged driver makes (the example runs without root).
 type stepsDriver struct {
-	crust   *client.Client
-	devices string   // where the volumes' devices are (image files here)
-	mounted []string // what the driver mounted on the host, "<volume> staged" or "<volume> published"
+	crust    *client.Client
+	deferral client.Deferral
+	devices  string   // where the volumes' devices are (image files here)
+	mounted  []string // what the driver mounted on the host
 }
 
 // CreateVolume, step 1: crust's StorageClass parameters go into the volume context.
@@ -43,19 +46,29 @@ func (d *stepsDriver) NodeStageVolume(_ context.Context, req *csi.NodeStageVolum
 	return &csi.NodeStageVolumeResponse{}, nil
 }
 
-// NodePublishVolume, step 3: a deposit instead of the bind mount.
+// NodePublishVolume, steps 3 and 4: per pod, a deposit instead of the bind mount, or the format and mount
+// that the stage skipped.
 func (d *stepsDriver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	if volume.Deferred(req.GetVolumeContext()) && req.GetVolumeCapability().GetMount() != nil {
+	decision, _, err := d.deferral.Decide(ctx, req.GetVolumeCapability(), req.GetVolumeContext())
+	if err != nil {
+		return nil, err
+	}
+	pod := client.PodInfo(req.GetVolumeContext()).Name
+	switch decision {
+	case client.Defer:
 		if err := os.MkdirAll(req.GetTargetPath(), 0o750); err != nil {
 			return nil, err
 		}
 		return d.crust.Publish(ctx, req, filepath.Join(d.devices, req.GetVolumeId()+".img"), client.CreateFilesystem(), fileType)
+	case client.HostMount:
+		d.mounted = append(d.mounted, req.GetVolumeId()+" formatted and mounted for "+pod) // the device, at the target
+	default:
+		d.mounted = append(d.mounted, req.GetVolumeId()+" published for "+pod) // the driver's own bind mount
 	}
-	d.mounted = append(d.mounted, req.GetVolumeId()+" published") // the driver's own bind mount
 	return &csi.NodePublishVolumeResponse{}, nil
 }
 
-// NodeUnpublishVolume, step 4: crustd answers for the paths it holds.
+// NodeUnpublishVolume, step 5: crustd answers for the paths it holds.
 func (d *stepsDriver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	if held, err := d.crust.Holds(ctx, req.GetTargetPath()); err != nil || held {
 		if err != nil {
@@ -66,9 +79,19 @@ func (d *stepsDriver) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpu
 	return &csi.NodeUnpublishVolumeResponse{}, nil // the driver's own unmount
 }
 
-// The four steps of docs/driver-authors.md, as a driver written from the page runs them for a volume of a
-// deferring StorageClass and for one of an ordinary class: only the first reaches crustd, and nothing of
-// it is mounted on the host.
+// podHandlers is a client.PodRuntimes from a map of pod name to runtime handler; a driver asks its pod
+// and RuntimeClass informers instead.
+type podHandlers map[string]string
+
+func (p podHandlers) RuntimeHandler(pod client.Pod) (string, bool) {
+	h, ok := p[pod.Name]
+	return h, ok
+}
+
+// The steps of docs/driver-authors.md, as a driver written from the page runs them for a volume of a
+// deferring class and one of an ordinary class, each published to a pod of a microVM RuntimeClass and to
+// a pod that names none: only the microVM pod's volume of the deferring class reaches crustd, and nothing
+// of that volume is mounted on the host for it; the other pod gets it formatted and mounted on the host.
 func Example_driverSteps() {
 	ctx := context.Background()
 	crust, err := client.New(crustd.SocketFromEnv(), client.WithDriverName("steps.example.com"))
@@ -77,45 +100,56 @@ func Example_driverSteps() {
 		return
 	}
 	defer func() { _ = crust.Close() }()
-	d := &stepsDriver{crust: crust, devices: imageDir}
+	d := &stepsDriver{crust: crust, devices: imageDir, deferral: client.Deferral{
+		Handlers: client.Handlers{"kata", "kata-*", "crust-microvm"},
+		Pods:     podHandlers{"vm": "crust-microvm", "app": ""},
+	}}
 	mount := &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 	}
-	const podUID = "0f1e2d3c-0000-4000-8000-00000000005e"
-	defer func() { _ = os.RemoveAll(filepath.Join(kubeletDir, "pods", podUID)) }()
+	pods := map[string]string{"vm": "0f1e2d3c-0000-4000-8000-00000000005e", "app": "0f1e2d3c-0000-4000-8000-00000000005f"}
+	for _, uid := range pods {
+		defer func() { _ = os.RemoveAll(filepath.Join(kubeletDir, "pods", uid)) }()
+	}
 	for _, class := range []map[string]string{
 		{volume.DeferKey: "true", volume.TotalIOPSKey: "500", "vg": "vg0"}, // a deferring StorageClass
 		{"vg": "vg0"}, // an ordinary one
 	} {
 		cv, _ := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: fmt.Sprintf("pv-%d", len(class)), Parameters: class})
 		id, volCtx := cv.GetVolume().GetVolumeId(), cv.GetVolume().GetVolumeContext()
+		fmt.Printf("%s: volume context %v\n", id, volCtx)
 		device := filepath.Join(imageDir, id+".img")
 		_ = os.WriteFile(device, nil, 0o600)
 		_ = os.Truncate(device, 64<<20)
 		defer func() { _ = os.Remove(device) }()
-		dir := filepath.Join(kubeletDir, "pods", podUID, "volumes", "kubernetes.io~csi", id)
-		_ = os.MkdirAll(dir, 0o750)
-		target := filepath.Join(dir, "mount")
-
 		_, _ = d.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: "/staging/" + id,
 			VolumeCapability: mount, VolumeContext: volCtx})
-		if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
-			VolumeCapability: mount, VolumeContext: volCtx}); err != nil {
-			fmt.Println(id, "publish:", err)
-			continue
+		for _, pod := range []string{"vm", "app"} {
+			dir := filepath.Join(kubeletDir, "pods", pods[pod], "volumes", "kubernetes.io~csi", id)
+			_ = os.MkdirAll(dir, 0o750)
+			target := filepath.Join(dir, "mount")
+			// Kubelet adds the pod's information (podInfoOnMount) to the volume context it publishes with.
+			withPod := maps.Clone(volCtx)
+			withPod[volume.PodNameKey], withPod[volume.PodNamespaceKey], withPod[volume.PodUIDKey] = pod, "default", pods[pod]
+			if _, err := d.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
+				VolumeCapability: mount, VolumeContext: withPod}); err != nil {
+				fmt.Println(id, pod, "publish:", err)
+				continue
+			}
+			held, _ := crust.Holds(ctx, target)
+			_, _ = d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+			after, _ := crust.Holds(ctx, target)
+			fmt.Printf("%s for pod %s: held by crustd %v, after unpublish %v\n", id, pod, held, after)
 		}
-		held, _ := crust.Holds(ctx, target)
-		fmt.Printf("%s: volume context %v, held by crustd %v\n", id, volCtx, held)
-		_, _ = d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
-		held, _ = crust.Holds(ctx, target)
-		fmt.Printf("%s: held after unpublish %v\n", id, held)
 	}
 	fmt.Printf("mounted on the host: %q\n", d.mounted)
 	// Output:
-	// pv-3: volume context map[crust.dev/defer:true crust.dev/total-iops:500], held by crustd true
-	// pv-3: held after unpublish false
-	// pv-1: volume context map[], held by crustd false
-	// pv-1: held after unpublish false
-	// mounted on the host: ["pv-1 staged" "pv-1 published"]
+	// pv-3: volume context map[crust.dev/defer:true crust.dev/total-iops:500]
+	// pv-3 for pod vm: held by crustd true, after unpublish false
+	// pv-3 for pod app: held by crustd false, after unpublish false
+	// pv-1: volume context map[]
+	// pv-1 for pod vm: held by crustd false, after unpublish false
+	// pv-1 for pod app: held by crustd false, after unpublish false
+	// mounted on the host: ["pv-3 formatted and mounted for app" "pv-1 staged" "pv-1 published for vm" "pv-1 published for app"]
 }
