@@ -37,7 +37,7 @@ crust_volumes{state="staged"} 3
 }
 
 // The dashboard, the alerts and the alerts' tests in deploy/monitoring name only metrics crustd and the
-// proxy export.
+// proxy export, and the dashboard shows every crust_ metric they export.
 func TestShippedQueriesNameExportedMetrics(t *testing.T) {
 	m := New()
 	m.VolumeGauges(func() (int, int) { return 1, 0 })
@@ -62,6 +62,7 @@ func TestShippedQueriesNameExportedMetrics(t *testing.T) {
 		exported[f.GetName()] = true
 	}
 	name := regexp.MustCompile(`\b(?:crust|grpc_server|process|go)_[a-z_]+\b`)
+	shown := map[string]bool{}
 	for _, file := range []string{"dashboard.json", "prometheusrule.yaml", "rules.test.yaml"} {
 		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "monitoring", file))
 		if err != nil {
@@ -87,9 +88,15 @@ func TestShippedQueriesNameExportedMetrics(t *testing.T) {
 			if !exported[family] {
 				t.Errorf("%s names %s, which crust does not export", file, n)
 			}
+			shown[family] = shown[family] || file == "dashboard.json"
 		}
 		if found == 0 {
 			t.Errorf("%s names no metric", file)
+		}
+	}
+	for family := range exported {
+		if strings.HasPrefix(family, "crust_") && !shown[family] {
+			t.Errorf("dashboard.json does not show %s", family)
 		}
 	}
 }
