@@ -98,7 +98,7 @@ func (p *Proxy) claimed(ctx context.Context, target string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	r, err := p.crust.Volumes().GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: target})
-	if err = errdefs.FromGRPC(err); errors.Is(err, errdefs.ErrNotFound) {
+	if errors.Is(err, errdefs.ErrNotFound) {
 		return false, nil
 	}
 	return r.GetVolume().GetClaim() != nil, err

@@ -324,7 +324,7 @@ func (p *Proxy) publish(ctx context.Context, pr *publishRequest, rec *Record) (k
 	case ModeDeferred:
 		v, err := p.crust.Stage(ctx, pr.req, dev, p.publishOptions(ctx, policy)...)
 		if err != nil {
-			return fail(fmt.Errorf("crustd: %w", errdefs.FromGRPC(err)))
+			return fail(fmt.Errorf("crustd: %w", err))
 		}
 		kataCaveats = v.GetKataCaveats()
 		if err := p.guard(pr.pod, target); err != nil {
@@ -402,8 +402,8 @@ func (p *Proxy) undoPublish(ctx context.Context, rec *Record) error {
 	switch rec.Mode {
 	case ModeDeferred:
 		if _, err := p.crust.Unpublish(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: rec.VolumeID, TargetPath: target}); err != nil &&
-			!errors.Is(errdefs.FromGRPC(err), errdefs.ErrNotFound) {
-			return fmt.Errorf("crustd: %w", errdefs.FromGRPC(err))
+			!errors.Is(err, errdefs.ErrNotFound) {
+			return fmt.Errorf("crustd: %w", err)
 		}
 	case ModeHost:
 		if err := p.hostUnmount(target); err != nil {
@@ -412,7 +412,7 @@ func (p *Proxy) undoPublish(ctx context.Context, rec *Record) error {
 	}
 	if _, err := p.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{
 		VolumeId: rec.VolumeID, TargetPath: rec.PrivatePath,
-	}); err != nil && !errors.Is(errdefs.FromGRPC(err), errdefs.ErrNotFound) {
+	}); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return err
 	}
 	if err := removePrivate(rec.PrivatePath); err != nil {
@@ -494,7 +494,7 @@ func (p *Proxy) NodeGetVolumeStats(ctx context.Context, r *csi.NodeGetVolumeStat
 	case ModeDeferred:
 		resp, err := p.crust.Stats(ctx, r)
 		if err != nil {
-			return nil, fmt.Errorf("crustd: %w", errdefs.FromGRPC(err))
+			return nil, fmt.Errorf("crustd: %w", err)
 		}
 		return resp, nil
 	default:
@@ -554,7 +554,7 @@ func (p *Proxy) NodeExpandVolume(ctx context.Context, r *csi.NodeExpandVolumeReq
 		}
 		resp, err := p.crust.Expand(ctx, cr)
 		if err != nil {
-			return nil, fmt.Errorf("crustd: %w", errdefs.FromGRPC(err))
+			return nil, fmt.Errorf("crustd: %w", err)
 		}
 		return resp, nil
 	default:
@@ -584,7 +584,7 @@ func (p *Proxy) NodeGetVolumeHealth(ctx context.Context, r *csi.NodeGetVolumeHea
 	}
 	resp, err := p.crust.Health(ctx, r)
 	if err != nil {
-		return nil, fmt.Errorf("crustd: %w", errdefs.FromGRPC(err))
+		return nil, fmt.Errorf("crustd: %w", err)
 	}
 	return resp, nil
 }
