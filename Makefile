@@ -37,7 +37,7 @@ GOLDFLAGS := -X crust.dev/crust/api/version.version=$(BUILD_VERSION)
 export CRUST_GUEST_ASSETS := $(GUEST)
 # Debian packages the tests and the demo use (installed only when missing); the second line is the
 # real-cluster tier's: etcd, containerd, runc and the CNI plugins run the test node.
-DEB_PKGS := e2fsprogs xfsprogs btrfs-progs lvm2 util-linux kmod cpio busybox-static qemu-system-x86 fio \
+DEB_PKGS := e2fsprogs xfsprogs btrfs-progs lvm2 util-linux kmod cpio busybox-static qemu-system-x86 fio cryptsetup-bin \
 	etcd-server containerd runc containernetworking-plugins openssl bc curl iproute2
 
 .PHONY: version

@@ -51,7 +51,7 @@ log() { echo "fetch-kernel: $*" >&2; }
 
 # layout is part of every stamp: bump it when this script changes what it
 # produces, so that caches are redone.
-layout=3
+layout=4
 
 # Host tools this script runs, and the host packages whose binaries are copied.
 need_pkgs=()
@@ -60,6 +60,7 @@ command -v dpkg-deb >/dev/null || need_pkgs+=(dpkg)
 command -v mkfs.ext4 >/dev/null || need_pkgs+=(e2fsprogs)
 command -v mkfs.xfs >/dev/null || need_pkgs+=(xfsprogs)
 command -v blkid >/dev/null || need_pkgs+=(util-linux)
+command -v cryptsetup >/dev/null || need_pkgs+=(cryptsetup-bin)
 command -v ldd >/dev/null || need_pkgs+=(libc-bin)
 command -v readelf >/dev/null || need_pkgs+=(binutils)
 apt_updated=false
@@ -228,7 +229,7 @@ copy_with_libs() {
 }
 
 # The host binaries copied into the guest, with their libraries.
-guest_tools=(mkfs.ext4 resize2fs e2fsck mkfs.xfs xfs_growfs xfs_io blkid)
+guest_tools=(mkfs.ext4 resize2fs e2fsck mkfs.xfs xfs_growfs xfs_io blkid cryptsetup)
 
 tools() {
 	local dest="$out/tools" deb stamp bins=() b
@@ -275,7 +276,10 @@ tools() {
 	echo "$stamp" >"$dest/.stamp"
 }
 
-guest_modules=(virtio_pci virtio_blk virtio_console virtio-rng xfs ext4 nd_pmem virtio_pmem virtiofs virtio_net)
+# dm_crypt and dm_integrity open encrypted volumes; xts, authenc, aesni_intel and sha256_ssse3 are the
+# ciphers and hashes they ask for (the guest's kernel cannot load a module it is not given).
+guest_modules=(virtio_pci virtio_blk virtio_console virtio-rng xfs ext4 nd_pmem virtio_pmem virtiofs virtio_net
+	dm_crypt dm_integrity xts authenc aesni_intel sha256_ssse3)
 kernel linux-image-cloud-amd64 "$out/cloud" "${guest_modules[@]}"
 tools
 if $with_9p; then

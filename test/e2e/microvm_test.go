@@ -291,6 +291,19 @@ func startMicroVM(t *testing.T, d *daemon, assets, stateDir, name string, volume
 		Name: name, CrustSocket: d.socket, Assets: assets, Volumes: volumes})
 }
 
+// expandTo grows the loop device dev's file to size bytes, has crustd expand target to that size, and
+// returns its stats then.
+func expandTo(t *testing.T, d *daemon, target, dev string, size int64) usage {
+	t.Helper()
+	if err := os.Truncate(backingFile(t, dev), size); err != nil {
+		t.Fatal(err)
+	}
+	if _, errOut, code := d.crustctl("expand", target, "--size", strconv.FormatInt(size, 10)); code != 0 {
+		t.Fatalf("expand %s: exit %d: %s", target, code, errOut)
+	}
+	return statsOf(t, d, target)
+}
+
 // usage is a volume's usage in bytes and inodes.
 type usage struct {
 	total, used, available int64

@@ -86,6 +86,11 @@ type runResult struct {
 // stdout and stderr. When timeout passes or ctx ends, the process group is
 // killed. An error means the command could not be started.
 func (p *procTable) run(ctx context.Context, argv []string, timeout time.Duration) (runResult, error) {
+	return p.runInput(ctx, argv, timeout, nil)
+}
+
+// runInput is run with stdin reading input through a pipe (then its end), or /dev/null when input is nil.
+func (p *procTable) runInput(ctx context.Context, argv []string, timeout time.Duration, input []byte) (runResult, error) {
 	if len(argv) == 0 || argv[0] == "" {
 		return runResult{}, agentproto.Errorf(errdefs.ErrInvalidArgument, "empty argv")
 	}
@@ -93,11 +98,19 @@ func (p *procTable) run(ctx context.Context, argv []string, timeout time.Duratio
 	if err != nil {
 		return runResult{}, agentproto.Errorf(errdefs.ErrNotFound, "%v", err)
 	}
-	devnull, err := os.Open(os.DevNull)
+	var stdin, w *os.File
+	if input == nil {
+		stdin, err = os.Open(os.DevNull)
+	} else if stdin, w, err = os.Pipe(); err == nil {
+		go func() {
+			_, _ = w.Write(input) // returns once read, or once the command exits and the read end closes
+			_ = w.Close()
+		}()
+	}
 	if err != nil {
 		return runResult{}, err
 	}
-	defer func() { _ = devnull.Close() }()
+	defer func() { _ = stdin.Close() }()
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		return runResult{}, err
@@ -111,7 +124,7 @@ func (p *procTable) run(ctx context.Context, argv []string, timeout time.Duratio
 
 	pid, ch, err := p.start(path, argv, &syscall.ProcAttr{
 		Env:   os.Environ(),
-		Files: []uintptr{devnull.Fd(), outW.Fd(), errW.Fd()},
+		Files: []uintptr{stdin.Fd(), outW.Fd(), errW.Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	})
 	_ = outW.Close()
@@ -206,7 +219,12 @@ func (c *capture) readFrom(r io.Reader) {
 // runTool runs a filesystem tool with a generous timeout and turns a failure
 // into an error carrying its output.
 func (p *procTable) runTool(ctx context.Context, argv ...string) (runResult, error) {
-	res, err := p.run(ctx, argv, 10*time.Minute)
+	return p.runToolInput(ctx, nil, argv...)
+}
+
+// runToolInput is runTool with input on the command's stdin (runInput).
+func (p *procTable) runToolInput(ctx context.Context, input []byte, argv ...string) (runResult, error) {
+	res, err := p.runInput(ctx, argv, 10*time.Minute, input)
 	if err != nil {
 		return res, err
 	}

@@ -42,6 +42,11 @@ type volume struct {
 	fsType   string
 	readOnly bool
 	block    bool // a raw block volume: a device node at the target, nothing mounted
+	// Of an encrypted volume: the dm-crypt mapping's name and node, its key (to resize the mapping) and
+	// whether dm-integrity lies under it; mapping is "" for a volume that is not encrypted.
+	mapping, mapped string
+	key             []byte
+	integrity       bool
 }
 
 // volumes mounts, measures and grows the hot-plugged disks. Mount, unmount
@@ -84,8 +89,11 @@ func checkTarget(target string) error {
 	return nil
 }
 
-func (v *volumes) mount(ctx context.Context, args *agentv1.MountRequest) (*agentv1.MountResponse, error) {
+func (v *volumes) mount(ctx context.Context, args *agentv1.MountRequest) (res *agentv1.MountResponse, err error) {
 	if args.Block {
+		if args.Encryption != nil {
+			return nil, agentproto.Errorf(errdefs.ErrInvalidArgument, "encryption of a raw block volume (the container gets the disk)")
+		}
 		return v.expose(ctx, args)
 	}
 	if args.FsType == "" {
@@ -137,12 +145,26 @@ func (v *volumes) mount(ctx context.Context, args *agentv1.MountRequest) (*agent
 		return nil, err
 	}
 	found := time.Since(start)
-	res := &agentv1.MountResponse{Device: dev}
+	res = &agentv1.MountResponse{Device: dev}
+	vol := &volume{serial: args.Serial, device: dev, fsType: args.FsType, readOnly: args.ReadOnly}
+	if args.Encryption != nil {
+		if vol.mapped, res.Formatted, err = v.openCrypt(ctx, dev, args); err != nil {
+			return nil, err
+		}
+		vol.mapping, vol.key, vol.integrity = "crust-"+args.Serial, args.Encryption.Key, args.Encryption.Integrity
+		defer func() {
+			if err != nil { // a mapping left open would hold the disk
+				_ = v.closeCrypt(context.WithoutCancel(ctx), vol.mapping)
+			}
+		}()
+		dev = vol.mapped
+	}
 
 	// Already mounted there? Then it is the same disk or a conflict.
 	if mi, ok := findMount(args.Target); ok {
 		if sameDevice(mi.source, dev) {
-			v.set(args.Target, &volume{serial: args.Serial, device: dev, fsType: mi.fsType, readOnly: args.ReadOnly})
+			vol.fsType = mi.fsType
+			v.set(args.Target, vol)
 			res.Already = true
 			return res, nil
 		}
@@ -207,7 +229,7 @@ func (v *volumes) mount(ctx context.Context, args *agentv1.MountRequest) (*agent
 			return nil, fmt.Errorf("fs_group: %v", err)
 		}
 	}
-	v.set(args.Target, &volume{serial: args.Serial, device: dev, fsType: args.FsType, readOnly: args.ReadOnly})
+	v.set(args.Target, vol)
 	logger.Printf("mounted %s (serial %s, %s) on %s in %d ms, %d ms of it waiting for the device", dev, args.Serial,
 		args.FsType, args.Target, time.Since(start).Milliseconds(), found.Milliseconds())
 	return res, nil
@@ -482,19 +504,34 @@ func (v *volumes) unmount(target string) error {
 	if vol := v.lookup(target); vol != nil && vol.block {
 		return v.unexpose(target)
 	}
-	if _, ok := findMount(target); !ok {
-		v.set(target, nil)
-		return nil
-	}
-	if err := unix.Unmount(target, 0); err != nil {
-		if errors.Is(err, unix.EBUSY) {
-			return agentproto.Errorf(errdefs.ErrFailedPrecondition, "unmount %s: %v", target, err)
+	if _, ok := findMount(target); ok {
+		if err := unix.Unmount(target, 0); err != nil {
+			if errors.Is(err, unix.EBUSY) {
+				return agentproto.Errorf(errdefs.ErrFailedPrecondition, "unmount %s: %v", target, err)
+			}
+			return fmt.Errorf("unmount %s: %v", target, err)
 		}
-		return fmt.Errorf("unmount %s: %v", target, err)
+		logger.Printf("unmounted %s", target)
+	}
+	if vol := v.lookup(target); vol != nil && vol.mapping != "" && !v.mappedElsewhere(target, vol.mapping) {
+		if err := v.closeCrypt(context.Background(), vol.mapping); err != nil {
+			return err
+		}
 	}
 	v.set(target, nil)
-	logger.Printf("unmounted %s", target)
 	return nil
+}
+
+// mappedElsewhere reports whether a volume at another target than target lies on the mapping name.
+func (v *volumes) mappedElsewhere(target, name string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for t, vol := range v.byPath {
+		if t != target && vol.mapping == name {
+			return true
+		}
+	}
+	return false
 }
 
 // unmountAll unmounts every volume, for power-off; failures are logged.
@@ -582,6 +619,12 @@ func (v *volumes) grow(ctx context.Context, args *agentv1.GrowRequest) (*agentv1
 		return nil, err
 	}
 	start := time.Now()
+	if vol := v.lookup(args.Target); vol != nil && vol.mapping != "" {
+		if err := v.resizeCrypt(ctx, vol); err != nil {
+			return nil, err
+		}
+		dev = vol.mapped
+	}
 	if err := v.growFS(ctx, fsType, dev, args.Target); err != nil {
 		return nil, err
 	}

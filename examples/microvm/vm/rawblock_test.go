@@ -3,14 +3,12 @@ package vm
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"testing"
 	"time"
 
 	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
-	"crust.dev/crust/internal/testutil/harness"
 )
 
 // TestRawBlockInGuest boots one TCG guest and takes a raw block volume through the agent: exposed as a
@@ -60,13 +58,7 @@ func TestRawBlockInGuest(t *testing.T) {
 	if err != nil || st.GetBytes().GetTotal() != 32*mib || st.GetBytes().GetUsed() != 0 || st.GetInodes().GetTotal() != 0 || st.GetAbnormal() {
 		t.Fatalf("statfs = %+v, %v; want a total of %d bytes", st, err, 32*mib)
 	}
-	if err := os.Truncate(dev.file, 48*mib); err != nil {
-		t.Fatal(err)
-	}
-	harness.Run(t, "losetup", "--set-capacity", dev.path)
-	if err := v.ResizeBlock(ctx, "vol-raw", 48*mib); err != nil {
-		t.Fatal(err)
-	}
+	dev.growInVM(ctx, t, v, "vol-raw", 48*mib)
 	g, err := agent.Grow(ctx, &agentv1.GrowRequest{Target: target, MinDeviceBytes: 48 * mib})
 	if err != nil || g.CapacityBytes != 48*mib || g.DeviceBytes != 48*mib {
 		t.Fatalf("grow = %+v, %v; want %d", g, err, 48*mib)

@@ -115,6 +115,18 @@ func loopDevice(t *testing.T, size int64, mkfs ...string) loop {
 	return loop{path: dev, file: file}
 }
 
+// growInVM grows l's file to size bytes, has the loop device and then QEMU's disk id take the new size.
+func (l loop) growInVM(ctx context.Context, t *testing.T, v *VM, id string, size int64) {
+	t.Helper()
+	if err := os.Truncate(l.file, size); err != nil {
+		t.Fatal(err)
+	}
+	harness.Run(t, "losetup", "--set-capacity", l.path)
+	if err := v.ResizeBlock(ctx, id, size); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func startVM(t *testing.T, cfg Config) *VM {
 	t.Helper()
 	cfg.Kernel, cfg.Initramfs = guestImages(t)
@@ -276,13 +288,7 @@ func TestVolumesInGuest(t *testing.T) {
 			t.Fatal(err)
 		}
 		t0 := time.Now()
-		if err := os.Truncate(g.dev.file, 2*g.size); err != nil {
-			t.Fatal(err)
-		}
-		harness.Run(t, "losetup", "-c", g.dev.path)
-		if err := v.ResizeBlock(ctx, g.id, 2*g.size); err != nil {
-			t.Fatal(err)
-		}
+		g.dev.growInVM(ctx, t, v, g.id, 2*g.size)
 		gr, err := agent.Grow(ctx, &agentv1.GrowRequest{Target: g.target, MinDeviceBytes: uint64(2 * g.size)})
 		if err != nil {
 			t.Fatal(err)

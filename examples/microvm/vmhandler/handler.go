@@ -21,8 +21,11 @@
 //     guest path and mounted again (the same filesystem) at each other one, so that every container of the
 //     pod sees the same files; stats and expansion answer for the volume. It is unmounted everywhere
 //     before its disk is detached.
-//   - A volume whose metadata asks for encryption (encryptionKey) is refused, logged without the key, and
-//     released: crust-microvm does not encrypt, and mounting it in the clear would defeat the request.
+//   - A volume whose metadata holds an encryptionKey is a LUKS2 volume opened in the guest with that key
+//     (formatted as LUKS2 first when it is blank and create_filesystem is set); the filesystem lies on the
+//     mapping, which stats and expansion go through. The key goes to the guest alone and is never logged.
+//     Kata's "ephemeral" key, and an encrypted raw block or persistent-memory volume, are refused and
+//     released: mounting them in the clear would defeat the request.
 //   - A persistent-memory volume (VOLUME_TYPE_PMEM) is hot-plugged as a virtio-pmem device instead (package
 //     vm, AttachPmem; read-only mapped read-only) and mounted with DAX (-o dax). QEMU cannot unplug it, so it
 //     stays in the VM until the VM stops: detaching it (at stop, or after a failed mount) only unmounts it,

@@ -238,14 +238,14 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 		return false, s.undo(ctx, v, fmt.Errorf("claim: %w", err))
 	}
 	spec := desc.GetSpec()
-	if _, ok := spec.GetMetadata()[kata.MetadataEncryptionKey]; ok {
-		// Mounted in the clear, data its owner asked to have encrypted would be readable on the host.
-		return false, s.undo(ctx, v, fmt.Errorf("the volume asks for encryption (metadata %s); crust-microvm does "+
-			"not encrypt volumes: use a runtime that does (Kata's trusted storage) for it", kata.MetadataEncryptionKey))
-	}
 	v.hostPath, v.readOnly = desc.GetResolvedBackingPath(), spec.GetReadOnly()
 	v.pmem = spec.GetVolumeType() == crustv1.VolumeType_VOLUME_TYPE_PMEM
 	v.block = spec.GetVolumeMode() == crustv1.VolumeMode_VOLUME_MODE_BLOCK
+	enc, err := encryption(spec, v)
+	if err != nil {
+		// Mounted in the clear, data its owner asked to have encrypted would be readable on the host.
+		return false, s.undo(ctx, v, err)
+	}
 	if v.hostPath == "" {
 		v.hostPath = spec.GetVolumeBackingPath()
 	}
@@ -279,6 +279,7 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 		FsGroup:          spec.VolumeSupplementalGroup,
 		FsGroupPolicy:    agentv1.FsGroupPolicy_FS_GROUP_POLICY_ALWAYS,
 		CreateFilesystem: spec.GetCreateFilesystem(),
+		Encryption:       enc,
 	}
 	if spec.GetSupplementalGroupChangePolicy() == crustv1.FSGroupChangePolicy_FS_GROUP_CHANGE_POLICY_ON_ROOT_MISMATCH {
 		args.FsGroupPolicy = agentv1.FsGroupPolicy_FS_GROUP_POLICY_ON_ROOT_MISMATCH
@@ -460,4 +461,22 @@ func checkDevice(desc *crustv1.Volume, path string) error {
 			path, major, minor, ino, want.GetMajor(), want.GetMinor(), want.GetInode())
 	}
 	return nil
+}
+
+// encryption is the guest's encryption of v, from its metadata's encryptionKey (nil without one): the
+// key is the LUKS2 passphrase, given to the guest alone. Kata's "ephemeral" (a key made in the guest and
+// lost with it) and encrypted raw block or persistent-memory volumes are refused.
+func encryption(spec *crustv1.VolumeSpec, v *volume) (*agentv1.Encryption, error) {
+	key, ok := spec.GetMetadata()[kata.MetadataEncryptionKey]
+	switch {
+	case !ok:
+		return nil, nil
+	case key == "ephemeral":
+		return nil, fmt.Errorf("the volume asks for an ephemeral key (metadata %s: ephemeral), which crust-microvm "+
+			"does not make: give the key itself", kata.MetadataEncryptionKey)
+	case v.block || v.pmem:
+		return nil, fmt.Errorf("the volume asks for encryption (metadata %s); crust-microvm encrypts filesystem "+
+			"volumes on disks only, not raw block or persistent-memory ones", kata.MetadataEncryptionKey)
+	}
+	return &agentv1.Encryption{Key: []byte(key)}, nil
 }

@@ -288,7 +288,11 @@ type MountRequest struct {
 	// Expose the disk as a raw block volume: a block device node with the disk's major:minor is made at
 	// target, and nothing is mounted. fs_type, options, fs_group, fs_group_policy and create_filesystem
 	// must then be unset; read_only makes the node mode 0440.
-	Block         bool `protobuf:"varint,11,opt,name=block,proto3" json:"block,omitempty"`
+	Block bool `protobuf:"varint,11,opt,name=block,proto3" json:"block,omitempty"`
+	// When set, the disk is a LUKS2 volume opened in the guest with this key, and the filesystem lies on
+	// the opened mapping; create_filesystem then also formats a blank disk as LUKS2 first. Not for a
+	// raw block volume or a persistent-memory device.
+	Encryption    *Encryption `protobuf:"bytes,12,opt,name=encryption,proto3" json:"encryption,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -400,6 +404,69 @@ func (x *MountRequest) GetBlock() bool {
 	return false
 }
 
+func (x *MountRequest) GetEncryption() *Encryption {
+	if x != nil {
+		return x.Encryption
+	}
+	return nil
+}
+
+// Encryption is how a volume is encrypted. The key is secret: the agent never logs it or returns it.
+type Encryption struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The passphrase of the LUKS2 keyslot (1 to 512 bytes).
+	Key []byte `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Authenticated encryption: dm-integrity under dm-crypt (LUKS2 with HMAC-SHA256 tags). Only for a
+	// volume formatted this way; such a volume cannot be grown.
+	Integrity     bool `protobuf:"varint,2,opt,name=integrity,proto3" json:"integrity,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Encryption) Reset() {
+	*x = Encryption{}
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Encryption) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Encryption) ProtoMessage() {}
+
+func (x *Encryption) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Encryption.ProtoReflect.Descriptor instead.
+func (*Encryption) Descriptor() ([]byte, []int) {
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Encryption) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *Encryption) GetIntegrity() bool {
+	if x != nil {
+		return x.Integrity
+	}
+	return false
+}
+
 // MountResponse says what Mount did.
 type MountResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -418,7 +485,7 @@ type MountResponse struct {
 
 func (x *MountResponse) Reset() {
 	*x = MountResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -430,7 +497,7 @@ func (x *MountResponse) String() string {
 func (*MountResponse) ProtoMessage() {}
 
 func (x *MountResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -443,7 +510,7 @@ func (x *MountResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountResponse.ProtoReflect.Descriptor instead.
 func (*MountResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *MountResponse) GetDevice() string {
@@ -485,7 +552,7 @@ type UnmountRequest struct {
 
 func (x *UnmountRequest) Reset() {
 	*x = UnmountRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -497,7 +564,7 @@ func (x *UnmountRequest) String() string {
 func (*UnmountRequest) ProtoMessage() {}
 
 func (x *UnmountRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -510,7 +577,7 @@ func (x *UnmountRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountRequest.ProtoReflect.Descriptor instead.
 func (*UnmountRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *UnmountRequest) GetTarget() string {
@@ -529,7 +596,7 @@ type UnmountResponse struct {
 
 func (x *UnmountResponse) Reset() {
 	*x = UnmountResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -541,7 +608,7 @@ func (x *UnmountResponse) String() string {
 func (*UnmountResponse) ProtoMessage() {}
 
 func (x *UnmountResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -554,7 +621,7 @@ func (x *UnmountResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountResponse.ProtoReflect.Descriptor instead.
 func (*UnmountResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 // StatfsRequest names the target to measure.
@@ -568,7 +635,7 @@ type StatfsRequest struct {
 
 func (x *StatfsRequest) Reset() {
 	*x = StatfsRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -580,7 +647,7 @@ func (x *StatfsRequest) String() string {
 func (*StatfsRequest) ProtoMessage() {}
 
 func (x *StatfsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -593,7 +660,7 @@ func (x *StatfsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatfsRequest.ProtoReflect.Descriptor instead.
 func (*StatfsRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StatfsRequest) GetTarget() string {
@@ -618,7 +685,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +697,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +710,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Usage) GetTotal() uint64 {
@@ -686,7 +753,7 @@ type StatfsResponse struct {
 
 func (x *StatfsResponse) Reset() {
 	*x = StatfsResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +765,7 @@ func (x *StatfsResponse) String() string {
 func (*StatfsResponse) ProtoMessage() {}
 
 func (x *StatfsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +778,7 @@ func (x *StatfsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatfsResponse.ProtoReflect.Descriptor instead.
 func (*StatfsResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StatfsResponse) GetBytes() *Usage {
@@ -756,7 +823,7 @@ type GrowRequest struct {
 
 func (x *GrowRequest) Reset() {
 	*x = GrowRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -768,7 +835,7 @@ func (x *GrowRequest) String() string {
 func (*GrowRequest) ProtoMessage() {}
 
 func (x *GrowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -781,7 +848,7 @@ func (x *GrowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrowRequest.ProtoReflect.Descriptor instead.
 func (*GrowRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GrowRequest) GetTarget() string {
@@ -811,7 +878,7 @@ type GrowResponse struct {
 
 func (x *GrowResponse) Reset() {
 	*x = GrowResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -823,7 +890,7 @@ func (x *GrowResponse) String() string {
 func (*GrowResponse) ProtoMessage() {}
 
 func (x *GrowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -836,7 +903,7 @@ func (x *GrowResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrowResponse.ProtoReflect.Descriptor instead.
 func (*GrowResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GrowResponse) GetDeviceBytes() uint64 {
@@ -866,7 +933,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -878,7 +945,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -891,7 +958,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExecRequest) GetArgv() []string {
@@ -927,7 +994,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1006,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1019,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecResponse) GetStdout() []byte {
@@ -999,7 +1066,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1011,7 +1078,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1024,7 +1091,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 // ShutdownResponse has no fields.
@@ -1036,7 +1103,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1048,7 +1115,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1061,7 +1128,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 // MountShareRequest names a virtio-fs share and where to mount it in the guest.
@@ -1075,7 +1142,7 @@ type MountShareRequest struct {
 
 func (x *MountShareRequest) Reset() {
 	*x = MountShareRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +1154,7 @@ func (x *MountShareRequest) String() string {
 func (*MountShareRequest) ProtoMessage() {}
 
 func (x *MountShareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +1167,7 @@ func (x *MountShareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountShareRequest.ProtoReflect.Descriptor instead.
 func (*MountShareRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *MountShareRequest) GetTag() string {
@@ -1125,7 +1192,7 @@ type MountShareResponse struct {
 
 func (x *MountShareResponse) Reset() {
 	*x = MountShareResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1137,7 +1204,7 @@ func (x *MountShareResponse) String() string {
 func (*MountShareResponse) ProtoMessage() {}
 
 func (x *MountShareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1150,7 +1217,7 @@ func (x *MountShareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountShareResponse.ProtoReflect.Descriptor instead.
 func (*MountShareResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 // ContainerMount is one mount of a container, as an OCI runtime spec's mount: a bind mount's source is a
@@ -1171,7 +1238,7 @@ type ContainerMount struct {
 
 func (x *ContainerMount) Reset() {
 	*x = ContainerMount{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1250,7 @@ func (x *ContainerMount) String() string {
 func (*ContainerMount) ProtoMessage() {}
 
 func (x *ContainerMount) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1263,7 @@ func (x *ContainerMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerMount.ProtoReflect.Descriptor instead.
 func (*ContainerMount) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ContainerMount) GetDestination() string {
@@ -1244,7 +1311,7 @@ type ContainerDevice struct {
 
 func (x *ContainerDevice) Reset() {
 	*x = ContainerDevice{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1256,7 +1323,7 @@ func (x *ContainerDevice) String() string {
 func (*ContainerDevice) ProtoMessage() {}
 
 func (x *ContainerDevice) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1269,7 +1336,7 @@ func (x *ContainerDevice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerDevice.ProtoReflect.Descriptor instead.
 func (*ContainerDevice) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ContainerDevice) GetPath() string {
@@ -1322,7 +1389,7 @@ type CreateContainerRequest struct {
 
 func (x *CreateContainerRequest) Reset() {
 	*x = CreateContainerRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1401,7 @@ func (x *CreateContainerRequest) String() string {
 func (*CreateContainerRequest) ProtoMessage() {}
 
 func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1414,7 @@ func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContainerRequest.ProtoReflect.Descriptor instead.
 func (*CreateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateContainerRequest) GetContainerId() string {
@@ -1400,7 +1467,7 @@ type CreateContainerResponse struct {
 
 func (x *CreateContainerResponse) Reset() {
 	*x = CreateContainerResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1412,7 +1479,7 @@ func (x *CreateContainerResponse) String() string {
 func (*CreateContainerResponse) ProtoMessage() {}
 
 func (x *CreateContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1425,7 +1492,7 @@ func (x *CreateContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContainerResponse.ProtoReflect.Descriptor instead.
 func (*CreateContainerResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 // Rlimit is one resource limit, as setrlimit(2) takes it (type as RLIMIT_NOFILE and the like).
@@ -1440,7 +1507,7 @@ type Rlimit struct {
 
 func (x *Rlimit) Reset() {
 	*x = Rlimit{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1452,7 +1519,7 @@ func (x *Rlimit) String() string {
 func (*Rlimit) ProtoMessage() {}
 
 func (x *Rlimit) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1465,7 +1532,7 @@ func (x *Rlimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rlimit.ProtoReflect.Descriptor instead.
 func (*Rlimit) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Rlimit) GetType() string {
@@ -1515,7 +1582,7 @@ type Process struct {
 
 func (x *Process) Reset() {
 	*x = Process{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1527,7 +1594,7 @@ func (x *Process) String() string {
 func (*Process) ProtoMessage() {}
 
 func (x *Process) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1540,7 +1607,7 @@ func (x *Process) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Process.ProtoReflect.Descriptor instead.
 func (*Process) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Process) GetArgs() []string {
@@ -1654,7 +1721,7 @@ type StartProcessRequest struct {
 
 func (x *StartProcessRequest) Reset() {
 	*x = StartProcessRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1666,7 +1733,7 @@ func (x *StartProcessRequest) String() string {
 func (*StartProcessRequest) ProtoMessage() {}
 
 func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1679,7 +1746,7 @@ func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessRequest.ProtoReflect.Descriptor instead.
 func (*StartProcessRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StartProcessRequest) GetContainerId() string {
@@ -1720,7 +1787,7 @@ type StartProcessResponse struct {
 
 func (x *StartProcessResponse) Reset() {
 	*x = StartProcessResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +1799,7 @@ func (x *StartProcessResponse) String() string {
 func (*StartProcessResponse) ProtoMessage() {}
 
 func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +1812,7 @@ func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartProcessResponse.ProtoReflect.Descriptor instead.
 func (*StartProcessResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StartProcessResponse) GetPid() int32 {
@@ -1765,7 +1832,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1777,7 +1844,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1790,7 +1857,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WaitProcessRequest) GetContainerId() string {
@@ -1818,7 +1885,7 @@ type WaitProcessResponse struct {
 
 func (x *WaitProcessResponse) Reset() {
 	*x = WaitProcessResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1830,7 +1897,7 @@ func (x *WaitProcessResponse) String() string {
 func (*WaitProcessResponse) ProtoMessage() {}
 
 func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1843,7 +1910,7 @@ func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessResponse.ProtoReflect.Descriptor instead.
 func (*WaitProcessResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WaitProcessResponse) GetExitStatus() int32 {
@@ -1872,7 +1939,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1884,7 +1951,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1897,7 +1964,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SignalProcessRequest) GetContainerId() string {
@@ -1936,7 +2003,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1948,7 +2015,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1961,7 +2028,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 type ReadStreamRequest struct {
@@ -1977,7 +2044,7 @@ type ReadStreamRequest struct {
 
 func (x *ReadStreamRequest) Reset() {
 	*x = ReadStreamRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1989,7 +2056,7 @@ func (x *ReadStreamRequest) String() string {
 func (*ReadStreamRequest) ProtoMessage() {}
 
 func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2002,7 +2069,7 @@ func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamRequest.ProtoReflect.Descriptor instead.
 func (*ReadStreamRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadStreamRequest) GetContainerId() string {
@@ -2043,7 +2110,7 @@ type ReadStreamResponse struct {
 
 func (x *ReadStreamResponse) Reset() {
 	*x = ReadStreamResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2055,7 +2122,7 @@ func (x *ReadStreamResponse) String() string {
 func (*ReadStreamResponse) ProtoMessage() {}
 
 func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2068,7 +2135,7 @@ func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamResponse.ProtoReflect.Descriptor instead.
 func (*ReadStreamResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReadStreamResponse) GetData() []byte {
@@ -2096,7 +2163,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2108,7 +2175,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2121,7 +2188,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WriteStdinRequest) GetContainerId() string {
@@ -2153,7 +2220,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2165,7 +2232,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2178,7 +2245,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 type CloseStdinRequest struct {
@@ -2191,7 +2258,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2203,7 +2270,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2216,7 +2283,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CloseStdinRequest) GetContainerId() string {
@@ -2241,7 +2308,7 @@ type CloseStdinResponse struct {
 
 func (x *CloseStdinResponse) Reset() {
 	*x = CloseStdinResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2253,7 +2320,7 @@ func (x *CloseStdinResponse) String() string {
 func (*CloseStdinResponse) ProtoMessage() {}
 
 func (x *CloseStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2266,7 +2333,7 @@ func (x *CloseStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinResponse.ProtoReflect.Descriptor instead.
 func (*CloseStdinResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 type ResizeTerminalRequest struct {
@@ -2281,7 +2348,7 @@ type ResizeTerminalRequest struct {
 
 func (x *ResizeTerminalRequest) Reset() {
 	*x = ResizeTerminalRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2293,7 +2360,7 @@ func (x *ResizeTerminalRequest) String() string {
 func (*ResizeTerminalRequest) ProtoMessage() {}
 
 func (x *ResizeTerminalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2306,7 +2373,7 @@ func (x *ResizeTerminalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeTerminalRequest.ProtoReflect.Descriptor instead.
 func (*ResizeTerminalRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ResizeTerminalRequest) GetContainerId() string {
@@ -2345,7 +2412,7 @@ type ResizeTerminalResponse struct {
 
 func (x *ResizeTerminalResponse) Reset() {
 	*x = ResizeTerminalResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2357,7 +2424,7 @@ func (x *ResizeTerminalResponse) String() string {
 func (*ResizeTerminalResponse) ProtoMessage() {}
 
 func (x *ResizeTerminalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2370,7 +2437,7 @@ func (x *ResizeTerminalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeTerminalResponse.ProtoReflect.Descriptor instead.
 func (*ResizeTerminalResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 type RemoveContainerRequest struct {
@@ -2382,7 +2449,7 @@ type RemoveContainerRequest struct {
 
 func (x *RemoveContainerRequest) Reset() {
 	*x = RemoveContainerRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2394,7 +2461,7 @@ func (x *RemoveContainerRequest) String() string {
 func (*RemoveContainerRequest) ProtoMessage() {}
 
 func (x *RemoveContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2407,7 +2474,7 @@ func (x *RemoveContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContainerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveContainerRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RemoveContainerRequest) GetContainerId() string {
@@ -2425,7 +2492,7 @@ type RemoveContainerResponse struct {
 
 func (x *RemoveContainerResponse) Reset() {
 	*x = RemoveContainerResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2437,7 +2504,7 @@ func (x *RemoveContainerResponse) String() string {
 func (*RemoveContainerResponse) ProtoMessage() {}
 
 func (x *RemoveContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2450,7 +2517,7 @@ func (x *RemoveContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContainerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveContainerResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 type ContainerStatsRequest struct {
@@ -2462,7 +2529,7 @@ type ContainerStatsRequest struct {
 
 func (x *ContainerStatsRequest) Reset() {
 	*x = ContainerStatsRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2474,7 +2541,7 @@ func (x *ContainerStatsRequest) String() string {
 func (*ContainerStatsRequest) ProtoMessage() {}
 
 func (x *ContainerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2487,7 +2554,7 @@ func (x *ContainerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsRequest.ProtoReflect.Descriptor instead.
 func (*ContainerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ContainerStatsRequest) GetContainerId() string {
@@ -2513,7 +2580,7 @@ type ContainerStatsResponse struct {
 
 func (x *ContainerStatsResponse) Reset() {
 	*x = ContainerStatsResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2525,7 +2592,7 @@ func (x *ContainerStatsResponse) String() string {
 func (*ContainerStatsResponse) ProtoMessage() {}
 
 func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2538,7 +2605,7 @@ func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsResponse.ProtoReflect.Descriptor instead.
 func (*ContainerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ContainerStatsResponse) GetCpuUserNanos() uint64 {
@@ -2580,7 +2647,7 @@ type ControlServiceExecRequest struct {
 
 func (x *ControlServiceExecRequest) Reset() {
 	*x = ControlServiceExecRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2592,7 +2659,7 @@ func (x *ControlServiceExecRequest) String() string {
 func (*ControlServiceExecRequest) ProtoMessage() {}
 
 func (x *ControlServiceExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2605,7 +2672,7 @@ func (x *ControlServiceExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServiceExecRequest.ProtoReflect.Descriptor instead.
 func (*ControlServiceExecRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ControlServiceExecRequest) GetArgv() []string {
@@ -2626,7 +2693,7 @@ type ControlServiceExecResponse struct {
 
 func (x *ControlServiceExecResponse) Reset() {
 	*x = ControlServiceExecResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2638,7 +2705,7 @@ func (x *ControlServiceExecResponse) String() string {
 func (*ControlServiceExecResponse) ProtoMessage() {}
 
 func (x *ControlServiceExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2651,7 +2718,7 @@ func (x *ControlServiceExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServiceExecResponse.ProtoReflect.Descriptor instead.
 func (*ControlServiceExecResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ControlServiceExecResponse) GetResult() *ExecResponse {
@@ -2672,7 +2739,7 @@ type ControlServiceHealthRequest struct {
 
 func (x *ControlServiceHealthRequest) Reset() {
 	*x = ControlServiceHealthRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2684,7 +2751,7 @@ func (x *ControlServiceHealthRequest) String() string {
 func (*ControlServiceHealthRequest) ProtoMessage() {}
 
 func (x *ControlServiceHealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2697,7 +2764,7 @@ func (x *ControlServiceHealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServiceHealthRequest.ProtoReflect.Descriptor instead.
 func (*ControlServiceHealthRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ControlServiceHealthRequest) GetRequest() *HealthRequest {
@@ -2718,7 +2785,7 @@ type ControlServiceHealthResponse struct {
 
 func (x *ControlServiceHealthResponse) Reset() {
 	*x = ControlServiceHealthResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2730,7 +2797,7 @@ func (x *ControlServiceHealthResponse) String() string {
 func (*ControlServiceHealthResponse) ProtoMessage() {}
 
 func (x *ControlServiceHealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2743,7 +2810,7 @@ func (x *ControlServiceHealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServiceHealthResponse.ProtoReflect.Descriptor instead.
 func (*ControlServiceHealthResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ControlServiceHealthResponse) GetResult() *HealthResponse {
@@ -2762,7 +2829,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2774,7 +2841,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2787,7 +2854,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 // StopResponse says how the teardown went.
@@ -2801,7 +2868,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2813,7 +2880,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_agent_v1_agent_proto_msgTypes[46]
+	mi := &file_crust_agent_v1_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2826,7 +2893,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{46}
+	return file_crust_agent_v1_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *StopResponse) GetTeardownError() string {
@@ -2847,7 +2914,7 @@ const file_crust_agent_v1_agent_proto_rawDesc = "" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
 	"\x06kernel\x18\x02 \x01(\tR\x06kernel\x12#\n" +
 	"\ruptime_millis\x18\x03 \x01(\x03R\fuptimeMillis\x12\x18\n" +
-	"\astarted\x18\x04 \x01(\bR\astarted\"\x96\x03\n" +
+	"\astarted\x18\x04 \x01(\bR\astarted\"\xd2\x03\n" +
 	"\fMountRequest\x12\x16\n" +
 	"\x06serial\x18\x01 \x01(\tR\x06serial\x12!\n" +
 	"\fpmem_address\x18\x02 \x01(\x04R\vpmemAddress\x12\x17\n" +
@@ -2860,8 +2927,15 @@ const file_crust_agent_v1_agent_proto_rawDesc = "" +
 	"\x11create_filesystem\x18\t \x01(\bR\x10createFilesystem\x12,\n" +
 	"\x12device_wait_millis\x18\n" +
 	" \x01(\x03R\x10deviceWaitMillis\x12\x14\n" +
-	"\x05block\x18\v \x01(\bR\x05blockB\v\n" +
-	"\t_fs_group\"\x87\x01\n" +
+	"\x05block\x18\v \x01(\bR\x05block\x12:\n" +
+	"\n" +
+	"encryption\x18\f \x01(\v2\x1a.crust.agent.v1.EncryptionR\n" +
+	"encryptionB\v\n" +
+	"\t_fs_group\"<\n" +
+	"\n" +
+	"Encryption\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1c\n" +
+	"\tintegrity\x18\x02 \x01(\bR\tintegrity\"\x87\x01\n" +
 	"\rMountResponse\x12\x16\n" +
 	"\x06device\x18\x01 \x01(\tR\x06device\x12\x1c\n" +
 	"\tformatted\x18\x02 \x01(\bR\tformatted\x12\x18\n" +
@@ -3055,117 +3129,119 @@ func file_crust_agent_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_crust_agent_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_crust_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_crust_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_crust_agent_v1_agent_proto_goTypes = []any{
 	(FsGroupPolicy)(0),                   // 0: crust.agent.v1.FsGroupPolicy
 	(Stream)(0),                          // 1: crust.agent.v1.Stream
 	(*HealthRequest)(nil),                // 2: crust.agent.v1.HealthRequest
 	(*HealthResponse)(nil),               // 3: crust.agent.v1.HealthResponse
 	(*MountRequest)(nil),                 // 4: crust.agent.v1.MountRequest
-	(*MountResponse)(nil),                // 5: crust.agent.v1.MountResponse
-	(*UnmountRequest)(nil),               // 6: crust.agent.v1.UnmountRequest
-	(*UnmountResponse)(nil),              // 7: crust.agent.v1.UnmountResponse
-	(*StatfsRequest)(nil),                // 8: crust.agent.v1.StatfsRequest
-	(*Usage)(nil),                        // 9: crust.agent.v1.Usage
-	(*StatfsResponse)(nil),               // 10: crust.agent.v1.StatfsResponse
-	(*GrowRequest)(nil),                  // 11: crust.agent.v1.GrowRequest
-	(*GrowResponse)(nil),                 // 12: crust.agent.v1.GrowResponse
-	(*ExecRequest)(nil),                  // 13: crust.agent.v1.ExecRequest
-	(*ExecResponse)(nil),                 // 14: crust.agent.v1.ExecResponse
-	(*ShutdownRequest)(nil),              // 15: crust.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),             // 16: crust.agent.v1.ShutdownResponse
-	(*MountShareRequest)(nil),            // 17: crust.agent.v1.MountShareRequest
-	(*MountShareResponse)(nil),           // 18: crust.agent.v1.MountShareResponse
-	(*ContainerMount)(nil),               // 19: crust.agent.v1.ContainerMount
-	(*ContainerDevice)(nil),              // 20: crust.agent.v1.ContainerDevice
-	(*CreateContainerRequest)(nil),       // 21: crust.agent.v1.CreateContainerRequest
-	(*CreateContainerResponse)(nil),      // 22: crust.agent.v1.CreateContainerResponse
-	(*Rlimit)(nil),                       // 23: crust.agent.v1.Rlimit
-	(*Process)(nil),                      // 24: crust.agent.v1.Process
-	(*StartProcessRequest)(nil),          // 25: crust.agent.v1.StartProcessRequest
-	(*StartProcessResponse)(nil),         // 26: crust.agent.v1.StartProcessResponse
-	(*WaitProcessRequest)(nil),           // 27: crust.agent.v1.WaitProcessRequest
-	(*WaitProcessResponse)(nil),          // 28: crust.agent.v1.WaitProcessResponse
-	(*SignalProcessRequest)(nil),         // 29: crust.agent.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),        // 30: crust.agent.v1.SignalProcessResponse
-	(*ReadStreamRequest)(nil),            // 31: crust.agent.v1.ReadStreamRequest
-	(*ReadStreamResponse)(nil),           // 32: crust.agent.v1.ReadStreamResponse
-	(*WriteStdinRequest)(nil),            // 33: crust.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),           // 34: crust.agent.v1.WriteStdinResponse
-	(*CloseStdinRequest)(nil),            // 35: crust.agent.v1.CloseStdinRequest
-	(*CloseStdinResponse)(nil),           // 36: crust.agent.v1.CloseStdinResponse
-	(*ResizeTerminalRequest)(nil),        // 37: crust.agent.v1.ResizeTerminalRequest
-	(*ResizeTerminalResponse)(nil),       // 38: crust.agent.v1.ResizeTerminalResponse
-	(*RemoveContainerRequest)(nil),       // 39: crust.agent.v1.RemoveContainerRequest
-	(*RemoveContainerResponse)(nil),      // 40: crust.agent.v1.RemoveContainerResponse
-	(*ContainerStatsRequest)(nil),        // 41: crust.agent.v1.ContainerStatsRequest
-	(*ContainerStatsResponse)(nil),       // 42: crust.agent.v1.ContainerStatsResponse
-	(*ControlServiceExecRequest)(nil),    // 43: crust.agent.v1.ControlServiceExecRequest
-	(*ControlServiceExecResponse)(nil),   // 44: crust.agent.v1.ControlServiceExecResponse
-	(*ControlServiceHealthRequest)(nil),  // 45: crust.agent.v1.ControlServiceHealthRequest
-	(*ControlServiceHealthResponse)(nil), // 46: crust.agent.v1.ControlServiceHealthResponse
-	(*StopRequest)(nil),                  // 47: crust.agent.v1.StopRequest
-	(*StopResponse)(nil),                 // 48: crust.agent.v1.StopResponse
+	(*Encryption)(nil),                   // 5: crust.agent.v1.Encryption
+	(*MountResponse)(nil),                // 6: crust.agent.v1.MountResponse
+	(*UnmountRequest)(nil),               // 7: crust.agent.v1.UnmountRequest
+	(*UnmountResponse)(nil),              // 8: crust.agent.v1.UnmountResponse
+	(*StatfsRequest)(nil),                // 9: crust.agent.v1.StatfsRequest
+	(*Usage)(nil),                        // 10: crust.agent.v1.Usage
+	(*StatfsResponse)(nil),               // 11: crust.agent.v1.StatfsResponse
+	(*GrowRequest)(nil),                  // 12: crust.agent.v1.GrowRequest
+	(*GrowResponse)(nil),                 // 13: crust.agent.v1.GrowResponse
+	(*ExecRequest)(nil),                  // 14: crust.agent.v1.ExecRequest
+	(*ExecResponse)(nil),                 // 15: crust.agent.v1.ExecResponse
+	(*ShutdownRequest)(nil),              // 16: crust.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),             // 17: crust.agent.v1.ShutdownResponse
+	(*MountShareRequest)(nil),            // 18: crust.agent.v1.MountShareRequest
+	(*MountShareResponse)(nil),           // 19: crust.agent.v1.MountShareResponse
+	(*ContainerMount)(nil),               // 20: crust.agent.v1.ContainerMount
+	(*ContainerDevice)(nil),              // 21: crust.agent.v1.ContainerDevice
+	(*CreateContainerRequest)(nil),       // 22: crust.agent.v1.CreateContainerRequest
+	(*CreateContainerResponse)(nil),      // 23: crust.agent.v1.CreateContainerResponse
+	(*Rlimit)(nil),                       // 24: crust.agent.v1.Rlimit
+	(*Process)(nil),                      // 25: crust.agent.v1.Process
+	(*StartProcessRequest)(nil),          // 26: crust.agent.v1.StartProcessRequest
+	(*StartProcessResponse)(nil),         // 27: crust.agent.v1.StartProcessResponse
+	(*WaitProcessRequest)(nil),           // 28: crust.agent.v1.WaitProcessRequest
+	(*WaitProcessResponse)(nil),          // 29: crust.agent.v1.WaitProcessResponse
+	(*SignalProcessRequest)(nil),         // 30: crust.agent.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),        // 31: crust.agent.v1.SignalProcessResponse
+	(*ReadStreamRequest)(nil),            // 32: crust.agent.v1.ReadStreamRequest
+	(*ReadStreamResponse)(nil),           // 33: crust.agent.v1.ReadStreamResponse
+	(*WriteStdinRequest)(nil),            // 34: crust.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),           // 35: crust.agent.v1.WriteStdinResponse
+	(*CloseStdinRequest)(nil),            // 36: crust.agent.v1.CloseStdinRequest
+	(*CloseStdinResponse)(nil),           // 37: crust.agent.v1.CloseStdinResponse
+	(*ResizeTerminalRequest)(nil),        // 38: crust.agent.v1.ResizeTerminalRequest
+	(*ResizeTerminalResponse)(nil),       // 39: crust.agent.v1.ResizeTerminalResponse
+	(*RemoveContainerRequest)(nil),       // 40: crust.agent.v1.RemoveContainerRequest
+	(*RemoveContainerResponse)(nil),      // 41: crust.agent.v1.RemoveContainerResponse
+	(*ContainerStatsRequest)(nil),        // 42: crust.agent.v1.ContainerStatsRequest
+	(*ContainerStatsResponse)(nil),       // 43: crust.agent.v1.ContainerStatsResponse
+	(*ControlServiceExecRequest)(nil),    // 44: crust.agent.v1.ControlServiceExecRequest
+	(*ControlServiceExecResponse)(nil),   // 45: crust.agent.v1.ControlServiceExecResponse
+	(*ControlServiceHealthRequest)(nil),  // 46: crust.agent.v1.ControlServiceHealthRequest
+	(*ControlServiceHealthResponse)(nil), // 47: crust.agent.v1.ControlServiceHealthResponse
+	(*StopRequest)(nil),                  // 48: crust.agent.v1.StopRequest
+	(*StopResponse)(nil),                 // 49: crust.agent.v1.StopResponse
 }
 var file_crust_agent_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: crust.agent.v1.MountRequest.fs_group_policy:type_name -> crust.agent.v1.FsGroupPolicy
-	9,  // 1: crust.agent.v1.StatfsResponse.bytes:type_name -> crust.agent.v1.Usage
-	9,  // 2: crust.agent.v1.StatfsResponse.inodes:type_name -> crust.agent.v1.Usage
-	19, // 3: crust.agent.v1.CreateContainerRequest.mounts:type_name -> crust.agent.v1.ContainerMount
-	20, // 4: crust.agent.v1.CreateContainerRequest.devices:type_name -> crust.agent.v1.ContainerDevice
-	23, // 5: crust.agent.v1.Process.rlimits:type_name -> crust.agent.v1.Rlimit
-	24, // 6: crust.agent.v1.StartProcessRequest.process:type_name -> crust.agent.v1.Process
-	1,  // 7: crust.agent.v1.ReadStreamRequest.stream:type_name -> crust.agent.v1.Stream
-	14, // 8: crust.agent.v1.ControlServiceExecResponse.result:type_name -> crust.agent.v1.ExecResponse
-	2,  // 9: crust.agent.v1.ControlServiceHealthRequest.request:type_name -> crust.agent.v1.HealthRequest
-	3,  // 10: crust.agent.v1.ControlServiceHealthResponse.result:type_name -> crust.agent.v1.HealthResponse
-	2,  // 11: crust.agent.v1.AgentService.Health:input_type -> crust.agent.v1.HealthRequest
-	4,  // 12: crust.agent.v1.AgentService.Mount:input_type -> crust.agent.v1.MountRequest
-	6,  // 13: crust.agent.v1.AgentService.Unmount:input_type -> crust.agent.v1.UnmountRequest
-	8,  // 14: crust.agent.v1.AgentService.Statfs:input_type -> crust.agent.v1.StatfsRequest
-	11, // 15: crust.agent.v1.AgentService.Grow:input_type -> crust.agent.v1.GrowRequest
-	13, // 16: crust.agent.v1.AgentService.Exec:input_type -> crust.agent.v1.ExecRequest
-	15, // 17: crust.agent.v1.AgentService.Shutdown:input_type -> crust.agent.v1.ShutdownRequest
-	17, // 18: crust.agent.v1.AgentService.MountShare:input_type -> crust.agent.v1.MountShareRequest
-	21, // 19: crust.agent.v1.AgentService.CreateContainer:input_type -> crust.agent.v1.CreateContainerRequest
-	25, // 20: crust.agent.v1.AgentService.StartProcess:input_type -> crust.agent.v1.StartProcessRequest
-	27, // 21: crust.agent.v1.AgentService.WaitProcess:input_type -> crust.agent.v1.WaitProcessRequest
-	29, // 22: crust.agent.v1.AgentService.SignalProcess:input_type -> crust.agent.v1.SignalProcessRequest
-	31, // 23: crust.agent.v1.AgentService.ReadStream:input_type -> crust.agent.v1.ReadStreamRequest
-	33, // 24: crust.agent.v1.AgentService.WriteStdin:input_type -> crust.agent.v1.WriteStdinRequest
-	35, // 25: crust.agent.v1.AgentService.CloseStdin:input_type -> crust.agent.v1.CloseStdinRequest
-	37, // 26: crust.agent.v1.AgentService.ResizeTerminal:input_type -> crust.agent.v1.ResizeTerminalRequest
-	39, // 27: crust.agent.v1.AgentService.RemoveContainer:input_type -> crust.agent.v1.RemoveContainerRequest
-	41, // 28: crust.agent.v1.AgentService.ContainerStats:input_type -> crust.agent.v1.ContainerStatsRequest
-	43, // 29: crust.agent.v1.ControlService.Exec:input_type -> crust.agent.v1.ControlServiceExecRequest
-	45, // 30: crust.agent.v1.ControlService.Health:input_type -> crust.agent.v1.ControlServiceHealthRequest
-	47, // 31: crust.agent.v1.ControlService.Stop:input_type -> crust.agent.v1.StopRequest
-	3,  // 32: crust.agent.v1.AgentService.Health:output_type -> crust.agent.v1.HealthResponse
-	5,  // 33: crust.agent.v1.AgentService.Mount:output_type -> crust.agent.v1.MountResponse
-	7,  // 34: crust.agent.v1.AgentService.Unmount:output_type -> crust.agent.v1.UnmountResponse
-	10, // 35: crust.agent.v1.AgentService.Statfs:output_type -> crust.agent.v1.StatfsResponse
-	12, // 36: crust.agent.v1.AgentService.Grow:output_type -> crust.agent.v1.GrowResponse
-	14, // 37: crust.agent.v1.AgentService.Exec:output_type -> crust.agent.v1.ExecResponse
-	16, // 38: crust.agent.v1.AgentService.Shutdown:output_type -> crust.agent.v1.ShutdownResponse
-	18, // 39: crust.agent.v1.AgentService.MountShare:output_type -> crust.agent.v1.MountShareResponse
-	22, // 40: crust.agent.v1.AgentService.CreateContainer:output_type -> crust.agent.v1.CreateContainerResponse
-	26, // 41: crust.agent.v1.AgentService.StartProcess:output_type -> crust.agent.v1.StartProcessResponse
-	28, // 42: crust.agent.v1.AgentService.WaitProcess:output_type -> crust.agent.v1.WaitProcessResponse
-	30, // 43: crust.agent.v1.AgentService.SignalProcess:output_type -> crust.agent.v1.SignalProcessResponse
-	32, // 44: crust.agent.v1.AgentService.ReadStream:output_type -> crust.agent.v1.ReadStreamResponse
-	34, // 45: crust.agent.v1.AgentService.WriteStdin:output_type -> crust.agent.v1.WriteStdinResponse
-	36, // 46: crust.agent.v1.AgentService.CloseStdin:output_type -> crust.agent.v1.CloseStdinResponse
-	38, // 47: crust.agent.v1.AgentService.ResizeTerminal:output_type -> crust.agent.v1.ResizeTerminalResponse
-	40, // 48: crust.agent.v1.AgentService.RemoveContainer:output_type -> crust.agent.v1.RemoveContainerResponse
-	42, // 49: crust.agent.v1.AgentService.ContainerStats:output_type -> crust.agent.v1.ContainerStatsResponse
-	44, // 50: crust.agent.v1.ControlService.Exec:output_type -> crust.agent.v1.ControlServiceExecResponse
-	46, // 51: crust.agent.v1.ControlService.Health:output_type -> crust.agent.v1.ControlServiceHealthResponse
-	48, // 52: crust.agent.v1.ControlService.Stop:output_type -> crust.agent.v1.StopResponse
-	32, // [32:53] is the sub-list for method output_type
-	11, // [11:32] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	5,  // 1: crust.agent.v1.MountRequest.encryption:type_name -> crust.agent.v1.Encryption
+	10, // 2: crust.agent.v1.StatfsResponse.bytes:type_name -> crust.agent.v1.Usage
+	10, // 3: crust.agent.v1.StatfsResponse.inodes:type_name -> crust.agent.v1.Usage
+	20, // 4: crust.agent.v1.CreateContainerRequest.mounts:type_name -> crust.agent.v1.ContainerMount
+	21, // 5: crust.agent.v1.CreateContainerRequest.devices:type_name -> crust.agent.v1.ContainerDevice
+	24, // 6: crust.agent.v1.Process.rlimits:type_name -> crust.agent.v1.Rlimit
+	25, // 7: crust.agent.v1.StartProcessRequest.process:type_name -> crust.agent.v1.Process
+	1,  // 8: crust.agent.v1.ReadStreamRequest.stream:type_name -> crust.agent.v1.Stream
+	15, // 9: crust.agent.v1.ControlServiceExecResponse.result:type_name -> crust.agent.v1.ExecResponse
+	2,  // 10: crust.agent.v1.ControlServiceHealthRequest.request:type_name -> crust.agent.v1.HealthRequest
+	3,  // 11: crust.agent.v1.ControlServiceHealthResponse.result:type_name -> crust.agent.v1.HealthResponse
+	2,  // 12: crust.agent.v1.AgentService.Health:input_type -> crust.agent.v1.HealthRequest
+	4,  // 13: crust.agent.v1.AgentService.Mount:input_type -> crust.agent.v1.MountRequest
+	7,  // 14: crust.agent.v1.AgentService.Unmount:input_type -> crust.agent.v1.UnmountRequest
+	9,  // 15: crust.agent.v1.AgentService.Statfs:input_type -> crust.agent.v1.StatfsRequest
+	12, // 16: crust.agent.v1.AgentService.Grow:input_type -> crust.agent.v1.GrowRequest
+	14, // 17: crust.agent.v1.AgentService.Exec:input_type -> crust.agent.v1.ExecRequest
+	16, // 18: crust.agent.v1.AgentService.Shutdown:input_type -> crust.agent.v1.ShutdownRequest
+	18, // 19: crust.agent.v1.AgentService.MountShare:input_type -> crust.agent.v1.MountShareRequest
+	22, // 20: crust.agent.v1.AgentService.CreateContainer:input_type -> crust.agent.v1.CreateContainerRequest
+	26, // 21: crust.agent.v1.AgentService.StartProcess:input_type -> crust.agent.v1.StartProcessRequest
+	28, // 22: crust.agent.v1.AgentService.WaitProcess:input_type -> crust.agent.v1.WaitProcessRequest
+	30, // 23: crust.agent.v1.AgentService.SignalProcess:input_type -> crust.agent.v1.SignalProcessRequest
+	32, // 24: crust.agent.v1.AgentService.ReadStream:input_type -> crust.agent.v1.ReadStreamRequest
+	34, // 25: crust.agent.v1.AgentService.WriteStdin:input_type -> crust.agent.v1.WriteStdinRequest
+	36, // 26: crust.agent.v1.AgentService.CloseStdin:input_type -> crust.agent.v1.CloseStdinRequest
+	38, // 27: crust.agent.v1.AgentService.ResizeTerminal:input_type -> crust.agent.v1.ResizeTerminalRequest
+	40, // 28: crust.agent.v1.AgentService.RemoveContainer:input_type -> crust.agent.v1.RemoveContainerRequest
+	42, // 29: crust.agent.v1.AgentService.ContainerStats:input_type -> crust.agent.v1.ContainerStatsRequest
+	44, // 30: crust.agent.v1.ControlService.Exec:input_type -> crust.agent.v1.ControlServiceExecRequest
+	46, // 31: crust.agent.v1.ControlService.Health:input_type -> crust.agent.v1.ControlServiceHealthRequest
+	48, // 32: crust.agent.v1.ControlService.Stop:input_type -> crust.agent.v1.StopRequest
+	3,  // 33: crust.agent.v1.AgentService.Health:output_type -> crust.agent.v1.HealthResponse
+	6,  // 34: crust.agent.v1.AgentService.Mount:output_type -> crust.agent.v1.MountResponse
+	8,  // 35: crust.agent.v1.AgentService.Unmount:output_type -> crust.agent.v1.UnmountResponse
+	11, // 36: crust.agent.v1.AgentService.Statfs:output_type -> crust.agent.v1.StatfsResponse
+	13, // 37: crust.agent.v1.AgentService.Grow:output_type -> crust.agent.v1.GrowResponse
+	15, // 38: crust.agent.v1.AgentService.Exec:output_type -> crust.agent.v1.ExecResponse
+	17, // 39: crust.agent.v1.AgentService.Shutdown:output_type -> crust.agent.v1.ShutdownResponse
+	19, // 40: crust.agent.v1.AgentService.MountShare:output_type -> crust.agent.v1.MountShareResponse
+	23, // 41: crust.agent.v1.AgentService.CreateContainer:output_type -> crust.agent.v1.CreateContainerResponse
+	27, // 42: crust.agent.v1.AgentService.StartProcess:output_type -> crust.agent.v1.StartProcessResponse
+	29, // 43: crust.agent.v1.AgentService.WaitProcess:output_type -> crust.agent.v1.WaitProcessResponse
+	31, // 44: crust.agent.v1.AgentService.SignalProcess:output_type -> crust.agent.v1.SignalProcessResponse
+	33, // 45: crust.agent.v1.AgentService.ReadStream:output_type -> crust.agent.v1.ReadStreamResponse
+	35, // 46: crust.agent.v1.AgentService.WriteStdin:output_type -> crust.agent.v1.WriteStdinResponse
+	37, // 47: crust.agent.v1.AgentService.CloseStdin:output_type -> crust.agent.v1.CloseStdinResponse
+	39, // 48: crust.agent.v1.AgentService.ResizeTerminal:output_type -> crust.agent.v1.ResizeTerminalResponse
+	41, // 49: crust.agent.v1.AgentService.RemoveContainer:output_type -> crust.agent.v1.RemoveContainerResponse
+	43, // 50: crust.agent.v1.AgentService.ContainerStats:output_type -> crust.agent.v1.ContainerStatsResponse
+	45, // 51: crust.agent.v1.ControlService.Exec:output_type -> crust.agent.v1.ControlServiceExecResponse
+	47, // 52: crust.agent.v1.ControlService.Health:output_type -> crust.agent.v1.ControlServiceHealthResponse
+	49, // 53: crust.agent.v1.ControlService.Stop:output_type -> crust.agent.v1.StopResponse
+	33, // [33:54] is the sub-list for method output_type
+	12, // [12:33] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_crust_agent_v1_agent_proto_init() }
@@ -3180,7 +3256,7 @@ func file_crust_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crust_agent_v1_agent_proto_rawDesc), len(file_crust_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   47,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
