@@ -333,7 +333,10 @@ func Metadata(md map[string]string) PublishOption {
 //   - pod_uid and metadata come from the pod information in the volume context (PodInfo); without a pod
 //     UID there, pod_uid is the one in a target path of kubelet's shape (volume.ParseTargetPath);
 //   - io_limits come from the I/O limit keys of the volume context (volume.ParseIOLimits), unset when
-//     there are none.
+//     there are none;
+//   - a volume context that asks for encryption (volume.ParseEncryption) adds the key from req's secrets
+//     (volume.EncryptionKeyFrom) as the metadata encryptionKey, which crustd keeps secret, and
+//     crust.dev/encryption-integrity "true" when integrity is asked.
 //
 // The CSI proxy builds its descriptors with this function too, from the same request (with the
 // StorageClass's crust keys added to the volume context when the driver did not echo them), so that a
@@ -347,7 +350,8 @@ func Metadata(md map[string]string) PublishOption {
 // volume_capability, when the capability is neither a mount nor a block one, when it is a block one and
 // RawBlock is not given (a raw block volume is used by the sandbox as a device and needs no deferral),
 // when the group is not a number, or when device is empty; and naming the key when an I/O limit is not a
-// whole, non-negative quantity or the limits cannot go together (volume.CheckIOLimits).
+// whole, non-negative quantity or the limits cannot go together (volume.CheckIOLimits), when the
+// encryption keys are malformed or the key is missing, and when a raw block volume asks for encryption.
 func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...PublishOption) (*crustv1.StageVolumeRequest, error) {
 	if err := required("volume_id", req.GetVolumeId(), "target_path", req.GetTargetPath()); err != nil {
 		return nil, err
@@ -383,6 +387,9 @@ func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...Publ
 		return nil, err
 	}
 	spec.IoLimits = limits
+	if err := encryptionFields(spec, req); err != nil {
+		return nil, err
+	}
 	if mnt != nil {
 		if err := mountFields(spec, mnt); err != nil {
 			return nil, err
@@ -400,10 +407,33 @@ func StageRequest(req *csi.NodePublishVolumeRequest, device string, opts ...Publ
 	case spec.VolumeMode != crustv1.VolumeMode_VOLUME_MODE_BLOCK:
 		return nil, errdefs.Field("volume_capability", "a block volume is deferred only with the "+
 			"RawBlock option; without it, publish it on the host: the runtime hands the device to the sandbox itself")
+	case spec.GetMetadata()[volume.EncryptionKey] != "":
+		return nil, errdefs.Field(volume.EncryptionParamKey, "a raw block volume is not encrypted by crust: the sandbox gets the device itself")
 	default:
 		spec.FsType, spec.CreateFilesystem = "", false // filesystem options mean nothing for a raw device
 	}
 	return &crustv1.StageVolumeRequest{Spec: spec}, nil
+}
+
+// encryptionFields adds the encryption req's volume context asks for to spec's metadata: the key from
+// req's secrets, and integrity.
+func encryptionFields(spec *crustv1.VolumeSpec, req *csi.NodePublishVolumeRequest) error {
+	enc, err := volume.ParseEncryption(req.GetVolumeContext())
+	if err != nil || enc == nil {
+		return err
+	}
+	key, err := volume.EncryptionKeyFrom(req.GetSecrets())
+	if err != nil {
+		return err
+	}
+	if spec.Metadata == nil {
+		spec.Metadata = map[string]string{}
+	}
+	spec.Metadata[volume.EncryptionKey] = key
+	if enc.Integrity {
+		spec.Metadata[volume.EncryptionIntegrityKey] = "true"
+	}
+	return nil
 }
 
 // ReadOnly reports whether a publish is read-only: req says so, or its access mode is a reader-only one.

@@ -109,7 +109,9 @@ type Deferral struct {
 // a log or an Event. A raw block capability, or a context that does not ask for deferral
 // (volume.Deferred), passes through. So does one without pod information (podInfoOnMount) or with no
 // Pods: deferred. Otherwise the pod's runtime handler decides: a match of Handlers is deferred, any
-// other handler host-mounted. The error, wrapping ErrPodNotSeen, says the pod stayed unknown for PodWait
+// other handler host-mounted, except a volume that asks for encryption (volume.ParseEncryption), which
+// only a sandbox opens: that is an error of kind FailedPrecondition (or InvalidArgument, naming the key,
+// for malformed encryption keys). An error wrapping ErrPodNotSeen says the pod stayed unknown for PodWait
 // (or until ctx ended).
 func (d Deferral) Decide(ctx context.Context, c *csi.VolumeCapability, volumeContext map[string]string) (Decision, string, error) {
 	switch {
@@ -140,11 +142,24 @@ func (d Deferral) Decide(ctx context.Context, c *csi.VolumeCapability, volumeCon
 	whose := "pod's runtime handler "
 	if handler == "" {
 		if handler, whose = d.DefaultHandler, "the node's default runtime handler "; handler == "" {
-			return HostMount, "pod has no runtimeClassName", nil
+			return onHost(pod, volumeContext, "pod has no runtimeClassName")
 		}
 	}
 	if p, ok := d.Handlers.Match(handler); ok {
 		return Defer, whose + handler + " is a microVM handler (matches pattern " + p + ")", nil
 	}
-	return HostMount, whose + handler + " is not a microVM handler (matches none of " + strings.Join(d.Handlers, ",") + ")", nil
+	return onHost(pod, volumeContext, whose+handler+" is not a microVM handler (matches none of "+strings.Join(d.Handlers, ",")+")")
+}
+
+// onHost is HostMount for why, unless the volume asks for encryption, which only a sandbox gives: then
+// an error of kind FailedPrecondition, as mounting it in the clear on the node would defeat it.
+func onHost(pod Pod, volumeContext map[string]string, why string) (Decision, string, error) {
+	if enc, err := volume.ParseEncryption(volumeContext); err != nil || enc != nil {
+		if err == nil {
+			err = errdefs.Errorf(errdefs.ErrFailedPrecondition, "volume asks for encryption inside the sandbox (%s), "+
+				"and pod %s/%s runs on the host: %s; give the pod a microVM RuntimeClass", volume.EncryptionParamKey, pod.Namespace, pod.Name, why)
+		}
+		return PassThrough, "", err
+	}
+	return HostMount, why, nil
 }

@@ -76,6 +76,29 @@ func TestDeferralDecide(t *testing.T) {
 	if _, why, _ := perPod.Decide(context.Background(), block, withPod("kata")); why != client.ReasonRawBlock {
 		t.Errorf("raw block reason %q", why)
 	}
+	// An encrypting volume: deferred for a microVM pod, refused for one on the host, never host-mounted.
+	encrypted := func(pod string, extra ...string) map[string]string {
+		m := withPod(pod)
+		m[volume.EncryptionParamKey] = "luks2"
+		for i := 0; i+1 < len(extra); i += 2 {
+			m[extra[i]] = extra[i+1]
+		}
+		return m
+	}
+	if got, _, err := perPod.Decide(context.Background(), mountCap(), encrypted("kata")); err != nil || got != client.Defer {
+		t.Errorf("encrypted, microVM pod: %v, %v; want defer", got, err)
+	}
+	for _, pod := range []string{"runc", "gvisor"} {
+		got, _, err := perPod.Decide(context.Background(), mountCap(), encrypted(pod))
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "ns/"+pod) || got == client.HostMount {
+			t.Errorf("encrypted, pod %s on the host: %v, %v; want FailedPrecondition naming the pod", pod, got, err)
+		}
+	}
+	var fe *errdefs.FieldError
+	if _, _, err := perPod.Decide(context.Background(), mountCap(), encrypted("runc", volume.EncryptionIntegrityKey, "yes")); !errors.As(err, &fe) ||
+		fe.Field != volume.EncryptionIntegrityKey {
+		t.Errorf("malformed integrity on the host: %v; want a field error naming %s", err, volume.EncryptionIntegrityKey)
+	}
 }
 
 // A pod the look-ups learn of late is waited for, within PodWait; one never learnt of is ErrPodNotSeen,

@@ -34,10 +34,10 @@ const (
 	FSGroupChangePolicyKey = "fsGroupChangePolicy"
 )
 
-// DefaultMetadataKeys are the metadata keys crustd accepts without configuration: EncryptionKey and
-// kubelet's pod information. The list is a copy.
+// DefaultMetadataKeys are the metadata keys crustd accepts without configuration: EncryptionKey,
+// EncryptionIntegrityKey and kubelet's pod information. The list is a copy.
 func DefaultMetadataKeys() []string {
-	return []string{EncryptionKey, PodNameKey, PodNamespaceKey, PodUIDKey, ServiceAccountKey, EphemeralKey}
+	return []string{EncryptionKey, EncryptionIntegrityKey, PodNameKey, PodNamespaceKey, PodUIDKey, ServiceAccountKey, EphemeralKey}
 }
 
 // TypedField returns the VolumeSpec field that stands for a Kata metadata key which has a typed field
@@ -56,8 +56,10 @@ func TypedField(key string) string {
 }
 
 // IsParameterKey reports whether a StorageClass parameter (or volume context key) is crust's own rather
-// than the driver's: DeferKey or one of IOLimitKeys.
-func IsParameterKey(key string) bool { return key == DeferKey || IsIOLimitKey(key) }
+// than the driver's: DeferKey, one of IOLimitKeys, EncryptionParamKey or EncryptionIntegrityKey.
+func IsParameterKey(key string) bool {
+	return key == DeferKey || IsIOLimitKey(key) || key == EncryptionParamKey || key == EncryptionIntegrityKey
+}
 
 // Deferred reports whether a volume context (or StorageClass parameters) asks for deferral: DeferKey set
 // to true (any form strconv.ParseBool accepts, such as "true" or "True"). Anything else, a missing key

@@ -25,10 +25,12 @@ import (
 //     block volumes are never deferred.
 //   - crust.dev/defer is crust's, not the driver's: it is removed from the parameters the driver sees, so
 //     a driver that refuses parameters it does not know still serves a deferring class.
-//   - crust's I/O limit keys (volume.IOLimitKeys) are checked as crustd will check them, and a bad value
-//     is refused with InvalidArgument naming the parameter before the driver is asked anything; they too
-//     are removed from the driver's parameters, and copied as given into the response's volume context,
-//     whence the node proxy carries them into the descriptor.
+//   - crust's I/O limit keys (volume.IOLimitKeys) and encryption keys (crust.dev/encryption,
+//     crust.dev/encryption-integrity) are checked as crustd and the descriptor will check them, and a bad
+//     value, or encryption asked for a raw block volume, is refused with InvalidArgument naming the
+//     parameter before the driver is asked anything; they too are removed from the driver's parameters,
+//     and copied as given into the response's volume context, whence the node proxy carries them into the
+//     descriptor (the key itself comes with NodePublishVolume's secrets).
 //
 // Every other Controller call, and anything else the driver serves on that socket, is forwarded raw.
 type controllerServer struct {
@@ -48,7 +50,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, r *csi.CreateVolume
 	if len(ours) == 0 {
 		return s.ctrl.CreateVolume(outgoing(ctx), r)
 	}
-	if _, err := checkIOLimits(ours); err != nil {
+	if err := checkParameters(ours, r.GetVolumeCapabilities()...); err != nil {
 		return nil, err
 	}
 	deferred := DeferRequested(r.GetParameters())

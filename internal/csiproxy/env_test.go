@@ -207,6 +207,13 @@ func (e *env) createVolume(name string, size int64, deferrable bool) *csi.Volume
 	if deferrable {
 		params[DeferKey] = "true"
 	}
+	return e.createVolumeWith(name, size, params)
+}
+
+// createVolumeWith makes a volume of a class of params through the driver's controller, deleted at the
+// end of the test.
+func (e *env) createVolumeWith(name string, size int64, params map[string]string) *csi.Volume {
+	e.t.Helper()
 	r, err := e.ctrl.CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: name,
 		CapacityRange:      &csi.CapacityRange{RequiredBytes: size},
 		VolumeCapabilities: []*csi.VolumeCapability{mountCap()}, Parameters: params})

@@ -95,9 +95,10 @@ func (p *Proxy) NodeUnstageVolume(ctx context.Context, r *csi.NodeUnstageVolumeR
 }
 
 // lockToChange locks the record of kind at path for a call that may change it, once the I/O limits of
-// the volume context are found acceptable: limits crustd would refuse are refused before anything is done.
+// the volume context are found acceptable: I/O limits or encryption keys crustd or the descriptor would
+// refuse are refused before anything is done.
 func (p *Proxy) lockToChange(ctx context.Context, kind Kind, path string, volCtx map[string]string) (*Record, func(), error) {
-	if _, err := checkIOLimits(volCtx); err != nil {
+	if err := checkParameters(volCtx); err != nil {
 		return nil, nil, err
 	}
 	return p.lockRecord(ctx, kind, path)

@@ -365,9 +365,9 @@ func checkOptionalCapability(field string, c *csi.VolumeCapability) error {
 	return checkCapability(field, c)
 }
 
-// checkParameters accepts crust.dev/defer (a boolean), crust's I/O limit keys (quantities, volume.ParseIOLimits)
-// and the csi.storage.k8s.io/ keys provisioners add, and returns the volume context to hand to the node:
-// the defer and I/O limit keys that are given.
+// checkParameters accepts crust.dev/defer (a boolean), crust's I/O limit keys (quantities,
+// volume.ParseIOLimits) and encryption keys (volume.ParseEncryption), and the csi.storage.k8s.io/ keys
+// provisioners add, and returns the volume context to hand to the node: crust's keys that are given.
 func checkParameters(params map[string]string) (map[string]string, error) {
 	volCtx := map[string]string{}
 	for k, v := range params {
@@ -377,15 +377,21 @@ func checkParameters(params map[string]string) (map[string]string, error) {
 				return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "parameters[%q]: %q is not true or false", k, v)
 			}
 			volCtx[k] = v
-		case volume.IsIOLimitKey(k):
-			if _, err := volume.ParseIOLimits(map[string]string{k: v}); err != nil {
-				return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "parameters[%q]: %s", k, strings.TrimPrefix(err.Error(), k+": "))
-			}
+		case volume.IsParameterKey(k):
 			volCtx[k] = v
 		case strings.HasPrefix(k, "csi.storage.k8s.io/"):
 		default:
-			return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "parameters[%q]: unknown parameter (known: %s, %s)", k, volume.DeferKey,
-				strings.Join(volume.IOLimitKeys(), ", "))
+			return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "parameters[%q]: unknown parameter (known: %s, %s, %s, %s)", k, volume.DeferKey,
+				strings.Join(volume.IOLimitKeys(), ", "), volume.EncryptionParamKey, volume.EncryptionIntegrityKey)
+		}
+	}
+	for _, check := range []func(map[string]string) error{
+		func(m map[string]string) error { _, err := volume.ParseIOLimits(m); return err },
+		func(m map[string]string) error { _, err := volume.ParseEncryption(m); return err },
+	} {
+		var fe *errdefs.FieldError
+		if err := check(volCtx); errors.As(err, &fe) {
+			return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "parameters[%q]: %s", fe.Field, fe.Reason)
 		}
 	}
 	if len(volCtx) == 0 {

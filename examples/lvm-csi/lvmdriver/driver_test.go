@@ -412,6 +412,17 @@ func TestControllerRules(t *testing.T) {
 	if wantCode(t, "negative I/O limit", err, codes.InvalidArgument); !strings.Contains(status.Convert(err).Message(), volume.ReadIOPSKey) {
 		t.Errorf("the refusal does not name the parameter: %v", err)
 	}
+	_, err = d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "d", VolumeCapabilities: caps, Parameters: map[string]string{volume.EncryptionParamKey: "aes"}})
+	if wantCode(t, "unknown encryption", err, codes.InvalidArgument); !strings.Contains(status.Convert(err).Message(), volume.EncryptionParamKey) {
+		t.Errorf("the refusal does not name the parameter: %v", err)
+	}
+	if v, err := d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "e", VolumeCapabilities: caps, Parameters: map[string]string{
+		volume.DeferKey: "true", volume.EncryptionParamKey: "luks2", volume.EncryptionIntegrityKey: "true"}}); err != nil ||
+		v.GetVolume().GetVolumeContext()[volume.EncryptionParamKey] != "luks2" || v.GetVolume().GetVolumeContext()[volume.EncryptionIntegrityKey] != "true" {
+		t.Errorf("an encrypting class: %v, %v; want its keys in the volume context", v, err)
+	} else if _, err := d.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolume().GetVolumeId()}); err != nil {
+		t.Error(err)
+	}
 	_, err = d.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "d", VolumeCapabilities: []*csi.VolumeCapability{{
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER}}}})

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 	"crust.dev/crust/api/errdefs"
 	crusthandler "crust.dev/crust/api/handler"
 	"crust.dev/crust/api/kata"
+	crustvolume "crust.dev/crust/api/volume"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 	"crust.dev/crust/examples/microvm/vm"
 )
@@ -464,7 +466,8 @@ func checkDevice(desc *crustv1.Volume, path string) error {
 }
 
 // encryption is the guest's encryption of v, from its metadata's encryptionKey (nil without one): the
-// key is the LUKS2 passphrase, given to the guest alone. Kata's "ephemeral" (a key made in the guest and
+// key is the LUKS2 passphrase, given to the guest alone, and crust.dev/encryption-integrity "true" adds
+// dm-integrity. Kata's "ephemeral" (a key made in the guest and
 // lost with it) and encrypted raw block or persistent-memory volumes are refused.
 func encryption(spec *crustv1.VolumeSpec, v *volume) (*agentv1.Encryption, error) {
 	key, ok := spec.GetMetadata()[kata.MetadataEncryptionKey]
@@ -478,5 +481,6 @@ func encryption(spec *crustv1.VolumeSpec, v *volume) (*agentv1.Encryption, error
 		return nil, fmt.Errorf("the volume asks for encryption (metadata %s); crust-microvm encrypts filesystem "+
 			"volumes on disks only, not raw block or persistent-memory ones", kata.MetadataEncryptionKey)
 	}
-	return &agentv1.Encryption{Key: []byte(key)}, nil
+	integrity, _ := strconv.ParseBool(spec.GetMetadata()[crustvolume.EncryptionIntegrityKey])
+	return &agentv1.Encryption{Key: []byte(key), Integrity: integrity}, nil
 }

@@ -1,10 +1,15 @@
 package csiproxy
 
 import (
+	"bytes"
 	"context"
+	"io/fs"
+	"log/slog"
 	"maps"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -15,12 +20,13 @@ import (
 	"crust.dev/crust/api/client"
 	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/api/volume"
+	"crust.dev/crust/internal/testutil"
 )
 
-// With --controller, a class's I/O limits never reach the driver's parameters and come back in the
-// volume context as given; a limit crustd would refuse is INVALID_ARGUMENT naming the parameter, and the
-// driver is not asked.
-func TestControllerIOLimits(t *testing.T) {
+// With --controller, a class's I/O limits and encryption keys never reach the driver's parameters and
+// come back in the volume context as given; a value crustd or the descriptor would refuse, or encryption
+// of a raw block volume, is INVALID_ARGUMENT naming the parameter, and the driver is not asked.
+func TestControllerParameters(t *testing.T) {
 	cc, d := startController(t)
 	ctrl := csi.NewControllerClient(cc)
 	ctx := context.Background()
@@ -70,19 +76,40 @@ func TestControllerIOLimits(t *testing.T) {
 		{"negative", volume.WriteIOPSKey, "-3", "is negative"},
 		{"too large", volume.TotalBytesPerSecondKey, "2P", "is larger than"},
 		{"total and read", volume.ReadIOPSKey, "10", "cannot be set together with " + volume.TotalIOPSKey},
+		{"unknown encryption", volume.EncryptionParamKey, "aes-xts", "is not an encryption crust knows"},
+		{"integrity not a boolean", volume.EncryptionIntegrityKey, "maybe", "is not a boolean"},
+		{"integrity without encryption", volume.EncryptionIntegrityKey, "true", "integrity needs " + volume.EncryptionParamKey},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			before := seen()
 			params := map[string]string{DeferKey: "true", volume.TotalIOPSKey: "50", tc.key: tc.value}
-			_, err := create(params, mountCapMode("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER))
-			if s := status.Convert(err); s.Code() != codes.InvalidArgument || !strings.HasPrefix(s.Message(), tc.key+": ") ||
-				!strings.Contains(s.Message(), tc.reason) {
-				t.Errorf("got %v, want INVALID_ARGUMENT naming %s: ...%s", err, tc.key, tc.reason)
-			}
-			if n := seen(); n != before {
-				t.Errorf("the driver was asked %d times for a refused request", n-before)
-			}
+			refused(t, seen, tc.key, tc.reason, func() error {
+				_, err := create(params, mountCapMode("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER))
+				return err
+			})
 		})
+	}
+	// An encrypting class: its keys reach the volume context, not the driver; a raw block volume of it is
+	// refused.
+	enc := map[string]string{DeferKey: "true", volume.EncryptionParamKey: "luks2", volume.EncryptionIntegrityKey: "true", "type": "ssd"}
+	resp, err := create(enc, mountCapMode("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER))
+	if vc := resp.GetVolume().GetVolumeContext(); err != nil || vc[volume.EncryptionParamKey] != "luks2" || vc[volume.EncryptionIntegrityKey] != "true" {
+		t.Errorf("an encrypting class: %v, %v; want its keys in the volume context", resp, err)
+	}
+	refused(t, seen, volume.EncryptionParamKey, "raw block", func() error { _, err := create(enc, blockCap()); return err })
+}
+
+// refused runs call and checks that it is INVALID_ARGUMENT naming key first, with reason, and that the
+// driver was not asked.
+func refused(t *testing.T, seen func() int, key, reason string, call func() error) {
+	t.Helper()
+	before := seen()
+	err := call()
+	if s := status.Convert(err); s.Code() != codes.InvalidArgument || !strings.HasPrefix(s.Message(), key+": ") ||
+		!strings.Contains(s.Message(), reason) {
+		t.Errorf("got %v, want INVALID_ARGUMENT naming %s: ...%s", err, key, reason)
+	}
+	if n := seen(); n != before {
+		t.Errorf("the driver was asked %d times for a refused request", n-before)
 	}
 }
 
@@ -94,16 +121,7 @@ func TestNodeIOLimits(t *testing.T) {
 	cc := startProxy(t, e.config(), e.log)
 	node := csi.NewNodeClient(cc)
 	ctx := context.Background()
-	r, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc-limits", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
-		VolumeCapabilities: []*csi.VolumeCapability{mountCap()},
-		Parameters:         map[string]string{DeferKey: "true", volume.ReadIOPSKey: "100", volume.TotalBytesPerSecondKey: "10Mi"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	vol := r.GetVolume()
-	t.Cleanup(func() {
-		_, _ = e.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: vol.GetVolumeId()})
-	})
+	vol := e.createVolumeWith("pvc-limits", 64<<20, map[string]string{DeferKey: "true", volume.ReadIOPSKey: "100", volume.TotalBytesPerSecondKey: "10Mi"})
 	const uid = "0e0e0e0e-0000-4000-8000-0000000000a1"
 	staging, target := e.staging("pv-limits"), e.target(uid, "pv-limits")
 
@@ -161,4 +179,69 @@ func TestNodeIOLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.assertClean()
+}
+
+// On the node, a deferred publish of an encrypting class carries the key of the publish's secret into the
+// descriptor, which crustd answers redacted; the key is nowhere in the proxy's log (at debug level) or
+// its journal. A publish whose secret lacks the key is INVALID_ARGUMENT naming the secret's entry, and
+// nothing is published or deposited.
+func TestNodeEncryption(t *testing.T) {
+	e := newEnv(t)
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	node := csi.NewNodeClient(startProxy(t, e.config(), log))
+	ctx := context.Background()
+	vol := e.createVolumeWith("pvc-enc", 64<<20, map[string]string{DeferKey: "true", volume.EncryptionParamKey: "luks2"})
+	const uid = "0e0e0e0e-0000-4000-8000-0000000000a2"
+	staging, target := e.staging("pv-enc"), e.target(uid, "pv-enc")
+	volCtx := podContext(vol, "ns", "vm", uid)
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		VolumeCapability: xfsCap(""), VolumeContext: volCtx}); err != nil {
+		t.Fatal(err)
+	}
+	key := testutil.RandomHex(t, 24)
+	pub := &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging, TargetPath: target,
+		VolumeCapability: xfsCap(""), VolumeContext: volCtx, Secrets: map[string]string{"other": "x"}}
+	if _, err := node.NodePublishVolume(ctx, pub); status.Code(err) != codes.InvalidArgument ||
+		!strings.Contains(status.Convert(err).Message(), "secrets."+volume.EncryptionSecretKey) {
+		t.Fatalf("publish without the key: %v; want INVALID_ARGUMENT naming secrets.%s", err, volume.EncryptionSecretKey)
+	}
+	if l, err := e.crust.ListVolumes(ctx, &crustv1.ListVolumesRequest{}); err != nil || len(l.GetVolumes()) != 0 {
+		t.Fatalf("after a refused publish crustd holds %v, %v", l.GetVolumes(), err)
+	}
+	pub.Secrets[volume.EncryptionSecretKey] = key
+	if _, err := node.NodePublishVolume(ctx, pub); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.crust.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: target})
+	if md := got.GetVolume().GetSpec().GetMetadata(); err != nil || md[volume.EncryptionKey] != volume.Redacted {
+		t.Fatalf("descriptor %v, %v; want the encryption key in its metadata, answered redacted", got, err)
+	}
+	records := 0
+	_ = filepath.WalkDir(e.state, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		records++
+		if b, err := os.ReadFile(path); err != nil || bytes.Contains(b, []byte(key)) {
+			t.Errorf("%s holds the key (%v)", path, err)
+		}
+		return nil
+	})
+	if records == 0 {
+		t.Error("the proxy's journal holds no record of the publish")
+	}
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	e.assertClean()
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(logs.String(), target) || strings.Contains(logs.String(), key) {
+		t.Errorf("the proxy's log names the target %v, holds the key %v", strings.Contains(logs.String(), target), strings.Contains(logs.String(), key))
+	}
 }
