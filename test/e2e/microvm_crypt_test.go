@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -65,10 +64,7 @@ func TestMicroVMEncryptedVolume(t *testing.T) {
 	if c := getVolume(t, d, target).GetClaim(); c != nil {
 		t.Errorf("%s still claimed after stop: %v", target, c)
 	}
-	disk, err := os.ReadFile(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
+	disk := testutil.ReadDevice(t, dev)
 	if !bytes.HasPrefix(disk, []byte("LUKS\xba\xbe\x00\x02")) {
 		t.Fatalf("the device starts with %q, not a LUKS2 header", disk[:8])
 	}
@@ -97,7 +93,7 @@ func TestMicroVMEncryptedVolume(t *testing.T) {
 	if strings.Contains(m2.Log(), key) {
 		t.Errorf("crust-microvm logged the key")
 	}
-	if now, err := os.ReadFile(dev); err != nil || !bytes.Equal(now, disk) {
-		t.Errorf("the device changed under another key (%v)", err)
+	if !bytes.Equal(testutil.ReadDevice(t, dev), disk) {
+		t.Error("the device changed under another key")
 	}
 }
