@@ -23,7 +23,7 @@ const EncryptionLUKS2 = "luks2"
 
 // EncryptionSecretKey is the entry of the Secret that holds an encrypted volume's key: the Secret the
 // StorageClass names with csi.storage.k8s.io/node-publish-secret-name and -namespace, which kubelet hands
-// to NodePublishVolume.
+// to NodePublishVolume (or, behind crust-csi-proxy, its node-stage secret, handed to NodeStageVolume).
 const EncryptionSecretKey = "encryptionKey"
 
 // MaxEncryptionKey is the longest key accepted, in bytes (the longest LUKS2 passphrase the reference
@@ -67,9 +67,10 @@ func EncryptionKeyFrom(secrets map[string]string) (string, error) {
 	key, ok := secrets[EncryptionSecretKey]
 	switch {
 	case !ok || key == "":
-		return "", errdefs.Field("secrets."+EncryptionSecretKey, "the volume asks for encryption (%s) and the node-publish "+
-			"secret holds no %s: name a Secret that does with the StorageClass's csi.storage.k8s.io/node-publish-secret-name "+
-			"and -namespace", EncryptionParamKey, EncryptionSecretKey)
+		return "", errdefs.Field("secrets."+EncryptionSecretKey, "the volume asks for encryption (%s) and the secrets "+
+			"hold no %s: name a Secret that does as the StorageClass's node-publish secret (csi.storage.k8s.io/node-publish-"+
+			"secret-name and -namespace) or, behind crust-csi-proxy, its node-stage secret (which the proxy keeps in memory "+
+			"only: after its restart, the volume must be staged again)", EncryptionParamKey, EncryptionSecretKey)
 	case len(key) > MaxEncryptionKey:
 		return "", errdefs.Field("secrets."+EncryptionSecretKey, "%d bytes, longer than %d", len(key), MaxEncryptionKey)
 	}

@@ -53,6 +53,10 @@ func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeReque
 		return nil, err
 	}
 	defer unlock()
+	key, err := stageKey(volCtx, r.GetSecrets())
+	if err != nil {
+		return nil, err
+	}
 	rec := &Record{Kind: KindStage, Path: path, VolumeID: r.GetVolumeId(), Mode: ModeBlockStage}
 	if err := p.put(rec, PhaseStaging); err != nil {
 		return nil, err
@@ -70,6 +74,9 @@ func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeReque
 	}
 	if err := p.put(rec, PhaseStaged); err != nil {
 		return nil, err
+	}
+	if key != "" {
+		p.stageKeys.set(path, key)
 	}
 	return resp, nil
 }
@@ -90,6 +97,7 @@ func (p *Proxy) NodeUnstageVolume(ctx context.Context, r *csi.NodeUnstageVolumeR
 		if err := p.journal.Delete(KindStage, path); err != nil {
 			return nil, errdefs.Errorf(errdefs.ErrInternal, "forget stage of %s: %v", path, err)
 		}
+		p.stageKeys.forget(path)
 		return resp, nil
 	})
 }

@@ -19,6 +19,7 @@ import (
 
 	"crust.dev/crust/api/client"
 	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/crustd"
 	"crust.dev/crust/api/volume"
 	"crust.dev/crust/internal/testutil"
 )
@@ -182,9 +183,10 @@ func TestNodeIOLimits(t *testing.T) {
 }
 
 // On the node, a deferred publish of an encrypting class carries the key of the publish's secret into the
-// descriptor, which crustd answers redacted; the key is nowhere in the proxy's log (at debug level) or
-// its journal. A publish whose secret lacks the key is INVALID_ARGUMENT naming the secret's entry, and
-// nothing is published or deposited.
+// descriptor, which crustd answers redacted, and whole to the handler that claims it; the key is nowhere
+// in the proxy's log (at debug level) or its journal. A publish whose secret lacks the key is
+// INVALID_ARGUMENT naming the secret's entry, and nothing is published or deposited. A key given at
+// stage instead serves the publishes of that stage, and goes with the unstage.
 func TestNodeEncryption(t *testing.T) {
 	e := newEnv(t)
 	var logs bytes.Buffer
@@ -232,8 +234,32 @@ func TestNodeEncryption(t *testing.T) {
 	if records == 0 {
 		t.Error("the proxy's journal holds no record of the publish")
 	}
-	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.GetVolumeId(), TargetPath: target}); err != nil {
+	if claimedKey(t, e, target) != key {
+		t.Error("the handler that claims the volume is not given the publish's key")
+	}
+	unpublishUnstage(t, node, vol.GetVolumeId(), staging, target)
+
+	// The key given at stage (a node-stage secret) serves the publishes that follow, whose secrets lack it;
+	// after the unstage it is gone, and a publish without a key is refused again.
+	stageKey := testutil.RandomHex(t, 24)
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		VolumeCapability: xfsCap(""), VolumeContext: volCtx, Secrets: map[string]string{volume.EncryptionSecretKey: stageKey}}); err != nil {
 		t.Fatal(err)
+	}
+	pub.Secrets = nil
+	if _, err := node.NodePublishVolume(ctx, pub); err != nil {
+		t.Fatal(err)
+	}
+	if claimedKey(t, e, target) != stageKey {
+		t.Error("the handler that claims the volume is not given the stage's key")
+	}
+	unpublishUnstage(t, node, vol.GetVolumeId(), staging, target)
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		VolumeCapability: xfsCap(""), VolumeContext: volCtx}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodePublishVolume(ctx, pub); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("publish without a key after a stage without one: %v; want INVALID_ARGUMENT", err)
 	}
 	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging}); err != nil {
 		t.Fatal(err)
@@ -241,7 +267,41 @@ func TestNodeEncryption(t *testing.T) {
 	e.assertClean()
 	mu.Lock()
 	defer mu.Unlock()
-	if !strings.Contains(logs.String(), target) || strings.Contains(logs.String(), key) {
-		t.Errorf("the proxy's log names the target %v, holds the key %v", strings.Contains(logs.String(), target), strings.Contains(logs.String(), key))
+	if !strings.Contains(logs.String(), target) || strings.Contains(logs.String(), key) || strings.Contains(logs.String(), stageKey) {
+		t.Errorf("the proxy's log names the target %v, holds a key %v", strings.Contains(logs.String(), target),
+			strings.Contains(logs.String(), key) || strings.Contains(logs.String(), stageKey))
+	}
+}
+
+// claimedKey claims the volume at target for a sandbox, as a runtime handler does, and returns the
+// encryption key crustd answers the claim with, then releases it.
+func claimedKey(t *testing.T, e *env, target string) string {
+	t.Helper()
+	conn, err := crustd.Dial(e.crustSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	rt := crustv1.NewRuntimeServiceClient(conn)
+	ctx := context.Background()
+	claim, err := rt.ClaimVolume(ctx, &crustv1.ClaimVolumeRequest{VolumeTargetPath: target, SandboxId: "sb-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.ReleaseVolume(ctx, &crustv1.ReleaseVolumeRequest{VolumeTargetPath: target, SandboxId: "sb-key"}); err != nil {
+		t.Fatal(err)
+	}
+	return claim.GetVolume().GetSpec().GetMetadata()[volume.EncryptionKey]
+}
+
+// unpublishUnstage unpublishes target and unstages staging, through the proxy.
+func unpublishUnstage(t *testing.T, node csi.NodeClient, volumeID, staging, target string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: volumeID, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: volumeID, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -104,12 +104,14 @@ type Proxy struct {
 	classes  ClassSource          // nil without --kubeconfig
 	events   record.EventRecorder // nil without --kubeconfig
 	deferral client.Deferral
-	mounter  *mount.SafeFormatAndMount
-	resizer  *mount.ResizeFs
-	codec    rawCodec
-	metrics  *metrics.Metrics
-	caps     driverCaps
-	consume  consumeCheck
+	// stageKeys are the encryption keys NodeStageVolume gave, for the publishes that follow.
+	stageKeys stageKeys
+	mounter   *mount.SafeFormatAndMount
+	resizer   *mount.ResizeFs
+	codec     rawCodec
+	metrics   *metrics.Metrics
+	caps      driverCaps
+	consume   consumeCheck
 
 	nameMu     sync.Mutex
 	driverName string

@@ -19,8 +19,9 @@ type publishRequest struct {
 	// block.
 	sent *csi.NodePublishVolumeRequest
 	// req is sent with the enriched volume context (Proxy.volumeContext: the StorageClass's crust keys
-	// added), sent itself when that adds nothing: what crust's keys are read from and what api/client
-	// builds a deferred volume's descriptor from.
+	// added) and, for an encrypted volume whose secrets lack its key, the key its stage was given
+	// (stageKeys); sent itself when that adds nothing: what crust's keys are read from and what
+	// api/client builds a deferred volume's descriptor from.
 	req *csi.NodePublishVolumeRequest
 	// deferAsked is whether req's volume context asks for deferral (DeferRequested).
 	deferAsked bool
@@ -64,6 +65,18 @@ func (p *Proxy) newPublishRequest(ctx context.Context, r *csi.NodePublishVolumeR
 	if !maps.Equal(r.GetVolumeContext(), volCtx) {
 		pr.req = proto.CloneOf(r)
 		pr.req.VolumeContext = volCtx
+	}
+	if _, given := r.GetSecrets()[volume.EncryptionSecretKey]; !given {
+		if key, ok := p.stageKeys.get(r.GetStagingTargetPath()); ok {
+			if pr.req == r {
+				pr.req = proto.CloneOf(r)
+			}
+			pr.req.Secrets = maps.Clone(r.GetSecrets())
+			if pr.req.Secrets == nil {
+				pr.req.Secrets = map[string]string{}
+			}
+			pr.req.Secrets[volume.EncryptionSecretKey] = key
+		}
 	}
 	return pr
 }
