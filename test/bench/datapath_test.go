@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -135,19 +136,7 @@ func BenchmarkDataPath(b *testing.B) {
 	if err != nil {
 		b.Skipf("skipping: %v", err)
 	}
-	load := program(b, "crust.dev/crust/test/bench/cmd/dataload")
-	files := []initramfs.File{{Name: dpProgram, Source: load, Mode: 0o755}}
-	fio, fioErr := exec.LookPath("fio")
-	label := "dataload"
-	if fioErr == nil {
-		fioFiles, err := initramfs.Executable(fio)
-		if err != nil {
-			b.Fatal(err)
-		}
-		files = append(files, fioFiles...)
-		label += "-fio"
-	}
-	g := guestWith(b, "generic", label, files)
+	g, load, fio, fioErr := dataloadGuest(b, "generic")
 
 	work := b.TempDir()
 	seed := filepath.Join(work, "seed.img")
@@ -226,10 +215,7 @@ func BenchmarkDataPath(b *testing.B) {
 		}
 	}
 
-	round := 0
-	for b.Loop() {
-		b.StopTimer()
-		t0 := time.Now()
+	if r.rounds(func(round int) {
 		ws := rotate(writers, round)
 		cold := rotate([]*dpPath{blk, virtiofs, ninep}, round)
 		warm := rotate([]*dpPath{blkc, virtiofs, ninep}, round)
@@ -280,21 +266,10 @@ func BenchmarkDataPath(b *testing.B) {
 			r.coldWarm(cold, warm, ceilings, r.fio)
 		}
 
-		// SQLite commits.
-		for _, j := range []string{"wal", "delete"} {
-			for _, p := range slices.Concat(ws, ceilings) {
-				r.rate(p, "sqlite-"+j, "tx/s", r.load(p, "sqlite", "-db", p.dir+"/db", "-journal", j, "-tx", strconv.Itoa(dpTx)).Rate())
-			}
-		}
-		round++
-		b.Logf("round %d took %s", round, time.Since(t0).Round(time.Second))
-		b.StartTimer()
-	}
-	b.StopTimer()
-	if round == 0 {
+		r.sqlite(slices.Concat(ws, ceilings))
+	}) == 0 {
 		return
 	}
-	b.ReportMetric(0, "ns/op")
 	if fioErr != nil {
 		b.Logf("random 4 KiB I/O not measured: %v (Debian package fio; make deps installs it)", fioErr)
 	}
@@ -307,6 +282,25 @@ func BenchmarkDataPath(b *testing.B) {
 			b.Fatalf("the small files written over %s are not on the host's filesystem: %d files, %v", d, len(n), err)
 		}
 	}
+}
+
+// dataloadGuest returns the guest of flavour with the workload program (at dpProgram) and, when the
+// host has it, fio with its libraries; load is the program on the host, fioErr why there is no fio.
+func dataloadGuest(b *testing.B, flavour string) (g guestImages, load, fio string, fioErr error) {
+	b.Helper()
+	load = program(b, "crust.dev/crust/test/bench/cmd/dataload")
+	files := []initramfs.File{{Name: dpProgram, Source: load, Mode: 0o755}}
+	fio, fioErr = exec.LookPath("fio")
+	label := "dataload"
+	if fioErr == nil {
+		fioFiles, err := initramfs.Executable(fio)
+		if err != nil {
+			b.Fatal(err)
+		}
+		files = append(files, fioFiles...)
+		label += "-fio"
+	}
+	return guestWith(b, flavour, label, files), load, fio, fioErr
 }
 
 // fioState says which fio the guest has, or why none.
@@ -411,6 +405,35 @@ func (r *dpRun) coldWarm(cold, warm, ceilings []*dpPath, run func(p *dpPath, kee
 	}
 	for _, p := range ceilings {
 		run(p, keeper(p))
+	}
+}
+
+// rounds runs each once a benchmark op (b.Loop), with the timer stopped, logging how long each took, and
+// returns how many ran; when any did, ns/op is suppressed, the figures being recorded on their own.
+func (r *dpRun) rounds(each func(round int)) int {
+	round := 0
+	for r.b.Loop() {
+		r.b.StopTimer()
+		t0 := time.Now()
+		each(round)
+		round++
+		r.b.Logf("round %d took %s", round, time.Since(t0).Round(time.Second))
+		r.b.StartTimer()
+	}
+	r.b.StopTimer()
+	if round > 0 {
+		r.b.ReportMetric(0, "ns/op")
+	}
+	return round
+}
+
+// sqlite keeps the rate of dpTx SQLite commits on each of ps, in WAL and then in rollback-journal mode.
+func (r *dpRun) sqlite(ps []*dpPath) {
+	r.b.Helper()
+	for _, j := range []string{"wal", "delete"} {
+		for _, p := range ps {
+			r.rate(p, "sqlite-"+j, "tx/s", r.load(p, "sqlite", "-db", p.dir+"/db", "-journal", j, "-tx", strconv.Itoa(dpTx)).Rate())
+		}
 	}
 }
 
@@ -548,14 +571,16 @@ func (r *dpRun) record(blk, blkc, virtiofs, ninep, tmpfs, host *dpPath) {
 			ratio(tmpfs.name, virtiofs.name, "guest-tmpfs-vs-virtiofs", "the guest's tmpfs over virtio-fs: the most the emulated guest allows", false)
 		}
 	}
+	r.recordRates("datapath/")
+}
+
+// recordRates records the rates of every workload on every path, as figures named prefix, the workload
+// and the path.
+func (r *dpRun) recordRates(prefix string) {
+	r.b.Helper()
 	for _, w := range r.order {
-		names := make([]string, 0, len(r.rates[w]))
-		for n := range r.rates[w] {
-			names = append(names, n)
-		}
-		slices.Sort(names)
-		for _, n := range names {
-			benchfig.Record(r.b, benchfig.Figure{Name: "datapath/" + w + "-" + n, Unit: r.units[w],
+		for _, n := range slices.Sorted(maps.Keys(r.rates[w])) {
+			benchfig.Record(r.b, benchfig.Figure{Name: prefix + w + "-" + n, Unit: r.units[w],
 				About: w + " on " + n, Samples: r.rates[w][n]})
 		}
 	}
