@@ -3,8 +3,10 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"crust.dev/crust/api/kata"
 	"crust.dev/crust/api/volume"
 	"crust.dev/crust/internal/testutil"
 )
@@ -57,6 +60,33 @@ func TestEncryptedVolume(t *testing.T) {
 	if got := vols[0].GetSpec().GetMetadata()[volume.EncryptionKey]; got != volume.Redacted {
 		t.Fatalf("the descriptor's %s is %q, want it held and answered %s", volume.EncryptionKey, got, volume.Redacted)
 	}
+	// crustctl's answers, every Event of the cluster, and the metrics of crustd and of every crust proxy
+	// on the node hold no key; the Kata projection's mountInfo.json holds it as Kata writes it.
+	target := vols[0].GetSpec().GetVolumeTargetPath()
+	answers := c.kubectlOK(t, "-n", "crust-system", "exec", "daemonset/crustd", "--", "crustctl", "-o", "json", "ls") +
+		c.kubectlOK(t, "-n", "crust-system", "exec", "daemonset/crustd", "--", "crustctl", "-o", "yaml", "get", target) +
+		c.kubectlOK(t, "-n", "crust-system", "exec", "daemonset/crustd", "--", "crustctl", "direct-volume", "list")
+	if strings.Contains(answers, key) || !strings.Contains(answers, volume.Redacted) {
+		t.Errorf("crustctl's answers hold the key %v, or do not show it redacted:\n%s", strings.Contains(answers, key), answers)
+	}
+	evs, err := c.cs.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs.Items {
+		if strings.Contains(e.Message, key) {
+			t.Errorf("event %s/%s (%s) holds the key", e.Namespace, e.Name, e.Reason)
+		}
+	}
+	scraped := 0
+	for _, url := range c.crustMetricsURLs(t) {
+		if strings.Contains(c.scrapeNode(t, url), key) {
+			t.Errorf("%s holds the key", url)
+		}
+		scraped++
+	}
+	t.Logf("%d events and %d metrics endpoints hold no key", len(evs.Items), scraped)
+
 	vm := c.shell(t, ns, "vm", "c")
 	if src := vm.ExecOK("awk", `$2 == "/data" {print $1}`, "/proc/mounts"); !strings.HasPrefix(src, "/dev/dm-") && !strings.HasPrefix(src, "/dev/mapper/") {
 		t.Fatalf("/data in the container is a mount of %q, not of a dm-crypt mapping", src)
@@ -64,11 +94,17 @@ func TestEncryptedVolume(t *testing.T) {
 	vm.ExecOK("sh", "-c", "printf %s "+data+" >/data/f && sync")
 
 	// Every file of the node that holds the key is one of crust's two that must, 0600 on tmpfs.
-	allowed := 0
+	allowed, kataFiles := 0, 0
 	for _, path := range filesHolding(t, []byte(key), c.run, c.nsPath("/run")) {
 		switch {
-		case strings.HasPrefix(path, c.nsPath("/run/crust/")),
-			strings.HasPrefix(path, c.nsPath("/run/kata-containers/shared/direct-volumes/")) && filepath.Base(path) == "mountInfo.json":
+		case strings.HasPrefix(path, c.nsPath("/run/kata-containers/shared/direct-volumes/")) && filepath.Base(path) == "mountInfo.json":
+			var mi kata.MountInfo
+			if b, err := os.ReadFile(path); err != nil || json.Unmarshal(b, &mi) != nil || mi.Metadata[kata.MetadataEncryptionKey] != key {
+				t.Errorf("the Kata projection %s does not carry the key as Kata's %s metadata: %+v, %v", path, kata.MetadataEncryptionKey, mi, err)
+			}
+			kataFiles++
+			fallthrough
+		case strings.HasPrefix(path, c.nsPath("/run/crust/")):
 			allowed++
 			if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
 				t.Errorf("%s holds the key with mode %v (%v), want 0600", path, st.Mode().Perm(), err)
@@ -79,6 +115,9 @@ func TestEncryptedVolume(t *testing.T) {
 	}
 	if allowed == 0 {
 		t.Error("no record of crustd holds the key: the test did not look where it is")
+	}
+	if kataFiles != 1 {
+		t.Errorf("%d Kata projections hold the key, want the volume's", kataFiles)
 	}
 	t.Logf("the key is in %d files, all crust's records on the node's /run", allowed)
 
@@ -151,4 +190,41 @@ func filesHolding(t *testing.T, secret []byte, roots ...string) []string {
 	}
 	t.Logf("read %d files under %v", read, roots)
 	return found
+}
+
+// crustMetricsURLs are the /metrics URLs of crustd and of every crust-csi-proxy container on the node
+// (their --http-addr, on the node's loopback).
+func (c *cluster) crustMetricsURLs(t *testing.T) []string {
+	t.Helper()
+	pods, err := c.cs.CoreV1().Pods("").List(ctxT(t), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var urls []string
+	for _, p := range pods.Items {
+		for _, ctr := range p.Spec.Containers {
+			if ctr.Name != "crustd" && !strings.HasPrefix(ctr.Name, "crust-csi-proxy") {
+				continue
+			}
+			for _, a := range ctr.Args {
+				if addr, ok := strings.CutPrefix(a, "--http-addr="); ok && strings.HasPrefix(addr, "127.0.0.1:") {
+					urls = append(urls, "http://"+addr+"/metrics")
+				}
+			}
+		}
+	}
+	if len(urls) == 0 {
+		t.Fatal("no crust container serves metrics on the node's loopback")
+	}
+	return urls
+}
+
+// scrapeNode GETs url, on the node's loopback, and returns the body.
+func (c *cluster) scrapeNode(t *testing.T, url string) string {
+	t.Helper()
+	out, err := exec.Command("curl", "--silent", "--show-error", "--fail", "--max-time", "10", url).CombinedOutput()
+	if err != nil {
+		t.Fatalf("GET %s: %v: %.300s", url, err, out)
+	}
+	return string(out)
 }
