@@ -55,8 +55,9 @@ type Config struct {
 	Sysfs string
 	// AllowFileBacked accepts VOLUME_TYPE_FILE, a raw image in a regular file (--allow-file-backed).
 	AllowFileBacked bool
-	// MetadataKeys are metadata keys accepted besides the built-in ones: encryptionKey and
-	// csi.storage.k8s.io/ pod.name, pod.namespace, pod.uid, serviceAccount.name and ephemeral. The Kata
+	// MetadataKeys are metadata keys accepted besides the built-in ones (volume.DefaultMetadataKeys):
+	// encryptionKey, crust.dev/encryption-integrity and csi.storage.k8s.io/ pod.name, pod.namespace,
+	// pod.uid, serviceAccount.name and ephemeral. The Kata
 	// keys that have a typed field (fsGroup, fsGroupChangePolicy, createFilesystem) cannot be added.
 	MetadataKeys []string
 	// AllowMountOptions are the privileged mount options (PrivilegedMountOptions: dev, suid) accepted
