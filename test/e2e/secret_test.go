@@ -66,11 +66,26 @@ func TestEncryptionKeyIsSecret(t *testing.T) {
 		t.Errorf("createFilesystem \"true\" in the metadata did not set create_filesystem: %v", st.GetVolume().GetSpec())
 	}
 
-	// A watch that starts after A was staged sees it as EXISTING, then B's changes live.
+	// A watch that starts after A was staged sees it as EXISTING, then (once it is SYNCED, so that B is
+	// not in its first list) B's changes live.
 	stream, err := rt.WatchVolumes(ctx, &crustv1.WatchVolumesRequest{SendExisting: true})
 	if err != nil {
 		t.Fatal(err)
 	}
+	want := func(types ...crustv1.EventType) {
+		t.Helper()
+		for _, want := range types {
+			ev, err := stream.Recv()
+			if err != nil || ev.GetType() != want {
+				t.Fatalf("event %v, %v; want %v", ev, err, want)
+			}
+			if want != crustv1.EventType_EVENT_TYPE_SYNCED {
+				checkRedacted("the "+want.String()+" event", ev.GetVolume())
+			}
+			noSecret("the "+want.String()+" event", ev.String())
+		}
+	}
+	want(crustv1.EventType_EVENT_TYPE_EXISTING, crustv1.EventType_EVENT_TYPE_SYNCED)
 	if _, err := vols.StageVolume(ctx, &crustv1.StageVolumeRequest{Spec: spec(targetB, devB)}); err != nil {
 		t.Fatal(err)
 	}
@@ -94,19 +109,7 @@ func TestEncryptionKeyIsSecret(t *testing.T) {
 	}
 	noSecret("the AlreadyExists error", status.Convert(err).Message())
 
-	for _, want := range []crustv1.EventType{
-		crustv1.EventType_EVENT_TYPE_EXISTING, crustv1.EventType_EVENT_TYPE_SYNCED, crustv1.EventType_EVENT_TYPE_STAGED,
-		crustv1.EventType_EVENT_TYPE_CLAIMED, crustv1.EventType_EVENT_TYPE_RELEASED,
-	} {
-		ev, err := stream.Recv()
-		if err != nil || ev.GetType() != want {
-			t.Fatalf("event %v, %v; want %v", ev, err, want)
-		}
-		if want != crustv1.EventType_EVENT_TYPE_SYNCED {
-			checkRedacted("the "+want.String()+" event", ev.GetVolume())
-		}
-		noSecret("the "+want.String()+" event", ev.String())
-	}
+	want(crustv1.EventType_EVENT_TYPE_STAGED, crustv1.EventType_EVENT_TYPE_CLAIMED, crustv1.EventType_EVENT_TYPE_RELEASED)
 
 	g, err := vols.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: targetA})
 	if err != nil {
