@@ -10,13 +10,10 @@ import (
 	"time"
 
 	"crust.dev/crust/api/errdefs"
+	crustvolume "crust.dev/crust/api/volume"
 	"crust.dev/crust/examples/microvm/agentproto"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 )
-
-// maxKey bounds an encryption key, as cryptsetup bounds a passphrase read from a file (512 bytes is
-// well within it and beyond any key a Secret carries for this).
-const maxKey = 512
 
 // cryptsetup's exit status for a passphrase that opens no keyslot.
 const cryptsetupNoKey = 2
@@ -33,8 +30,8 @@ func (v *volumes) openCrypt(ctx context.Context, dev string, args *agentv1.Mount
 	enc := args.Encryption
 	name := "crust-" + args.Serial
 	switch {
-	case len(enc.Key) == 0 || len(enc.Key) > maxKey:
-		return "", false, agentproto.Errorf(errdefs.ErrInvalidArgument, "encryption.key must be 1 to %d bytes", maxKey)
+	case len(enc.Key) == 0 || len(enc.Key) > crustvolume.MaxEncryptionKey:
+		return "", false, agentproto.Errorf(errdefs.ErrInvalidArgument, "encryption.key must be 1 to %d bytes", crustvolume.MaxEncryptionKey)
 	case !mappingName.MatchString(args.Serial):
 		return "", false, agentproto.Errorf(errdefs.ErrInvalidArgument, "serial %q: an encrypted volume's serial holds only letters, digits, '.', '_' and '-'", args.Serial)
 	case args.PmemAddress != 0:

@@ -39,6 +39,16 @@ func TestEncryptedVolumeInGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 	const target = "/mnt/enc"
+	// Refused before the disk is touched: no key, a key too long, a raw block volume.
+	for _, bad := range []*agentv1.MountRequest{
+		{Serial: "vol-enc", Target: target, CreateFilesystem: true, Encryption: &agentv1.Encryption{}},
+		{Serial: "vol-enc", Target: target, CreateFilesystem: true, Encryption: &agentv1.Encryption{Key: bytes.Repeat([]byte("k"), 513)}},
+		{Serial: "vol-enc", Target: "/dev/xvdz", Block: true, Encryption: &agentv1.Encryption{Key: key}},
+	} {
+		if _, err := agent.Mount(ctx, bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Fatalf("mount %v: %v; want InvalidArgument", bad, err)
+		}
+	}
 	enc := &agentv1.MountRequest{Serial: "vol-enc", Target: target, FsType: "ext4", CreateFilesystem: true,
 		Encryption: &agentv1.Encryption{Key: key}}
 	res, err := agent.Mount(ctx, enc)
