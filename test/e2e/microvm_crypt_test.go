@@ -26,7 +26,8 @@ func stageEncrypted(t *testing.T, d *daemon, target, dev, key string) {
 }
 
 // TestMicroVMEncryptedVolume runs a volume whose metadata holds an encryptionKey through crustd and
-// crust-microvm (TCG): the blank device is formatted as LUKS2 and opened in the guest, where the
+// crust-microvm (TCG): a release forced while the handler attaches it is taken back; the blank device
+// is formatted as LUKS2 and opened in the guest, where the
 // filesystem lies on the mapping; stats come through crustd and an online expansion grows the device, the
 // mapping and the filesystem, as df in the guest shows. After stop the host finds a LUKS2 header and
 // neither the data nor the key on the device, and the key in no log. A second sandbox given the same
@@ -39,9 +40,26 @@ func TestMicroVMEncryptedVolume(t *testing.T) {
 	stageEncrypted(t, d, target, dev, key)
 
 	m := startMicroVM(t, d, assets, t.TempDir(), "e2e-crypt", target+":/data")
+	// An operator forces the release while the handler attaches the volume (the guest formats it as LUKS2
+	// for seconds): the handler claims it again, as it would a mounted one, and mounts it claimed.
+	harness.Eventually(t, time.Minute, "crust-microvm to claim the volume", func() bool {
+		return getVolume(t, d, target).GetClaim().GetSandboxId() == "e2e-crypt"
+	})
+	if _, errOut, code := d.crustctl("release", target, "--force"); code != 0 {
+		t.Fatalf("release --force: exit %d: %s", code, errOut)
+	}
+	if m.LogValue("volume mounted", "target", "target="+target) != "" {
+		t.Log("the volume was mounted before the release was forced: the attach's window was not exercised")
+	}
 	if err := <-m.WaitMountedAsync("/data"); err != nil {
 		t.Fatal(err)
 	}
+	if got := m.WaitLogValue("crustd ended the claim of a volume mounted in the guest; claimed it again", "reason"); got != "RELEASE_REASON_FORCED" {
+		t.Errorf("claimed again, logged with reason %q:\n%s", got, m.Log())
+	}
+	harness.Eventually(t, time.Minute, "crust-microvm to hold the claim of its mounted volume", func() bool {
+		return getVolume(t, d, target).GetClaim().GetSandboxId() == "e2e-crypt"
+	})
 	if src := m.ExecOK("awk", `$2 == "/data" {print $1}`, "/proc/mounts"); !strings.Contains(src, "dm-") {
 		t.Fatalf("/data is a mount of %s, not of a dm-crypt mapping", src)
 	}

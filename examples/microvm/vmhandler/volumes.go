@@ -57,6 +57,9 @@ type volume struct {
 
 	// mounted is read by stats without mu, so that a long expansion does not hold stats up.
 	mounted atomic.Bool
+	// attaching is true from the claim an attach took until the volume is mounted, or the claim given
+	// back: a claim crustd ends in between is taken again, as for a mounted volume (keepClaims).
+	attaching atomic.Bool
 
 	mu       sync.Mutex // serialises attach, expand and teardown; guards what follows
 	claimed  bool       // a claim may be held (set before asking)
@@ -200,12 +203,13 @@ func (s *sandbox) watch(ctx context.Context) {
 	}
 }
 
-// keepClaims claims again, until ctx ends, each mounted volume whose claim crustd ended while the sandbox
-// runs (it took the handler for gone, or an operator forced the release): the device is still in the VM.
+// keepClaims claims again, until ctx ends, each volume mounted or being attached whose claim crustd ended
+// while the sandbox runs (it took the handler for gone, or an operator forced the release): the device is
+// still in the VM, or about to be.
 func (s *sandbox) keepClaims(ctx context.Context) {
 	holds := func(target string) bool {
 		v := s.lookup(target)
-		return v != nil && (v.mounted.Load() || s.inVM(v))
+		return v != nil && (v.mounted.Load() || v.attaching.Load() || s.inVM(v))
 	}
 	_ = s.crust.KeepClaims(ctx, s.name, s.endpoint, holds, func(r crusthandler.Reclaim) {
 		if r.Err != nil {
@@ -229,6 +233,7 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 	start := time.Now()
 	v.claimed = true
 	desc, err := s.crust.Claim(ctx, v.Target, s.name, s.endpoint)
+	v.attaching.Store(err == nil)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		v.claimed = false
 		return false, nil
@@ -304,6 +309,7 @@ func (s *sandbox) attach(ctx context.Context, v *volume, log *slog.Logger) (bool
 		}
 	}
 	v.mounted.Store(true)
+	v.attaching.Store(false)
 	attrs := []any{"device", res.GetDevice(), "disk", v.disk, "fs_type", spec.GetFsType(), "read_only", v.readOnly,
 		"formatted", res.GetFormatted(), "raw_block", v.block, "took", time.Since(start).Round(time.Millisecond)}
 	if len(v.also) > 0 {
@@ -374,6 +380,7 @@ func (s *sandbox) inVM(v *volume) bool {
 }
 
 func (s *sandbox) release(ctx context.Context, v *volume) error {
+	v.attaching.Store(false) // before the release: its own RELEASED event is no reason to claim again
 	if !v.claimed {
 		return nil
 	}
