@@ -107,8 +107,8 @@ type Deferral struct {
 
 // Decide returns what to do with a publish of capability c and volumeContext, and why, in words fit for
 // a log or an Event. A raw block capability, or a context that does not ask for deferral
-// (volume.Deferred), passes through. So does one without pod information (podInfoOnMount) or with no
-// Pods: deferred. Otherwise the pod's runtime handler decides: a match of Handlers is deferred, any
+// (volume.Deferred), passes through. A context that asks is deferred when Pods is nil or it holds no pod
+// information (podInfoOnMount); otherwise the pod's runtime handler decides: a match of Handlers is deferred, any
 // other handler host-mounted, except a volume that asks for encryption (volume.ParseEncryption), which
 // only a sandbox opens: that is an error of kind FailedPrecondition (or InvalidArgument, naming the key,
 // for malformed encryption keys). An error wrapping ErrPodNotSeen says the pod stayed unknown for PodWait

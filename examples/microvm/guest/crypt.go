@@ -106,7 +106,8 @@ func (v *volumes) closeCrypt(ctx context.Context, name string) error {
 	return err
 }
 
-// resizeCrypt grows the open mapping name to fill its disk.
+// resizeCrypt grows vol's open mapping to fill its disk, which has grown; a volume with dm-integrity
+// under its mapping is not grown (Unimplemented).
 func (v *volumes) resizeCrypt(ctx context.Context, vol *volume) error {
 	if vol.integrity {
 		return agentproto.Errorf(errdefs.ErrUnimplemented, "growing an integrity-protected volume (dm-integrity's tags do not grow online)")
