@@ -25,6 +25,18 @@ func stageEncrypted(t *testing.T, d *daemon, target, dev, key string) {
 	}
 }
 
+// logged waits until m has logged a line with msg holding each of has (opening a LUKS2 volume takes
+// seconds of a loaded TCG guest) and returns its value of key.
+func logged(t *testing.T, m *harness.MicroVM, msg, key string, has ...string) string {
+	t.Helper()
+	var v string
+	harness.Eventually(t, 2*time.Minute, "crust-microvm to log "+strconv.Quote(msg), func() bool {
+		v = m.LogValue(msg, key, has...)
+		return v != ""
+	})
+	return v
+}
+
 // TestMicroVMEncryptedVolume runs a volume whose metadata holds an encryptionKey through crustd and
 // crust-microvm (TCG): a release forced while the handler attaches it is taken back; the blank device
 // is formatted as LUKS2 and opened in the guest, where the
@@ -54,7 +66,7 @@ func TestMicroVMEncryptedVolume(t *testing.T) {
 	if err := <-m.WaitMountedAsync("/data"); err != nil {
 		t.Fatal(err)
 	}
-	if got := m.WaitLogValue("crustd ended the claim of a volume mounted in the guest; claimed it again", "reason"); got != "RELEASE_REASON_FORCED" {
+	if got := logged(t, m, "crustd ended the claim of a volume mounted in the guest; claimed it again", "reason"); got != "RELEASE_REASON_FORCED" {
 		t.Errorf("claimed again, logged with reason %q:\n%s", got, m.Log())
 	}
 	harness.Eventually(t, time.Minute, "crust-microvm to hold the claim of its mounted volume", func() bool {
@@ -97,7 +109,7 @@ func TestMicroVMEncryptedVolume(t *testing.T) {
 	wrong := d.podTarget(pod, "pvc-wrong-key")
 	stageEncrypted(t, d, wrong, dev, "other-"+key)
 	m2 := startMicroVM(t, d, assets, t.TempDir(), "e2e-crypt-2", wrong+":/data")
-	if got := m2.WaitLogValue("volume not attached; trying again when its descriptor changes", "err", "target="+wrong); !strings.Contains(got, "wrong key") {
+	if got := logged(t, m2, "volume not attached; trying again when its descriptor changes", "err", "target="+wrong); !strings.Contains(got, "wrong key") {
 		t.Errorf("the volume given another key: handler says %q", got)
 	}
 	// Released after the refusal (the watch's first replay may have the handler try once more, and fail
