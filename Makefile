@@ -50,7 +50,7 @@ help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: deps
-deps: ## Install the Debian packages the tests need (as root; skipped when present), and the API module's own dependencies
+deps: ## Install the Debian packages the tests need (as root; skipped when present), and download every module an integrator's go mod tidy of the API module reads
 	@# A containerd or runc that did not come from Debian (containerd.io, a release tarball) is used as it
 	@# is: installing Debian's package would replace or shadow it.
 	@missing=$$(for p in $(DEB_PKGS); do \
@@ -60,9 +60,14 @@ deps: ## Install the Debian packages the tests need (as root; skipped when prese
 		echo "installing:" $$missing; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
-	@# The versions the API module's go.mod names (lower than the workspace's), for test/api, which builds
-	@# a driver module on them alone with the module proxy turned off.
-	cd api && GOWORK=off $(GO) mod download
+	@# Every module an integrator's `go mod tidy` reads for a module that imports the API module, at the
+	@# versions the API module names (lower than the workspace's), for test/api, which tidies and builds
+	@# such a driver module with the module proxy turned off. A tidy reads more than a build: the modules of
+	@# the tests of dependencies too (grpc's tests import OpenTelemetry and gonum), which `go mod download`
+	@# leaves out. `go mod tidy -diff` reads them all and writes nothing; it fails when the API module's
+	@# go.mod or go.sum is not tidy, as a published module's must be.
+	@cd api && GOWORK=off $(GO) mod tidy -diff >/dev/null || { \
+		echo "make deps: the API module is not tidy (its diff: cd api && GOWORK=off go mod tidy -diff); run cd api && GOWORK=off go mod tidy" >&2; exit 1; }
 
 .PHONY: build
 build: ## Build every binary of every module into bin/
@@ -245,6 +250,10 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 10s)
 .PHONY: demo
 demo: deps build guest ## Run the demo: a volume staged, mounted in a real microVM, measured and grown (root)
 	BIN=$(BIN) bash hack/demo.sh
+
+.PHONY: ci-fresh
+ci-fresh: ## Run .ci/run as on a new machine: a clean clone of HEAD with empty Go module and build caches, GOPATH and Go settings; says how long it took. Debian's packages stay this machine's; not in CI (it downloads and compiles everything again)
+	@hack/ci-fresh.sh
 
 .PHONY: clean
 clean: ## Remove build output

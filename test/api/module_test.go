@@ -20,13 +20,16 @@ func goCmd(t *testing.T, dir string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command("go", args...)
 	cmd.Dir = dir
-	// From the module cache only (make deps downloads the API module's dependencies, checked against its
-	// go.sum then): nothing from the
-	// network.
+	// From the module cache only, nothing from the network: make deps downloads every module a tidy of
+	// the API module reads, checked against its go.sum then.
 	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod", "GOPROXY=off", "GOSUMDB=off")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		hint := ""
+		if strings.Contains(string(out), "GOPROXY=off") {
+			hint = "\n(a module is missing from the module cache: make deps downloads what a tidy of the API module reads)"
+		}
+		t.Fatalf("go %s: %v\n%s%s", strings.Join(args, " "), err, out, hint)
 	}
 	return string(out)
 }
@@ -77,10 +80,15 @@ func main() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, banned := range []string{"k8s.io/client-go", "k8s.io/apimachinery", "github.com/prometheus/", "github.com/spf13/cobra", "github.com/google/go-containerregistry", "crust.dev/crust "} {
-		if strings.Contains(string(mod), banned) {
-			t.Errorf("the driver's go.mod lists %s:\n%s", banned, mod)
+	for _, line := range strings.Split(string(mod), "\n") {
+		for _, banned := range []string{"k8s.io/client-go", "k8s.io/apimachinery", "github.com/prometheus/", "github.com/spf13/cobra", "github.com/google/go-containerregistry", "crust.dev/crust "} {
+			if strings.Contains(line, banned) {
+				t.Errorf("the API module brings %s into a driver's module: its go.mod has %q", banned, strings.TrimSpace(line))
+			}
 		}
+	}
+	if t.Failed() {
+		t.Logf("the driver's go.mod:\n%s", mod)
 	}
 }
 
