@@ -36,9 +36,12 @@ GOLDFLAGS := -X crust.dev/crust/api/version.version=$(BUILD_VERSION)
 # The VM tests find the guest kernel and initramfs here.
 export CRUST_GUEST_ASSETS := $(GUEST)
 # Debian packages the tests and the demo use (installed only when missing); the second line is the
-# real-cluster tier's: etcd, containerd, runc and the CNI plugins run the test node.
-DEB_PKGS := e2fsprogs xfsprogs btrfs-progs lvm2 util-linux kmod cpio busybox-static qemu-system-x86 fio cryptsetup-bin \
-	etcd-server containerd runc containernetworking-plugins openssl bc curl iproute2
+# real-cluster tier's: etcd, containerd, runc and the CNI plugins run the test node. A program a test runs
+# comes from one of these, from a package of Debian's priority required or important, or from what runs
+# make test at all (git, make, Go); hack/guest/fetch-kernel.sh installs the few it needs itself. file
+# (ctrdtest) and iptables (the cluster tier's leftovers check) are named, not left to come with others.
+DEB_PKGS := e2fsprogs xfsprogs btrfs-progs lvm2 util-linux kmod cpio busybox-static qemu-system-x86 fio cryptsetup-bin file \
+	etcd-server containerd runc containernetworking-plugins openssl bc curl iproute2 iptables
 
 .PHONY: version
 version: ## Print the version (the file VERSION) and, on a second line, the one the binaries are stamped with

@@ -104,10 +104,13 @@ kernel_pkg() {
 	echo "$p"
 }
 
-# fetch_deb PKG prints the path of PKG's .deb in the cache, downloading it if
-# the cached one is missing or not the candidate version.
+# fetch_deb PKG [META] prints the path of PKG's .deb in the cache, downloading it
+# if the cached one is missing or not the candidate version. When the download
+# fails, apt's lists may be a reused machine's, naming a version the archive no
+# longer has: they are updated, and the package resolved again (from META, a
+# kernel's meta package, whose kernel ABI may have moved on too).
 fetch_deb() {
-	local pkg="$1" ver deb
+	local pkg="$1" meta="${2:-}" ver deb
 	ver="$(candidate "$pkg")"
 	for deb in "$out/debs/${pkg}_"*.deb; do
 		[[ -e "$deb" ]] || continue
@@ -120,6 +123,9 @@ fetch_deb() {
 	log "downloading $pkg $ver"
 	(cd "$out/debs" && apt-get download -qq "$pkg=$ver" 2>/dev/null) || {
 		apt_update
+		[[ -z "$meta" ]] || pkg="$(kernel_pkg "$meta")"
+		ver="$(candidate "$pkg")"
+		log "downloading $pkg $ver (apt's lists updated)"
 		(cd "$out/debs" && apt-get download -qq "$pkg=$ver")
 	}
 	for deb in "$out/debs/${pkg}_"*.deb; do
@@ -177,7 +183,8 @@ kernel() {
 	shift 2
 	local pkg deb stamp
 	pkg="$(kernel_pkg "$meta")"
-	deb="$(fetch_deb "$pkg")"
+	deb="$(fetch_deb "$pkg" "$meta")"
+	pkg="$(dpkg-deb -f "$deb" Package)"
 	stamp="layout=$layout $pkg $(dpkg-deb -f "$deb" Version) $*"
 	if [[ -f "$dest/.stamp" && "$(cat "$dest/.stamp")" == "$stamp" && -f "$dest/vmlinux" && -f "$dest/modules.load" ]]; then
 		log "$dest is up to date ($pkg)"

@@ -88,7 +88,9 @@ func TestExternalStorage(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
 			report := filepath.Join(dir, "report.json")
-			suiteArgs := []string{"--kubeconfig=" + c.kubeconfig, "--storage.testdriver=" + driver,
+			// The suite runs kubectl (kubectl exec) by the path given, else whatever kubectl PATH finds: the
+			// one built with the cluster, not one the machine happens to have at another version.
+			suiteArgs := []string{"--kubeconfig=" + c.kubeconfig, "--kubectl-path=" + c.kubectl, "--storage.testdriver=" + driver,
 				"--kube-test-repo-list=" + filepath.Join(c.root, "test", "cluster", "conformance", "repo-list.yaml"), "--report-dir=" + dir}
 			ginkgoArgs := []string{"--focus=" + focus, `--skip=\[Disruptive\]|\[Feature:`, "--no-color",
 				"--timeout=" + timeout.String(), "--json-report=" + report}
