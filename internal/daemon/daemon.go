@@ -144,7 +144,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	katas := katadir.NewAdapter(proj, finder, log)
 	m, err := manager.Open(manager.Config{
 		Validator: v, Store: st, Subscribers: []manager.Subscriber{katas}, Claims: katas, Forwarder: fwd,
-		Mounts: hostdev.MountCheck{}, Sockets: validate.HandlerSockets{Dirs: []string{handlerSocketDir(cfg.Socket)}},
+		Mounts: hostdev.MountCheck{}, Devices: hostdev.Sysfs{}, Sockets: validate.HandlerSockets{Dirs: []string{handlerSocketDir(cfg.Socket)}},
 		Revisions: st, KubeletDir: cfg.KubeletDir, LockWait: cfg.LockWait, Log: log,
 	}, manager.Loaded(*loaded))
 	if err != nil {

@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
@@ -23,42 +24,11 @@ import (
 // point and stores nothing; a device deposited unmounted and mounted since cannot be claimed until it is
 // unmounted again.
 func TestMountedDevicesAreRefused(t *testing.T) {
-	testutil.RequireRoot(t, "to attach and mount loop devices")
-	root := t.TempDir()
-	cfg, err := crustdtest.Config(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	crustdtest.StartT(t, cfg, nil)
-	c, err := client.New(cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }()
-	h, err := handler.Dial(cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = h.Close() }()
-	ctx := context.Background()
-
-	publish := func(pv, device string) (target string, err error) {
-		target = harness.PodTarget(t, cfg.KubeletDir, "cccccccc-0000-4000-8000-00000000000c", pv)
-		_, err = c.Publish(ctx, &csi.NodePublishVolumeRequest{VolumeId: pv, TargetPath: target,
-			VolumeCapability: &csi.VolumeCapability{
-				AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-				AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-			}}, device)
-		return target, err
-	}
-	// The answer's gRPC code is read as a client reads it (errdefs.FromGRPC: FAILED_PRECONDITION and
-	// nothing else is ErrFailedPrecondition).
+	n := startNode(t)
+	c, h, publish, ctx := n.c, n.h, n.publish, context.Background()
 	wantRefused := func(what string, err error, point string) {
 		t.Helper()
-		if !errors.Is(errdefs.FromGRPC(err), errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), point) {
-			t.Fatalf("%s: %v; want FAILED_PRECONDITION naming %s", what, err, point)
-		}
-		t.Logf("%s: %v", what, err)
+		wantFailedPrecondition(t, what, err, point)
 	}
 	wantHeld := func(target string, want bool) {
 		t.Helper()
@@ -100,6 +70,102 @@ func TestMountedDevicesAreRefused(t *testing.T) {
 	}
 	if v, err := h.Claim(ctx, target, "sandbox-1", ""); err != nil || v.GetClaim().GetSandboxId() != "sandbox-1" {
 		t.Fatalf("claim once unmounted: %v, %v", v.GetClaim(), err)
+	}
+}
+
+// node is a real crustd with a driver's client and a runtime handler's connection to it.
+type node struct {
+	c *client.Client
+	h *handler.Client
+	// publish deposits device for a new pod volume pv, as a driver does in NodePublishVolume, and returns
+	// its target.
+	publish func(pv, device string) (target string, err error)
+}
+
+// startNode starts crustd on a new state directory (as root), stopped when the test ends.
+func startNode(t *testing.T) *node {
+	t.Helper()
+	testutil.RequireRoot(t, "to attach and mount loop devices")
+	cfg, err := crustdtest.Config(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	crustdtest.StartT(t, cfg, nil)
+	c, err := client.New(cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	h, err := handler.Dial(cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	return &node{c: c, h: h, publish: func(pv, device string) (string, error) {
+		target := harness.PodTarget(t, cfg.KubeletDir, "cccccccc-0000-4000-8000-00000000000c", pv)
+		_, err := c.Publish(context.Background(), &csi.NodePublishVolumeRequest{VolumeId: pv, TargetPath: target,
+			VolumeCapability: &csi.VolumeCapability{
+				AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+				AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+			}}, device)
+		return target, err
+	}}
+}
+
+// wantFailedPrecondition fails the test unless err is FAILED_PRECONDITION, as a client reads the code
+// (errdefs.FromGRPC), and its message names each of names.
+func wantFailedPrecondition(t *testing.T, what string, err error, names ...string) {
+	t.Helper()
+	if !errors.Is(errdefs.FromGRPC(err), errdefs.ErrFailedPrecondition) {
+		t.Fatalf("%s: %v; want FAILED_PRECONDITION", what, err)
+	}
+	for _, n := range names {
+		if !strings.Contains(err.Error(), n) {
+			t.Fatalf("%s: %v; want it to name %s", what, err, n)
+		}
+	}
+	t.Logf("%s: %v", what, err)
+}
+
+// TestOneDeviceUnderTwoNames runs crustd on real loop devices: two loop devices over one file, and a loop
+// device and its partition, are each deposited under two targets and claimed by two sandboxes; the second
+// claim is FAILED_PRECONDITION naming the first sandbox and its target, and succeeds once the first
+// sandbox releases its claim. A loop device over another file is claimed meanwhile.
+func TestOneDeviceUnderTwoNames(t *testing.T) {
+	n := startNode(t)
+	ctx := context.Background()
+	dev, file := testutil.Loop(t, 16<<20)
+	twin := testutil.LoopOver(t, file)
+	disk, part := testutil.PartitionedLoop(t, 16<<20)
+	other, _ := testutil.Loop(t, 16<<20)
+
+	for i, pair := range [][2]string{{dev, twin}, {part, disk}} {
+		first, err := n.publish(fmt.Sprintf("pv-%d-a", i), pair[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		second, err := n.publish(fmt.Sprintf("pv-%d-b", i), pair[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := n.h.Claim(ctx, first, "sandbox-a", ""); err != nil {
+			t.Fatal(err)
+		}
+		_, err = n.h.Claim(ctx, second, "sandbox-b", "")
+		wantFailedPrecondition(t, "claim of "+pair[1]+" while "+pair[0]+" is claimed", err, "sandbox-a", first)
+		if err := n.h.Release(ctx, first, "sandbox-a"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := n.h.Claim(ctx, second, "sandbox-b", ""); err != nil {
+			t.Fatalf("claim of %s once %s is released: %v", pair[1], pair[0], err)
+		}
+	}
+	target, err := n.publish("pv-other", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.h.Claim(ctx, target, "sandbox-a", ""); err != nil {
+		t.Fatalf("claim of %s, over another file: %v", other, err)
 	}
 }
 

@@ -2,6 +2,7 @@ package hostdev
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,21 +26,27 @@ func stackTree(t *testing.T) string {
 	const vb = "virtual/block/"
 	for _, d := range []sysfstree.Device{
 		{Dir: vb + "loop3", Major: 7, Minor: 3, Name: "loop3", Holders: []string{vb + "md127"}},
-		{Dir: vb + "loop3/loop3p1", Major: 259, Minor: 0, Name: "loop3p1", Files: map[string]string{"partition": "1\n"},
+		{Dir: vb + "loop3/loop3p1", Major: 259, Minor: 0, Name: "loop3p1", Files: partition(1, 2048, 8192),
 			Holders: []string{vb + "dm-0"}},
-		{Dir: vb + "loop3/loop3p2", Major: 259, Minor: 1, Name: "loop3p2", Files: map[string]string{"partition": "2\n"}},
+		{Dir: vb + "loop3/loop3p2", Major: 259, Minor: 1, Name: "loop3p2", Files: partition(2, 10240, 8192)},
 		{Dir: vb + "dm-0", Major: 253, Minor: 0, Name: "dm-0", Files: map[string]string{"dm/name": "vg0-lv0\n"},
 			Holders: []string{vb + "dm-1"}},
 		{Dir: vb + "dm-1", Major: 253, Minor: 1, Name: "dm-1", Files: map[string]string{"dm/name": "secret\n"}},
 		{Dir: vb + "md127", Major: 9, Minor: 127, Name: "md127", Files: map[string]string{"md/level": "raid1\n"}},
-		{Dir: vb + "md127/md127p1", Major: 259, Minor: 2, Name: "md127p1", Files: map[string]string{"partition": "1\n"}},
-		{Dir: vb + "loop4", Major: 7, Minor: 4, Name: "loop4", Holders: []string{vb + "dm-2"}},
+		{Dir: vb + "md127/md127p1", Major: 259, Minor: 2, Name: "md127p1", Files: partition(1, 2048, 4096)},
+		{Dir: vb + "loop4", Major: 7, Minor: 4, Name: "loop4", Holders: []string{vb + "dm-2", vb + "dm-3"}},
 		{Dir: vb + "dm-2", Major: 253, Minor: 2, Name: "dm-2", Files: map[string]string{"dm/name": "vg1-lv0\n"}},
+		{Dir: vb + "dm-3", Major: 253, Minor: 3, Name: "dm-3", Files: map[string]string{"dm/name": "vg1-lv1\n"}},
 		{Dir: vb + "loop5", Major: 7, Minor: 5, Name: "loop5"},
 	} {
 		mustDo(t, sysfstree.Add(root, d))
 	}
 	return root
+}
+
+// partition is the files of partition number n, start and size in 512-byte sectors.
+func partition(n, start, size int) map[string]string {
+	return map[string]string{"partition": fmt.Sprintf("%d\n", n), "start": fmt.Sprintf("%d\n", start), "size": fmt.Sprintf("%d\n", size)}
 }
 
 func names(bds []*BlockDevice) []string {
@@ -61,7 +68,7 @@ func TestStack(t *testing.T) {
 		{7, 3, []string{"loop3", "dm-0", "dm-1", "loop3p1", "loop3p2", "md127", "md127p1"}},
 		{259, 0, []string{"loop3p1", "dm-0", "dm-1"}},
 		{253, 1, []string{"dm-1"}},
-		{7, 4, []string{"loop4", "dm-2"}},
+		{7, 4, []string{"loop4", "dm-2", "dm-3"}},
 		{7, 5, []string{"loop5"}},
 	} {
 		stack, err := s.Stack(tc.major, tc.minor)

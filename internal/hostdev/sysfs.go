@@ -69,6 +69,9 @@ type BlockDevice struct {
 type Sysfs struct {
 	// Root is where sysfs is mounted; "" means /sys.
 	Root string
+	// Loops, when set, says what a loop device is attached to (for a tree of a test's, whose devices have
+	// no nodes); nil means asking the kernel through the device's node under /dev (see Storage).
+	Loops func(bd *BlockDevice) (LoopBacking, error)
 }
 
 // Block returns what the kernel says about block device major:minor, from <Root>/dev/block/MAJ:MIN. It

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/internal/hostdev"
 )
 
 // What the manager depends on. Each is an interface the daemon's wiring fills (internal/daemon): the
@@ -51,6 +52,15 @@ type HostMounts interface {
 	// device of its own; otherwise an error of kind errdefs.ErrFailedPrecondition that names where it is
 	// mounted, or of another kind when that cannot be told.
 	NotMounted(v *crustv1.Volume) error
+}
+
+// Devices tells what a volume's device writes to, so that the one-writer rule holds for a device under
+// any of its names: two loop devices over one file, a partition and its disk, a device-mapper or md device
+// and the devices under it.
+type Devices interface {
+	// StorageOf returns what v's device writes to (see hostdev.Storage); an error wrapping
+	// hostdev.ErrNoBlockDevice when the kernel no longer has the device.
+	StorageOf(v *crustv1.Volume) (*hostdev.Storage, error)
 }
 
 // HandlerSockets tells whether crustd can reach a runtime handler's endpoint: a claim whose endpoint

@@ -12,6 +12,8 @@
 //   - A refused request (validation, conflict, a subscriber's refusal) changes nothing.
 //   - No device goes to a sandbox while the host has it mounted (HostMounts): neither a stage nor a claim
 //     of one succeeds.
+//   - One writer per device, under any of its names (Devices): a claim of a device that shares storage with
+//     one claimed through another target is refused, unless both targets are read-only.
 //   - A claim made without the Runtime API (ClaimSource) counts as any other: for the one-writer rule,
 //     for a Claim by another sandbox, and in every answer.
 //   - One bad entry never stops the start or breaks an answer about the others: store records that
@@ -63,6 +65,9 @@ type Config struct {
 	// Mounts says whether the host has a volume's device mounted, asked at every stage and claim; nil:
 	// nothing is asked (tests of other rules).
 	Mounts HostMounts
+	// Devices says what a volume's device writes to, asked at every claim that is not a repeat; nil: a
+	// device shares storage with itself alone (its device number, hostdev.NumberStorage).
+	Devices Devices
 	// Sockets says whether crustd can reach a claim's handler endpoint, asked at every claim that names
 	// one; nil: nothing is asked (tests of other rules).
 	Sockets HandlerSockets
@@ -92,6 +97,10 @@ type Manager struct {
 	vols     map[string]*crustv1.Volume    // by target path; values are never mutated, only replaced
 	order    *btree.BTreeG[string]         // the keys of vols, in order, for ListPage
 	byDevice map[devID]map[string]struct{} // the keys of vols, by device, for oneWriter
+	// held is what the devices of the volumes with a claim of crust's write to, by target, and byBase its
+	// keys by each base of that storage (hostdev.Storage.Bases), for oneWriter.
+	held     map[string]*hostdev.Storage
+	byBase   map[string]map[string]struct{}
 	rev      uint64
 	watchers map[*Watcher]struct{}
 	revs     revisions // what is kept of rev, and what a watch resumes from
@@ -121,10 +130,20 @@ func Open(cfg Config, loaded Loaded) (*Manager, error) {
 		vols:     map[string]*crustv1.Volume{},
 		order:    btree.NewOrderedG[string](32),
 		byDevice: map[devID]map[string]struct{}{},
+		held:     map[string]*hostdev.Storage{},
+		byBase:   map[string]map[string]struct{}{},
 		watchers: map[*Watcher]struct{}{},
 	}
 	for _, v := range loaded.Volumes {
 		m.set(v.GetSpec().GetVolumeTargetPath(), v)
+		if v.GetClaim() != nil {
+			st, err := m.storageOf(v)
+			if err != nil { // a device gone since: it writes to nothing now; its own number stands for it
+				m.log.Warn("cannot tell what a claimed volume's device writes to", "target", v.GetSpec().GetVolumeTargetPath(), "err", err)
+				st = hostdev.NumberStorage(v)
+			}
+			m.hold(v.GetSpec().GetVolumeTargetPath(), st)
+		}
 	}
 	m.openRevisions()
 	for _, s := range cfg.Subscribers {
@@ -366,14 +385,24 @@ func (m *Manager) claim(ctx context.Context, target string, c *crustv1.Claim, fo
 		o.GetClaimerPid() == c.GetClaimerPid() && o.GetClaimerStartTime() == c.GetClaimerStartTime() {
 		return old, nil
 	}
-	// One writer per device, whatever the path: claims of one device through other targets are checked
-	// under the device's lock (taken after the target's, always in that order).
-	unlockDev, err := m.locks.Lock(ctx, deviceKey(old.GetDeviceNumber()))
+	// One writer per device, whatever the path and whatever the device's name: claims of the devices that
+	// share its storage, through other targets, are checked under the locks of its storage's bases (taken
+	// after the target's, always in that order, the bases sorted).
+	st, err := m.storageOf(old)
+	if err != nil {
+		kind := errdefs.ErrInternal
+		if errors.Is(err, hostdev.ErrNoBlockDevice) {
+			kind = errdefs.ErrFailedPrecondition
+		}
+		return nil, fmt.Errorf("volume %q: cannot tell which devices share storage with %s: %v: %w",
+			target, old.GetResolvedBackingPath(), err, kind)
+	}
+	unlockStorage, err := m.lockStorage(ctx, st)
 	if err != nil {
 		return nil, err
 	}
-	defer unlockDev()
-	if err := m.oneWriter(old, c.GetSandboxId()); err != nil {
+	defer unlockStorage()
+	if err := m.oneWriter(old, c.GetSandboxId(), st); err != nil {
 		return nil, err
 	}
 	v := proto.CloneOf(old)
@@ -383,7 +412,37 @@ func (m *Manager) claim(ctx context.Context, target string, c *crustv1.Claim, fo
 		return nil, errdefs.NoSpace(fmt.Errorf("store the claim on %q: %w", target, err))
 	}
 	m.commit(target, v, crustv1.EventType_EVENT_TYPE_CLAIMED)
+	m.mu.Lock()
+	m.hold(target, st)
+	m.mu.Unlock()
 	return v, nil
+}
+
+// storageOf is what v's device writes to (Devices), or its device number alone without Devices.
+func (m *Manager) storageOf(v *crustv1.Volume) (*hostdev.Storage, error) {
+	if m.cfg.Devices == nil {
+		return hostdev.NumberStorage(v), nil
+	}
+	return m.cfg.Devices.StorageOf(v)
+}
+
+// lockStorage takes the lock of each base of st, in order, and returns what releases them all.
+func (m *Manager) lockStorage(ctx context.Context, st *hostdev.Storage) (func(), error) {
+	var unlocks []func()
+	release := func() {
+		for _, u := range slices.Backward(unlocks) {
+			u()
+		}
+	}
+	for _, b := range st.Bases() {
+		u, err := m.locks.Lock(ctx, storageKey(b))
+		if err != nil {
+			release()
+			return nil, err
+		}
+		unlocks = append(unlocks, u)
+	}
+	return release, nil
 }
 
 // Release ends sandboxID's claim, whether crust's or one the claim source reports. An unknown or
@@ -431,10 +490,9 @@ func (m *Manager) releaseFound(v *crustv1.Volume, sandboxID string, force bool) 
 	return nil
 }
 
-// deviceKey is the lock key of a device; no target path (absolute) looks like it.
-func deviceKey(dn *crustv1.DeviceNumber) string {
-	return fmt.Sprintf("device %d:%d:%d", dn.GetMajor(), dn.GetMinor(), dn.GetInode())
-}
+// storageKey is the lock key of a base of storage (hostdev.Storage.Bases); no target path (absolute)
+// looks like it.
+func storageKey(base string) string { return "storage " + base }
 
 // devID is a device number as a map key.
 type devID struct {
@@ -453,6 +511,9 @@ func (m *Manager) set(target string, v *crustv1.Volume) {
 			delete(m.byDevice, d)
 		}
 	}
+	if v == nil || v.GetClaim() == nil {
+		m.unhold(target)
+	}
 	if v == nil {
 		delete(m.vols, target)
 		m.order.Delete(target)
@@ -467,14 +528,41 @@ func (m *Manager) set(target string, v *crustv1.Volume) {
 	m.byDevice[d][target] = struct{}{}
 }
 
+// hold records st as what the device of target, now claimed, writes to; m.mu is held for writing.
+func (m *Manager) hold(target string, st *hostdev.Storage) {
+	m.unhold(target)
+	m.held[target] = st
+	for _, b := range st.Bases() {
+		if m.byBase[b] == nil {
+			m.byBase[b] = map[string]struct{}{}
+		}
+		m.byBase[b][target] = struct{}{}
+	}
+}
+
+// unhold forgets what the device of target writes to (hold); m.mu is held for writing.
+func (m *Manager) unhold(target string) {
+	st := m.held[target]
+	if st == nil {
+		return
+	}
+	delete(m.held, target)
+	for _, b := range st.Bases() {
+		if delete(m.byBase[b], target); len(m.byBase[b]) == 0 {
+			delete(m.byBase, b)
+		}
+	}
+}
+
 // oneWriter refuses (ErrFailedPrecondition) a claim of v by sandboxID while the same device is claimed
 // through another target path and either target is read-write, whoever holds the other: two kernels
 // mounting one filesystem read-write, or one writing under another's read-only mount, corrupt it; and a
 // handler attaches each target as a disk of its own, so one sandbox holding two targets of a device
 // would mount it twice through two disks its kernel takes for different ones. Read-only targets share a
 // device, in one sandbox or several. One sandbox that uses one volume at several places claims one
-// target and mounts it at each.
-func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string) error {
+// target and mounts it at each. A device's other names, which share its storage st, count as the device
+// (noOtherName).
+func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string, st *hostdev.Storage) error {
 	dn := v.GetDeviceNumber()
 	m.mu.RLock()
 	var same []*crustv1.Volume
@@ -503,6 +591,32 @@ func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string) error {
 			"device only when both use it read-only: %w",
 			dn.GetMajor(), dn.GetMinor(), v.GetSpec().GetVolumeTargetPath(), c.GetSandboxId(), o.GetSpec().GetVolumeTargetPath(),
 			errdefs.ErrFailedPrecondition)
+	}
+	return m.noOtherName(v, st)
+}
+
+// noOtherName is oneWriter for the other devices that share v's storage st (its other names): it refuses
+// (ErrFailedPrecondition, naming the holder) a claim of v while one of them is claimed, by any sandbox,
+// through another target, unless both targets are read-only. It sees the claims of crust's (held); a
+// claim only the claim source reports is seen on the same device number alone.
+func (m *Manager) noOtherName(v *crustv1.Volume, st *hostdev.Storage) error {
+	target := v.GetSpec().GetVolumeTargetPath()
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for _, b := range st.Bases() {
+		for t := range m.byBase[b] {
+			o := m.vols[t]
+			if t == target || o == nil || devOf(o.GetDeviceNumber()) == devOf(v.GetDeviceNumber()) ||
+				(v.GetSpec().GetReadOnly() && o.GetSpec().GetReadOnly()) || !st.Shares(m.held[t]) {
+				continue
+			}
+			return fmt.Errorf("the device %s of volume %q writes to storage that %s of volume %q writes to too (%v), and "+
+				"sandbox %q holds that volume; a filesystem is mounted read-write by one holder at a time, under any "+
+				"of its device's names (loop devices over one file, a partition and its disk, a device-mapper or md "+
+				"device and the devices under it); release that claim first: %w",
+				v.GetResolvedBackingPath(), target, o.GetResolvedBackingPath(), t, m.held[t], o.GetClaim().GetSandboxId(),
+				errdefs.ErrFailedPrecondition)
+		}
 	}
 	return nil
 }

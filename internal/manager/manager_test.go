@@ -49,6 +49,7 @@ type env struct {
 	fwd       Forwarder             // nil: no forwarding
 	mounts    HostMounts            // nil: no mount check
 	sockets   HandlerSockets        // nil: no check of handler endpoints
+	devices   Devices               // nil: a device shares storage with itself alone
 	history   int                   // Config.WatchHistory; 0: the default
 }
 
@@ -145,7 +146,7 @@ func (e *env) open() error {
 	e.k = katadir.NewAdapter(proj, e.sandboxes, log)
 	e.m, err = Open(Config{Validator: v, Store: st, Subscribers: []Subscriber{e.k}, Claims: e.k, KubeletDir: e.kubelet,
 		LockWait: time.Minute, WatchBuffer: 16, WatchHistory: e.history, Log: log, Forwarder: e.fwd, Mounts: e.mounts,
-		Sockets: e.sockets, Revisions: st}, Loaded(*loaded))
+		Sockets: e.sockets, Devices: e.devices, Revisions: st}, Loaded(*loaded))
 	if err != nil {
 		return err
 	}

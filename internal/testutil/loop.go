@@ -22,6 +22,15 @@ func Loop(t testing.TB, size int64) (dev, file string) {
 	if err := os.Truncate(file, size); err != nil {
 		t.Fatal(err)
 	}
+	return LoopOver(t, file), file
+}
+
+// LoopOver attaches file, which may have loop devices attached already, to a free loop device, and
+// detaches it when the test ends (reporting a failure to detach). It returns the device. A test not run
+// as root is skipped.
+func LoopOver(t testing.TB, file string) (dev string) {
+	t.Helper()
+	RequireRoot(t, "for a loop device")
 	out, err := exec.Command("losetup", "--find", "--show", file).CombinedOutput()
 	if err != nil {
 		t.Fatalf("losetup: %v: %s", err, out)
@@ -32,7 +41,7 @@ func Loop(t testing.TB, size int64) (dev, file string) {
 			t.Errorf("losetup -d %s: %v: %s", dev, err, out)
 		}
 	})
-	return dev, file
+	return dev
 }
 
 // PartitionedLoop attaches a new sparse file of size bytes (at least 2 MiB) to a free loop device with

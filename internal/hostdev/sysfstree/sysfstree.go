@@ -23,8 +23,9 @@ type Device struct {
 	// Files are more files in Dir (a name such as "partition" or "dm/name", and its content).
 	Files map[string]string
 	// Holders are the directories, below <root>/devices, of the devices built on this one (device-mapper,
-	// md): each gets the link <Dir>/holders/<its base name>, as the kernel makes it. A partition is not a
-	// holder: it is a directory below its disk's, with a "partition" file.
+	// md): each gets the link <Dir>/holders/<its base name>, and the holder the link
+	// <holder>/slaves/<this one's base name>, as the kernel makes them. A partition is not a holder: it is
+	// a directory below its disk's, with "partition", "start" and "size" files.
 	Holders []string
 }
 
@@ -64,6 +65,9 @@ func Add(root string, d Device) error {
 	}
 	for _, h := range d.Holders {
 		if err := link(filepath.Join(root, "devices", h), filepath.Join(dir, "holders", filepath.Base(h))); err != nil {
+			return err
+		}
+		if err := link(dir, filepath.Join(root, "devices", h, "slaves", filepath.Base(d.Dir))); err != nil {
 			return err
 		}
 	}
