@@ -259,7 +259,11 @@ func (g *globals) unstageCmd() *cobra.Command {
 		Use: "unstage", Short: "Remove a volume's descriptor (an unknown target is not an error)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return g.call(cmd, func(ctx context.Context, conn *grpc.ClientConn) error {
-				_, err := crustv1.NewVolumeServiceClient(conn).UnstageVolume(ctx, &crustv1.UnstageVolumeRequest{VolumeTargetPath: target})
+				r, err := crustv1.NewVolumeServiceClient(conn).UnstageVolume(ctx, &crustv1.UnstageVolumeRequest{VolumeTargetPath: target})
+				if c := r.GetKeptClaim(); c != nil {
+					_, _ = fmt.Fprintf(cmd.ErrOrStderr(), "unstaged; the claim of sandbox %q is kept: the device stays reserved for it "+
+						"until it is released (crustctl release)\n", c.GetSandboxId())
+				}
 				return err
 			})
 		},

@@ -10,10 +10,14 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"crust.dev/crust/api/client"
+	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/api/handler"
+	"crust.dev/crust/internal/daemon"
 	"crust.dev/crust/internal/testutil"
 	"crust.dev/crust/internal/testutil/crustdtest"
 	"crust.dev/crust/internal/testutil/harness"
@@ -75,11 +79,11 @@ func TestMountedDevicesAreRefused(t *testing.T) {
 
 // node is a real crustd with a driver's client and a runtime handler's connection to it.
 type node struct {
-	c *client.Client
-	h *handler.Client
-	// publish deposits device for a new pod volume pv, as a driver does in NodePublishVolume, and returns
-	// its target.
-	publish func(pv, device string) (target string, err error)
+	t    *testing.T
+	cfg  daemon.Config
+	stop func() error
+	c    *client.Client
+	h    *handler.Client
 }
 
 // startNode starts crustd on a new state directory (as root), stopped when the test ends.
@@ -90,26 +94,54 @@ func startNode(t *testing.T) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	crustdtest.StartT(t, cfg, nil)
-	c, err := client.New(cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
+	n := &node{t: t, cfg: cfg}
+	n.start()
+	t.Cleanup(func() {
+		_ = n.c.Close()
+		_ = n.h.Close()
+		if err := n.stop(); err != nil {
+			t.Errorf("crustd: %v", err)
+		}
+	})
+	return n
+}
+
+// start starts crustd and connects to it.
+func (n *node) start() {
+	n.t.Helper()
+	var err error
+	if n.stop, err = crustdtest.Start(n.cfg, nil); err != nil {
+		n.t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Close() })
-	h, err := handler.Dial(cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
+	if n.c, err = client.New(n.cfg.Socket); err != nil {
+		n.t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = h.Close() })
-	return &node{c: c, h: h, publish: func(pv, device string) (string, error) {
-		target := harness.PodTarget(t, cfg.KubeletDir, "cccccccc-0000-4000-8000-00000000000c", pv)
-		_, err := c.Publish(context.Background(), &csi.NodePublishVolumeRequest{VolumeId: pv, TargetPath: target,
-			VolumeCapability: &csi.VolumeCapability{
-				AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
-				AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-			}}, device)
-		return target, err
-	}}
+	if n.h, err = handler.Dial(n.cfg.Socket); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+// restart stops crustd, as a node's restart of its pod does, and starts it again on the same state.
+func (n *node) restart() {
+	n.t.Helper()
+	_ = n.c.Close()
+	_ = n.h.Close()
+	if err := n.stop(); err != nil {
+		n.t.Fatalf("crustd: %v", err)
+	}
+	n.start()
+}
+
+// publish deposits device for a new pod volume pv, as a driver does in NodePublishVolume, and returns its
+// target.
+func (n *node) publish(pv, device string) (string, error) {
+	target := harness.PodTarget(n.t, n.cfg.KubeletDir, "cccccccc-0000-4000-8000-00000000000c", pv)
+	_, err := n.c.Publish(context.Background(), &csi.NodePublishVolumeRequest{VolumeId: pv, TargetPath: target,
+		VolumeCapability: &csi.VolumeCapability{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		}}, device)
+	return target, err
 }
 
 // wantFailedPrecondition fails the test unless err is FAILED_PRECONDITION, as a client reads the code
@@ -188,4 +220,45 @@ func mountExt4(t *testing.T, dev string) string {
 	}
 	t.Cleanup(func() { _ = unix.Unmount(point, 0) })
 	return point
+}
+
+// TestUnstageKeepsTheClaim runs crustd on a real loop device: a volume staged and claimed by sandbox-a is
+// unstaged (the answer carries sandbox-a's kept claim), the device is staged again under another target,
+// and a claim of it by sandbox-b is FAILED_PRECONDITION naming sandbox-a, before and after a restart of
+// crustd; once sandbox-a releases its claim, sandbox-b's succeeds.
+func TestUnstageKeepsTheClaim(t *testing.T) {
+	n := startNode(t)
+	ctx := context.Background()
+	dev, _ := testutil.Loop(t, 16<<20)
+	first, err := n.publish("pv-first", dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.h.Claim(ctx, first, "sandbox-a", ""); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("unix://"+n.cfg.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	r, err := crustv1.NewVolumeServiceClient(conn).UnstageVolume(ctx, &crustv1.UnstageVolumeRequest{VolumeTargetPath: first})
+	if err != nil || r.GetKeptClaim().GetSandboxId() != "sandbox-a" {
+		t.Fatalf("unstage of a claimed volume: %v, %v; want the answer to carry sandbox-a's kept claim", r, err)
+	}
+	second, err := n.publish("pv-second", dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = n.h.Claim(ctx, second, "sandbox-b", "")
+	wantFailedPrecondition(t, "claim of "+dev+" while an unstaged volume's claim holds it", err, "sandbox-a")
+	n.restart()
+	_, err = n.h.Claim(ctx, second, "sandbox-b", "")
+	wantFailedPrecondition(t, "the same claim after a restart of crustd", err, "sandbox-a")
+	if err := n.h.Release(ctx, first, "sandbox-a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.h.Claim(ctx, second, "sandbox-b", ""); err != nil {
+		t.Fatalf("claim once the kept claim is released: %v", err)
+	}
 }

@@ -297,7 +297,7 @@ func TestDiscoverSkipsRawBlock(t *testing.T) {
 	ctx := context.Background()
 	n.runtimeRS(t, "sb-a", 1)
 	n.cri.Set(critest.Sandbox("sb-a", "pod-0", true))
-	if err := n.m.Unstage(ctx, n.tp); err != nil {
+	if _, err := n.m.Unstage(ctx, n.tp); err != nil {
 		t.Fatal(err)
 	}
 	spec := n.spec(0, 0)

@@ -46,6 +46,9 @@ func (m *Manager) HandlerClaims() map[string]*crustv1.Claim {
 			claims[t] = c
 		}
 	}
+	for t, v := range m.kept {
+		claims[t] = v.GetClaim()
+	}
 	return claims
 }
 
@@ -62,7 +65,7 @@ func (m *Manager) ReleaseGone(ctx context.Context, target string, claim *crustv1
 		return false, err
 	}
 	defer unlock()
-	old := m.get(target)
+	old := m.record(target)
 	if old == nil || !proto.Equal(old.GetClaim(), claim) {
 		return false, nil
 	}
@@ -76,6 +79,9 @@ func (m *Manager) ReleaseGone(ctx context.Context, target string, claim *crustv1
 // target's lock.
 func (m *Manager) releaseLocked(old *crustv1.Volume, reason crustv1.ReleaseReason, detail string) error {
 	target := old.GetSpec().GetVolumeTargetPath()
+	if old.GetUnstageTime() != nil {
+		return m.releaseKept(old, reason, detail)
+	}
 	v := proto.CloneOf(old)
 	v.Claim = nil
 	if err := m.cfg.Store.Put(v); err != nil {

@@ -99,8 +99,11 @@ type Manager struct {
 	byDevice map[devID]map[string]struct{} // the keys of vols, by device, for oneWriter
 	// held is what the devices of the volumes with a claim of crust's write to, by target, and byBase its
 	// keys by each base of that storage (hostdev.Storage.Bases), for oneWriter.
-	held     map[string]*hostdev.Storage
-	byBase   map[string]map[string]struct{}
+	held   map[string]*hostdev.Storage
+	byBase map[string]map[string]struct{}
+	// kept are the records of volumes unstaged while claimed (unstage_time set), by target: their claims
+	// outlive them (keep). They are in byDevice and held, not in vols.
+	kept     map[string]*crustv1.Volume
 	rev      uint64
 	watchers map[*Watcher]struct{}
 	revs     revisions // what is kept of rev, and what a watch resumes from
@@ -132,22 +135,25 @@ func Open(cfg Config, loaded Loaded) (*Manager, error) {
 		byDevice: map[devID]map[string]struct{}{},
 		held:     map[string]*hostdev.Storage{},
 		byBase:   map[string]map[string]struct{}{},
+		kept:     map[string]*crustv1.Volume{},
 		watchers: map[*Watcher]struct{}{},
 	}
+	staged := make([]*crustv1.Volume, 0, len(loaded.Volumes))
 	for _, v := range loaded.Volumes {
-		m.set(v.GetSpec().GetVolumeTargetPath(), v)
+		target := v.GetSpec().GetVolumeTargetPath()
+		if v.GetUnstageTime() != nil { // a claim kept after its volume was unstaged: no descriptor
+			m.keepRecord(target, v, m.storageAtStart(v))
+			continue
+		}
+		staged = append(staged, v)
+		m.set(target, v)
 		if v.GetClaim() != nil {
-			st, err := m.storageOf(v)
-			if err != nil { // a device gone since: it writes to nothing now; its own number stands for it
-				m.log.Warn("cannot tell what a claimed volume's device writes to", "target", v.GetSpec().GetVolumeTargetPath(), "err", err)
-				st = hostdev.NumberStorage(v)
-			}
-			m.hold(v.GetSpec().GetVolumeTargetPath(), st)
+			m.hold(target, m.storageAtStart(v))
 		}
 	}
 	m.openRevisions()
 	for _, s := range cfg.Subscribers {
-		s.Load(loaded.Volumes, loaded.Dropped)
+		s.Load(staged, loaded.Dropped)
 	}
 	for _, path := range loaded.Corrupt {
 		m.corrupt.Put(&crustv1.Problem{
@@ -179,6 +185,11 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 	}
 	defer unlock()
 
+	if k := m.keptAt(target); k != nil {
+		return nil, fmt.Errorf("volume %q was unstaged while sandbox %q held it, and its claim is kept until that "+
+			"sandbox's handler releases it (at its stop) or crustd finds the handler gone; stage it again after that: %w",
+			target, k.GetClaim().GetSandboxId(), errdefs.ErrFailedPrecondition)
+	}
 	old := m.get(target)
 	if old != nil {
 		if diff := differingFields(old.GetSpec(), v.GetSpec()); len(diff) > 0 {
@@ -230,41 +241,42 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 	return v, nil
 }
 
-// Unstage removes a descriptor, with its claim if it has one, after each subscriber's Unstaging (which
-// may refuse it: the descriptor is kept then). An unknown target is not an error; the subscribers are
-// told of it all the same.
-func (m *Manager) Unstage(ctx context.Context, target string) error {
+// Unstage removes a descriptor after each subscriber's Unstaging (which may refuse it: the descriptor is
+// kept then). An unknown target is not an error; the subscribers are told of it all the same. The claim
+// of crust's that a claimed volume carries outlives it, and is returned (see keep); so is the claim kept
+// by an earlier unstage of target.
+func (m *Manager) Unstage(ctx context.Context, target string) (*crustv1.Claim, error) {
 	if err := m.cfg.Validator.TargetName("volume_target_path", target); err != nil {
-		return err
+		return nil, err
 	}
 	unlock, err := m.locks.Lock(ctx, target)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer unlock()
-	return m.unstageLocked(target)
+	return m.unstageLocked(ctx, target)
 }
 
-func (m *Manager) unstageLocked(target string) error {
+func (m *Manager) unstageLocked(ctx context.Context, target string) (*crustv1.Claim, error) {
 	old := m.get(target)
 	// Subscribers first: a crash between them and the store leaves the record, and the next start gives
 	// it to them again.
 	for _, s := range m.cfg.Subscribers {
 		if err := s.Unstaging(target, old); err != nil && old != nil {
-			return err
+			return nil, err
 		}
 	}
 	if old == nil {
-		return nil
+		return m.keptAt(target).GetClaim(), nil
 	}
-	if c := old.GetClaim(); c != nil {
-		m.log.Warn("unstaging a claimed volume; the claim is dropped", "target", target, "sandbox", c.GetSandboxId())
+	if old.GetClaim() != nil {
+		return m.keep(ctx, old)
 	}
 	if err := m.cfg.Store.Delete(target); err != nil {
-		return fmt.Errorf("delete the record of %q: %w", target, err)
+		return nil, fmt.Errorf("delete the record of %q: %w", target, err)
 	}
 	m.commit(target, nil, crustv1.EventType_EVENT_TYPE_UNSTAGED, old)
-	return nil
+	return nil, nil
 }
 
 // Get returns one descriptor, with a claim the claim source reports when it has none of crust's, or
@@ -463,7 +475,7 @@ func (m *Manager) Release(ctx context.Context, target, sandboxID string, force b
 	}
 	defer unlock()
 
-	old := m.get(target)
+	old := m.record(target)
 	if old == nil {
 		return nil
 	}
@@ -506,10 +518,7 @@ func devOf(dn *crustv1.DeviceNumber) devID { return devID{dn.GetMajor(), dn.GetM
 // held for writing.
 func (m *Manager) set(target string, v *crustv1.Volume) {
 	if old := m.vols[target]; old != nil {
-		d := devOf(old.GetDeviceNumber())
-		if delete(m.byDevice[d], target); len(m.byDevice[d]) == 0 {
-			delete(m.byDevice, d)
-		}
+		m.unindexDevice(target, old)
 	}
 	if v == nil || v.GetClaim() == nil {
 		m.unhold(target)
@@ -521,11 +530,24 @@ func (m *Manager) set(target string, v *crustv1.Volume) {
 	}
 	m.vols[target] = v
 	m.order.ReplaceOrInsert(target)
+	m.indexDevice(target, v)
+}
+
+// indexDevice adds target, whose record is v, to byDevice; m.mu is held for writing.
+func (m *Manager) indexDevice(target string, v *crustv1.Volume) {
 	d := devOf(v.GetDeviceNumber())
 	if m.byDevice[d] == nil {
 		m.byDevice[d] = map[string]struct{}{}
 	}
 	m.byDevice[d][target] = struct{}{}
+}
+
+// unindexDevice removes target, whose record was v, from byDevice; m.mu is held for writing.
+func (m *Manager) unindexDevice(target string, v *crustv1.Volume) {
+	d := devOf(v.GetDeviceNumber())
+	if delete(m.byDevice[d], target); len(m.byDevice[d]) == 0 {
+		delete(m.byDevice, d)
+	}
 }
 
 // hold records st as what the device of target, now claimed, writes to; m.mu is held for writing.
@@ -567,7 +589,7 @@ func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string, st *hostdev.Sto
 	m.mu.RLock()
 	var same []*crustv1.Volume
 	for t := range m.byDevice[devOf(dn)] {
-		o := m.vols[t]
+		o := m.recordLocked(t)
 		// Read-only targets share a device whoever holds them, so their claims are not looked up.
 		bothReadOnly := v.GetSpec().GetReadOnly() && o.GetSpec().GetReadOnly()
 		if t != v.GetSpec().GetVolumeTargetPath() && !bothReadOnly {
@@ -581,15 +603,15 @@ func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string, st *hostdev.Sto
 			continue
 		}
 		if c.GetSandboxId() == sandboxID {
-			return fmt.Errorf("device %d:%d of volume %q is already used by sandbox %q through %q; one sandbox may "+
+			return fmt.Errorf("device %d:%d of volume %q is already used by sandbox %q through %s; one sandbox may "+
 				"use a device through several targets only when all are read-only (each target is attached as a "+
 				"disk of its own); to use one volume at several places, claim one target and mount it at each: %w",
-				dn.GetMajor(), dn.GetMinor(), v.GetSpec().GetVolumeTargetPath(), sandboxID, o.GetSpec().GetVolumeTargetPath(),
+				dn.GetMajor(), dn.GetMinor(), v.GetSpec().GetVolumeTargetPath(), sandboxID, through(o),
 				errdefs.ErrFailedPrecondition)
 		}
-		return fmt.Errorf("device %d:%d of volume %q is in use by sandbox %q through %q; two sandboxes may share a "+
+		return fmt.Errorf("device %d:%d of volume %q is in use by sandbox %q through %s; two sandboxes may share a "+
 			"device only when both use it read-only: %w",
-			dn.GetMajor(), dn.GetMinor(), v.GetSpec().GetVolumeTargetPath(), c.GetSandboxId(), o.GetSpec().GetVolumeTargetPath(),
+			dn.GetMajor(), dn.GetMinor(), v.GetSpec().GetVolumeTargetPath(), c.GetSandboxId(), through(o),
 			errdefs.ErrFailedPrecondition)
 	}
 	return m.noOtherName(v, st)
@@ -605,16 +627,16 @@ func (m *Manager) noOtherName(v *crustv1.Volume, st *hostdev.Storage) error {
 	defer m.mu.RUnlock()
 	for _, b := range st.Bases() {
 		for t := range m.byBase[b] {
-			o := m.vols[t]
+			o := m.recordLocked(t)
 			if t == target || o == nil || devOf(o.GetDeviceNumber()) == devOf(v.GetDeviceNumber()) ||
 				(v.GetSpec().GetReadOnly() && o.GetSpec().GetReadOnly()) || !st.Shares(m.held[t]) {
 				continue
 			}
-			return fmt.Errorf("the device %s of volume %q writes to storage that %s of volume %q writes to too (%v), and "+
+			return fmt.Errorf("the device %s of volume %q writes to storage that %s of volume %s writes to too (%v), and "+
 				"sandbox %q holds that volume; a filesystem is mounted read-write by one holder at a time, under any "+
 				"of its device's names (loop devices over one file, a partition and its disk, a device-mapper or md "+
 				"device and the devices under it); release that claim first: %w",
-				v.GetResolvedBackingPath(), target, o.GetResolvedBackingPath(), t, m.held[t], o.GetClaim().GetSandboxId(),
+				v.GetResolvedBackingPath(), target, o.GetResolvedBackingPath(), through(o), m.held[t], o.GetClaim().GetSandboxId(),
 				errdefs.ErrFailedPrecondition)
 		}
 	}
@@ -821,7 +843,7 @@ func (m *Manager) CollectGarbage(ctx context.Context, podUIDs ...string) []strin
 		if err != nil {
 			continue // busy: the next pass gets it
 		}
-		if err := m.unstageLocked(target); err != nil {
+		if _, err := m.unstageLocked(ctx, target); err != nil {
 			m.log.Error("garbage-collect a volume of a deleted pod", "target", target, "err", err)
 		} else {
 			m.log.Info("garbage-collected the volume of a deleted pod", "target", target, "pod_uid", uid)

@@ -294,7 +294,7 @@ func TestUnstageIsIdempotentAndRemovesProjection(t *testing.T) {
 		t.Fatalf("projection missing: %v", err)
 	}
 	for range 2 {
-		if err := e.m.Unstage(ctx, e.target(0)); err != nil {
+		if _, err := e.m.Unstage(ctx, e.target(0)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -404,7 +404,8 @@ func TestWatchSeesEventsInOrder(t *testing.T) {
 	_, err = e.m.Claim(ctx, tp, "sb1", "")
 	must(err)
 	must(e.m.Release(ctx, tp, "sb1", false))
-	must(e.m.Unstage(ctx, tp))
+	_, err = e.m.Unstage(ctx, tp)
+	must(err)
 	want := []crustv1.EventType{
 		crustv1.EventType_EVENT_TYPE_EXISTING, crustv1.EventType_EVENT_TYPE_SYNCED,
 		crustv1.EventType_EVENT_TYPE_STAGED, crustv1.EventType_EVENT_TYPE_CLAIMED,
@@ -436,7 +437,7 @@ func TestSlowWatcherIsCutOffNotBlocking(t *testing.T) {
 	w := e.m.Watch(false)
 	for range e.m.cfg.WatchBuffer/2 + 1 {
 		e.stage(e.spec(0, 0))
-		if err := e.m.Unstage(ctx, e.target(0)); err != nil {
+		if _, err := e.m.Unstage(ctx, e.target(0)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -689,7 +690,7 @@ func TestOneWriterPerDevice(t *testing.T) {
 		// A target staged again on another device no longer counts for its first one.
 		{"a target moves from disk5 to disk6", func() error {
 			e.stage(e.spec(12, 5))
-			if err := e.m.Unstage(ctx, e.target(12)); err != nil {
+			if _, err := e.m.Unstage(ctx, e.target(12)); err != nil {
 				return err
 			}
 			e.stage(e.spec(12, 6))
@@ -782,7 +783,7 @@ func TestListPage(t *testing.T) {
 	// The last target of a page is unstaged before the next page is asked for.
 	page, more := e.m.ListPage(ctx, "", 10, 0)
 	last := page[len(page)-1].GetSpec().GetVolumeTargetPath()
-	if err := e.m.Unstage(ctx, last); err != nil || !more {
+	if _, err := e.m.Unstage(ctx, last); err != nil || !more {
 		t.Fatalf("unstage %s: %v (more %t)", last, err, more)
 	}
 	next, _ := e.m.ListPage(ctx, last, 0, 0)

@@ -157,7 +157,7 @@ func TestUnstageHealsAQuarantinedVolume(t *testing.T) {
 	e.plantFile(e.target(0))
 	e.reopen()
 	e.wantProblems(problem(crustv1.ProblemKind_PROBLEM_KIND_KATA_FOREIGN_ENTRY, e.target(0)))
-	if err := e.m.Unstage(ctx, e.target(0)); err != nil {
+	if _, err := e.m.Unstage(ctx, e.target(0)); err != nil {
 		t.Fatalf("unstage of the quarantined volume: %v", err)
 	}
 	if _, err := os.Lstat(e.volDir(e.target(0))); !errors.Is(err, os.ErrNotExist) {
@@ -265,7 +265,7 @@ func TestStageOfATargetKataCannotName(t *testing.T) {
 	if len(got.GetKataCaveats()) != 0 {
 		t.Fatalf("the caveat was stored: %q", got.GetKataCaveats())
 	}
-	if err := e.m.Unstage(ctx, long); err != nil {
+	if _, err := e.m.Unstage(ctx, long); err != nil {
 		t.Fatalf("unstage: %v", err)
 	}
 	e.wantProblems()
@@ -360,7 +360,7 @@ func TestProblemsSeeDamageAfterStart(t *testing.T) {
 	if _, err := kata.Get(e.kataDir, e.target(0)); err != nil {
 		t.Fatalf("projection after the healing stage: %v", err)
 	}
-	if err := e.m.Unstage(ctx, e.target(1)); err != nil {
+	if _, err := e.m.Unstage(ctx, e.target(1)); err != nil {
 		t.Fatal(err)
 	}
 	e.wantProblems()

@@ -130,7 +130,7 @@ func TestRawBlockHasNoKataProjection(t *testing.T) {
 	if err := e.m.Release(ctx, raw, "sb1", false); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.m.Unstage(ctx, raw); err != nil {
+	if _, err := e.m.Unstage(ctx, raw); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(e.volDir(raw), "katasb")); err != nil {

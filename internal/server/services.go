@@ -63,10 +63,11 @@ func (s *volumes) StageVolume(ctx context.Context, r *crustv1.StageVolumeRequest
 }
 
 func (s *volumes) UnstageVolume(ctx context.Context, r *crustv1.UnstageVolumeRequest) (*crustv1.UnstageVolumeResponse, error) {
-	if err := s.m.Unstage(ctx, r.GetVolumeTargetPath()); err != nil {
+	kept, err := s.m.Unstage(ctx, r.GetVolumeTargetPath())
+	if err != nil {
 		return nil, err
 	}
-	return &crustv1.UnstageVolumeResponse{}, nil
+	return &crustv1.UnstageVolumeResponse{KeptClaim: kept}, nil
 }
 
 func (s *volumes) GetVolume(ctx context.Context, r *crustv1.GetVolumeRequest) (*crustv1.GetVolumeResponse, error) {

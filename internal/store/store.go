@@ -18,6 +18,9 @@
 //   - A payload that is not a Volume in its version's encoding, a Volume without a target path, or a file
 //     name that is not <key of its target path>.json is damage: moved aside, reported in
 //     LoadReport.Corrupt.
+//   - A Volume with unstage_time set is not a descriptor but a claim kept after its volume was unstaged
+//     (internal/manager says what it reserves). A crustd older than that field reads it as a claimed
+//     descriptor: the reservation holds, and the descriptor shows until it is garbage-collected.
 //   - Put and Delete are idempotent. They are safe to call concurrently for different target paths; calls
 //     for one target path must be serialised by the caller.
 //   - The watch revision: <dir>/watch/revision.json, one record (its own record version 1, payload member

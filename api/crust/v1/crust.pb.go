@@ -910,7 +910,11 @@ type Volume struct {
 	// What an unmodified Kata runtime cannot honour of this descriptor, one sentence each (for example, a
 	// pmem volume that Kata attaches as a plain disk, without DAX); empty when Kata takes it as crust's
 	// handlers do. Set by crustd in answers, never stored.
-	KataCaveats   []string `protobuf:"bytes,7,rep,name=kata_caveats,json=kataCaveats,proto3" json:"kata_caveats,omitempty"`
+	KataCaveats []string `protobuf:"bytes,7,rep,name=kata_caveats,json=kataCaveats,proto3" json:"kata_caveats,omitempty"`
+	// When the volume was unstaged while a sandbox held it: the descriptor is gone, and its record is kept
+	// only to reserve the device for the claim until that is released (see UnstageVolume). Unset for a
+	// staged volume. Such a record is never listed; watchers see it in the event of its release.
+	UnstageTime   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=unstage_time,json=unstageTime,proto3" json:"unstage_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -990,6 +994,13 @@ func (x *Volume) GetRequestedBytes() int64 {
 func (x *Volume) GetKataCaveats() []string {
 	if x != nil {
 		return x.KataCaveats
+	}
+	return nil
+}
+
+func (x *Volume) GetUnstageTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UnstageTime
 	}
 	return nil
 }
@@ -1132,9 +1143,12 @@ func (x *UnstageVolumeRequest) GetVolumeTargetPath() string {
 	return ""
 }
 
-// UnstageVolumeResponse is empty.
+// UnstageVolumeResponse says what outlives the descriptor.
 type UnstageVolumeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The claim kept after the unstage: set when a sandbox held the volume, whose device then stays
+	// reserved for it until the claim is released (see UnstageVolume); unset otherwise.
+	KeptClaim     *Claim `protobuf:"bytes,1,opt,name=kept_claim,json=keptClaim,proto3" json:"kept_claim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1167,6 +1181,13 @@ func (x *UnstageVolumeResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use UnstageVolumeResponse.ProtoReflect.Descriptor instead.
 func (*UnstageVolumeResponse) Descriptor() ([]byte, []int) {
 	return file_crust_v1_crust_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *UnstageVolumeResponse) GetKeptClaim() *Claim {
+	if x != nil {
+		return x.KeptClaim
+	}
+	return nil
 }
 
 // GetVolumeRequest names one volume.
@@ -2695,7 +2716,7 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\vclaimer_pid\x18\x05 \x01(\x05R\n" +
 	"claimerPid\x12,\n" +
 	"\x12claimer_start_time\x18\x06 \x01(\x04R\x10claimerStartTime\x12%\n" +
-	"\x0ecri_discovered\x18\a \x01(\bR\rcriDiscovered\"\xd1\x02\n" +
+	"\x0ecri_discovered\x18\a \x01(\bR\rcriDiscovered\"\x90\x03\n" +
 	"\x06Volume\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.crust.v1.VolumeSpecR\x04spec\x122\n" +
 	"\x15resolved_backing_path\x18\x02 \x01(\tR\x13resolvedBackingPath\x12;\n" +
@@ -2704,14 +2725,17 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"stage_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstageTime\x12%\n" +
 	"\x05claim\x18\x05 \x01(\v2\x0f.crust.v1.ClaimR\x05claim\x12'\n" +
 	"\x0frequested_bytes\x18\x06 \x01(\x03R\x0erequestedBytes\x12!\n" +
-	"\fkata_caveats\x18\a \x03(\tR\vkataCaveats\">\n" +
+	"\fkata_caveats\x18\a \x03(\tR\vkataCaveats\x12=\n" +
+	"\funstage_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vunstageTime\">\n" +
 	"\x12StageVolumeRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.crust.v1.VolumeSpecR\x04spec\"?\n" +
 	"\x13StageVolumeResponse\x12(\n" +
 	"\x06volume\x18\x01 \x01(\v2\x10.crust.v1.VolumeR\x06volume\"D\n" +
 	"\x14UnstageVolumeRequest\x12,\n" +
-	"\x12volume_target_path\x18\x01 \x01(\tR\x10volumeTargetPath\"\x17\n" +
-	"\x15UnstageVolumeResponse\"@\n" +
+	"\x12volume_target_path\x18\x01 \x01(\tR\x10volumeTargetPath\"G\n" +
+	"\x15UnstageVolumeResponse\x12.\n" +
+	"\n" +
+	"kept_claim\x18\x01 \x01(\v2\x0f.crust.v1.ClaimR\tkeptClaim\"@\n" +
 	"\x10GetVolumeRequest\x12,\n" +
 	"\x12volume_target_path\x18\x01 \x01(\tR\x10volumeTargetPath\"=\n" +
 	"\x11GetVolumeResponse\x12(\n" +
@@ -2929,53 +2953,55 @@ var file_crust_v1_crust_proto_depIdxs = []int32{
 	9,  // 7: crust.v1.Volume.device_number:type_name -> crust.v1.DeviceNumber
 	42, // 8: crust.v1.Volume.stage_time:type_name -> google.protobuf.Timestamp
 	10, // 9: crust.v1.Volume.claim:type_name -> crust.v1.Claim
-	8,  // 10: crust.v1.StageVolumeRequest.spec:type_name -> crust.v1.VolumeSpec
-	11, // 11: crust.v1.StageVolumeResponse.volume:type_name -> crust.v1.Volume
-	11, // 12: crust.v1.GetVolumeResponse.volume:type_name -> crust.v1.Volume
-	11, // 13: crust.v1.ListVolumesResponse.volumes:type_name -> crust.v1.Volume
-	6,  // 14: crust.v1.VolumeUsage.unit:type_name -> crust.v1.VolumeUsage.Unit
-	21, // 15: crust.v1.GetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
-	22, // 16: crust.v1.GetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
-	28, // 17: crust.v1.ListProblemsResponse.problems:type_name -> crust.v1.Problem
-	3,  // 18: crust.v1.Problem.kind:type_name -> crust.v1.ProblemKind
-	11, // 19: crust.v1.ClaimVolumeResponse.volume:type_name -> crust.v1.Volume
-	4,  // 20: crust.v1.WatchVolumesResponse.type:type_name -> crust.v1.EventType
-	11, // 21: crust.v1.WatchVolumesResponse.volume:type_name -> crust.v1.Volume
-	5,  // 22: crust.v1.WatchVolumesResponse.release_reason:type_name -> crust.v1.ReleaseReason
-	10, // 23: crust.v1.WatchVolumesResponse.released_claim:type_name -> crust.v1.Claim
-	21, // 24: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
-	22, // 25: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
-	12, // 26: crust.v1.VolumeService.StageVolume:input_type -> crust.v1.StageVolumeRequest
-	14, // 27: crust.v1.VolumeService.UnstageVolume:input_type -> crust.v1.UnstageVolumeRequest
-	16, // 28: crust.v1.VolumeService.GetVolume:input_type -> crust.v1.GetVolumeRequest
-	18, // 29: crust.v1.VolumeService.ListVolumes:input_type -> crust.v1.ListVolumesRequest
-	20, // 30: crust.v1.VolumeService.GetVolumeStats:input_type -> crust.v1.GetVolumeStatsRequest
-	24, // 31: crust.v1.VolumeService.ExpandVolume:input_type -> crust.v1.ExpandVolumeRequest
-	26, // 32: crust.v1.VolumeService.ListProblems:input_type -> crust.v1.ListProblemsRequest
-	29, // 33: crust.v1.RuntimeService.ClaimVolume:input_type -> crust.v1.ClaimVolumeRequest
-	31, // 34: crust.v1.RuntimeService.ReleaseVolume:input_type -> crust.v1.ReleaseVolumeRequest
-	33, // 35: crust.v1.RuntimeService.WatchVolumes:input_type -> crust.v1.WatchVolumesRequest
-	35, // 36: crust.v1.InfoService.GetInfo:input_type -> crust.v1.GetInfoRequest
-	37, // 37: crust.v1.RuntimeHandlerService.GetVolumeStats:input_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
-	39, // 38: crust.v1.RuntimeHandlerService.ExpandVolume:input_type -> crust.v1.RuntimeHandlerServiceExpandVolumeRequest
-	13, // 39: crust.v1.VolumeService.StageVolume:output_type -> crust.v1.StageVolumeResponse
-	15, // 40: crust.v1.VolumeService.UnstageVolume:output_type -> crust.v1.UnstageVolumeResponse
-	17, // 41: crust.v1.VolumeService.GetVolume:output_type -> crust.v1.GetVolumeResponse
-	19, // 42: crust.v1.VolumeService.ListVolumes:output_type -> crust.v1.ListVolumesResponse
-	23, // 43: crust.v1.VolumeService.GetVolumeStats:output_type -> crust.v1.GetVolumeStatsResponse
-	25, // 44: crust.v1.VolumeService.ExpandVolume:output_type -> crust.v1.ExpandVolumeResponse
-	27, // 45: crust.v1.VolumeService.ListProblems:output_type -> crust.v1.ListProblemsResponse
-	30, // 46: crust.v1.RuntimeService.ClaimVolume:output_type -> crust.v1.ClaimVolumeResponse
-	32, // 47: crust.v1.RuntimeService.ReleaseVolume:output_type -> crust.v1.ReleaseVolumeResponse
-	34, // 48: crust.v1.RuntimeService.WatchVolumes:output_type -> crust.v1.WatchVolumesResponse
-	36, // 49: crust.v1.InfoService.GetInfo:output_type -> crust.v1.GetInfoResponse
-	38, // 50: crust.v1.RuntimeHandlerService.GetVolumeStats:output_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
-	40, // 51: crust.v1.RuntimeHandlerService.ExpandVolume:output_type -> crust.v1.RuntimeHandlerServiceExpandVolumeResponse
-	39, // [39:52] is the sub-list for method output_type
-	26, // [26:39] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	42, // 10: crust.v1.Volume.unstage_time:type_name -> google.protobuf.Timestamp
+	8,  // 11: crust.v1.StageVolumeRequest.spec:type_name -> crust.v1.VolumeSpec
+	11, // 12: crust.v1.StageVolumeResponse.volume:type_name -> crust.v1.Volume
+	10, // 13: crust.v1.UnstageVolumeResponse.kept_claim:type_name -> crust.v1.Claim
+	11, // 14: crust.v1.GetVolumeResponse.volume:type_name -> crust.v1.Volume
+	11, // 15: crust.v1.ListVolumesResponse.volumes:type_name -> crust.v1.Volume
+	6,  // 16: crust.v1.VolumeUsage.unit:type_name -> crust.v1.VolumeUsage.Unit
+	21, // 17: crust.v1.GetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
+	22, // 18: crust.v1.GetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
+	28, // 19: crust.v1.ListProblemsResponse.problems:type_name -> crust.v1.Problem
+	3,  // 20: crust.v1.Problem.kind:type_name -> crust.v1.ProblemKind
+	11, // 21: crust.v1.ClaimVolumeResponse.volume:type_name -> crust.v1.Volume
+	4,  // 22: crust.v1.WatchVolumesResponse.type:type_name -> crust.v1.EventType
+	11, // 23: crust.v1.WatchVolumesResponse.volume:type_name -> crust.v1.Volume
+	5,  // 24: crust.v1.WatchVolumesResponse.release_reason:type_name -> crust.v1.ReleaseReason
+	10, // 25: crust.v1.WatchVolumesResponse.released_claim:type_name -> crust.v1.Claim
+	21, // 26: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
+	22, // 27: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
+	12, // 28: crust.v1.VolumeService.StageVolume:input_type -> crust.v1.StageVolumeRequest
+	14, // 29: crust.v1.VolumeService.UnstageVolume:input_type -> crust.v1.UnstageVolumeRequest
+	16, // 30: crust.v1.VolumeService.GetVolume:input_type -> crust.v1.GetVolumeRequest
+	18, // 31: crust.v1.VolumeService.ListVolumes:input_type -> crust.v1.ListVolumesRequest
+	20, // 32: crust.v1.VolumeService.GetVolumeStats:input_type -> crust.v1.GetVolumeStatsRequest
+	24, // 33: crust.v1.VolumeService.ExpandVolume:input_type -> crust.v1.ExpandVolumeRequest
+	26, // 34: crust.v1.VolumeService.ListProblems:input_type -> crust.v1.ListProblemsRequest
+	29, // 35: crust.v1.RuntimeService.ClaimVolume:input_type -> crust.v1.ClaimVolumeRequest
+	31, // 36: crust.v1.RuntimeService.ReleaseVolume:input_type -> crust.v1.ReleaseVolumeRequest
+	33, // 37: crust.v1.RuntimeService.WatchVolumes:input_type -> crust.v1.WatchVolumesRequest
+	35, // 38: crust.v1.InfoService.GetInfo:input_type -> crust.v1.GetInfoRequest
+	37, // 39: crust.v1.RuntimeHandlerService.GetVolumeStats:input_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
+	39, // 40: crust.v1.RuntimeHandlerService.ExpandVolume:input_type -> crust.v1.RuntimeHandlerServiceExpandVolumeRequest
+	13, // 41: crust.v1.VolumeService.StageVolume:output_type -> crust.v1.StageVolumeResponse
+	15, // 42: crust.v1.VolumeService.UnstageVolume:output_type -> crust.v1.UnstageVolumeResponse
+	17, // 43: crust.v1.VolumeService.GetVolume:output_type -> crust.v1.GetVolumeResponse
+	19, // 44: crust.v1.VolumeService.ListVolumes:output_type -> crust.v1.ListVolumesResponse
+	23, // 45: crust.v1.VolumeService.GetVolumeStats:output_type -> crust.v1.GetVolumeStatsResponse
+	25, // 46: crust.v1.VolumeService.ExpandVolume:output_type -> crust.v1.ExpandVolumeResponse
+	27, // 47: crust.v1.VolumeService.ListProblems:output_type -> crust.v1.ListProblemsResponse
+	30, // 48: crust.v1.RuntimeService.ClaimVolume:output_type -> crust.v1.ClaimVolumeResponse
+	32, // 49: crust.v1.RuntimeService.ReleaseVolume:output_type -> crust.v1.ReleaseVolumeResponse
+	34, // 50: crust.v1.RuntimeService.WatchVolumes:output_type -> crust.v1.WatchVolumesResponse
+	36, // 51: crust.v1.InfoService.GetInfo:output_type -> crust.v1.GetInfoResponse
+	38, // 52: crust.v1.RuntimeHandlerService.GetVolumeStats:output_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
+	40, // 53: crust.v1.RuntimeHandlerService.ExpandVolume:output_type -> crust.v1.RuntimeHandlerServiceExpandVolumeResponse
+	41, // [41:54] is the sub-list for method output_type
+	28, // [28:41] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_crust_v1_crust_proto_init() }

@@ -52,8 +52,12 @@ type VolumeServiceClient interface {
 	// different spec fails with ALREADY_EXISTS. When the call returns OK the descriptor is durable.
 	StageVolume(ctx context.Context, in *StageVolumeRequest, opts ...grpc.CallOption) (*StageVolumeResponse, error)
 	// UnstageVolume removes a descriptor. An unknown target is not an error. A claimed volume may be
-	// unstaged (the CO unpublishes only after the sandbox is gone); its claim is dropped and watchers are
-	// told.
+	// unstaged; its claim outlives the descriptor: the device stays reserved for the claiming sandbox (no
+	// other sandbox's claim of it, under any of its names, succeeds) until its handler releases the claim
+	// (ReleaseVolume on the same target) or crustd releases a gone handler's claims, across restarts of
+	// crustd too. The answer says so (UnstageVolumeResponse.kept_claim). Watchers are told of the unstage,
+	// and of the release when it comes. Staging the target again is FAILED_PRECONDITION while the claim is
+	// kept.
 	UnstageVolume(ctx context.Context, in *UnstageVolumeRequest, opts ...grpc.CallOption) (*UnstageVolumeResponse, error)
 	// GetVolume returns one descriptor with its claim, or NOT_FOUND.
 	GetVolume(ctx context.Context, in *GetVolumeRequest, opts ...grpc.CallOption) (*GetVolumeResponse, error)
@@ -168,8 +172,12 @@ type VolumeServiceServer interface {
 	// different spec fails with ALREADY_EXISTS. When the call returns OK the descriptor is durable.
 	StageVolume(context.Context, *StageVolumeRequest) (*StageVolumeResponse, error)
 	// UnstageVolume removes a descriptor. An unknown target is not an error. A claimed volume may be
-	// unstaged (the CO unpublishes only after the sandbox is gone); its claim is dropped and watchers are
-	// told.
+	// unstaged; its claim outlives the descriptor: the device stays reserved for the claiming sandbox (no
+	// other sandbox's claim of it, under any of its names, succeeds) until its handler releases the claim
+	// (ReleaseVolume on the same target) or crustd releases a gone handler's claims, across restarts of
+	// crustd too. The answer says so (UnstageVolumeResponse.kept_claim). Watchers are told of the unstage,
+	// and of the release when it comes. Staging the target again is FAILED_PRECONDITION while the claim is
+	// kept.
 	UnstageVolume(context.Context, *UnstageVolumeRequest) (*UnstageVolumeResponse, error)
 	// GetVolume returns one descriptor with its claim, or NOT_FOUND.
 	GetVolume(context.Context, *GetVolumeRequest) (*GetVolumeResponse, error)
@@ -434,7 +442,8 @@ type RuntimeServiceClient interface {
 	// stats or expansion to it, and would take the handler for gone (see ClaimVolumeRequest). A target
 	// nothing is staged at is NOT_FOUND whatever the endpoint.
 	ClaimVolume(ctx context.Context, in *ClaimVolumeRequest, opts ...grpc.CallOption) (*ClaimVolumeResponse, error)
-	// ReleaseVolume ends a claim. Releasing a volume that is not claimed, or not known, is not an error.
+	// ReleaseVolume ends a claim, one kept after its volume was unstaged included. Releasing a volume that
+	// is not claimed, or not known, is not an error.
 	ReleaseVolume(ctx context.Context, in *ReleaseVolumeRequest, opts ...grpc.CallOption) (*ReleaseVolumeResponse, error)
 	// WatchVolumes streams an event for every change, in the order the changes were made durable. A watch
 	// resumes after a revision it was sent (WatchVolumesRequest.since_revision): crustd replays the changes
@@ -507,7 +516,8 @@ type RuntimeServiceServer interface {
 	// stats or expansion to it, and would take the handler for gone (see ClaimVolumeRequest). A target
 	// nothing is staged at is NOT_FOUND whatever the endpoint.
 	ClaimVolume(context.Context, *ClaimVolumeRequest) (*ClaimVolumeResponse, error)
-	// ReleaseVolume ends a claim. Releasing a volume that is not claimed, or not known, is not an error.
+	// ReleaseVolume ends a claim, one kept after its volume was unstaged included. Releasing a volume that
+	// is not claimed, or not known, is not an error.
 	ReleaseVolume(context.Context, *ReleaseVolumeRequest) (*ReleaseVolumeResponse, error)
 	// WatchVolumes streams an event for every change, in the order the changes were made durable. A watch
 	// resumes after a revision it was sent (WatchVolumesRequest.since_revision): crustd replays the changes

@@ -1,0 +1,97 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"crust.dev/crust/internal/hostdev"
+)
+
+// TestClaimOutlivesItsDescriptor: a volume unstaged while sandbox sb1 holds it is gone as a descriptor
+// (Get is NotFound, List and the Kata projection do not have it), but the answer returns sb1's claim and
+// the device stays reserved for it: a claim of the device through another target, or through another of
+// its names, is FailedPrecondition naming sb1, across a restart too; the target cannot be staged again;
+// another sandbox cannot release the claim. Once sb1 releases it the device is claimed; a kept claim
+// whose handler is gone is released by ReleaseGone as any other.
+func TestClaimOutlivesItsDescriptor(t *testing.T) {
+	e := newEnv(t)
+	e.devices = hostdev.Sysfs{Root: e.sysfs, Loops: func(bd *hostdev.BlockDevice) (hostdev.LoopBacking, error) {
+		if bd.Name == "disk0" || bd.Name == "disk1" { // disk1 is another name of disk0's storage
+			return hostdev.LoopBacking{Device: unix.Mkdev(8, 1), Inode: 1}, nil
+		}
+		return hostdev.LoopBacking{Device: unix.Mkdev(8, 1), Inode: 2}, nil
+	}}
+	e.reopen()
+	ctx := context.Background()
+	t0, t1, t2 := e.target(0), e.target(1), e.target(2)
+	e.stage(e.spec(0, 0))
+	if _, err := e.m.Claim(ctx, t0, "sb1", ""); err != nil {
+		t.Fatal(err)
+	}
+	kept, err := e.m.Unstage(ctx, t0)
+	if err != nil || kept.GetSandboxId() != "sb1" {
+		t.Fatalf("unstage of a claimed volume: kept %v, %v; want sb1's claim", kept, err)
+	}
+	if _, err := e.m.Get(ctx, t0); code(err) != "not found" {
+		t.Fatalf("Get of an unstaged volume whose claim is kept: %v; want NotFound", err)
+	}
+	if n := len(e.m.List(ctx)); n != 0 {
+		t.Fatalf("List has %d volumes after the unstage; want none", n)
+	}
+	if _, err := os.Stat(e.volDir(t0)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the Kata volume directory of the unstaged volume: %v; want it gone", err)
+	}
+	e.stage(e.spec(1, 0)) // the same device, another target: a deposit is not a claim
+	e.stage(e.spec(2, 1)) // another name of it
+	wantRefused := func(what, target string) {
+		t.Helper()
+		_, err := e.m.Claim(ctx, target, "sb2", "")
+		if code(err) != "failed precondition" || !strings.Contains(err.Error(), `"sb1"`) {
+			t.Fatalf("%s: %v; want FailedPrecondition naming sb1", what, err)
+		}
+	}
+	wantRefused("a claim of the device through another target", t1)
+	wantRefused("a claim of another name of the device", t2)
+	e.reopen()
+	wantRefused("a claim of the device after a restart", t1)
+	if again, err := e.m.Unstage(ctx, t0); err != nil || again.GetSandboxId() != "sb1" {
+		t.Fatalf("a repeated unstage: kept %v, %v; want sb1's claim again", again, err)
+	}
+	if _, err := e.m.Stage(ctx, e.spec(0, 0)); code(err) != "failed precondition" || !strings.Contains(err.Error(), `"sb1"`) {
+		t.Fatalf("staging the target of a kept claim again: %v; want FailedPrecondition naming sb1", err)
+	}
+	if err := e.m.Release(ctx, t0, "sb2", false); code(err) != "failed precondition" {
+		t.Fatalf("another sandbox's release of the kept claim: %v; want FailedPrecondition", err)
+	}
+	if err := e.m.Release(ctx, t0, "sb1", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Claim(ctx, t1, "sb2", ""); err != nil {
+		t.Fatalf("a claim of the device once the kept claim is released: %v", err)
+	}
+	e.reopen()
+	if _, err := e.m.Unstage(ctx, t0); err != nil {
+		t.Fatal(err)
+	}
+	e.stage(e.spec(0, 0)) // the kept claim is gone: the target takes a deposit again
+
+	// A kept claim ends with its handler.
+	kept, err = e.m.Unstage(ctx, t1)
+	if err != nil || kept.GetSandboxId() != "sb2" {
+		t.Fatalf("unstage of t1: kept %v, %v; want sb2's claim", kept, err)
+	}
+	if c := e.m.HandlerClaims()[t1]; c.GetSandboxId() != "sb2" {
+		t.Fatalf("HandlerClaims has %v for the kept claim of t1; want sb2's", c)
+	}
+	if gone, err := e.m.ReleaseGone(ctx, t1, kept, "test"); !gone || err != nil {
+		t.Fatalf("ReleaseGone of a kept claim: %v, %v", gone, err)
+	}
+	if _, err := e.m.Claim(ctx, t0, "sb3", ""); err != nil {
+		t.Fatalf("a claim of the device once its handler is gone: %v", err)
+	}
+}
