@@ -2,6 +2,7 @@ package csiproxy
 
 import (
 	"context"
+	"fmt"
 	"maps"
 
 	"crust.dev/crust/api/volume"
@@ -21,6 +22,9 @@ import (
 //     rewritten to Block (same access modes), so that the driver makes a volume it will publish as a raw
 //     device; the response's volume context gains crust.dev/defer: "true", which the provisioner writes
 //     into the PersistentVolume and kubelet hands to the node proxy.
+//   - Such a request whose access mode lets several nodes write (MULTI_NODE_MULTI_WRITER or
+//     MULTI_NODE_SINGLE_WRITER: a ReadWriteMany PVC) is refused with InvalidArgument naming the mode and
+//     what to use instead (checkAccessMode), before the driver is asked anything.
 //   - A request with a block capability (a raw block PVC) keeps its capabilities and volume context: raw
 //     block volumes are never deferred.
 //   - crust.dev/defer is crust's, not the driver's: it is removed from the parameters the driver sees, so
@@ -59,6 +63,11 @@ func (s *controllerServer) CreateVolume(ctx context.Context, r *csi.CreateVolume
 	br.Parameters = maps.Clone(r.GetParameters())
 	maps.DeleteFunc(br.Parameters, func(k, _ string) bool { return volume.IsParameterKey(k) })
 	if deferred = deferred && allMount(r.GetVolumeCapabilities()); deferred {
+		for i, c := range r.GetVolumeCapabilities() {
+			if err := checkAccessMode(fmt.Sprintf("volume_capabilities[%d]", i), c); err != nil {
+				return nil, err
+			}
+		}
 		br.VolumeCapabilities = nil
 		seen := map[csi.VolumeCapability_AccessMode_Mode]bool{}
 		for _, c := range r.GetVolumeCapabilities() {

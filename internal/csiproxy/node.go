@@ -26,7 +26,9 @@ const undoTimeout = 2 * time.Minute
 
 // NodeStageVolume stages a deferrable volume (mount capability, crust.dev/defer: "true") as raw block
 // and records it; everything else is forwarded unchanged. A deferrable volume whose I/O limits crustd
-// would refuse is refused with InvalidArgument naming the parameter, before anything is done.
+// would refuse, or whose access mode lets several nodes write (checkAccessMode: a static PV, or one
+// provisioned before the controller proxy, reaches the node without CreateVolume), is refused with
+// InvalidArgument naming the field, before anything is done.
 func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	path := r.GetStagingTargetPath()
 	volCtx := p.volumeContext(ctx, r.GetVolumeContext(), r.GetVolumeId())
@@ -47,6 +49,9 @@ func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeReque
 			return nil, err
 		}
 		return resp, nil
+	}
+	if err := checkAccessMode("volume_capability", r.GetVolumeCapability()); err != nil {
+		return nil, err
 	}
 	prev, unlock, err := p.lockToChange(ctx, KindStage, path, volCtx)
 	if err != nil {
@@ -131,8 +136,9 @@ func undo[R any](ctx context.Context, p *Proxy, kind Kind, volumeID, path string
 }
 
 // NodePublishVolume decides (see Decide) and either forwards, or publishes deferred or host-mounted. A
-// volume it would defer or host-mount whose I/O limits crustd would refuse is refused with
-// InvalidArgument naming the parameter, before anything is done.
+// volume it would defer or host-mount whose I/O limits crustd would refuse, or whose access mode lets
+// several nodes write (checkAccessMode), is refused with InvalidArgument naming the field, before
+// anything is done.
 func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	pr := p.newPublishRequest(ctx, r)
 	target := r.GetTargetPath()
@@ -145,6 +151,9 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 	if r.GetVolumeId() == "" || target == "" || r.GetVolumeCapability() == nil ||
 		((!pr.mount || !pr.deferAsked) && !held) {
 		return p.forwardPublish(ctx, pr)
+	}
+	if err := checkAccessMode("volume_capability", r.GetVolumeCapability()); err != nil {
+		return nil, err
 	}
 	rec, unlock, err := p.lockToChange(ctx, KindPublish, target, pr.volumeContext())
 	if err != nil {

@@ -305,3 +305,55 @@ func unpublishUnstage(t *testing.T, node csi.NodeClient, volumeID, staging, targ
 		t.Fatal(err)
 	}
 }
+
+// A deferring class's filesystem that several nodes could write (ReadWriteMany: MULTI_NODE_MULTI_WRITER,
+// or MULTI_NODE_SINGLE_WRITER) is INVALID_ARGUMENT naming the access mode, at CreateVolume before the
+// driver is asked, and at NodeStageVolume and NodePublishVolume (a static PV never passes CreateVolume),
+// where nothing is staged, published, recorded or deposited. ReadOnlyMany is deferred; a class that does
+// not defer reaches the driver with any mode.
+func TestMultiNodeWritersRefused(t *testing.T) {
+	cc, d := startController(t)
+	ctrl := csi.NewControllerClient(cc)
+	ctx := context.Background()
+	seen := func() int { d.mu.Lock(); defer d.mu.Unlock(); return len(d.seen) }
+	create := func(params map[string]string, caps ...*csi.VolumeCapability) (*csi.CreateVolumeResponse, error) {
+		return ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pvc", Parameters: params, VolumeCapabilities: caps})
+	}
+	deferring := map[string]string{DeferKey: "true"}
+	rwo := mountCapMode("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	for _, m := range []csi.VolumeCapability_AccessMode_Mode{csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER,
+		csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER} {
+		refused(t, seen, "volume_capabilities[1].access_mode.mode", m.String()+" lets pods on several nodes write",
+			func() error { _, err := create(deferring, rwo, mountCapMode("ext4", m)); return err })
+		if _, err := create(map[string]string{"type": "nfs"}, mountCapMode("", m)); err != nil {
+			t.Errorf("%s of a class that does not defer: %v", m, err)
+		}
+	}
+	rox, err := create(deferring, mountCapMode("ext4", csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY))
+	if err != nil || rox.GetVolume().GetVolumeContext()[DeferKey] != "true" {
+		t.Errorf("ReadOnlyMany of a deferring class: %v, %v; want it deferred", rox, err)
+	}
+
+	e := newEnv(t)
+	node := csi.NewNodeClient(startProxy(t, e.config(), e.log))
+	vol := e.createVolumeWith("pvc-rwx", 64<<20, deferring)
+	const uid = "0e0e0e0e-0000-4000-8000-0000000000a2"
+	staging, target := e.staging("pv-rwx"), e.target(uid, "pv-rwx")
+	rwx := xfsCap("")
+	rwx.AccessMode.Mode = csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER
+	const field = "volume_capability.access_mode.mode: MULTI_NODE_MULTI_WRITER lets pods on several nodes write"
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		VolumeCapability: rwx, VolumeContext: podContext(vol, "ns", "vm", uid)}); status.Code(err) != codes.InvalidArgument ||
+		!strings.HasPrefix(status.Convert(err).Message(), field) {
+		t.Fatalf("stage of a deferring ReadWriteMany volume: %v, want INVALID_ARGUMENT: %s", err, field)
+	}
+	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		TargetPath: target, VolumeCapability: rwx, VolumeContext: podContext(vol, "ns", "vm", uid)}); status.Code(err) != codes.InvalidArgument ||
+		!strings.HasPrefix(status.Convert(err).Message(), field) {
+		t.Fatalf("publish of a deferring ReadWriteMany volume: %v, want INVALID_ARGUMENT: %s", err, field)
+	}
+	if _, err := os.Stat(target); !os.IsNotExist(err) {
+		t.Errorf("a refused publish made the target: %v", err)
+	}
+	e.assertClean()
+}
