@@ -90,6 +90,13 @@ type PodRuntimes interface {
 // given it, retries the publish.
 var ErrPodNotSeen = errdefs.New(errdefs.ErrUnavailable, "pod not yet known to the node plugin")
 
+// ErrNoPodInfo is the kind of error Deferral.Decide returns, with Pods set, for a volume context that asks
+// for deferral but names no pod: kubelet sends the pod only when the driver's CSIDriver object sets
+// podInfoOnMount: true. Deciding without the pod would defer the volume of a runc pod too, whose data would
+// then land in the node's own filesystem; it is ErrFailedPrecondition.
+var ErrNoPodInfo = errdefs.New(errdefs.ErrFailedPrecondition, "the volume context names no pod: set podInfoOnMount: true "+
+	"on the driver's CSIDriver object, so that kubelet sends the pod with every publish")
+
 // Deferral decides, pod by pod, what a node plugin does with a NodePublishVolume, as crust-csi-proxy
 // does: a volume whose context asks for deferral is deferred for a pod that runs in a microVM and
 // mounted on the host for any other. The zero value defers every mount volume that asks.
@@ -107,8 +114,9 @@ type Deferral struct {
 
 // Decide returns what to do with a publish of capability c and volumeContext, and why, in words fit for
 // a log or an Event. A raw block capability, or a context that does not ask for deferral
-// (volume.Deferred), passes through. A context that asks is deferred when Pods is nil or it holds no pod
-// information (podInfoOnMount); otherwise the pod's runtime handler decides: a match of Handlers is deferred, any
+// (volume.Deferred), passes through. A context that asks is deferred when Pods is nil; with Pods, one
+// that holds no pod information (podInfoOnMount) is an error wrapping ErrNoPodInfo; otherwise the pod's
+// runtime handler decides: a match of Handlers is deferred, any
 // other handler host-mounted, except a volume that asks for encryption (volume.ParseEncryption), which
 // only a sandbox opens: that is an error of kind FailedPrecondition (or InvalidArgument, naming the key,
 // for malformed encryption keys). An error wrapping ErrPodNotSeen says the pod stayed unknown for PodWait
@@ -126,7 +134,7 @@ func (d Deferral) Decide(ctx context.Context, c *csi.VolumeCapability, volumeCon
 	}
 	pod := PodInfo(volumeContext)
 	if pod.Namespace == "" || pod.Name == "" {
-		return Defer, "deferral asked, no pod info in the volume context", nil
+		return PassThrough, "", fmt.Errorf("deferral asked and pods are looked up, but %w", ErrNoPodInfo)
 	}
 	handler, found := d.Pods.RuntimeHandler(pod)
 	for deadline := time.Now().Add(d.PodWait); !found; handler, found = d.Pods.RuntimeHandler(pod) {

@@ -61,7 +61,6 @@ func TestDeferralDecide(t *testing.T) {
 		{"raw block", perPod, block, withPod("kata"), client.PassThrough},
 		{"no capability", perPod, nil, withPod("kata"), client.PassThrough},
 		{"zero value defers", client.Deferral{}, mountCap(), withPod("runc"), client.Defer},
-		{"no pod info", perPod, mountCap(), map[string]string{volume.DeferKey: "1"}, client.Defer},
 		{"runc pod", perPod, mountCap(), withPod("runc"), client.HostMount},
 		{"microVM pod", perPod, mountCap(), withPod("kata"), client.Defer},
 		{"another sandbox", perPod, mountCap(), withPod("gvisor"), client.HostMount},
@@ -72,6 +71,11 @@ func TestDeferralDecide(t *testing.T) {
 		if err != nil || got != tc.want || why == "" {
 			t.Errorf("%s: Decide = %v (%q), %v; want %v with a reason", tc.name, got, why, err, tc.want)
 		}
+	}
+	// Pods are looked up, but the context names none (a CSIDriver without podInfoOnMount): no guess.
+	if got, _, err := perPod.Decide(context.Background(), mountCap(), map[string]string{volume.DeferKey: "1"}); got == client.Defer ||
+		!errors.Is(err, client.ErrNoPodInfo) || !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "podInfoOnMount: true") {
+		t.Errorf("no pod info: %v, %v; want ErrNoPodInfo, of kind FailedPrecondition, saying to set podInfoOnMount", got, err)
 	}
 	if _, why, _ := perPod.Decide(context.Background(), block, withPod("kata")); why != client.ReasonRawBlock {
 		t.Errorf("raw block reason %q", why)

@@ -91,7 +91,6 @@ func TestDecide(t *testing.T) {
 		{"no pod source, pod info ignored", DecideInput{Capability: mountCap(), VolumeContext: withPod("runc", "")}, client.Defer, false},
 		{"staged as filesystem", DecideInput{Capability: mountCap(), VolumeContext: on, StagingPath: "/s"}, client.PassThrough, false},
 		{"staged as block", DecideInput{Capability: mountCap(), VolumeContext: on, StagingPath: "/s", StagedAsBlock: true}, client.Defer, false},
-		{"pod source, no pod info", DecideInput{Capability: mountCap(), VolumeContext: on, Deferral: deferral(pods, handlers, "", 0)}, client.Defer, false},
 		{"runc pod", DecideInput{Capability: mountCap(), VolumeContext: withPod("runc", "u-runc"), Deferral: deferral(pods, handlers, "", 0)}, client.HostMount, false},
 		{"microVM pod, class name is the handler", DecideInput{Capability: mountCap(), VolumeContext: withPod("kata", ""), Deferral: deferral(pods, handlers, "", 0)}, client.Defer, false},
 		{"microVM pod through RuntimeClass.handler", DecideInput{Capability: mountCap(), VolumeContext: withPod("kata-rc", "u-kata-rc"), Deferral: deferral(pods, handlers, "", 0)}, client.Defer, false},

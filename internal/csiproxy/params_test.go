@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"k8s.io/client-go/kubernetes/fake"
+
 	"crust.dev/crust/api/client"
 	crustv1 "crust.dev/crust/api/crust/v1"
 	"crust.dev/crust/api/crustd"
@@ -354,6 +356,34 @@ func TestMultiNodeWritersRefused(t *testing.T) {
 	}
 	if _, err := os.Stat(target); !os.IsNotExist(err) {
 		t.Errorf("a refused publish made the target: %v", err)
+	}
+	e.assertClean()
+}
+
+// With pod look-ups (--kubeconfig), a publish of a deferring volume whose context names no pod (a
+// CSIDriver without podInfoOnMount) is FAILED_PRECONDITION saying to set podInfoOnMount, and nothing is
+// published, recorded or deposited: without the pod, a runc pod's volume would be deferred and its data
+// would land on the node.
+func TestPublishWithoutPodInfoRefused(t *testing.T) {
+	e := newEnv(t)
+	node := nodeProxy(t, e, fake.NewClientset())
+	ctx := context.Background()
+	vol := e.createVolume("pvc-nopod", 64<<20, true)
+	staging, target := e.staging("pv-nopod"), e.target("0e0e0e0e-0000-4000-8000-0000000000a3", "pv-nopod")
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		VolumeCapability: xfsCap(""), VolumeContext: vol.GetVolumeContext()}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		TargetPath: target, VolumeCapability: xfsCap(""), VolumeContext: vol.GetVolumeContext()})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "podInfoOnMount: true") {
+		t.Fatalf("publish without pod info: %v; want FAILED_PRECONDITION saying to set podInfoOnMount", err)
+	}
+	if _, err := os.Stat(target); !os.IsNotExist(err) {
+		t.Errorf("a refused publish made the target: %v", err)
+	}
+	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
 	}
 	e.assertClean()
 }

@@ -140,6 +140,8 @@ type Result struct {
 	Injected []string
 	// Unchanged names each pod that had its proxies already.
 	Unchanged []string
+	// PodInfoSet names each CSIDriver object given podInfoOnMount: true.
+	PodInfoSet []string
 }
 
 // Inject reads a stream of manifests (YAML or JSON documents, as `helm template` or `kustomize build`
@@ -193,6 +195,14 @@ func Inject(r io.Reader, w io.Writer, o Options) (Result, error) {
 			}
 		}
 	}
+	for _, d := range docs {
+		set, err := podInfoOnMount(d, o)
+		if err != nil {
+			errs = append(errs, err)
+		} else if set != "" {
+			res.PodInfoSet = append(res.PodInfoSet, set)
+		}
+	}
 	if len(errs) == 0 && len(res.Injected)+len(res.Unchanged) == 0 {
 		errs = append(errs, errors.New("the input holds no CSI driver pod: no container runs node-driver-registrar, external-provisioner or external-resizer"))
 	}
@@ -225,6 +235,29 @@ func Inject(r io.Reader, w io.Writer, o Options) (Result, error) {
 	}
 	_, err = w.Write(out.Bytes())
 	return res, err
+}
+
+// podInfoOnMount gives the CSIDriver object d holds podInfoOnMount: true, which the node proxy needs (it
+// decides per pod, and kubelet names the pod in a publish only with it), and returns its name; with
+// o.Check it changes nothing and fails naming the object instead. It returns "" for anything else, and
+// for a CSIDriver that has it.
+func podInfoOnMount(d *doc, o Options) (string, error) {
+	if d.obj == nil || d.obj.GetKind() != "CSIDriver" || !strings.HasPrefix(d.obj.GetAPIVersion(), "storage.k8s.io/") {
+		return "", nil
+	}
+	if on, _, _ := unstructured.NestedBool(d.obj.Object, "spec", "podInfoOnMount"); on {
+		return "", nil
+	}
+	name := "CSIDriver " + d.obj.GetName()
+	if o.Check {
+		return "", fmt.Errorf("%s: podInfoOnMount is not true: kubelet then names no pod in a publish, and crust-csi-proxy "+
+			"refuses to defer a volume without knowing the pod's runtime; set spec.podInfoOnMount: true", name)
+	}
+	if err := unstructured.SetNestedField(d.obj.Object, true, "spec", "podInfoOnMount"); err != nil {
+		return "", fmt.Errorf("%s: %w", name, err)
+	}
+	d.changed = true
+	return name, nil
 }
 
 // doc is one document of the input: its text, and the object it holds.

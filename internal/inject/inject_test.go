@@ -388,3 +388,58 @@ func fromUnstructured(t *testing.T, obj *unstructured.Unstructured, into any) {
 		t.Fatal(err)
 	}
 }
+
+// A CSIDriver object in the input without podInfoOnMount: true gets it, and the result names it; one
+// that has it is left as it was. With --check nothing is changed, and such a CSIDriver fails the check
+// by name.
+func TestCSIDriverPodInfo(t *testing.T) {
+	drivers := "---\napiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata:\n  name: lvmd.example.com\nspec:\n  attachRequired: false\n" +
+		"---\napiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata:\n  name: other.example.com\nspec:\n  podInfoOnMount: true\n"
+	in, err := os.ReadFile("testdata/node-and-controller.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	res, err := Inject(strings.NewReader(string(in)+drivers), &out, Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.PodInfoSet, []string{"CSIDriver lvmd.example.com"}) {
+		t.Errorf("PodInfoSet = %v; want the CSIDriver without podInfoOnMount alone", res.PodInfoSet)
+	}
+	output := out.String()
+	docs, err := readDocs(strings.NewReader(output))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, d := range docs {
+		if d.obj == nil || d.obj.GetKind() != "CSIDriver" {
+			continue
+		}
+		seen++
+		if on, _, _ := unstructured.NestedBool(d.obj.Object, "spec", "podInfoOnMount"); !on {
+			t.Errorf("CSIDriver %s in the output: podInfoOnMount not true", d.obj.GetName())
+		}
+		if d.obj.GetName() == "lvmd.example.com" {
+			if a, _, _ := unstructured.NestedBool(d.obj.Object, "spec", "attachRequired"); a {
+				t.Errorf("CSIDriver %s lost its other fields", d.obj.GetName())
+			}
+		}
+	}
+	if seen != 2 {
+		t.Fatalf("%d CSIDrivers in the output, want 2", seen)
+	}
+
+	check := Defaults()
+	check.Check = true
+	injected := strings.Replace(output, "podInfoOnMount: true", "podInfoOnMount: false", 1)
+	var none bytes.Buffer
+	if _, err := Inject(strings.NewReader(injected), &none, check); err == nil ||
+		!strings.Contains(err.Error(), "CSIDriver lvmd.example.com: podInfoOnMount is not true") || none.Len() != 0 {
+		t.Errorf("--check of a CSIDriver without podInfoOnMount: %v (wrote %d bytes); want it named, nothing written", err, none.Len())
+	}
+	if _, err := Inject(strings.NewReader(output), &none, check); err != nil {
+		t.Errorf("--check of the injected output: %v", err)
+	}
+}

@@ -67,5 +67,9 @@ func runInject(in io.Reader, out, log io.Writer, opts inject.Options) error {
 	for _, s := range res.Unchanged {
 		fmt.Fprintf(log, "unchanged %s: it has its proxies already\n", s)
 	}
+	for _, s := range res.PodInfoSet {
+		fmt.Fprintf(log, "set podInfoOnMount: true on %s: the proxy decides per pod, and kubelet names the pod only with it "+
+			"(a cluster whose API server refuses the change to an existing object: delete the CSIDriver and apply it again)\n", s)
+	}
 	return nil
 }
