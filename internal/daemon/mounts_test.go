@@ -24,8 +24,8 @@ import (
 )
 
 // TestMountedDevicesAreRefused runs crustd on real loop devices and real mounts: a deposit of a mounted
-// device, or of a device one of whose partitions is mounted, is FAILED_PRECONDITION naming the mount
-// point and stores nothing; a device deposited unmounted and mounted since cannot be claimed until it is
+// device, of another loop device over a mounted one's file, or of a device one of whose partitions is
+// mounted, is FAILED_PRECONDITION naming the mount point and stores nothing; a device deposited unmounted and mounted since cannot be claimed until it is
 // unmounted again.
 func TestMountedDevicesAreRefused(t *testing.T) {
 	n := startNode(t)
@@ -46,6 +46,15 @@ func TestMountedDevicesAreRefused(t *testing.T) {
 	point := mountExt4(t, dev)
 	target, err := publish("pv-mounted", dev)
 	wantRefused("deposit of a mounted "+dev, err, point)
+	wantHeld(target, false)
+
+	// Another loop device over the file of a mounted one.
+	_, file := testutil.Loop(t, 16<<20)
+	mounted := testutil.LoopOver(t, file)
+	point = mountExt4(t, mounted)
+	twin := testutil.LoopOver(t, file)
+	target, err = publish("pv-twin", twin)
+	wantRefused("deposit of "+twin+" while "+mounted+", over the same file, is mounted", err, point)
 	wantHeld(target, false)
 
 	// A loop device whose partition is mounted.

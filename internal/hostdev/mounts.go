@@ -36,10 +36,12 @@ type MountCheck struct {
 }
 
 // Mounts returns the mounts, in the mount table's order, of block device major:minor and of every device
-// built on it (its partitions, the device-mapper and md devices that hold it, and theirs: Sysfs.Stack). A
-// mount is one of a device when the table gives the device's number, or, for a filesystem that reports
-// a number of its own (btrfs), when its source is one of the device's names under /dev. It wraps
-// ErrNoBlockDevice when the kernel has no device major:minor. It changes nothing.
+// built on it (its partitions, the device-mapper and md devices that hold it, and theirs: Sysfs.Stack),
+// then those of the devices that share its storage under another name (another loop device over its
+// file, the disk of a partition, a device it is built on: Storage). A mount is one of a device when the
+// table gives the device's number, or, for a filesystem that reports a number of its own (btrfs), when
+// its source is one of the device's names under /dev. It wraps ErrNoBlockDevice when the kernel has no
+// device major:minor. It changes nothing.
 func (c MountCheck) Mounts(major, minor uint32) ([]Mount, error) {
 	stack, err := c.Sysfs.Stack(major, minor)
 	if err != nil {
@@ -59,10 +61,45 @@ func (c MountCheck) Mounts(major, minor uint32) ([]Mount, error) {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	var out []Mount
+	var others []*mountinfo.Info
 	for _, m := range infos {
 		i := slices.IndexFunc(stack, func(bd *BlockDevice) bool { return mountOf(m, bd) })
 		if i >= 0 {
 			out = append(out, Mount{Device: stack[i], Point: m.Mountpoint})
+		} else if m.Major != 0 { // a block device's number; 0 is the kernel's anonymous devices (tmpfs, proc, btrfs)
+			others = append(others, m)
+		}
+	}
+	more, err := c.otherNames(major, minor, others)
+	return append(out, more...), err
+}
+
+// otherNames returns the mounts, among ms, of the devices that share storage with block device
+// major:minor without being built on it (see Storage): another loop device over its file, the disk of a
+// partition, a device it is built on. A mounted device whose storage cannot be told (its node gone, say)
+// is passed over.
+func (c MountCheck) otherNames(major, minor uint32, ms []*mountinfo.Info) ([]Mount, error) {
+	if len(ms) == 0 {
+		return nil, nil
+	}
+	own, err := c.Sysfs.Storage(major, minor)
+	if err != nil {
+		return nil, err
+	}
+	type dev struct{ major, minor int }
+	shares := map[dev]*BlockDevice{} // nil: does not share, or cannot be told
+	var out []Mount
+	for _, m := range ms {
+		d := dev{m.Major, m.Minor}
+		bd, seen := shares[d]
+		if !seen {
+			if st, err := c.Sysfs.Storage(uint32(m.Major), uint32(m.Minor)); err == nil && own.Shares(st) { //nolint:gosec // device numbers from the kernel's mount table
+				bd, _ = c.Sysfs.Block(uint32(m.Major), uint32(m.Minor)) //nolint:gosec // as above
+			}
+			shares[d] = bd
+		}
+		if bd != nil {
+			out = append(out, Mount{Device: bd, Point: m.Mountpoint})
 		}
 	}
 	return out, nil
@@ -110,8 +147,9 @@ func (c MountCheck) NotMounted(v *crustv1.Volume) error {
 		named = append(named, fmt.Sprintf("and %d more", more))
 	}
 	return fmt.Errorf("%s is in use by the host, which has mounted %s: a filesystem mounted by the host and a sandbox at once is "+
-		"corrupted, so crustd hands out a device only while the host has neither it nor a partition or "+
-		"device-mapper/md device built on it mounted; unmount it first (a CSI driver that defers to crust "+
+		"corrupted, so crustd hands out a device only while the host has neither it, nor a partition or "+
+		"device-mapper/md device built on it, nor another name of its storage (another loop device over its "+
+		"file, its disk, a device under it) mounted; unmount it first (a CSI driver that defers to crust "+
 		"neither formats nor mounts a deferred volume in NodeStageVolume): %w",
 		path, strings.Join(named, ", "), errdefs.ErrFailedPrecondition)
 }

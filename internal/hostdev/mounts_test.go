@@ -109,7 +109,9 @@ func TestMounts(t *testing.T) {
 	}{
 		{7, 3, []string{"dm-1 /mnt/crypt", "loop3p2 /var/lib/kubelet/plugins/kubernetes.io/csi/d/globalmount", "md127p1 /mnt/btrfs"}},
 		{259, 0, []string{"dm-1 /mnt/crypt"}},
-		{9, 127, []string{"md127p1 /mnt/btrfs"}},
+		// The array is built on the whole of loop3, so it shares storage with loop3p2, which is mounted.
+		{9, 127, []string{"md127p1 /mnt/btrfs", "loop3p2 /var/lib/kubelet/plugins/kubernetes.io/csi/d/globalmount"}},
+		{253, 0, []string{"dm-1 /mnt/crypt"}},
 		{7, 4, []string{"dm-2 /mnt/other"}},
 		{7, 5, nil},
 	} {
@@ -156,10 +158,11 @@ func TestMounts(t *testing.T) {
 }
 
 // TestMountsOnThisHost mounts real loop devices: a partition of a partitioned loop device and a whole
-// one, each found through its disk and reported gone once unmounted.
+// one, each found through its disk, through another loop device over its file, and through its
+// partition, and reported gone once unmounted.
 func TestMountsOnThisHost(t *testing.T) {
 	disk, part := testutil.PartitionedLoop(t, 8<<20)
-	whole, _ := testutil.Loop(t, 8<<20)
+	whole, wholeFile := testutil.Loop(t, 8<<20)
 	number := func(p string) (uint32, uint32) {
 		var st unix.Stat_t
 		mustDo(t, unix.Stat(p, &st))
@@ -172,7 +175,10 @@ func TestMountsOnThisHost(t *testing.T) {
 	if got, want := names(stack), []string{filepath.Base(disk), filepath.Base(part)}; !slices.Equal(got, want) {
 		t.Fatalf("Stack(%s) = %v; want %v", disk, got, want)
 	}
-	for _, dev := range []struct{ disk, mounted string }{{disk, part}, {whole, whole}} {
+	// A loop device over whole's file, and the partition of a disk mounted whole: other names of a
+	// mounted device.
+	twin := testutil.LoopOver(t, wholeFile)
+	for _, dev := range []struct{ disk, mounted string }{{disk, part}, {whole, whole}, {twin, whole}, {part, disk}} {
 		if out, err := exec.Command("mkfs.ext4", "-q", dev.mounted).CombinedOutput(); err != nil {
 			t.Fatalf("mkfs.ext4 %s: %v: %s", dev.mounted, err, out)
 		}
