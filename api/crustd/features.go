@@ -31,6 +31,10 @@ const (
 	// FeatureKataCRIDiscovery: the Kata sandbox of a volume is found through the CRI runtime (crustd
 	// --cri-endpoint).
 	FeatureKataCRIDiscovery = "kata-cri-discovery"
+	// FeatureNodeHolds: the node's holds on devices (HoldForNode, ReleaseFromNode, ListNodeHolds) are
+	// served and count for the one-writer rule, and a deposit of a device a sandbox holds through another
+	// target is refused.
+	FeatureNodeHolds = "node-holds"
 	// FeatureHandlerGoneRelease: the claims of a handler gone are released (crustd --handler-grace).
 	FeatureHandlerGoneRelease = "handler-gone-release"
 )

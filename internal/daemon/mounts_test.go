@@ -232,9 +232,9 @@ func mountExt4(t *testing.T, dev string) string {
 }
 
 // TestUnstageKeepsTheClaim runs crustd on a real loop device: a volume staged and claimed by sandbox-a is
-// unstaged (the answer carries sandbox-a's kept claim), the device is staged again under another target,
-// and a claim of it by sandbox-b is FAILED_PRECONDITION naming sandbox-a, before and after a restart of
-// crustd; once sandbox-a releases its claim, sandbox-b's succeeds.
+// unstaged (the answer carries sandbox-a's kept claim), and a deposit of the device under another target
+// is FAILED_PRECONDITION naming sandbox-a, before and after a restart of crustd; once sandbox-a releases
+// its claim, the deposit and sandbox-b's claim succeed.
 func TestUnstageKeepsTheClaim(t *testing.T) {
 	n := startNode(t)
 	ctx := context.Background()
@@ -255,16 +255,16 @@ func TestUnstageKeepsTheClaim(t *testing.T) {
 	if err != nil || r.GetKeptClaim().GetSandboxId() != "sandbox-a" {
 		t.Fatalf("unstage of a claimed volume: %v, %v; want the answer to carry sandbox-a's kept claim", r, err)
 	}
-	second, err := n.publish("pv-second", dev)
-	if err != nil {
+	_, err = n.publish("pv-second", dev)
+	wantFailedPrecondition(t, "deposit of "+dev+" while an unstaged volume's claim holds it", err, "sandbox-a")
+	n.restart()
+	_, err = n.publish("pv-second", dev)
+	wantFailedPrecondition(t, "the same deposit after a restart of crustd", err, "sandbox-a")
+	if err := n.h.Release(ctx, first, "sandbox-a"); err != nil {
 		t.Fatal(err)
 	}
-	_, err = n.h.Claim(ctx, second, "sandbox-b", "")
-	wantFailedPrecondition(t, "claim of "+dev+" while an unstaged volume's claim holds it", err, "sandbox-a")
-	n.restart()
-	_, err = n.h.Claim(ctx, second, "sandbox-b", "")
-	wantFailedPrecondition(t, "the same claim after a restart of crustd", err, "sandbox-a")
-	if err := n.h.Release(ctx, first, "sandbox-a"); err != nil {
+	second, err := n.publish("pv-second", dev)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := n.h.Claim(ctx, second, "sandbox-b", ""); err != nil {

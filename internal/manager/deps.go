@@ -33,6 +33,10 @@ type Validator interface {
 	// Volume checks a spec to stage and returns the descriptor it makes: the normalised spec, the
 	// resolved backing path and the device number (the stage time is the manager's).
 	Volume(spec *crustv1.VolumeSpec) (*crustv1.Volume, error)
+	// NodeHold checks a hold of the node's on a device and returns the record that keeps it: a Volume whose
+	// spec names the target path, the device (VOLUME_TYPE_BLOCK) and read_only, with the resolved device,
+	// its number and the hold (the hold time is the manager's).
+	NodeHold(h *crustv1.NodeHold) (*crustv1.Volume, error)
 	// TargetName checks a volume target path named by field as the name of a descriptor to look up,
 	// without touching the filesystem (Volume checked the path of every descriptor held).
 	TargetName(field, target string) error

@@ -14,7 +14,7 @@ import (
 
 // TestClaimOutlivesItsDescriptor: a volume unstaged while sandbox sb1 holds it is gone as a descriptor
 // (Get is NotFound, List and the Kata projection do not have it), but the answer returns sb1's claim and
-// the device stays reserved for it: a claim of the device through another target, or through another of
+// the device stays reserved for it: a deposit of the device through another target, or of another of
 // its names, is FailedPrecondition naming sb1, across a restart too; the target cannot be staged again;
 // another sandbox cannot release the claim. Once sb1 releases it the device is claimed; a kept claim
 // whose handler is gone is released by ReleaseGone as any other.
@@ -28,7 +28,7 @@ func TestClaimOutlivesItsDescriptor(t *testing.T) {
 	}}
 	e.reopen()
 	ctx := context.Background()
-	t0, t1, t2 := e.target(0), e.target(1), e.target(2)
+	t0, t1 := e.target(0), e.target(1)
 	e.stage(e.spec(0, 0))
 	if _, err := e.m.Claim(ctx, t0, "sb1", ""); err != nil {
 		t.Fatal(err)
@@ -46,19 +46,17 @@ func TestClaimOutlivesItsDescriptor(t *testing.T) {
 	if _, err := os.Stat(e.volDir(t0)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the Kata volume directory of the unstaged volume: %v; want it gone", err)
 	}
-	e.stage(e.spec(1, 0)) // the same device, another target: a deposit is not a claim
-	e.stage(e.spec(2, 1)) // another name of it
-	wantRefused := func(what, target string) {
+	wantRefused := func(what string, i, disk int) {
 		t.Helper()
-		_, err := e.m.Claim(ctx, target, "sb2", "")
+		_, err := e.m.Stage(ctx, e.spec(i, disk))
 		if code(err) != "failed precondition" || !strings.Contains(err.Error(), `"sb1"`) {
 			t.Fatalf("%s: %v; want FailedPrecondition naming sb1", what, err)
 		}
 	}
-	wantRefused("a claim of the device through another target", t1)
-	wantRefused("a claim of another name of the device", t2)
+	wantRefused("a deposit of the device through another target", 1, 0)
+	wantRefused("a deposit of another name of the device", 2, 1)
 	e.reopen()
-	wantRefused("a claim of the device after a restart", t1)
+	wantRefused("a deposit of the device after a restart", 1, 0)
 	if again, err := e.m.Unstage(ctx, t0); err != nil || again.GetSandboxId() != "sb1" {
 		t.Fatalf("a repeated unstage: kept %v, %v; want sb1's claim again", again, err)
 	}
@@ -71,6 +69,7 @@ func TestClaimOutlivesItsDescriptor(t *testing.T) {
 	if err := e.m.Release(ctx, t0, "sb1", false); err != nil {
 		t.Fatal(err)
 	}
+	e.stage(e.spec(1, 0))
 	if _, err := e.m.Claim(ctx, t1, "sb2", ""); err != nil {
 		t.Fatalf("a claim of the device once the kept claim is released: %v", err)
 	}
@@ -78,8 +77,6 @@ func TestClaimOutlivesItsDescriptor(t *testing.T) {
 	if _, err := e.m.Unstage(ctx, t0); err != nil {
 		t.Fatal(err)
 	}
-	e.stage(e.spec(0, 0)) // the kept claim is gone: the target takes a deposit again
-
 	// A kept claim ends with its handler.
 	kept, err = e.m.Unstage(ctx, t1)
 	if err != nil || kept.GetSandboxId() != "sb2" {
@@ -91,6 +88,7 @@ func TestClaimOutlivesItsDescriptor(t *testing.T) {
 	if gone, err := e.m.ReleaseGone(ctx, t1, kept, "test"); !gone || err != nil {
 		t.Fatalf("ReleaseGone of a kept claim: %v, %v", gone, err)
 	}
+	e.stage(e.spec(0, 0)) // the kept claims are gone: the target takes a deposit again
 	if _, err := e.m.Claim(ctx, t0, "sb3", ""); err != nil {
 		t.Fatalf("a claim of the device once its handler is gone: %v", err)
 	}

@@ -103,10 +103,13 @@ type Manager struct {
 	byBase map[string]map[string]struct{}
 	// kept are the records of volumes unstaged while claimed (unstage_time set), by target: their claims
 	// outlive them (keep). They are in byDevice and held, not in vols.
-	kept     map[string]*crustv1.Volume
-	rev      uint64
-	watchers map[*Watcher]struct{}
-	revs     revisions // what is kept of rev, and what a watch resumes from
+	kept map[string]*crustv1.Volume
+	// nodeHolds are the records of the node's holds on devices (NodeHold set), by target (see
+	// HoldForNode). They are in byDevice and held, not in vols.
+	nodeHolds map[string]*crustv1.Volume
+	rev       uint64
+	watchers  map[*Watcher]struct{}
+	revs      revisions // what is kept of rev, and what a watch resumes from
 	// watchesEnded is set by EndWatches: crustd is stopping, and no watcher is kept.
 	watchesEnded bool
 
@@ -127,22 +130,27 @@ func Open(cfg Config, loaded Loaded) (*Manager, error) {
 		cfg.WatchHistory = DefaultWatchHistory
 	}
 	m := &Manager{
-		cfg:      cfg,
-		log:      cfg.Log,
-		locks:    keylock.New(cfg.LockWait),
-		vols:     map[string]*crustv1.Volume{},
-		order:    btree.NewOrderedG[string](32),
-		byDevice: map[devID]map[string]struct{}{},
-		held:     map[string]*hostdev.Storage{},
-		byBase:   map[string]map[string]struct{}{},
-		kept:     map[string]*crustv1.Volume{},
-		watchers: map[*Watcher]struct{}{},
+		cfg:       cfg,
+		log:       cfg.Log,
+		locks:     keylock.New(cfg.LockWait),
+		vols:      map[string]*crustv1.Volume{},
+		order:     btree.NewOrderedG[string](32),
+		byDevice:  map[devID]map[string]struct{}{},
+		held:      map[string]*hostdev.Storage{},
+		byBase:    map[string]map[string]struct{}{},
+		kept:      map[string]*crustv1.Volume{},
+		nodeHolds: map[string]*crustv1.Volume{},
+		watchers:  map[*Watcher]struct{}{},
 	}
 	staged := make([]*crustv1.Volume, 0, len(loaded.Volumes))
 	for _, v := range loaded.Volumes {
 		target := v.GetSpec().GetVolumeTargetPath()
 		if v.GetUnstageTime() != nil { // a claim kept after its volume was unstaged: no descriptor
 			m.keepRecord(target, v, m.storageAtStart(v))
+			continue
+		}
+		if v.GetNodeHold() != nil { // a hold of the node's: no descriptor
+			m.holdForNode(target, v, m.storageAtStart(v))
 			continue
 		}
 		staged = append(staged, v)
@@ -209,6 +217,11 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 		if err := m.notMounted(v); err != nil {
 			return nil, err
 		}
+		unlockStorage, err := m.unheld(ctx, v)
+		if err != nil {
+			return nil, err
+		}
+		defer unlockStorage()
 	}
 	if old != nil {
 		for _, s := range m.cfg.Subscribers {
@@ -400,16 +413,7 @@ func (m *Manager) claim(ctx context.Context, target string, c *crustv1.Claim, fo
 	// One writer per device, whatever the path and whatever the device's name: claims of the devices that
 	// share its storage, through other targets, are checked under the locks of its storage's bases (taken
 	// after the target's, always in that order, the bases sorted).
-	st, err := m.storageOf(old)
-	if err != nil {
-		kind := errdefs.ErrInternal
-		if errors.Is(err, hostdev.ErrNoBlockDevice) {
-			kind = errdefs.ErrFailedPrecondition
-		}
-		return nil, fmt.Errorf("volume %q: cannot tell which devices share storage with %s: %v: %w",
-			target, old.GetResolvedBackingPath(), err, kind)
-	}
-	unlockStorage, err := m.lockStorage(ctx, st)
+	st, unlockStorage, err := m.lockedStorage(ctx, old)
 	if err != nil {
 		return nil, err
 	}
@@ -576,12 +580,14 @@ func (m *Manager) unhold(target string) {
 	}
 }
 
-// oneWriter refuses (ErrFailedPrecondition) a claim of v by sandboxID while the same device is claimed
-// through another target path and either target is read-write, whoever holds the other: two kernels
-// mounting one filesystem read-write, or one writing under another's read-only mount, corrupt it; and a
-// handler attaches each target as a disk of its own, so one sandbox holding two targets of a device
-// would mount it twice through two disks its kernel takes for different ones. Read-only targets share a
-// device, in one sandbox or several. One sandbox that uses one volume at several places claims one
+// oneWriter refuses (ErrFailedPrecondition, naming the holder: heldBy) v, a claim by sandboxID, a deposit
+// (sandboxID "") or a hold of the node's, while the same device is held through another target path and
+// either target is read-write, whoever holds the other: two kernels mounting one filesystem read-write, or
+// one writing under another's read-only mount, corrupt it; and a handler attaches each target as a disk of
+// its own, so one sandbox holding two targets of a device would mount it twice through two disks its
+// kernel takes for different ones. The holders are the sandboxes (their claims, kept ones and Kata's
+// included) and the node (its holds, which never refuse each other: one kernel). Read-only targets share
+// a device, in one sandbox or several. One sandbox that uses one volume at several places claims one
 // target and mounts it at each. A device's other names, which share its storage st, count as the device
 // (noOtherName).
 func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string, st *hostdev.Storage) error {
@@ -589,55 +595,54 @@ func (m *Manager) oneWriter(v *crustv1.Volume, sandboxID string, st *hostdev.Sto
 	m.mu.RLock()
 	var same []*crustv1.Volume
 	for t := range m.byDevice[devOf(dn)] {
-		o := m.recordLocked(t)
+		o := m.holdingLocked(t)
 		// Read-only targets share a device whoever holds them, so their claims are not looked up.
 		bothReadOnly := v.GetSpec().GetReadOnly() && o.GetSpec().GetReadOnly()
-		if t != v.GetSpec().GetVolumeTargetPath() && !bothReadOnly {
+		bothNode := v.GetNodeHold() != nil && o.GetNodeHold() != nil
+		if t != v.GetSpec().GetVolumeTargetPath() && !bothReadOnly && !bothNode {
 			same = append(same, o)
 		}
 	}
 	m.mu.RUnlock()
 	for _, o := range same {
+		if o.GetNodeHold() != nil {
+			return heldBy(v, o, nil, "")
+		}
 		c := m.withFoundClaim(o).GetClaim()
 		if c == nil {
 			continue
 		}
-		if c.GetSandboxId() == sandboxID {
+		if sandboxID != "" && c.GetSandboxId() == sandboxID {
 			return fmt.Errorf("device %d:%d of volume %q is already used by sandbox %q through %s; one sandbox may "+
 				"use a device through several targets only when all are read-only (each target is attached as a "+
 				"disk of its own); to use one volume at several places, claim one target and mount it at each: %w",
 				dn.GetMajor(), dn.GetMinor(), v.GetSpec().GetVolumeTargetPath(), sandboxID, through(o),
 				errdefs.ErrFailedPrecondition)
 		}
-		return fmt.Errorf("device %d:%d of volume %q is in use by sandbox %q through %s; two sandboxes may share a "+
-			"device only when both use it read-only: %w",
-			dn.GetMajor(), dn.GetMinor(), v.GetSpec().GetVolumeTargetPath(), c.GetSandboxId(), through(o),
-			errdefs.ErrFailedPrecondition)
+		return heldBy(v, o, c, "")
 	}
 	return m.noOtherName(v, st)
 }
 
 // noOtherName is oneWriter for the other devices that share v's storage st (its other names): it refuses
-// (ErrFailedPrecondition, naming the holder) a claim of v while one of them is claimed, by any sandbox,
-// through another target, unless both targets are read-only. It sees the claims of crust's (held); a
-// claim only the claim source reports is seen on the same device number alone.
+// v while one of them is held, by any sandbox or by the node, through another target, unless both
+// targets are read-only (or both are the node's). It sees the claims of crust's and the node's holds
+// (held); a claim only the claim source reports is seen on the same device number alone.
 func (m *Manager) noOtherName(v *crustv1.Volume, st *hostdev.Storage) error {
 	target := v.GetSpec().GetVolumeTargetPath()
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	for _, b := range st.Bases() {
 		for t := range m.byBase[b] {
-			o := m.recordLocked(t)
+			o := m.holdingLocked(t)
 			if t == target || o == nil || devOf(o.GetDeviceNumber()) == devOf(v.GetDeviceNumber()) ||
-				(v.GetSpec().GetReadOnly() && o.GetSpec().GetReadOnly()) || !st.Shares(m.held[t]) {
+				(v.GetSpec().GetReadOnly() && o.GetSpec().GetReadOnly()) ||
+				(v.GetNodeHold() != nil && o.GetNodeHold() != nil) || !st.Shares(m.held[t]) {
 				continue
 			}
-			return fmt.Errorf("the device %s of volume %q writes to storage that %s of volume %s writes to too (%v), and "+
-				"sandbox %q holds that volume; a filesystem is mounted read-write by one holder at a time, under any "+
-				"of its device's names (loop devices over one file, a partition and its disk, a device-mapper or md "+
-				"device and the devices under it); release that claim first: %w",
-				v.GetResolvedBackingPath(), target, o.GetResolvedBackingPath(), through(o), m.held[t], o.GetClaim().GetSandboxId(),
-				errdefs.ErrFailedPrecondition)
+			return heldBy(v, o, o.GetClaim(), fmt.Sprintf(" (%s, named %s there, writes to storage it writes to too: %v; "+
+				"loop devices over one file, a partition and its disk, a device-mapper or md device and the devices "+
+				"under it are one device)", v.GetResolvedBackingPath(), o.GetResolvedBackingPath(), m.held[t]))
 		}
 	}
 	return nil
@@ -806,8 +811,9 @@ func (m *Manager) forwarding(v *crustv1.Volume) error {
 	return nil
 }
 
-// CollectGarbage unstages the descriptors of pods whose kubelet pod directory is gone and returns their
-// target paths, in order: of every pod, or only of the pods podUIDs names (their directories' names
+// CollectGarbage unstages the descriptors of pods whose kubelet pod directory is gone, and ends the
+// node's holds at their targets (kubelet removes a pod's directory only once its volumes are unmounted),
+// and returns their target paths, descriptors first, each in order: of every pod, or only of the pods podUIDs names (their directories' names
 // under <KubeletDir>/pods), which costs the descriptors of those pods alone. It does nothing when
 // <KubeletDir>/pods does not exist (no kubelet on this node yet). A pass reads no volume's claim and
 // looks at each pod's directory once.
@@ -818,10 +824,11 @@ func (m *Manager) CollectGarbage(ctx context.Context, podUIDs ...string) []strin
 	}
 	var targets []string
 	if len(podUIDs) == 0 {
-		targets = m.targets()
+		targets = append(m.targets(), m.nodeHoldTargets()...)
 	}
 	for _, uid := range slices.Compact(slices.Sorted(slices.Values(podUIDs))) {
 		targets = append(targets, m.targetsUnder(filepath.Join(pods, uid)+"/")...)
+		targets = append(targets, m.nodeHoldTargets(filepath.Join(pods, uid)+"/")...)
 	}
 	var gone []string
 	podGone := map[string]bool{} // a pod's directory is looked at once a pass, however many volumes it has
@@ -843,7 +850,12 @@ func (m *Manager) CollectGarbage(ctx context.Context, podUIDs ...string) []strin
 		if err != nil {
 			continue // busy: the next pass gets it
 		}
-		if _, err := m.unstageLocked(ctx, target); err != nil {
+		if m.nodeHoldAt(target) != nil {
+			err = m.releaseFromNodeLocked(target)
+		} else {
+			_, err = m.unstageLocked(ctx, target)
+		}
+		if err != nil {
 			m.log.Error("garbage-collect a volume of a deleted pod", "target", target, "err", err)
 		} else {
 			m.log.Info("garbage-collected the volume of a deleted pod", "target", target, "pod_uid", uid)

@@ -697,7 +697,7 @@ func TestOneWriterPerDevice(t *testing.T) {
 			return claim(12, "sb1")
 		}, "ok"},
 		{"disk5 is free", func() error { e.stage(e.spec(13, 5)); return claim(13, "sb2") }, "ok"},
-		{"disk6 is not", func() error { e.stage(e.spec(14, 6)); return claim(14, "sb2") }, "failed precondition"},
+		{"disk6 is not: its deposit is refused", func() error { _, err := e.m.Stage(ctx, e.spec(14, 6)); return err }, "failed precondition"},
 	} {
 		if got := code(st.run()); got != st.want {
 			t.Fatalf("%s: %s, want %s", st.name, got, st.want)

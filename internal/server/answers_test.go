@@ -19,6 +19,9 @@ type anySpec struct{}
 func (anySpec) Volume(s *crustv1.VolumeSpec) (*crustv1.Volume, error) {
 	return &crustv1.Volume{Spec: proto.CloneOf(s), DeviceNumber: &crustv1.DeviceNumber{Major: 7}}, nil
 }
+func (anySpec) NodeHold(h *crustv1.NodeHold) (*crustv1.Volume, error) {
+	return &crustv1.Volume{Spec: &crustv1.VolumeSpec{VolumeTargetPath: h.GetVolumeTargetPath()}, NodeHold: h}, nil
+}
 func (anySpec) TargetName(string, string) error            { return nil }
 func (anySpec) SameDevice(*crustv1.Volume) error           { return nil }
 func (anySpec) SandboxID(string, string) error             { return nil }

@@ -154,6 +154,7 @@ var routine = map[string]bool{
 	crustv1.VolumeService_ListVolumes_FullMethodName:    true,
 	crustv1.VolumeService_GetVolumeStats_FullMethodName: true,
 	crustv1.VolumeService_ListProblems_FullMethodName:   true,
+	crustv1.VolumeService_ListNodeHolds_FullMethodName:  true,
 	crustv1.InfoService_GetInfo_FullMethodName:          true,
 	healthpb.Health_Check_FullMethodName:                true,
 	healthpb.Health_Watch_FullMethodName:                true,
@@ -184,6 +185,8 @@ func targetOf(req any) string {
 		return r.GetVolumeTargetPath()
 	case *crustv1.StageVolumeRequest:
 		return r.GetSpec().GetVolumeTargetPath()
+	case *crustv1.HoldForNodeRequest:
+		return r.GetHold().GetVolumeTargetPath()
 	}
 	return ""
 }

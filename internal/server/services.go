@@ -158,6 +158,25 @@ func (s *volumes) ListProblems(ctx context.Context, _ *crustv1.ListProblemsReque
 	return resp, nil
 }
 
+func (s *volumes) HoldForNode(ctx context.Context, r *crustv1.HoldForNodeRequest) (*crustv1.HoldForNodeResponse, error) {
+	h, err := s.m.HoldForNode(ctx, r.GetHold())
+	if err != nil {
+		return nil, err
+	}
+	return &crustv1.HoldForNodeResponse{Hold: h}, nil
+}
+
+func (s *volumes) ReleaseFromNode(ctx context.Context, r *crustv1.ReleaseFromNodeRequest) (*crustv1.ReleaseFromNodeResponse, error) {
+	if err := s.m.ReleaseFromNode(ctx, r.GetVolumeTargetPath()); err != nil {
+		return nil, err
+	}
+	return &crustv1.ReleaseFromNodeResponse{}, nil
+}
+
+func (s *volumes) ListNodeHolds(context.Context, *crustv1.ListNodeHoldsRequest) (*crustv1.ListNodeHoldsResponse, error) {
+	return &crustv1.ListNodeHoldsResponse{Holds: s.m.NodeHolds()}, nil
+}
+
 // runtime serves RuntimeService for runtime handlers.
 type runtime struct {
 	crustv1.UnimplementedRuntimeServiceServer

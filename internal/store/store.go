@@ -21,6 +21,9 @@
 //   - A Volume with unstage_time set is not a descriptor but a claim kept after its volume was unstaged
 //     (internal/manager says what it reserves). A crustd older than that field reads it as a claimed
 //     descriptor: the reservation holds, and the descriptor shows until it is garbage-collected.
+//   - A Volume with node_hold set is not a descriptor but the node's hold on a device (internal/manager
+//     says what it reserves). A crustd older than that field reads it as an unclaimed descriptor of a block
+//     device: it reserves nothing there, and shows until it is garbage-collected.
 //   - Put and Delete are idempotent. They are safe to call concurrently for different target paths; calls
 //     for one target path must be serialised by the caller.
 //   - The watch revision: <dir>/watch/revision.json, one record (its own record version 1, payload member

@@ -451,7 +451,7 @@ func (x VolumeUsage_Unit) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use VolumeUsage_Unit.Descriptor instead.
 func (VolumeUsage_Unit) EnumDescriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{14, 0}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{21, 0}
 }
 
 // IOLimits caps a volume's I/O inside the sandbox, as the handler's hypervisor throttles the attached
@@ -914,7 +914,11 @@ type Volume struct {
 	// When the volume was unstaged while a sandbox held it: the descriptor is gone, and its record is kept
 	// only to reserve the device for the claim until that is released (see UnstageVolume). Unset for a
 	// staged volume. Such a record is never listed; watchers see it in the event of its release.
-	UnstageTime   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=unstage_time,json=unstageTime,proto3" json:"unstage_time,omitempty"`
+	UnstageTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=unstage_time,json=unstageTime,proto3" json:"unstage_time,omitempty"`
+	// Set when the record is not a descriptor but the node's hold on a device (HoldForNode), kept in the
+	// same store: the spec then carries the target path, the device as backing path, VOLUME_TYPE_BLOCK and
+	// read_only alone. Such a record is never listed and never sent to watchers; ListNodeHolds shows it.
+	NodeHold      *NodeHold `protobuf:"bytes,9,opt,name=node_hold,json=nodeHold,proto3" json:"node_hold,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1005,6 +1009,374 @@ func (x *Volume) GetUnstageTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Volume) GetNodeHold() *NodeHold {
+	if x != nil {
+		return x.NodeHold
+	}
+	return nil
+}
+
+// NodeHold is the node's hold on a device: the node mounts its filesystem at a target path for a pod
+// whose runtime shares the node's kernel (see HoldForNode).
+type NodeHold struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Where the node mounts the device: the CSI publish target path, under the kubelet root.
+	VolumeTargetPath string `protobuf:"bytes,1,opt,name=volume_target_path,json=volumeTargetPath,proto3" json:"volume_target_path,omitempty"`
+	// The device, as the caller named it; crustd resolves it and checks it as a deposit's backing path
+	// (--device-allow), a block device.
+	DevicePath string `protobuf:"bytes,2,opt,name=device_path,json=devicePath,proto3" json:"device_path,omitempty"`
+	// The node mounts it read-only.
+	ReadOnly bool `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	// The namespace of the pod the node mounts it for, as named in refusals (empty when the caller does not
+	// know it; so may the name and UID be).
+	PodNamespace string `protobuf:"bytes,4,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	// The pod's name.
+	PodName string `protobuf:"bytes,5,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
+	// The pod's UID.
+	PodUid string `protobuf:"bytes,6,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	// When the hold was recorded; set by crustd.
+	HoldTime      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=hold_time,json=holdTime,proto3" json:"hold_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeHold) Reset() {
+	*x = NodeHold{}
+	mi := &file_crust_v1_crust_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeHold) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeHold) ProtoMessage() {}
+
+func (x *NodeHold) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_v1_crust_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeHold.ProtoReflect.Descriptor instead.
+func (*NodeHold) Descriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *NodeHold) GetVolumeTargetPath() string {
+	if x != nil {
+		return x.VolumeTargetPath
+	}
+	return ""
+}
+
+func (x *NodeHold) GetDevicePath() string {
+	if x != nil {
+		return x.DevicePath
+	}
+	return ""
+}
+
+func (x *NodeHold) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+func (x *NodeHold) GetPodNamespace() string {
+	if x != nil {
+		return x.PodNamespace
+	}
+	return ""
+}
+
+func (x *NodeHold) GetPodName() string {
+	if x != nil {
+		return x.PodName
+	}
+	return ""
+}
+
+func (x *NodeHold) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
+}
+
+func (x *NodeHold) GetHoldTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HoldTime
+	}
+	return nil
+}
+
+// HoldForNodeRequest asks for the node's hold on a device.
+type HoldForNodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The hold; hold_time is set by crustd.
+	Hold          *NodeHold `protobuf:"bytes,1,opt,name=hold,proto3" json:"hold,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldForNodeRequest) Reset() {
+	*x = HoldForNodeRequest{}
+	mi := &file_crust_v1_crust_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldForNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldForNodeRequest) ProtoMessage() {}
+
+func (x *HoldForNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_v1_crust_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldForNodeRequest.ProtoReflect.Descriptor instead.
+func (*HoldForNodeRequest) Descriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *HoldForNodeRequest) GetHold() *NodeHold {
+	if x != nil {
+		return x.Hold
+	}
+	return nil
+}
+
+// HoldForNodeResponse returns the hold recorded.
+type HoldForNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The hold (the existing one when the call was a repeat).
+	Hold          *NodeHold `protobuf:"bytes,1,opt,name=hold,proto3" json:"hold,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldForNodeResponse) Reset() {
+	*x = HoldForNodeResponse{}
+	mi := &file_crust_v1_crust_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldForNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldForNodeResponse) ProtoMessage() {}
+
+func (x *HoldForNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_v1_crust_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldForNodeResponse.ProtoReflect.Descriptor instead.
+func (*HoldForNodeResponse) Descriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *HoldForNodeResponse) GetHold() *NodeHold {
+	if x != nil {
+		return x.Hold
+	}
+	return nil
+}
+
+// ReleaseFromNodeRequest names the hold to end.
+type ReleaseFromNodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The target path the hold was made at.
+	VolumeTargetPath string `protobuf:"bytes,1,opt,name=volume_target_path,json=volumeTargetPath,proto3" json:"volume_target_path,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ReleaseFromNodeRequest) Reset() {
+	*x = ReleaseFromNodeRequest{}
+	mi := &file_crust_v1_crust_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseFromNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseFromNodeRequest) ProtoMessage() {}
+
+func (x *ReleaseFromNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_v1_crust_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseFromNodeRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseFromNodeRequest) Descriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ReleaseFromNodeRequest) GetVolumeTargetPath() string {
+	if x != nil {
+		return x.VolumeTargetPath
+	}
+	return ""
+}
+
+// ReleaseFromNodeResponse is empty.
+type ReleaseFromNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseFromNodeResponse) Reset() {
+	*x = ReleaseFromNodeResponse{}
+	mi := &file_crust_v1_crust_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseFromNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseFromNodeResponse) ProtoMessage() {}
+
+func (x *ReleaseFromNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_v1_crust_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseFromNodeResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseFromNodeResponse) Descriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{9}
+}
+
+// ListNodeHoldsRequest asks for every hold of the node.
+type ListNodeHoldsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodeHoldsRequest) Reset() {
+	*x = ListNodeHoldsRequest{}
+	mi := &file_crust_v1_crust_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodeHoldsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodeHoldsRequest) ProtoMessage() {}
+
+func (x *ListNodeHoldsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_v1_crust_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodeHoldsRequest.ProtoReflect.Descriptor instead.
+func (*ListNodeHoldsRequest) Descriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{10}
+}
+
+// ListNodeHoldsResponse returns every hold of the node, ordered by target path.
+type ListNodeHoldsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The holds.
+	Holds         []*NodeHold `protobuf:"bytes,1,rep,name=holds,proto3" json:"holds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodeHoldsResponse) Reset() {
+	*x = ListNodeHoldsResponse{}
+	mi := &file_crust_v1_crust_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodeHoldsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodeHoldsResponse) ProtoMessage() {}
+
+func (x *ListNodeHoldsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_v1_crust_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodeHoldsResponse.ProtoReflect.Descriptor instead.
+func (*ListNodeHoldsResponse) Descriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListNodeHoldsResponse) GetHolds() []*NodeHold {
+	if x != nil {
+		return x.Holds
+	}
+	return nil
+}
+
 // StageVolumeRequest carries the descriptor to deposit.
 type StageVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1016,7 +1388,7 @@ type StageVolumeRequest struct {
 
 func (x *StageVolumeRequest) Reset() {
 	*x = StageVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[5]
+	mi := &file_crust_v1_crust_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1028,7 +1400,7 @@ func (x *StageVolumeRequest) String() string {
 func (*StageVolumeRequest) ProtoMessage() {}
 
 func (x *StageVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[5]
+	mi := &file_crust_v1_crust_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1041,7 +1413,7 @@ func (x *StageVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageVolumeRequest.ProtoReflect.Descriptor instead.
 func (*StageVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{5}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StageVolumeRequest) GetSpec() *VolumeSpec {
@@ -1062,7 +1434,7 @@ type StageVolumeResponse struct {
 
 func (x *StageVolumeResponse) Reset() {
 	*x = StageVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[6]
+	mi := &file_crust_v1_crust_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1446,7 @@ func (x *StageVolumeResponse) String() string {
 func (*StageVolumeResponse) ProtoMessage() {}
 
 func (x *StageVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[6]
+	mi := &file_crust_v1_crust_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1459,7 @@ func (x *StageVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageVolumeResponse.ProtoReflect.Descriptor instead.
 func (*StageVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{6}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StageVolumeResponse) GetVolume() *Volume {
@@ -1108,7 +1480,7 @@ type UnstageVolumeRequest struct {
 
 func (x *UnstageVolumeRequest) Reset() {
 	*x = UnstageVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[7]
+	mi := &file_crust_v1_crust_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1120,7 +1492,7 @@ func (x *UnstageVolumeRequest) String() string {
 func (*UnstageVolumeRequest) ProtoMessage() {}
 
 func (x *UnstageVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[7]
+	mi := &file_crust_v1_crust_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1133,7 +1505,7 @@ func (x *UnstageVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnstageVolumeRequest.ProtoReflect.Descriptor instead.
 func (*UnstageVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{7}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *UnstageVolumeRequest) GetVolumeTargetPath() string {
@@ -1155,7 +1527,7 @@ type UnstageVolumeResponse struct {
 
 func (x *UnstageVolumeResponse) Reset() {
 	*x = UnstageVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[8]
+	mi := &file_crust_v1_crust_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1167,7 +1539,7 @@ func (x *UnstageVolumeResponse) String() string {
 func (*UnstageVolumeResponse) ProtoMessage() {}
 
 func (x *UnstageVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[8]
+	mi := &file_crust_v1_crust_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1180,7 +1552,7 @@ func (x *UnstageVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnstageVolumeResponse.ProtoReflect.Descriptor instead.
 func (*UnstageVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{8}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UnstageVolumeResponse) GetKeptClaim() *Claim {
@@ -1201,7 +1573,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[9]
+	mi := &file_crust_v1_crust_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1585,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[9]
+	mi := &file_crust_v1_crust_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1598,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{9}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetVolumeRequest) GetVolumeTargetPath() string {
@@ -1247,7 +1619,7 @@ type GetVolumeResponse struct {
 
 func (x *GetVolumeResponse) Reset() {
 	*x = GetVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[10]
+	mi := &file_crust_v1_crust_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1631,7 @@ func (x *GetVolumeResponse) String() string {
 func (*GetVolumeResponse) ProtoMessage() {}
 
 func (x *GetVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[10]
+	mi := &file_crust_v1_crust_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1644,7 @@ func (x *GetVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeResponse.ProtoReflect.Descriptor instead.
 func (*GetVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{10}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetVolumeResponse) GetVolume() *Volume {
@@ -1298,7 +1670,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[11]
+	mi := &file_crust_v1_crust_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1310,7 +1682,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[11]
+	mi := &file_crust_v1_crust_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1323,7 +1695,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{11}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListVolumesRequest) GetMaxEntries() int32 {
@@ -1354,7 +1726,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[12]
+	mi := &file_crust_v1_crust_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1366,7 +1738,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[12]
+	mi := &file_crust_v1_crust_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1379,7 +1751,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{12}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -1407,7 +1779,7 @@ type GetVolumeStatsRequest struct {
 
 func (x *GetVolumeStatsRequest) Reset() {
 	*x = GetVolumeStatsRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[13]
+	mi := &file_crust_v1_crust_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +1791,7 @@ func (x *GetVolumeStatsRequest) String() string {
 func (*GetVolumeStatsRequest) ProtoMessage() {}
 
 func (x *GetVolumeStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[13]
+	mi := &file_crust_v1_crust_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +1804,7 @@ func (x *GetVolumeStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeStatsRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{13}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetVolumeStatsRequest) GetVolumeTargetPath() string {
@@ -1459,7 +1831,7 @@ type VolumeUsage struct {
 
 func (x *VolumeUsage) Reset() {
 	*x = VolumeUsage{}
-	mi := &file_crust_v1_crust_proto_msgTypes[14]
+	mi := &file_crust_v1_crust_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1843,7 @@ func (x *VolumeUsage) String() string {
 func (*VolumeUsage) ProtoMessage() {}
 
 func (x *VolumeUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[14]
+	mi := &file_crust_v1_crust_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1856,7 @@ func (x *VolumeUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeUsage.ProtoReflect.Descriptor instead.
 func (*VolumeUsage) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{14}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *VolumeUsage) GetAvailable() int64 {
@@ -1528,7 +1900,7 @@ type VolumeCondition struct {
 
 func (x *VolumeCondition) Reset() {
 	*x = VolumeCondition{}
-	mi := &file_crust_v1_crust_proto_msgTypes[15]
+	mi := &file_crust_v1_crust_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1912,7 @@ func (x *VolumeCondition) String() string {
 func (*VolumeCondition) ProtoMessage() {}
 
 func (x *VolumeCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[15]
+	mi := &file_crust_v1_crust_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1925,7 @@ func (x *VolumeCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeCondition.ProtoReflect.Descriptor instead.
 func (*VolumeCondition) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{15}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *VolumeCondition) GetAbnormal() bool {
@@ -1583,7 +1955,7 @@ type GetVolumeStatsResponse struct {
 
 func (x *GetVolumeStatsResponse) Reset() {
 	*x = GetVolumeStatsResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[16]
+	mi := &file_crust_v1_crust_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1595,7 +1967,7 @@ func (x *GetVolumeStatsResponse) String() string {
 func (*GetVolumeStatsResponse) ProtoMessage() {}
 
 func (x *GetVolumeStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[16]
+	mi := &file_crust_v1_crust_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1608,7 +1980,7 @@ func (x *GetVolumeStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetVolumeStatsResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{16}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetVolumeStatsResponse) GetUsage() []*VolumeUsage {
@@ -1640,7 +2012,7 @@ type ExpandVolumeRequest struct {
 
 func (x *ExpandVolumeRequest) Reset() {
 	*x = ExpandVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[17]
+	mi := &file_crust_v1_crust_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1652,7 +2024,7 @@ func (x *ExpandVolumeRequest) String() string {
 func (*ExpandVolumeRequest) ProtoMessage() {}
 
 func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[17]
+	mi := &file_crust_v1_crust_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1665,7 +2037,7 @@ func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{17}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ExpandVolumeRequest) GetVolumeTargetPath() string {
@@ -1700,7 +2072,7 @@ type ExpandVolumeResponse struct {
 
 func (x *ExpandVolumeResponse) Reset() {
 	*x = ExpandVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[18]
+	mi := &file_crust_v1_crust_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1712,7 +2084,7 @@ func (x *ExpandVolumeResponse) String() string {
 func (*ExpandVolumeResponse) ProtoMessage() {}
 
 func (x *ExpandVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[18]
+	mi := &file_crust_v1_crust_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1725,7 +2097,7 @@ func (x *ExpandVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{18}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ExpandVolumeResponse) GetCapacityBytes() int64 {
@@ -1744,7 +2116,7 @@ type ListProblemsRequest struct {
 
 func (x *ListProblemsRequest) Reset() {
 	*x = ListProblemsRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[19]
+	mi := &file_crust_v1_crust_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1756,7 +2128,7 @@ func (x *ListProblemsRequest) String() string {
 func (*ListProblemsRequest) ProtoMessage() {}
 
 func (x *ListProblemsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[19]
+	mi := &file_crust_v1_crust_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1769,7 +2141,7 @@ func (x *ListProblemsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProblemsRequest.ProtoReflect.Descriptor instead.
 func (*ListProblemsRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{19}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{26}
 }
 
 // ListProblemsResponse lists problems, ordered by kind, then target path, then path.
@@ -1786,7 +2158,7 @@ type ListProblemsResponse struct {
 
 func (x *ListProblemsResponse) Reset() {
 	*x = ListProblemsResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[20]
+	mi := &file_crust_v1_crust_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1798,7 +2170,7 @@ func (x *ListProblemsResponse) String() string {
 func (*ListProblemsResponse) ProtoMessage() {}
 
 func (x *ListProblemsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[20]
+	mi := &file_crust_v1_crust_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1811,7 +2183,7 @@ func (x *ListProblemsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProblemsResponse.ProtoReflect.Descriptor instead.
 func (*ListProblemsResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{20}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListProblemsResponse) GetProblems() []*Problem {
@@ -1847,7 +2219,7 @@ type Problem struct {
 
 func (x *Problem) Reset() {
 	*x = Problem{}
-	mi := &file_crust_v1_crust_proto_msgTypes[21]
+	mi := &file_crust_v1_crust_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1859,7 +2231,7 @@ func (x *Problem) String() string {
 func (*Problem) ProtoMessage() {}
 
 func (x *Problem) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[21]
+	mi := &file_crust_v1_crust_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1872,7 +2244,7 @@ func (x *Problem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Problem.ProtoReflect.Descriptor instead.
 func (*Problem) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{21}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Problem) GetKind() ProblemKind {
@@ -1930,7 +2302,7 @@ type ClaimVolumeRequest struct {
 
 func (x *ClaimVolumeRequest) Reset() {
 	*x = ClaimVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[22]
+	mi := &file_crust_v1_crust_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1942,7 +2314,7 @@ func (x *ClaimVolumeRequest) String() string {
 func (*ClaimVolumeRequest) ProtoMessage() {}
 
 func (x *ClaimVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[22]
+	mi := &file_crust_v1_crust_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1955,7 +2327,7 @@ func (x *ClaimVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ClaimVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{22}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ClaimVolumeRequest) GetVolumeTargetPath() string {
@@ -1990,7 +2362,7 @@ type ClaimVolumeResponse struct {
 
 func (x *ClaimVolumeResponse) Reset() {
 	*x = ClaimVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[23]
+	mi := &file_crust_v1_crust_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2002,7 +2374,7 @@ func (x *ClaimVolumeResponse) String() string {
 func (*ClaimVolumeResponse) ProtoMessage() {}
 
 func (x *ClaimVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[23]
+	mi := &file_crust_v1_crust_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2015,7 +2387,7 @@ func (x *ClaimVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ClaimVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{23}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ClaimVolumeResponse) GetVolume() *Volume {
@@ -2041,7 +2413,7 @@ type ReleaseVolumeRequest struct {
 
 func (x *ReleaseVolumeRequest) Reset() {
 	*x = ReleaseVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[24]
+	mi := &file_crust_v1_crust_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2053,7 +2425,7 @@ func (x *ReleaseVolumeRequest) String() string {
 func (*ReleaseVolumeRequest) ProtoMessage() {}
 
 func (x *ReleaseVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[24]
+	mi := &file_crust_v1_crust_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2066,7 +2438,7 @@ func (x *ReleaseVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{24}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReleaseVolumeRequest) GetVolumeTargetPath() string {
@@ -2099,7 +2471,7 @@ type ReleaseVolumeResponse struct {
 
 func (x *ReleaseVolumeResponse) Reset() {
 	*x = ReleaseVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[25]
+	mi := &file_crust_v1_crust_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2111,7 +2483,7 @@ func (x *ReleaseVolumeResponse) String() string {
 func (*ReleaseVolumeResponse) ProtoMessage() {}
 
 func (x *ReleaseVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[25]
+	mi := &file_crust_v1_crust_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2124,7 +2496,7 @@ func (x *ReleaseVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{25}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{32}
 }
 
 // WatchVolumesRequest starts a watch.
@@ -2151,7 +2523,7 @@ type WatchVolumesRequest struct {
 
 func (x *WatchVolumesRequest) Reset() {
 	*x = WatchVolumesRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[26]
+	mi := &file_crust_v1_crust_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2163,7 +2535,7 @@ func (x *WatchVolumesRequest) String() string {
 func (*WatchVolumesRequest) ProtoMessage() {}
 
 func (x *WatchVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[26]
+	mi := &file_crust_v1_crust_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2176,7 +2548,7 @@ func (x *WatchVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchVolumesRequest.ProtoReflect.Descriptor instead.
 func (*WatchVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{26}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WatchVolumesRequest) GetSendExisting() bool {
@@ -2225,7 +2597,7 @@ type WatchVolumesResponse struct {
 
 func (x *WatchVolumesResponse) Reset() {
 	*x = WatchVolumesResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[27]
+	mi := &file_crust_v1_crust_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2237,7 +2609,7 @@ func (x *WatchVolumesResponse) String() string {
 func (*WatchVolumesResponse) ProtoMessage() {}
 
 func (x *WatchVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[27]
+	mi := &file_crust_v1_crust_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2250,7 +2622,7 @@ func (x *WatchVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchVolumesResponse.ProtoReflect.Descriptor instead.
 func (*WatchVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{27}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *WatchVolumesResponse) GetType() EventType {
@@ -2311,7 +2683,7 @@ type GetInfoRequest struct {
 
 func (x *GetInfoRequest) Reset() {
 	*x = GetInfoRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[28]
+	mi := &file_crust_v1_crust_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2323,7 +2695,7 @@ func (x *GetInfoRequest) String() string {
 func (*GetInfoRequest) ProtoMessage() {}
 
 func (x *GetInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[28]
+	mi := &file_crust_v1_crust_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2336,7 +2708,7 @@ func (x *GetInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetInfoRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{28}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{35}
 }
 
 // GetInfoResponse says what crustd speaks.
@@ -2368,6 +2740,9 @@ type GetInfoResponse struct {
 	//     unmodified Kata runtime, whose sandbox-id files count as claims (crustd --kata-dir).
 	//   - "kata-cri-discovery": the Kata sandbox of a volume whose runtime records no sandbox id
 	//     (runtime-rs) is found through the CRI runtime (crustd --cri-endpoint).
+	//   - "node-holds": HoldForNode, ReleaseFromNode and ListNodeHolds are served, and the node's holds
+	//     count for the one-writer rule of deposits and claims; a deposit of a device that a sandbox holds
+	//     through another target is refused as its claim would be.
 	//   - "handler-gone-release": the claims of a handler whose endpoint refuses connections are released
 	//     after a grace period (crustd --handler-grace).
 	Features      []string `protobuf:"bytes,4,rep,name=features,proto3" json:"features,omitempty"`
@@ -2377,7 +2752,7 @@ type GetInfoResponse struct {
 
 func (x *GetInfoResponse) Reset() {
 	*x = GetInfoResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[29]
+	mi := &file_crust_v1_crust_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2389,7 +2764,7 @@ func (x *GetInfoResponse) String() string {
 func (*GetInfoResponse) ProtoMessage() {}
 
 func (x *GetInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[29]
+	mi := &file_crust_v1_crust_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2402,7 +2777,7 @@ func (x *GetInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetInfoResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{29}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetInfoResponse) GetVersion() string {
@@ -2446,7 +2821,7 @@ type RuntimeHandlerServiceGetVolumeStatsRequest struct {
 
 func (x *RuntimeHandlerServiceGetVolumeStatsRequest) Reset() {
 	*x = RuntimeHandlerServiceGetVolumeStatsRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[30]
+	mi := &file_crust_v1_crust_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2458,7 +2833,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsRequest) String() string {
 func (*RuntimeHandlerServiceGetVolumeStatsRequest) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceGetVolumeStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[30]
+	mi := &file_crust_v1_crust_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2471,7 +2846,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsRequest) ProtoReflect() protoreflect
 
 // Deprecated: Use RuntimeHandlerServiceGetVolumeStatsRequest.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceGetVolumeStatsRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{30}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RuntimeHandlerServiceGetVolumeStatsRequest) GetVolumeTargetPath() string {
@@ -2501,7 +2876,7 @@ type RuntimeHandlerServiceGetVolumeStatsResponse struct {
 
 func (x *RuntimeHandlerServiceGetVolumeStatsResponse) Reset() {
 	*x = RuntimeHandlerServiceGetVolumeStatsResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[31]
+	mi := &file_crust_v1_crust_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2513,7 +2888,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsResponse) String() string {
 func (*RuntimeHandlerServiceGetVolumeStatsResponse) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceGetVolumeStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[31]
+	mi := &file_crust_v1_crust_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2526,7 +2901,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsResponse) ProtoReflect() protoreflec
 
 // Deprecated: Use RuntimeHandlerServiceGetVolumeStatsResponse.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceGetVolumeStatsResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{31}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RuntimeHandlerServiceGetVolumeStatsResponse) GetUsage() []*VolumeUsage {
@@ -2560,7 +2935,7 @@ type RuntimeHandlerServiceExpandVolumeRequest struct {
 
 func (x *RuntimeHandlerServiceExpandVolumeRequest) Reset() {
 	*x = RuntimeHandlerServiceExpandVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[32]
+	mi := &file_crust_v1_crust_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2572,7 +2947,7 @@ func (x *RuntimeHandlerServiceExpandVolumeRequest) String() string {
 func (*RuntimeHandlerServiceExpandVolumeRequest) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceExpandVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[32]
+	mi := &file_crust_v1_crust_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2585,7 +2960,7 @@ func (x *RuntimeHandlerServiceExpandVolumeRequest) ProtoReflect() protoreflect.M
 
 // Deprecated: Use RuntimeHandlerServiceExpandVolumeRequest.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceExpandVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{32}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RuntimeHandlerServiceExpandVolumeRequest) GetVolumeTargetPath() string {
@@ -2627,7 +3002,7 @@ type RuntimeHandlerServiceExpandVolumeResponse struct {
 
 func (x *RuntimeHandlerServiceExpandVolumeResponse) Reset() {
 	*x = RuntimeHandlerServiceExpandVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[33]
+	mi := &file_crust_v1_crust_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2639,7 +3014,7 @@ func (x *RuntimeHandlerServiceExpandVolumeResponse) String() string {
 func (*RuntimeHandlerServiceExpandVolumeResponse) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceExpandVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[33]
+	mi := &file_crust_v1_crust_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2652,7 +3027,7 @@ func (x *RuntimeHandlerServiceExpandVolumeResponse) ProtoReflect() protoreflect.
 
 // Deprecated: Use RuntimeHandlerServiceExpandVolumeResponse.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceExpandVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{33}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RuntimeHandlerServiceExpandVolumeResponse) GetCapacityBytes() int64 {
@@ -2716,7 +3091,7 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\vclaimer_pid\x18\x05 \x01(\x05R\n" +
 	"claimerPid\x12,\n" +
 	"\x12claimer_start_time\x18\x06 \x01(\x04R\x10claimerStartTime\x12%\n" +
-	"\x0ecri_discovered\x18\a \x01(\bR\rcriDiscovered\"\x90\x03\n" +
+	"\x0ecri_discovered\x18\a \x01(\bR\rcriDiscovered\"\xc1\x03\n" +
 	"\x06Volume\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.crust.v1.VolumeSpecR\x04spec\x122\n" +
 	"\x15resolved_backing_path\x18\x02 \x01(\tR\x13resolvedBackingPath\x12;\n" +
@@ -2726,7 +3101,27 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\x05claim\x18\x05 \x01(\v2\x0f.crust.v1.ClaimR\x05claim\x12'\n" +
 	"\x0frequested_bytes\x18\x06 \x01(\x03R\x0erequestedBytes\x12!\n" +
 	"\fkata_caveats\x18\a \x03(\tR\vkataCaveats\x12=\n" +
-	"\funstage_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vunstageTime\">\n" +
+	"\funstage_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vunstageTime\x12/\n" +
+	"\tnode_hold\x18\t \x01(\v2\x12.crust.v1.NodeHoldR\bnodeHold\"\x88\x02\n" +
+	"\bNodeHold\x12,\n" +
+	"\x12volume_target_path\x18\x01 \x01(\tR\x10volumeTargetPath\x12\x1f\n" +
+	"\vdevice_path\x18\x02 \x01(\tR\n" +
+	"devicePath\x12\x1b\n" +
+	"\tread_only\x18\x03 \x01(\bR\breadOnly\x12#\n" +
+	"\rpod_namespace\x18\x04 \x01(\tR\fpodNamespace\x12\x19\n" +
+	"\bpod_name\x18\x05 \x01(\tR\apodName\x12\x17\n" +
+	"\apod_uid\x18\x06 \x01(\tR\x06podUid\x127\n" +
+	"\thold_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bholdTime\"<\n" +
+	"\x12HoldForNodeRequest\x12&\n" +
+	"\x04hold\x18\x01 \x01(\v2\x12.crust.v1.NodeHoldR\x04hold\"=\n" +
+	"\x13HoldForNodeResponse\x12&\n" +
+	"\x04hold\x18\x01 \x01(\v2\x12.crust.v1.NodeHoldR\x04hold\"F\n" +
+	"\x16ReleaseFromNodeRequest\x12,\n" +
+	"\x12volume_target_path\x18\x01 \x01(\tR\x10volumeTargetPath\"\x19\n" +
+	"\x17ReleaseFromNodeResponse\"\x16\n" +
+	"\x14ListNodeHoldsRequest\"A\n" +
+	"\x15ListNodeHoldsResponse\x12(\n" +
+	"\x05holds\x18\x01 \x03(\v2\x12.crust.v1.NodeHoldR\x05holds\">\n" +
 	"\x12StageVolumeRequest\x12(\n" +
 	"\x04spec\x18\x01 \x01(\v2\x14.crust.v1.VolumeSpecR\x04spec\"?\n" +
 	"\x13StageVolumeResponse\x12(\n" +
@@ -2864,7 +3259,7 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\x1aRELEASE_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16RELEASE_REASON_SANDBOX\x10\x01\x12\x19\n" +
 	"\x15RELEASE_REASON_FORCED\x10\x02\x12\x1f\n" +
-	"\x1bRELEASE_REASON_HANDLER_GONE\x10\x032\xb2\x04\n" +
+	"\x1bRELEASE_REASON_HANDLER_GONE\x10\x032\xa8\x06\n" +
 	"\rVolumeService\x12J\n" +
 	"\vStageVolume\x12\x1c.crust.v1.StageVolumeRequest\x1a\x1d.crust.v1.StageVolumeResponse\x12P\n" +
 	"\rUnstageVolume\x12\x1e.crust.v1.UnstageVolumeRequest\x1a\x1f.crust.v1.UnstageVolumeResponse\x12D\n" +
@@ -2872,7 +3267,10 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\vListVolumes\x12\x1c.crust.v1.ListVolumesRequest\x1a\x1d.crust.v1.ListVolumesResponse\x12S\n" +
 	"\x0eGetVolumeStats\x12\x1f.crust.v1.GetVolumeStatsRequest\x1a .crust.v1.GetVolumeStatsResponse\x12M\n" +
 	"\fExpandVolume\x12\x1d.crust.v1.ExpandVolumeRequest\x1a\x1e.crust.v1.ExpandVolumeResponse\x12M\n" +
-	"\fListProblems\x12\x1d.crust.v1.ListProblemsRequest\x1a\x1e.crust.v1.ListProblemsResponse2\xff\x01\n" +
+	"\fListProblems\x12\x1d.crust.v1.ListProblemsRequest\x1a\x1e.crust.v1.ListProblemsResponse\x12J\n" +
+	"\vHoldForNode\x12\x1c.crust.v1.HoldForNodeRequest\x1a\x1d.crust.v1.HoldForNodeResponse\x12V\n" +
+	"\x0fReleaseFromNode\x12 .crust.v1.ReleaseFromNodeRequest\x1a!.crust.v1.ReleaseFromNodeResponse\x12P\n" +
+	"\rListNodeHolds\x12\x1e.crust.v1.ListNodeHoldsRequest\x1a\x1f.crust.v1.ListNodeHoldsResponse2\xff\x01\n" +
 	"\x0eRuntimeService\x12J\n" +
 	"\vClaimVolume\x12\x1c.crust.v1.ClaimVolumeRequest\x1a\x1d.crust.v1.ClaimVolumeResponse\x12P\n" +
 	"\rReleaseVolume\x12\x1e.crust.v1.ReleaseVolumeRequest\x1a\x1f.crust.v1.ReleaseVolumeResponse\x12O\n" +
@@ -2896,7 +3294,7 @@ func file_crust_v1_crust_proto_rawDescGZIP() []byte {
 }
 
 var file_crust_v1_crust_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_crust_v1_crust_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_crust_v1_crust_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_crust_v1_crust_proto_goTypes = []any{
 	(VolumeType)(0),                                     // 0: crust.v1.VolumeType
 	(VolumeMode)(0),                                     // 1: crust.v1.VolumeMode
@@ -2910,98 +3308,116 @@ var file_crust_v1_crust_proto_goTypes = []any{
 	(*DeviceNumber)(nil),                                // 9: crust.v1.DeviceNumber
 	(*Claim)(nil),                                       // 10: crust.v1.Claim
 	(*Volume)(nil),                                      // 11: crust.v1.Volume
-	(*StageVolumeRequest)(nil),                          // 12: crust.v1.StageVolumeRequest
-	(*StageVolumeResponse)(nil),                         // 13: crust.v1.StageVolumeResponse
-	(*UnstageVolumeRequest)(nil),                        // 14: crust.v1.UnstageVolumeRequest
-	(*UnstageVolumeResponse)(nil),                       // 15: crust.v1.UnstageVolumeResponse
-	(*GetVolumeRequest)(nil),                            // 16: crust.v1.GetVolumeRequest
-	(*GetVolumeResponse)(nil),                           // 17: crust.v1.GetVolumeResponse
-	(*ListVolumesRequest)(nil),                          // 18: crust.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),                         // 19: crust.v1.ListVolumesResponse
-	(*GetVolumeStatsRequest)(nil),                       // 20: crust.v1.GetVolumeStatsRequest
-	(*VolumeUsage)(nil),                                 // 21: crust.v1.VolumeUsage
-	(*VolumeCondition)(nil),                             // 22: crust.v1.VolumeCondition
-	(*GetVolumeStatsResponse)(nil),                      // 23: crust.v1.GetVolumeStatsResponse
-	(*ExpandVolumeRequest)(nil),                         // 24: crust.v1.ExpandVolumeRequest
-	(*ExpandVolumeResponse)(nil),                        // 25: crust.v1.ExpandVolumeResponse
-	(*ListProblemsRequest)(nil),                         // 26: crust.v1.ListProblemsRequest
-	(*ListProblemsResponse)(nil),                        // 27: crust.v1.ListProblemsResponse
-	(*Problem)(nil),                                     // 28: crust.v1.Problem
-	(*ClaimVolumeRequest)(nil),                          // 29: crust.v1.ClaimVolumeRequest
-	(*ClaimVolumeResponse)(nil),                         // 30: crust.v1.ClaimVolumeResponse
-	(*ReleaseVolumeRequest)(nil),                        // 31: crust.v1.ReleaseVolumeRequest
-	(*ReleaseVolumeResponse)(nil),                       // 32: crust.v1.ReleaseVolumeResponse
-	(*WatchVolumesRequest)(nil),                         // 33: crust.v1.WatchVolumesRequest
-	(*WatchVolumesResponse)(nil),                        // 34: crust.v1.WatchVolumesResponse
-	(*GetInfoRequest)(nil),                              // 35: crust.v1.GetInfoRequest
-	(*GetInfoResponse)(nil),                             // 36: crust.v1.GetInfoResponse
-	(*RuntimeHandlerServiceGetVolumeStatsRequest)(nil),  // 37: crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
-	(*RuntimeHandlerServiceGetVolumeStatsResponse)(nil), // 38: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
-	(*RuntimeHandlerServiceExpandVolumeRequest)(nil),    // 39: crust.v1.RuntimeHandlerServiceExpandVolumeRequest
-	(*RuntimeHandlerServiceExpandVolumeResponse)(nil),   // 40: crust.v1.RuntimeHandlerServiceExpandVolumeResponse
-	nil,                           // 41: crust.v1.VolumeSpec.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 42: google.protobuf.Timestamp
+	(*NodeHold)(nil),                                    // 12: crust.v1.NodeHold
+	(*HoldForNodeRequest)(nil),                          // 13: crust.v1.HoldForNodeRequest
+	(*HoldForNodeResponse)(nil),                         // 14: crust.v1.HoldForNodeResponse
+	(*ReleaseFromNodeRequest)(nil),                      // 15: crust.v1.ReleaseFromNodeRequest
+	(*ReleaseFromNodeResponse)(nil),                     // 16: crust.v1.ReleaseFromNodeResponse
+	(*ListNodeHoldsRequest)(nil),                        // 17: crust.v1.ListNodeHoldsRequest
+	(*ListNodeHoldsResponse)(nil),                       // 18: crust.v1.ListNodeHoldsResponse
+	(*StageVolumeRequest)(nil),                          // 19: crust.v1.StageVolumeRequest
+	(*StageVolumeResponse)(nil),                         // 20: crust.v1.StageVolumeResponse
+	(*UnstageVolumeRequest)(nil),                        // 21: crust.v1.UnstageVolumeRequest
+	(*UnstageVolumeResponse)(nil),                       // 22: crust.v1.UnstageVolumeResponse
+	(*GetVolumeRequest)(nil),                            // 23: crust.v1.GetVolumeRequest
+	(*GetVolumeResponse)(nil),                           // 24: crust.v1.GetVolumeResponse
+	(*ListVolumesRequest)(nil),                          // 25: crust.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),                         // 26: crust.v1.ListVolumesResponse
+	(*GetVolumeStatsRequest)(nil),                       // 27: crust.v1.GetVolumeStatsRequest
+	(*VolumeUsage)(nil),                                 // 28: crust.v1.VolumeUsage
+	(*VolumeCondition)(nil),                             // 29: crust.v1.VolumeCondition
+	(*GetVolumeStatsResponse)(nil),                      // 30: crust.v1.GetVolumeStatsResponse
+	(*ExpandVolumeRequest)(nil),                         // 31: crust.v1.ExpandVolumeRequest
+	(*ExpandVolumeResponse)(nil),                        // 32: crust.v1.ExpandVolumeResponse
+	(*ListProblemsRequest)(nil),                         // 33: crust.v1.ListProblemsRequest
+	(*ListProblemsResponse)(nil),                        // 34: crust.v1.ListProblemsResponse
+	(*Problem)(nil),                                     // 35: crust.v1.Problem
+	(*ClaimVolumeRequest)(nil),                          // 36: crust.v1.ClaimVolumeRequest
+	(*ClaimVolumeResponse)(nil),                         // 37: crust.v1.ClaimVolumeResponse
+	(*ReleaseVolumeRequest)(nil),                        // 38: crust.v1.ReleaseVolumeRequest
+	(*ReleaseVolumeResponse)(nil),                       // 39: crust.v1.ReleaseVolumeResponse
+	(*WatchVolumesRequest)(nil),                         // 40: crust.v1.WatchVolumesRequest
+	(*WatchVolumesResponse)(nil),                        // 41: crust.v1.WatchVolumesResponse
+	(*GetInfoRequest)(nil),                              // 42: crust.v1.GetInfoRequest
+	(*GetInfoResponse)(nil),                             // 43: crust.v1.GetInfoResponse
+	(*RuntimeHandlerServiceGetVolumeStatsRequest)(nil),  // 44: crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
+	(*RuntimeHandlerServiceGetVolumeStatsResponse)(nil), // 45: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
+	(*RuntimeHandlerServiceExpandVolumeRequest)(nil),    // 46: crust.v1.RuntimeHandlerServiceExpandVolumeRequest
+	(*RuntimeHandlerServiceExpandVolumeResponse)(nil),   // 47: crust.v1.RuntimeHandlerServiceExpandVolumeResponse
+	nil,                           // 48: crust.v1.VolumeSpec.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 49: google.protobuf.Timestamp
 }
 var file_crust_v1_crust_proto_depIdxs = []int32{
 	0,  // 0: crust.v1.VolumeSpec.volume_type:type_name -> crust.v1.VolumeType
 	2,  // 1: crust.v1.VolumeSpec.supplemental_group_change_policy:type_name -> crust.v1.FSGroupChangePolicy
-	41, // 2: crust.v1.VolumeSpec.metadata:type_name -> crust.v1.VolumeSpec.MetadataEntry
+	48, // 2: crust.v1.VolumeSpec.metadata:type_name -> crust.v1.VolumeSpec.MetadataEntry
 	1,  // 3: crust.v1.VolumeSpec.volume_mode:type_name -> crust.v1.VolumeMode
 	7,  // 4: crust.v1.VolumeSpec.io_limits:type_name -> crust.v1.IOLimits
-	42, // 5: crust.v1.Claim.claim_time:type_name -> google.protobuf.Timestamp
+	49, // 5: crust.v1.Claim.claim_time:type_name -> google.protobuf.Timestamp
 	8,  // 6: crust.v1.Volume.spec:type_name -> crust.v1.VolumeSpec
 	9,  // 7: crust.v1.Volume.device_number:type_name -> crust.v1.DeviceNumber
-	42, // 8: crust.v1.Volume.stage_time:type_name -> google.protobuf.Timestamp
+	49, // 8: crust.v1.Volume.stage_time:type_name -> google.protobuf.Timestamp
 	10, // 9: crust.v1.Volume.claim:type_name -> crust.v1.Claim
-	42, // 10: crust.v1.Volume.unstage_time:type_name -> google.protobuf.Timestamp
-	8,  // 11: crust.v1.StageVolumeRequest.spec:type_name -> crust.v1.VolumeSpec
-	11, // 12: crust.v1.StageVolumeResponse.volume:type_name -> crust.v1.Volume
-	10, // 13: crust.v1.UnstageVolumeResponse.kept_claim:type_name -> crust.v1.Claim
-	11, // 14: crust.v1.GetVolumeResponse.volume:type_name -> crust.v1.Volume
-	11, // 15: crust.v1.ListVolumesResponse.volumes:type_name -> crust.v1.Volume
-	6,  // 16: crust.v1.VolumeUsage.unit:type_name -> crust.v1.VolumeUsage.Unit
-	21, // 17: crust.v1.GetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
-	22, // 18: crust.v1.GetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
-	28, // 19: crust.v1.ListProblemsResponse.problems:type_name -> crust.v1.Problem
-	3,  // 20: crust.v1.Problem.kind:type_name -> crust.v1.ProblemKind
-	11, // 21: crust.v1.ClaimVolumeResponse.volume:type_name -> crust.v1.Volume
-	4,  // 22: crust.v1.WatchVolumesResponse.type:type_name -> crust.v1.EventType
-	11, // 23: crust.v1.WatchVolumesResponse.volume:type_name -> crust.v1.Volume
-	5,  // 24: crust.v1.WatchVolumesResponse.release_reason:type_name -> crust.v1.ReleaseReason
-	10, // 25: crust.v1.WatchVolumesResponse.released_claim:type_name -> crust.v1.Claim
-	21, // 26: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
-	22, // 27: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
-	12, // 28: crust.v1.VolumeService.StageVolume:input_type -> crust.v1.StageVolumeRequest
-	14, // 29: crust.v1.VolumeService.UnstageVolume:input_type -> crust.v1.UnstageVolumeRequest
-	16, // 30: crust.v1.VolumeService.GetVolume:input_type -> crust.v1.GetVolumeRequest
-	18, // 31: crust.v1.VolumeService.ListVolumes:input_type -> crust.v1.ListVolumesRequest
-	20, // 32: crust.v1.VolumeService.GetVolumeStats:input_type -> crust.v1.GetVolumeStatsRequest
-	24, // 33: crust.v1.VolumeService.ExpandVolume:input_type -> crust.v1.ExpandVolumeRequest
-	26, // 34: crust.v1.VolumeService.ListProblems:input_type -> crust.v1.ListProblemsRequest
-	29, // 35: crust.v1.RuntimeService.ClaimVolume:input_type -> crust.v1.ClaimVolumeRequest
-	31, // 36: crust.v1.RuntimeService.ReleaseVolume:input_type -> crust.v1.ReleaseVolumeRequest
-	33, // 37: crust.v1.RuntimeService.WatchVolumes:input_type -> crust.v1.WatchVolumesRequest
-	35, // 38: crust.v1.InfoService.GetInfo:input_type -> crust.v1.GetInfoRequest
-	37, // 39: crust.v1.RuntimeHandlerService.GetVolumeStats:input_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
-	39, // 40: crust.v1.RuntimeHandlerService.ExpandVolume:input_type -> crust.v1.RuntimeHandlerServiceExpandVolumeRequest
-	13, // 41: crust.v1.VolumeService.StageVolume:output_type -> crust.v1.StageVolumeResponse
-	15, // 42: crust.v1.VolumeService.UnstageVolume:output_type -> crust.v1.UnstageVolumeResponse
-	17, // 43: crust.v1.VolumeService.GetVolume:output_type -> crust.v1.GetVolumeResponse
-	19, // 44: crust.v1.VolumeService.ListVolumes:output_type -> crust.v1.ListVolumesResponse
-	23, // 45: crust.v1.VolumeService.GetVolumeStats:output_type -> crust.v1.GetVolumeStatsResponse
-	25, // 46: crust.v1.VolumeService.ExpandVolume:output_type -> crust.v1.ExpandVolumeResponse
-	27, // 47: crust.v1.VolumeService.ListProblems:output_type -> crust.v1.ListProblemsResponse
-	30, // 48: crust.v1.RuntimeService.ClaimVolume:output_type -> crust.v1.ClaimVolumeResponse
-	32, // 49: crust.v1.RuntimeService.ReleaseVolume:output_type -> crust.v1.ReleaseVolumeResponse
-	34, // 50: crust.v1.RuntimeService.WatchVolumes:output_type -> crust.v1.WatchVolumesResponse
-	36, // 51: crust.v1.InfoService.GetInfo:output_type -> crust.v1.GetInfoResponse
-	38, // 52: crust.v1.RuntimeHandlerService.GetVolumeStats:output_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
-	40, // 53: crust.v1.RuntimeHandlerService.ExpandVolume:output_type -> crust.v1.RuntimeHandlerServiceExpandVolumeResponse
-	41, // [41:54] is the sub-list for method output_type
-	28, // [28:41] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	49, // 10: crust.v1.Volume.unstage_time:type_name -> google.protobuf.Timestamp
+	12, // 11: crust.v1.Volume.node_hold:type_name -> crust.v1.NodeHold
+	49, // 12: crust.v1.NodeHold.hold_time:type_name -> google.protobuf.Timestamp
+	12, // 13: crust.v1.HoldForNodeRequest.hold:type_name -> crust.v1.NodeHold
+	12, // 14: crust.v1.HoldForNodeResponse.hold:type_name -> crust.v1.NodeHold
+	12, // 15: crust.v1.ListNodeHoldsResponse.holds:type_name -> crust.v1.NodeHold
+	8,  // 16: crust.v1.StageVolumeRequest.spec:type_name -> crust.v1.VolumeSpec
+	11, // 17: crust.v1.StageVolumeResponse.volume:type_name -> crust.v1.Volume
+	10, // 18: crust.v1.UnstageVolumeResponse.kept_claim:type_name -> crust.v1.Claim
+	11, // 19: crust.v1.GetVolumeResponse.volume:type_name -> crust.v1.Volume
+	11, // 20: crust.v1.ListVolumesResponse.volumes:type_name -> crust.v1.Volume
+	6,  // 21: crust.v1.VolumeUsage.unit:type_name -> crust.v1.VolumeUsage.Unit
+	28, // 22: crust.v1.GetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
+	29, // 23: crust.v1.GetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
+	35, // 24: crust.v1.ListProblemsResponse.problems:type_name -> crust.v1.Problem
+	3,  // 25: crust.v1.Problem.kind:type_name -> crust.v1.ProblemKind
+	11, // 26: crust.v1.ClaimVolumeResponse.volume:type_name -> crust.v1.Volume
+	4,  // 27: crust.v1.WatchVolumesResponse.type:type_name -> crust.v1.EventType
+	11, // 28: crust.v1.WatchVolumesResponse.volume:type_name -> crust.v1.Volume
+	5,  // 29: crust.v1.WatchVolumesResponse.release_reason:type_name -> crust.v1.ReleaseReason
+	10, // 30: crust.v1.WatchVolumesResponse.released_claim:type_name -> crust.v1.Claim
+	28, // 31: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
+	29, // 32: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
+	19, // 33: crust.v1.VolumeService.StageVolume:input_type -> crust.v1.StageVolumeRequest
+	21, // 34: crust.v1.VolumeService.UnstageVolume:input_type -> crust.v1.UnstageVolumeRequest
+	23, // 35: crust.v1.VolumeService.GetVolume:input_type -> crust.v1.GetVolumeRequest
+	25, // 36: crust.v1.VolumeService.ListVolumes:input_type -> crust.v1.ListVolumesRequest
+	27, // 37: crust.v1.VolumeService.GetVolumeStats:input_type -> crust.v1.GetVolumeStatsRequest
+	31, // 38: crust.v1.VolumeService.ExpandVolume:input_type -> crust.v1.ExpandVolumeRequest
+	33, // 39: crust.v1.VolumeService.ListProblems:input_type -> crust.v1.ListProblemsRequest
+	13, // 40: crust.v1.VolumeService.HoldForNode:input_type -> crust.v1.HoldForNodeRequest
+	15, // 41: crust.v1.VolumeService.ReleaseFromNode:input_type -> crust.v1.ReleaseFromNodeRequest
+	17, // 42: crust.v1.VolumeService.ListNodeHolds:input_type -> crust.v1.ListNodeHoldsRequest
+	36, // 43: crust.v1.RuntimeService.ClaimVolume:input_type -> crust.v1.ClaimVolumeRequest
+	38, // 44: crust.v1.RuntimeService.ReleaseVolume:input_type -> crust.v1.ReleaseVolumeRequest
+	40, // 45: crust.v1.RuntimeService.WatchVolumes:input_type -> crust.v1.WatchVolumesRequest
+	42, // 46: crust.v1.InfoService.GetInfo:input_type -> crust.v1.GetInfoRequest
+	44, // 47: crust.v1.RuntimeHandlerService.GetVolumeStats:input_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
+	46, // 48: crust.v1.RuntimeHandlerService.ExpandVolume:input_type -> crust.v1.RuntimeHandlerServiceExpandVolumeRequest
+	20, // 49: crust.v1.VolumeService.StageVolume:output_type -> crust.v1.StageVolumeResponse
+	22, // 50: crust.v1.VolumeService.UnstageVolume:output_type -> crust.v1.UnstageVolumeResponse
+	24, // 51: crust.v1.VolumeService.GetVolume:output_type -> crust.v1.GetVolumeResponse
+	26, // 52: crust.v1.VolumeService.ListVolumes:output_type -> crust.v1.ListVolumesResponse
+	30, // 53: crust.v1.VolumeService.GetVolumeStats:output_type -> crust.v1.GetVolumeStatsResponse
+	32, // 54: crust.v1.VolumeService.ExpandVolume:output_type -> crust.v1.ExpandVolumeResponse
+	34, // 55: crust.v1.VolumeService.ListProblems:output_type -> crust.v1.ListProblemsResponse
+	14, // 56: crust.v1.VolumeService.HoldForNode:output_type -> crust.v1.HoldForNodeResponse
+	16, // 57: crust.v1.VolumeService.ReleaseFromNode:output_type -> crust.v1.ReleaseFromNodeResponse
+	18, // 58: crust.v1.VolumeService.ListNodeHolds:output_type -> crust.v1.ListNodeHoldsResponse
+	37, // 59: crust.v1.RuntimeService.ClaimVolume:output_type -> crust.v1.ClaimVolumeResponse
+	39, // 60: crust.v1.RuntimeService.ReleaseVolume:output_type -> crust.v1.ReleaseVolumeResponse
+	41, // 61: crust.v1.RuntimeService.WatchVolumes:output_type -> crust.v1.WatchVolumesResponse
+	43, // 62: crust.v1.InfoService.GetInfo:output_type -> crust.v1.GetInfoResponse
+	45, // 63: crust.v1.RuntimeHandlerService.GetVolumeStats:output_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
+	47, // 64: crust.v1.RuntimeHandlerService.ExpandVolume:output_type -> crust.v1.RuntimeHandlerServiceExpandVolumeResponse
+	49, // [49:65] is the sub-list for method output_type
+	33, // [33:49] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_crust_v1_crust_proto_init() }
@@ -3010,14 +3426,14 @@ func file_crust_v1_crust_proto_init() {
 		return
 	}
 	file_crust_v1_crust_proto_msgTypes[1].OneofWrappers = []any{}
-	file_crust_v1_crust_proto_msgTypes[26].OneofWrappers = []any{}
+	file_crust_v1_crust_proto_msgTypes[33].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crust_v1_crust_proto_rawDesc), len(file_crust_v1_crust_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   35,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

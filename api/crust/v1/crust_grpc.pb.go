@@ -32,13 +32,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	VolumeService_StageVolume_FullMethodName    = "/crust.v1.VolumeService/StageVolume"
-	VolumeService_UnstageVolume_FullMethodName  = "/crust.v1.VolumeService/UnstageVolume"
-	VolumeService_GetVolume_FullMethodName      = "/crust.v1.VolumeService/GetVolume"
-	VolumeService_ListVolumes_FullMethodName    = "/crust.v1.VolumeService/ListVolumes"
-	VolumeService_GetVolumeStats_FullMethodName = "/crust.v1.VolumeService/GetVolumeStats"
-	VolumeService_ExpandVolume_FullMethodName   = "/crust.v1.VolumeService/ExpandVolume"
-	VolumeService_ListProblems_FullMethodName   = "/crust.v1.VolumeService/ListProblems"
+	VolumeService_StageVolume_FullMethodName     = "/crust.v1.VolumeService/StageVolume"
+	VolumeService_UnstageVolume_FullMethodName   = "/crust.v1.VolumeService/UnstageVolume"
+	VolumeService_GetVolume_FullMethodName       = "/crust.v1.VolumeService/GetVolume"
+	VolumeService_ListVolumes_FullMethodName     = "/crust.v1.VolumeService/ListVolumes"
+	VolumeService_GetVolumeStats_FullMethodName  = "/crust.v1.VolumeService/GetVolumeStats"
+	VolumeService_ExpandVolume_FullMethodName    = "/crust.v1.VolumeService/ExpandVolume"
+	VolumeService_ListProblems_FullMethodName    = "/crust.v1.VolumeService/ListProblems"
+	VolumeService_HoldForNode_FullMethodName     = "/crust.v1.VolumeService/HoldForNode"
+	VolumeService_ReleaseFromNode_FullMethodName = "/crust.v1.VolumeService/ReleaseFromNode"
+	VolumeService_ListNodeHolds_FullMethodName   = "/crust.v1.VolumeService/ListNodeHolds"
 )
 
 // VolumeServiceClient is the client API for VolumeService service.
@@ -81,6 +84,24 @@ type VolumeServiceClient interface {
 	// shim writes, and store records it moved aside as damaged. It changes nothing; `crustctl doctor`
 	// prints it. No problem is an empty list.
 	ListProblems(ctx context.Context, in *ListProblemsRequest, opts ...grpc.CallOption) (*ListProblemsResponse, error)
+	// HoldForNode records that the node itself mounts a device's filesystem, at a target path, for a pod
+	// whose runtime shares the node's kernel (runc, say): the node then holds the device as a sandbox does,
+	// under all of its names (loop devices over one file, a partition and its disk, a device-mapper or md
+	// device and the devices under it). Call it before formatting or mounting the device, and
+	// ReleaseFromNode once it is unmounted there. The check and the record are one step, durable when OK is
+	// returned and kept across restarts of crustd, for one boot. The node's holds are one holder: they
+	// share one kernel, so they never refuse each other. FAILED_PRECONDITION, naming the holder's pod and
+	// runtime, while a sandbox holds the device (a claim, a claim kept after an unstage, a Kata claim) and
+	// either side is read-write; while the node holds it, such a deposit (StageVolume) or claim is refused
+	// the same way. Holding a target again with the same device succeeds and changes nothing; with another
+	// device it is ALREADY_EXISTS. A target that holds a descriptor is FAILED_PRECONDITION.
+	HoldForNode(ctx context.Context, in *HoldForNodeRequest, opts ...grpc.CallOption) (*HoldForNodeResponse, error)
+	// ReleaseFromNode ends the node's hold at a target path. An unknown target is not an error.
+	ReleaseFromNode(ctx context.Context, in *ReleaseFromNodeRequest, opts ...grpc.CallOption) (*ReleaseFromNodeResponse, error)
+	// ListNodeHolds returns every hold of the node, ordered by target path, so that the caller that made
+	// them can reconcile them with the node's mounts when it starts: crustd cannot tell when a host mount
+	// is gone.
+	ListNodeHolds(ctx context.Context, in *ListNodeHoldsRequest, opts ...grpc.CallOption) (*ListNodeHoldsResponse, error)
 }
 
 type volumeServiceClient struct {
@@ -161,6 +182,36 @@ func (c *volumeServiceClient) ListProblems(ctx context.Context, in *ListProblems
 	return out, nil
 }
 
+func (c *volumeServiceClient) HoldForNode(ctx context.Context, in *HoldForNodeRequest, opts ...grpc.CallOption) (*HoldForNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HoldForNodeResponse)
+	err := c.cc.Invoke(ctx, VolumeService_HoldForNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *volumeServiceClient) ReleaseFromNode(ctx context.Context, in *ReleaseFromNodeRequest, opts ...grpc.CallOption) (*ReleaseFromNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseFromNodeResponse)
+	err := c.cc.Invoke(ctx, VolumeService_ReleaseFromNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *volumeServiceClient) ListNodeHolds(ctx context.Context, in *ListNodeHoldsRequest, opts ...grpc.CallOption) (*ListNodeHoldsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListNodeHoldsResponse)
+	err := c.cc.Invoke(ctx, VolumeService_ListNodeHolds_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // VolumeServiceServer is the server API for VolumeService service.
 // All implementations must embed UnimplementedVolumeServiceServer
 // for forward compatibility.
@@ -201,6 +252,24 @@ type VolumeServiceServer interface {
 	// shim writes, and store records it moved aside as damaged. It changes nothing; `crustctl doctor`
 	// prints it. No problem is an empty list.
 	ListProblems(context.Context, *ListProblemsRequest) (*ListProblemsResponse, error)
+	// HoldForNode records that the node itself mounts a device's filesystem, at a target path, for a pod
+	// whose runtime shares the node's kernel (runc, say): the node then holds the device as a sandbox does,
+	// under all of its names (loop devices over one file, a partition and its disk, a device-mapper or md
+	// device and the devices under it). Call it before formatting or mounting the device, and
+	// ReleaseFromNode once it is unmounted there. The check and the record are one step, durable when OK is
+	// returned and kept across restarts of crustd, for one boot. The node's holds are one holder: they
+	// share one kernel, so they never refuse each other. FAILED_PRECONDITION, naming the holder's pod and
+	// runtime, while a sandbox holds the device (a claim, a claim kept after an unstage, a Kata claim) and
+	// either side is read-write; while the node holds it, such a deposit (StageVolume) or claim is refused
+	// the same way. Holding a target again with the same device succeeds and changes nothing; with another
+	// device it is ALREADY_EXISTS. A target that holds a descriptor is FAILED_PRECONDITION.
+	HoldForNode(context.Context, *HoldForNodeRequest) (*HoldForNodeResponse, error)
+	// ReleaseFromNode ends the node's hold at a target path. An unknown target is not an error.
+	ReleaseFromNode(context.Context, *ReleaseFromNodeRequest) (*ReleaseFromNodeResponse, error)
+	// ListNodeHolds returns every hold of the node, ordered by target path, so that the caller that made
+	// them can reconcile them with the node's mounts when it starts: crustd cannot tell when a host mount
+	// is gone.
+	ListNodeHolds(context.Context, *ListNodeHoldsRequest) (*ListNodeHoldsResponse, error)
 	mustEmbedUnimplementedVolumeServiceServer()
 }
 
@@ -231,6 +300,15 @@ func (UnimplementedVolumeServiceServer) ExpandVolume(context.Context, *ExpandVol
 }
 func (UnimplementedVolumeServiceServer) ListProblems(context.Context, *ListProblemsRequest) (*ListProblemsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListProblems not implemented")
+}
+func (UnimplementedVolumeServiceServer) HoldForNode(context.Context, *HoldForNodeRequest) (*HoldForNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method HoldForNode not implemented")
+}
+func (UnimplementedVolumeServiceServer) ReleaseFromNode(context.Context, *ReleaseFromNodeRequest) (*ReleaseFromNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseFromNode not implemented")
+}
+func (UnimplementedVolumeServiceServer) ListNodeHolds(context.Context, *ListNodeHoldsRequest) (*ListNodeHoldsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListNodeHolds not implemented")
 }
 func (UnimplementedVolumeServiceServer) mustEmbedUnimplementedVolumeServiceServer() {}
 func (UnimplementedVolumeServiceServer) testEmbeddedByValue()                       {}
@@ -379,6 +457,60 @@ func _VolumeService_ListProblems_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _VolumeService_HoldForNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HoldForNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VolumeServiceServer).HoldForNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VolumeService_HoldForNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VolumeServiceServer).HoldForNode(ctx, req.(*HoldForNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VolumeService_ReleaseFromNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseFromNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VolumeServiceServer).ReleaseFromNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VolumeService_ReleaseFromNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VolumeServiceServer).ReleaseFromNode(ctx, req.(*ReleaseFromNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _VolumeService_ListNodeHolds_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListNodeHoldsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VolumeServiceServer).ListNodeHolds(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: VolumeService_ListNodeHolds_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VolumeServiceServer).ListNodeHolds(ctx, req.(*ListNodeHoldsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // VolumeService_ServiceDesc is the grpc.ServiceDesc for VolumeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -413,6 +545,18 @@ var VolumeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListProblems",
 			Handler:    _VolumeService_ListProblems_Handler,
+		},
+		{
+			MethodName: "HoldForNode",
+			Handler:    _VolumeService_HoldForNode_Handler,
+		},
+		{
+			MethodName: "ReleaseFromNode",
+			Handler:    _VolumeService_ReleaseFromNode_Handler,
+		},
+		{
+			MethodName: "ListNodeHolds",
+			Handler:    _VolumeService_ListNodeHolds_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -403,6 +403,10 @@ func TestStatsHealthExpandForwarded(t *testing.T) {
 	if _, err := c.Unpublish(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "vol-1", TargetPath: tp}); err != nil {
 		t.Fatal(err)
 	}
+	// The claim outlives the unpublish until its handler lets it go; crustd outlives this test.
+	if err := rt.Release(ctx, tp, "sandbox-1"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Stats, Health and Expand of a volume crustd does not hold at the path named answer NotFound, as CSI
