@@ -490,3 +490,24 @@ func required(pairs ...string) error {
 	}
 	return nil
 }
+
+// HoldForNode records with crustd, before the caller formats or mounts device at target on the node (for
+// pod, whose runtime shares the node's kernel), that the node holds the device: until ReleaseFromNode, a
+// sandbox's deposit or claim of the device, under any of its names, is refused. The hold itself is
+// refused (errdefs.ErrFailedPrecondition, naming the holder's pod and runtime) while a sandbox holds the
+// device and either side writes. The node's holds never refuse each other. A crustd without
+// crustd.FeatureNodeHolds answers errdefs.ErrUnimplemented.
+func (c *Client) HoldForNode(ctx context.Context, target, device string, readOnly bool, pod Pod) error {
+	_, err := c.volumes.HoldForNode(ctx, &crustv1.HoldForNodeRequest{Hold: &crustv1.NodeHold{
+		VolumeTargetPath: target, DevicePath: device, ReadOnly: readOnly,
+		PodNamespace: pod.Namespace, PodName: pod.Name, PodUid: pod.UID,
+	}})
+	return err
+}
+
+// ReleaseFromNode ends the node's hold at target, once the device is unmounted there; a target without
+// one is not an error.
+func (c *Client) ReleaseFromNode(ctx context.Context, target string) error {
+	_, err := c.volumes.ReleaseFromNode(ctx, &crustv1.ReleaseFromNodeRequest{VolumeTargetPath: target})
+	return err
+}

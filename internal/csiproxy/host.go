@@ -1,16 +1,24 @@
 package csiproxy
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
+	"crust.dev/crust/api/client"
+	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/crustd"
 	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/api/volume"
 	"crust.dev/crust/pkg/fsgroup"
@@ -134,4 +142,103 @@ func statfsUsage(path string) (*csi.NodeGetVolumeStatsResponse, error) {
 		{Unit: csi.VolumeUsage_BYTES, Total: int64(s.Blocks) * bs, Available: int64(s.Bavail) * bs, Used: int64(s.Blocks-s.Bfree) * bs},
 		{Unit: csi.VolumeUsage_INODES, Total: int64(s.Files), Available: int64(s.Ffree), Used: int64(s.Files - s.Ffree)},
 	}}, nil
+}
+
+// holdForNode records with crustd that the node holds rec.Device for pod, before anything formats or
+// mounts it: crustd refuses (FailedPrecondition, naming the holder's pod and runtime) while a sandbox
+// holds the device, and refuses sandboxes the device from then until undoPublish ends the hold. A crustd
+// that cannot record holds gets no host mount: the node would be a holder crustd does not know of.
+func (p *Proxy) holdForNode(ctx context.Context, rec *Record, pod client.Pod) error {
+	err := p.crust.HoldForNode(ctx, rec.Path, rec.Device, rec.ReadOnly, pod)
+	if errors.Is(err, errdefs.ErrUnimplemented) {
+		return errdefs.Errorf(errdefs.ErrFailedPrecondition, "crustd cannot record that the node holds %s (it lacks "+
+			"the %q feature): upgrade crustd; the proxy mounts no device on the node that crustd may give a sandbox",
+			rec.Device, crustd.FeatureNodeHolds)
+	}
+	if err != nil {
+		return fmt.Errorf("crustd: %w", err)
+	}
+	return nil
+}
+
+// ReconcileHolds makes crustd's holds of the node agree with the proxy's host mounts, as it must at the
+// proxy's start, since crustd cannot tell a host mount that is gone: a hold at a target the proxy has no
+// host-mount record for ends (its publish was undone, or the proxy stopped between the hold and its
+// record), and every host-mount record of this boot with a device gets its hold again (a crustd that lost
+// it), each under its target's lock. A hold that crustd now refuses is logged at Error: the node mounts a
+// device a sandbox holds.
+func (p *Proxy) ReconcileHolds(ctx context.Context) error {
+	resp, err := p.crust.Volumes().ListNodeHolds(ctx, &crustv1.ListNodeHoldsRequest{})
+	if err != nil {
+		return fmt.Errorf("crustd: list the node's holds: %w", err)
+	}
+	isHost := func(r *Record) bool { return r != nil && r.Kind == KindPublish && r.Mode == ModeHost && !r.Stale }
+	held := map[string]bool{}
+	var errs []error
+	for _, h := range resp.GetHolds() {
+		t := h.GetVolumeTargetPath()
+		held[t] = true
+		if isHost(p.journal.Get(KindPublish, t)) {
+			continue
+		}
+		errs = append(errs, p.locked(ctx, KindPublish, t, func(rec *Record) error {
+			if isHost(rec) {
+				return nil
+			}
+			p.log.Info("ending a hold of the node's that no host mount of the proxy's stands for", "target", t)
+			return p.crust.ReleaseFromNode(ctx, t)
+		}))
+	}
+	for _, r := range p.journal.List() {
+		if !isHost(&r) || r.Device == "" || held[r.Path] {
+			continue
+		}
+		errs = append(errs, p.locked(ctx, KindPublish, r.Path, func(rec *Record) error {
+			if !isHost(rec) || rec.Device == "" {
+				return nil
+			}
+			var pod client.Pod
+			if t, ok := volume.ParseTargetPath(rec.Path); ok {
+				pod.UID = t.PodUID
+			}
+			p.log.Info("recording again that the node holds a device it mounts", "target", rec.Path, "device", rec.Device)
+			if err := p.holdForNode(ctx, rec, pod); err != nil {
+				p.log.Error("the node mounts a device that crustd does not give it", "target", rec.Path, "device", rec.Device, "err", err)
+				return err
+			}
+			return nil
+		}))
+	}
+	return errors.Join(errs...)
+}
+
+// startReconcile runs ReconcileHolds until it succeeds once (crustd may come up after the proxy), backing
+// off up to a minute between tries, or until ctx ends or stop is called; stop returns once the try in
+// progress has ended.
+func (p *Proxy) startReconcile(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		backoff := wait.Backoff{Duration: time.Second, Factor: 2, Cap: time.Minute, Steps: math.MaxInt32}
+		_ = wait.ExponentialBackoffWithContext(ctx, backoff, func(ctx context.Context) (bool, error) {
+			if err := p.ReconcileHolds(ctx); err != nil {
+				p.log.Warn("the node's holds in crustd are not yet reconciled with the host mounts; retrying", "err", err)
+				return false, nil
+			}
+			p.log.Info("the node's holds in crustd agree with the host mounts")
+			return true, nil
+		})
+	}()
+	return func() { cancel(); <-done }
+}
+
+// locked runs fn on the record of kind at path (nil when none) under path's lock.
+func (p *Proxy) locked(ctx context.Context, kind Kind, path string, fn func(*Record) error) error {
+	rec, unlock, err := p.lockRecord(ctx, kind, path)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return fn(rec)
 }

@@ -349,6 +349,9 @@ func (p *Proxy) publish(ctx context.Context, pr *publishRequest, rec *Record) (k
 			return fail(err)
 		}
 	case ModeHost:
+		if err := p.holdForNode(ctx, rec, pr.pod); err != nil {
+			return fail(err)
+		}
 		if err := p.hostMount(rec, pr.mountFlags, pr.gid, policy); err != nil {
 			return fail(err)
 		}
@@ -426,6 +429,9 @@ func (p *Proxy) undoPublish(ctx context.Context, rec *Record) error {
 	case ModeHost:
 		if err := p.hostUnmount(target); err != nil {
 			return err
+		}
+		if err := p.crust.ReleaseFromNode(ctx, target); err != nil {
+			return fmt.Errorf("crustd: end the node's hold: %w", err)
 		}
 	}
 	if _, err := p.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{

@@ -254,6 +254,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) error {
 	defer p.Close()
 	stopCheck := p.startConsumeCheck(ctx)
 	defer stopCheck()
+	if !cfg.Controller {
+		stopReconcile := p.startReconcile(ctx)
+		defer stopReconcile()
+	}
 	if ip, ok := p.pods.(*informerPods); ok {
 		go func() {
 			if ip.waitSynced(ctx) {

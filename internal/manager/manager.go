@@ -214,14 +214,15 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 	// business: its claim was checked (a runtime that mounts in the host's namespace, as crust's test
 	// stand-in for a VM does, would otherwise fail kubelet's repeated NodePublishVolume).
 	if old == nil || m.withFoundClaim(old).GetClaim() == nil {
-		if err := m.notMounted(v); err != nil {
-			return nil, err
-		}
+		// The holders first: a sandbox's mount may be on the host too (crust's test stand-in for a VM).
 		unlockStorage, err := m.unheld(ctx, v)
 		if err != nil {
 			return nil, err
 		}
 		defer unlockStorage()
+		if err := m.notMounted(v); err != nil {
+			return nil, err
+		}
 	}
 	if old != nil {
 		for _, s := range m.cfg.Subscribers {
