@@ -8,15 +8,31 @@ const DefaultFSType = "ext4"
 
 // filesystems is the one table of filesystem types. formatted says whether crust's reference runtime
 // handler and reference CSI driver make, mount and grow it (their guest and host carry e2fsprogs and
-// xfsprogs, and no btrfs-progs).
+// xfsprogs, and no btrfs-progs); noReplay is the mount option that keeps a read-only mount from replaying
+// its journal or log (see ReadOnlyOptions).
 var filesystems = []struct {
 	name      string
 	formatted bool
+	noReplay  string
 }{
-	{"ext4", true},
-	{"ext3", true},
-	{"xfs", true},
-	{"btrfs", false},
+	{"ext4", true, "noload"},
+	{"ext3", true, "noload"},
+	{"xfs", true, "norecovery"},
+	{"btrfs", false, "nologreplay"},
+}
+
+// ReadOnlyOptions are the filesystem options of a read-only mount of fsType beside options: the one that
+// keeps the kernel from replaying the journal or log (ext3 and ext4 "noload", xfs "norecovery", btrfs
+// "nologreplay"), unless options holds it already; none for another type. A read-only mount that
+// replays writes the device, which other read-only holders may be reading and which one writer per device
+// gives to nobody while they do: it sees the filesystem as it was last made consistent.
+func ReadOnlyOptions(fsType string, options []string) []string {
+	for _, f := range filesystems {
+		if f.name == fsType && !slices.Contains(options, f.noReplay) {
+			return []string{f.noReplay}
+		}
+	}
+	return nil
 }
 
 // FSTypes are the filesystem types a volume descriptor may name (crustd refuses any other fs_type), in

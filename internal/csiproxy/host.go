@@ -29,7 +29,7 @@ import (
 // does for fsGroup.
 // An ext2/3/4 filesystem smaller than its device (the volume was expanded while no pod used it) is grown
 // to the device before it is mounted (growOffline). The mount is nodev and nosuid unless the flags say
-// dev or suid (a StorageClass's mountOptions).
+// dev or suid (a StorageClass's mountOptions); a read-only one replays no journal (volume.ReadOnlyOptions).
 func (p *Proxy) hostMount(rec *Record, flags []string, gid *int64, policy fsgroup.Policy) error {
 	notMnt, err := p.mounter.IsLikelyNotMountPoint(rec.Path)
 	if err != nil {
@@ -50,7 +50,7 @@ func (p *Proxy) hostMount(rec *Record, flags []string, gid *int64, policy fsgrou
 			}
 		}
 		if rec.ReadOnly {
-			opts = append(opts, "ro")
+			opts = append(append(opts, "ro"), volume.ReadOnlyOptions(rec.FsType, opts)...)
 		}
 		if err := p.mounter.FormatAndMount(rec.Device, rec.Path, rec.FsType, opts); err != nil {
 			return errdefs.Errorf(errdefs.ErrInternal, "format and mount %s on %s: %v", rec.Device, rec.Path, err)

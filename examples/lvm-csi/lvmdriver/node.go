@@ -208,15 +208,16 @@ func (d *Driver) bind(src, target string, ro bool) error {
 }
 
 // formatAndMount formats dev when it holds no filesystem and mounts it at path with the capability's
-// filesystem (DefaultFSType when it names none) and mount flags, read-only when ro.
+// filesystem (DefaultFSType when it names none) and mount flags, read-only when ro (replaying no journal:
+// volume.ReadOnlyOptions).
 func (d *Driver) formatAndMount(dev, path string, c *csi.VolumeCapability, ro bool) error {
 	fsType := c.GetMount().GetFsType()
 	if fsType == "" {
 		fsType = d.cfg.DefaultFSType
 	}
 	opts := slices.Clone(c.GetMount().GetMountFlags())
-	if ro {
-		opts = append(opts, "ro")
+	if ro { // and no journal replayed: other read-only holders may read the device
+		opts = append(append(opts, "ro"), volume.ReadOnlyOptions(fsType, opts)...)
 	}
 	if err := d.mounter.FormatAndMount(dev, path, fsType, opts); err != nil {
 		return errdefs.Errorf(errdefs.ErrInternal, "format and mount %s at %s: %v", dev, path, err)

@@ -31,16 +31,33 @@ func TestFindMountIn(t *testing.T) {
 	}
 }
 
+// TestMountOptions: flags and data are split, and a read-only mount, asked as read_only or as "ro",
+// replays no journal (noload for ext4, norecovery for xfs, once); a read-write one is left alone.
 func TestMountOptions(t *testing.T) {
-	flags, data, err := mountOptions([]string{"noatime", "discard", "nodev", "dev", "", "errors=remount-ro"}, true)
+	flags, data, err := mountOptions([]string{"noatime", "discard", "nodev", "dev", "", "errors=remount-ro"}, true, "ext4")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if flags != unix.MS_NOATIME|unix.MS_RDONLY || data != "discard,errors=remount-ro" {
+	if flags != unix.MS_NOATIME|unix.MS_RDONLY || data != "discard,errors=remount-ro,noload" {
 		t.Fatalf("flags %#x data %q", flags, data)
 	}
+	for _, c := range []struct {
+		options  []string
+		readOnly bool
+		fsType   string
+		want     string
+	}{
+		{[]string{"ro"}, false, "xfs", "norecovery"},
+		{[]string{"norecovery"}, true, "xfs", "norecovery"},
+		{nil, false, "ext4", ""},
+		{[]string{"ro", "rw"}, false, "ext4", ""},
+	} {
+		if _, data, err := mountOptions(c.options, c.readOnly, c.fsType); err != nil || data != c.want {
+			t.Errorf("%v read-only %t %s: data %q, %v; want %q", c.options, c.readOnly, c.fsType, data, err, c.want)
+		}
+	}
 	for _, bad := range []string{"bind", "a,b", "remount"} {
-		if _, _, err := mountOptions([]string{bad}, false); err == nil {
+		if _, _, err := mountOptions([]string{bad}, false, "ext4"); err == nil {
 			t.Errorf("option %q accepted", bad)
 		}
 	}

@@ -115,7 +115,7 @@ func (v *volumes) mount(ctx context.Context, args *agentv1.MountRequest) (res *a
 	case args.DeviceWaitMillis < 0:
 		return nil, agentproto.Errorf(errdefs.ErrInvalidArgument, "negative device wait")
 	}
-	flags, data, err := mountOptions(args.Options, args.ReadOnly)
+	flags, data, err := mountOptions(args.Options, args.ReadOnly, args.FsType)
 	if err != nil {
 		return nil, err
 	}
@@ -466,8 +466,10 @@ var mountFlags = map[string]struct {
 	"defaults": {true, 0},
 }
 
-// mountOptions splits options into mount(2) flags and filesystem data.
-func mountOptions(options []string, readOnly bool) (uintptr, string, error) {
+// mountOptions splits options into mount(2) flags and filesystem data; a read-only mount (readOnly, or
+// "ro" among options) of fsType gets the option that keeps it from replaying the journal
+// (crustvolume.ReadOnlyOptions).
+func mountOptions(options []string, readOnly bool, fsType string) (uintptr, string, error) {
 	var flags uintptr
 	var data []string
 	for _, o := range options {
@@ -491,6 +493,9 @@ func mountOptions(options []string, readOnly bool) (uintptr, string, error) {
 	}
 	if readOnly {
 		flags |= unix.MS_RDONLY
+	}
+	if flags&unix.MS_RDONLY != 0 {
+		data = append(data, crustvolume.ReadOnlyOptions(fsType, data)...)
 	}
 	return flags, strings.Join(data, ","), nil
 }
