@@ -99,6 +99,33 @@ func Field(field, format string, args ...any) error {
 	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
+// HeldError is a refusal because another holder uses the device (one writer per device: a sandbox, or
+// the node). It is an ErrFailedPrecondition; across gRPC it travels as a google.rpc.ErrorInfo detail
+// (domain HeldDomain, reason HeldReason, metadata "holder"), which FromGRPC reads back into a *HeldError,
+// so that a caller can tell the refused pod who holds its volume without parsing a message.
+type HeldError struct {
+	// Holder names the holder for people, such as `sandbox "abc" of pod shop/web-0 (...)` or `the node,
+	// which mounts it for pod shop/cron-1 (...)`.
+	Holder string
+	// Message is the whole refusal: what was refused, the holder and the remedy.
+	Message string
+}
+
+// The ErrorInfo of a *HeldError across gRPC.
+const (
+	HeldDomain = "crust.dev"
+	HeldReason = "DEVICE_HELD"
+)
+
+// Error implements error.
+func (e *HeldError) Error() string { return e.Message }
+
+// GRPCStatus is the error as ToGRPC gives it (see FieldError.GRPCStatus).
+func (e *HeldError) GRPCStatus() *status.Status { return status.Convert(ToGRPC(e)) }
+
+// Is makes errors.Is(err, ErrFailedPrecondition) true for a *HeldError.
+func (e *HeldError) Is(target error) bool { return target == ErrFailedPrecondition }
+
 // New returns a sentinel error with its own text that is of kind: errors.Is holds for it and for kind,
 // and ToGRPC gives it kind's code. A package that names its own failures defines them with New, so that
 // callers and servers know their kind without a table of their own.

@@ -34,7 +34,7 @@ var kinds = []struct {
 // ToGRPC returns err as a gRPC status error whose message is err's text: the code of err's kind, a
 // status's own code for an error that came from FromGRPC or from gRPC (wrapped or not), and Internal for
 // an error of no kind. A *FieldError (at any depth) adds a google.rpc.BadRequest detail naming its field,
-// which FromGRPC turns back into a *FieldError. Nil gives nil.
+// which FromGRPC turns back into a *FieldError; a *HeldError adds its google.rpc.ErrorInfo. Nil gives nil.
 func ToGRPC(err error) error {
 	if err == nil {
 		return nil
@@ -62,10 +62,17 @@ func ToGRPC(err error) error {
 	}
 	st := status.New(code, err.Error())
 	var fe *FieldError
-	if errors.As(err, &fe) {
+	var he *HeldError
+	switch {
+	case errors.As(err, &fe):
 		if d, derr := st.WithDetails(&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
 			{Field: fe.Field, Description: fe.Reason},
 		}}); derr == nil {
+			st = d
+		}
+	case errors.As(err, &he):
+		if d, derr := st.WithDetails(&errdetails.ErrorInfo{Domain: HeldDomain, Reason: HeldReason,
+			Metadata: map[string]string{"holder": he.Holder}}); derr == nil {
 			st = d
 		}
 	}
@@ -101,7 +108,8 @@ func KindOf(err error) error {
 // FromGRPC returns the error a gRPC call answered as an error of its code's kind (errors.Is holds for the
 // kind), with the status's message as its text; a status with a BadRequest detail of one field gives an
 // error for which errors.As finds a *FieldError. The result still carries the status, so that ToGRPC (or
-// gRPC itself) passes it on with the same code and details. OK and nil give nil; an error that is not a
+// gRPC itself) passes it on with the same code and details. A FAILED_PRECONDITION with a HeldError's
+// ErrorInfo gives an error for which errors.As finds a *HeldError. OK and nil give nil; an error that is not a
 // status is returned as it is.
 func FromGRPC(err error) error {
 	if err == nil {
@@ -121,11 +129,16 @@ func FromGRPC(err error) error {
 			break
 		}
 	}
-	if st.Code() == codes.InvalidArgument {
-		for _, d := range st.Details() {
-			if br, ok := d.(*errdetails.BadRequest); ok && len(br.GetFieldViolations()) == 1 {
-				v := br.GetFieldViolations()[0]
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.BadRequest:
+			if st.Code() == codes.InvalidArgument && len(d.GetFieldViolations()) == 1 {
+				v := d.GetFieldViolations()[0]
 				kind = &FieldError{Field: v.GetField(), Reason: v.GetDescription()}
+			}
+		case *errdetails.ErrorInfo:
+			if st.Code() == codes.FailedPrecondition && d.GetDomain() == HeldDomain && d.GetReason() == HeldReason {
+				kind = &HeldError{Holder: d.GetMetadata()["holder"], Message: st.Message()}
 			}
 		}
 	}

@@ -82,6 +82,13 @@ func TestRoundTrip(t *testing.T) {
 		!errors.Is(out, errdefs.ErrInvalidArgument) || out.Error() != `stage: spec.fs_type: "vfat" is not allowed` {
 		t.Errorf("field error came back as %#v (%v)", out, out)
 	}
+	held := &errdefs.HeldError{Holder: `sandbox "sb1" of pod shop/web-0`, Message: `device 7:0 is held by sandbox "sb1" of pod shop/web-0`}
+	out = errdefs.FromGRPC(errdefs.ToGRPC(fmt.Errorf("relayed: %w", errdefs.FromGRPC(errdefs.ToGRPC(fmt.Errorf("stage: %w", held))))))
+	var he *errdefs.HeldError
+	if !errors.As(out, &he) || he.Holder != held.Holder || !errors.Is(out, errdefs.ErrFailedPrecondition) ||
+		out.Error() != "relayed: stage: "+held.Message {
+		t.Errorf("a held device's refusal came back, relayed, as %#v (%v)", out, out)
+	}
 	if errdefs.FromGRPC(nil) != nil || errdefs.FromGRPC(status.Error(codes.OK, "")) != nil {
 		t.Error("no error became one")
 	}

@@ -15,14 +15,15 @@ import (
 )
 
 // Reasons of the Events the proxy records on a pod, so that `kubectl describe pod` says what became of
-// the pod's volumes: deferred to its sandbox, mounted on the host instead (and why), or why a deferral
-// failed; that no sandbox claims a deferred volume while the pod runs, and that what a runtime wrote into
+// the pod's volumes: deferred to its sandbox, mounted on the host instead (and why), why a deferral
+// failed, or which other pod holds the volume (one writer per device) and what to do; that no sandbox claims a deferred volume while the pod runs, and that what a runtime wrote into
 // a deferred volume's target on the node was moved into the quarantine. Repeats of an event are counted
 // by the recorder, not recorded again.
 const (
 	ReasonDeferred        = "VolumeDeferred"
 	ReasonHostMounted     = "VolumeMountedOnHost"
 	ReasonDeferralFailed  = "VolumeDeferralFailed"
+	ReasonHeld            = "VolumeHeldByAnotherPod"
 	ReasonNotConsumed     = "VolumeNotConsumed"
 	ReasonDataQuarantined = "VolumeDataQuarantined"
 )

@@ -2,6 +2,7 @@ package csiproxy
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -16,14 +17,15 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	crustv1 "crust.dev/crust/api/crust/v1"
+	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/internal/testutil/sandbox"
 )
 
 // TestOneWriterAcrossRuntimes runs the proxy with the example driver and a real crustd on one
 // ReadWriteOnce volume used by runc pods (web, web2) and microVM pods (vm, vm2) on one node. While
 // sandbox-1 of pod vm holds the volume, a runc pod's publish is FAILED_PRECONDITION naming pod ns/vm and
-// its sandbox, and leaves nothing (no mount, no record, no hold); so is another microVM pod's, refused at
-// the deposit. Once vm is gone, web's publish is a host mount that crustd records as the node's hold;
+// its sandbox (a HeldError, and a VolumeHeldByAnotherPod Event that says the same), and leaves nothing (no
+// mount, no record, no hold); so is another microVM pod's, refused at the deposit. Once vm is gone, web's publish is a host mount that crustd records as the node's hold;
 // web2 shares it (one kernel); vm's publish is then refused naming the node and pod ns/web. A proxy that
 // starts reconciles crustd's holds with its host mounts: a hold no host mount stands for ends, and one a
 // host mount lacks is made again. Once the runc pods are gone, vm's publish succeeds.
@@ -85,6 +87,11 @@ func TestOneWriterAcrossRuntimes(t *testing.T) {
 				t.Fatalf("publish for pod %s: %v; want it to name %s", name, err, n)
 			}
 		}
+		var held *errdefs.HeldError
+		if !errors.As(errdefs.FromGRPC(err), &held) || !strings.Contains(held.Holder, names[0]) {
+			t.Fatalf("publish for pod %s: %v; want a HeldError naming %s", name, err, names[0])
+		}
+		waitEvent(t, cs, name, ReasonHeld, names[0])
 		if _, err := os.Lstat(target[name]); !os.IsNotExist(err) || p.journal.Get(KindPublish, target[name]) != nil {
 			t.Fatalf("a refused publish for pod %s left its target (%v) or its record", name, err)
 		}

@@ -189,6 +189,11 @@ func (p *Proxy) NodePublishVolume(ctx context.Context, r *csi.NodePublishVolumeR
 	}
 	caveats, err := p.publish(ctx, pr, rec)
 	switch {
+	case errors.As(err, new(*errdefs.HeldError)):
+		// Not the runtime's failure, nor crust's: another pod holds the volume, and the message names it
+		// and the remedy.
+		p.metrics.PublishFailed(string(rec.Mode))
+		p.podEvent(pr.pod, corev1.EventTypeWarning, ReasonHeld, "volume %s: %v", r.GetVolumeId(), err)
 	case err != nil:
 		p.metrics.PublishFailed(string(rec.Mode))
 		verb := "deferring it to the pod's sandbox"

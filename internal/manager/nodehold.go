@@ -197,7 +197,8 @@ func (m *Manager) unheld(ctx context.Context, v *crustv1.Volume) (func(), error)
 
 // heldBy is the refusal of v (a claim, a deposit or a hold of the node's) because o, through another
 // target, holds the same device, or (how, when not empty) a device that shares its storage: the node
-// (o is its hold), or c's sandbox. It names the holder's pod and runtime, and the remedy.
+// (o is its hold), or c's sandbox. It is an *errdefs.HeldError naming the holder's pod and runtime, and
+// the remedy.
 func heldBy(v, o *crustv1.Volume, c *crustv1.Claim, how string) error {
 	dn := v.GetDeviceNumber()
 	var who string
@@ -207,11 +208,10 @@ func heldBy(v, o *crustv1.Volume, c *crustv1.Claim, how string) error {
 	} else {
 		who = fmt.Sprintf("sandbox %q of %s (%s)", c.GetSandboxId(), podOfSpec(o.GetSpec()), runtimeOf(c))
 	}
-	return fmt.Errorf("device %d:%d (%s) of %q is held by %s through %s%s; a filesystem is mounted read-write by "+
-		"one holder at a time (read-only users may share): wait until that pod has ended (a Deployment's Recreate "+
-		"strategy, or the ReadWriteOncePod access mode, makes Kubernetes wait): %w",
-		dn.GetMajor(), dn.GetMinor(), v.GetResolvedBackingPath(), v.GetSpec().GetVolumeTargetPath(), who, through(o), how,
-		errdefs.ErrFailedPrecondition)
+	return &errdefs.HeldError{Holder: who, Message: fmt.Sprintf("device %d:%d (%s) of %q is held by %s through %s%s; a "+
+		"filesystem is mounted read-write by one holder at a time (read-only users may share): wait until that pod "+
+		"has ended (a Deployment's Recreate strategy, or the ReadWriteOncePod access mode, makes Kubernetes wait)",
+		dn.GetMajor(), dn.GetMinor(), v.GetResolvedBackingPath(), v.GetSpec().GetVolumeTargetPath(), who, through(o), how)}
 }
 
 // runtimeOf names the runtime behind claim c.
