@@ -111,7 +111,17 @@ func (c *cluster) pvcOfMode(t *testing.T, ns, name, size string, mode *corev1.Pe
 // pvcOfClass is pvcOfMode in another StorageClass.
 func (c *cluster) pvcOfClass(t *testing.T, ns, name, size, class string, mode *corev1.PersistentVolumeMode) *corev1.PersistentVolumeClaim {
 	t.Helper()
-	p, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Create(ctxT(t), &corev1.PersistentVolumeClaim{
+	p, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Create(ctxT(t), claimOf(name, size, class, mode), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// claimOf is a ReadWriteOnce PersistentVolumeClaim of class and mode (nil: Filesystem), as pvcOfClass
+// creates it or a StatefulSet's volumeClaimTemplates holds it.
+func claimOf(name, size, class string, mode *corev1.PersistentVolumeMode) *corev1.PersistentVolumeClaim {
+	return &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
@@ -119,11 +129,7 @@ func (c *cluster) pvcOfClass(t *testing.T, ns, name, size, class string, mode *c
 			VolumeMode:       mode,
 			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
 		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
 	}
-	return p
 }
 
 // podSpec is a pod that logs its kernel and sleeps in busybox, with volumes mounted at /<volume name>, of
