@@ -35,6 +35,8 @@ const (
 	// served and count for the one-writer rule, and a deposit of a device a sandbox holds through another
 	// target is refused.
 	FeatureNodeHolds = "node-holds"
+	// FeatureRawDeviceCheck: CheckRawDevice says whether a host block device may go raw into a sandbox.
+	FeatureRawDeviceCheck = "raw-device-check"
 	// FeatureHandlerGoneRelease: the claims of a handler gone are released (crustd --handler-grace).
 	FeatureHandlerGoneRelease = "handler-gone-release"
 )

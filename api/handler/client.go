@@ -90,6 +90,17 @@ func (c *Client) Release(ctx context.Context, targetPath, sandboxID string) erro
 	return err
 }
 
+// CheckRawDevice asks crustd, before the handler hot-plugs host block device major:minor into sandboxID as
+// a raw device (a container's linux.devices), whether it may: nil, or FailedPrecondition naming the holder
+// (an *errdefs.HeldError through errdefs' client interceptor) while the host has it mounted, the node
+// holds it, or another sandbox holds a filesystem on it. Raw devices shared between sandboxes are
+// allowed. A crustd without crustd.FeatureRawDeviceCheck answers Unimplemented.
+func (c *Client) CheckRawDevice(ctx context.Context, sandboxID string, major, minor uint32, readOnly bool) error {
+	_, err := c.rt.CheckRawDevice(ctx, &crustv1.CheckRawDeviceRequest{SandboxId: sandboxID,
+		Device: &crustv1.DeviceNumber{Major: major, Minor: minor}, ReadOnly: readOnly})
+	return err
+}
+
 // Get returns the descriptor at targetPath, with secret metadata values redacted (see Claim).
 func (c *Client) Get(ctx context.Context, targetPath string) (*crustv1.Volume, error) {
 	r, err := c.vols.GetVolume(ctx, &crustv1.GetVolumeRequest{VolumeTargetPath: targetPath})

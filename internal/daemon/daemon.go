@@ -225,7 +225,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 // constants; crust.proto's GetInfoResponse says what each promises).
 func features(cfg Config) []string {
 	f := []string{crustd.FeatureWatchResume, crustd.FeatureHandlerSocketCheck, crustd.FeatureHostMountCheck,
-		crustd.FeatureRawBlock, crustd.FeatureIOLimits, crustd.FeaturePmem, crustd.FeatureExpandUnclaimed, crustd.FeatureNodeHolds}
+		crustd.FeatureRawBlock, crustd.FeatureIOLimits, crustd.FeaturePmem, crustd.FeatureExpandUnclaimed, crustd.FeatureNodeHolds,
+		crustd.FeatureRawDeviceCheck}
 	for _, c := range []struct {
 		on      bool
 		feature string

@@ -6,10 +6,6 @@ import (
 	"os"
 	"strings"
 	"testing"
-
-	"golang.org/x/sys/unix"
-
-	"crust.dev/crust/internal/hostdev"
 )
 
 // TestClaimOutlivesItsDescriptor: a volume unstaged while sandbox sb1 holds it is gone as a descriptor
@@ -20,13 +16,7 @@ import (
 // whose handler is gone is released by ReleaseGone as any other.
 func TestClaimOutlivesItsDescriptor(t *testing.T) {
 	e := newEnv(t)
-	e.devices = hostdev.Sysfs{Root: e.sysfs, Loops: func(bd *hostdev.BlockDevice) (hostdev.LoopBacking, error) {
-		if bd.Name == "disk0" || bd.Name == "disk1" { // disk1 is another name of disk0's storage
-			return hostdev.LoopBacking{Device: unix.Mkdev(8, 1), Inode: 1}, nil
-		}
-		return hostdev.LoopBacking{Device: unix.Mkdev(8, 1), Inode: 2}, nil
-	}}
-	e.reopen()
+	e.loopsOver(map[string]uint64{"disk0": 1, "disk1": 1, "disk2": 2}) // disk1 is another name of disk0's storage
 	ctx := context.Background()
 	t0, t1 := e.target(0), e.target(1)
 	e.stage(e.spec(0, 0))

@@ -18,10 +18,7 @@ import (
 func TestOtherNamesOfOneDevice(t *testing.T) {
 	e := newEnv(t)
 	files := map[string]uint64{"disk0": 1, "disk1": 1, "disk2": 2, "disk3": 3, "disk4": 3}
-	e.devices = hostdev.Sysfs{Root: e.sysfs, Loops: func(bd *hostdev.BlockDevice) (hostdev.LoopBacking, error) {
-		return hostdev.LoopBacking{Device: unix.Mkdev(8, 1), Inode: files[bd.Name]}, nil
-	}}
-	e.reopen()
+	e.loopsOver(files)
 	ctx := context.Background()
 	for i := range 3 {
 		e.stage(e.spec(i, i))
@@ -66,4 +63,13 @@ func TestOtherNamesOfOneDevice(t *testing.T) {
 			t.Fatalf("a read-only claim of disk%d: %v", i, err)
 		}
 	}
+}
+
+// loopsOver makes the env's devices loop devices whose backing files are files[name] (an inode on one
+// filesystem; two names with one inode are two loop devices over one file), and reopens the manager.
+func (e *env) loopsOver(files map[string]uint64) {
+	e.devices = hostdev.Sysfs{Root: e.sysfs, Loops: func(bd *hostdev.BlockDevice) (hostdev.LoopBacking, error) {
+		return hostdev.LoopBacking{Device: unix.Mkdev(8, 1), Inode: files[bd.Name]}, nil
+	}}
+	e.reopen()
 }

@@ -245,3 +245,57 @@ func podName(namespace, name, uid string) string {
 	}
 	return "a pod it was not told of"
 }
+
+// CheckRawDevice says why the host block device dn may not go raw into sandbox sandboxID (see crust.proto's
+// CheckRawDevice), or nil: the host has it, another name of its storage or a device built on it mounted
+// (HostMounts); the node holds its storage; or another sandbox holds a filesystem volume on its storage.
+// Raw block volumes, and the sandbox's own volumes, are no obstacle; neither are read-only holders of a
+// read-only device. It reserves nothing.
+func (m *Manager) CheckRawDevice(ctx context.Context, sandboxID string, dn *crustv1.DeviceNumber, readOnly bool) error {
+	if err := m.cfg.Validator.SandboxID("sandbox_id", sandboxID); err != nil {
+		return err
+	}
+	if dn == nil || dn.GetInode() != 0 || dn.GetMajor() == 0 {
+		return errdefs.Field("device", "must name a block device by major and minor (inode unset)")
+	}
+	name := fmt.Sprintf("/dev/block/%d:%d", dn.GetMajor(), dn.GetMinor())
+	v := &crustv1.Volume{Spec: &crustv1.VolumeSpec{VolumeTargetPath: name, VolumeType: crustv1.VolumeType_VOLUME_TYPE_BLOCK,
+		VolumeMode: crustv1.VolumeMode_VOLUME_MODE_BLOCK, ReadOnly: readOnly}, ResolvedBackingPath: name, DeviceNumber: dn}
+	if err := m.notMounted(v); err != nil {
+		return err
+	}
+	st, unlock, err := m.lockedStorage(ctx, v)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	// The holders whose storage it shares: found under m.mu, their claims asked without it.
+	m.mu.RLock()
+	var holders []*crustv1.Volume
+	for t := range m.byDevice[devOf(dn)] {
+		holders = append(holders, m.holdingLocked(t))
+	}
+	for _, b := range st.Bases() {
+		for t := range m.byBase[b] {
+			if o := m.holdingLocked(t); st.Shares(m.held[t]) {
+				holders = append(holders, o)
+			}
+		}
+	}
+	m.mu.RUnlock()
+	for _, o := range holders {
+		if readOnly && o.GetSpec().GetReadOnly() {
+			continue
+		}
+		if o.GetNodeHold() != nil {
+			return heldBy(v, o, nil, "")
+		}
+		if o.GetSpec().GetVolumeMode() == crustv1.VolumeMode_VOLUME_MODE_BLOCK {
+			continue // a raw volume: shared raw, as the device would be
+		}
+		if c := m.withFoundClaim(o).GetClaim(); c != nil && c.GetSandboxId() != sandboxID {
+			return heldBy(v, o, c, "")
+		}
+	}
+	return nil
+}

@@ -11,7 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	crustv1 "crust.dev/crust/api/crust/v1"
-	"crust.dev/crust/internal/hostdev"
 )
 
 // TestNodeHolds: the node is a holder like any sandbox. With disk1 and disk2 two names of one file:
@@ -25,10 +24,7 @@ import (
 func TestNodeHolds(t *testing.T) {
 	e := newEnv(t)
 	files := map[string]uint64{"disk0": 1, "disk1": 2, "disk2": 2, "disk3": 3}
-	e.devices = hostdev.Sysfs{Root: e.sysfs, Loops: func(bd *hostdev.BlockDevice) (hostdev.LoopBacking, error) {
-		return hostdev.LoopBacking{Device: unix.Mkdev(8, 1), Inode: files[bd.Name]}, nil
-	}}
-	e.reopen()
+	e.loopsOver(files)
 	ctx := context.Background()
 	hold := func(i, disk int, readOnly bool) (*crustv1.NodeHold, error) {
 		s := e.spec(i, disk)
@@ -133,5 +129,58 @@ func TestNodeHolds(t *testing.T) {
 	}
 	if gone := e.m.CollectGarbage(ctx); !slices.Equal(gone, []string{e.target(7)}) || len(e.m.NodeHolds()) != 0 {
 		t.Fatalf("garbage collection took %v and left holds %v; want the hold of pod-3, which has no directory", gone, e.m.NodeHolds())
+	}
+}
+
+// TestCheckRawDevice: a device may go raw into a sandbox unless another sandbox holds a filesystem on
+// its storage (under any of its names) or the node holds it; raw block volumes of other sandboxes, the
+// sandbox's own filesystem, and read-only filesystems for a read-only device are no obstacle. A device
+// number with an inode is InvalidArgument.
+func TestCheckRawDevice(t *testing.T) {
+	e := newEnv(t)
+	files := map[string]uint64{"disk0": 1, "disk1": 2, "disk2": 3, "disk3": 1, "disk4": 4}
+	e.loopsOver(files)
+	ctx := context.Background()
+	for disk, s := range map[int]*crustv1.VolumeSpec{0: e.spec(0, 0), 1: e.rawBlockSpec(1, 1), 4: e.spec(4, 4)} {
+		if disk == 4 {
+			s.ReadOnly = true
+		}
+		e.stage(s)
+		if _, err := e.m.Claim(ctx, s.GetVolumeTargetPath(), "sb1", ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.m.HoldForNode(ctx, &crustv1.NodeHold{VolumeTargetPath: e.target(2), DevicePath: e.spec(2, 2).GetVolumeBackingPath()}); err != nil {
+		t.Fatal(err)
+	}
+	number := func(disk int) *crustv1.DeviceNumber {
+		var st unix.Stat_t
+		if err := unix.Stat(e.spec(0, disk).GetVolumeBackingPath(), &st); err != nil {
+			t.Fatal(err)
+		}
+		return &crustv1.DeviceNumber{Major: unix.Major(st.Rdev), Minor: unix.Minor(st.Rdev)}
+	}
+	for _, c := range []struct {
+		what     string
+		sandbox  string
+		disk     int
+		readOnly bool
+		want     string
+	}{
+		{"another sandbox's filesystem", "sb2", 0, false, `sandbox "sb1"`},
+		{"the sandbox's own filesystem", "sb1", 0, false, ""},
+		{"another sandbox's raw block volume", "sb2", 1, false, ""},
+		{"a device the node holds", "sb2", 2, false, "the node"},
+		{"another name of a filesystem's storage", "sb2", 3, false, `sandbox "sb1"`},
+		{"a read-only filesystem, read-write", "sb2", 4, false, `sandbox "sb1"`},
+		{"a read-only filesystem, read-only", "sb2", 4, true, ""},
+	} {
+		err := e.m.CheckRawDevice(ctx, c.sandbox, number(c.disk), c.readOnly)
+		if c.want == "" && err != nil || c.want != "" && (code(err) != "failed precondition" || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%s: %v; want %q", c.what, err, c.want)
+		}
+	}
+	if err := e.m.CheckRawDevice(ctx, "sb2", &crustv1.DeviceNumber{Major: 7, Minor: 1, Inode: 5}, false); code(err) != "invalid argument" {
+		t.Errorf("a file's number: %v; want InvalidArgument", err)
 	}
 }

@@ -229,6 +229,13 @@ func (s *runtime) WatchVolumes(r *crustv1.WatchVolumesRequest, stream grpc.Serve
 	}
 }
 
+func (s *runtime) CheckRawDevice(ctx context.Context, r *crustv1.CheckRawDeviceRequest) (*crustv1.CheckRawDeviceResponse, error) {
+	if err := s.m.CheckRawDevice(ctx, r.GetSandboxId(), r.GetDevice(), r.GetReadOnly()); err != nil {
+		return nil, err
+	}
+	return &crustv1.CheckRawDeviceResponse{}, nil
+}
+
 // info serves InfoService: an answer made once, as nothing in it changes while crustd runs.
 type info struct {
 	crustv1.UnimplementedInfoServiceServer

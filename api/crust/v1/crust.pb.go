@@ -2499,6 +2499,107 @@ func (*ReleaseVolumeResponse) Descriptor() ([]byte, []int) {
 	return file_crust_v1_crust_proto_rawDescGZIP(), []int{32}
 }
 
+// CheckRawDeviceRequest names a host block device a sandbox would take raw.
+type CheckRawDeviceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sandbox that would take it.
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The device's major and minor (inode unset).
+	Device *DeviceNumber `protobuf:"bytes,2,opt,name=device,proto3" json:"device,omitempty"`
+	// The sandbox would only read it.
+	ReadOnly      bool `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckRawDeviceRequest) Reset() {
+	*x = CheckRawDeviceRequest{}
+	mi := &file_crust_v1_crust_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckRawDeviceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckRawDeviceRequest) ProtoMessage() {}
+
+func (x *CheckRawDeviceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_v1_crust_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckRawDeviceRequest.ProtoReflect.Descriptor instead.
+func (*CheckRawDeviceRequest) Descriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *CheckRawDeviceRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *CheckRawDeviceRequest) GetDevice() *DeviceNumber {
+	if x != nil {
+		return x.Device
+	}
+	return nil
+}
+
+func (x *CheckRawDeviceRequest) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+// CheckRawDeviceResponse is empty: the device may go to the sandbox.
+type CheckRawDeviceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckRawDeviceResponse) Reset() {
+	*x = CheckRawDeviceResponse{}
+	mi := &file_crust_v1_crust_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckRawDeviceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckRawDeviceResponse) ProtoMessage() {}
+
+func (x *CheckRawDeviceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_crust_v1_crust_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckRawDeviceResponse.ProtoReflect.Descriptor instead.
+func (*CheckRawDeviceResponse) Descriptor() ([]byte, []int) {
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{34}
+}
+
 // WatchVolumesRequest starts a watch.
 type WatchVolumesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2523,7 +2624,7 @@ type WatchVolumesRequest struct {
 
 func (x *WatchVolumesRequest) Reset() {
 	*x = WatchVolumesRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[33]
+	mi := &file_crust_v1_crust_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2535,7 +2636,7 @@ func (x *WatchVolumesRequest) String() string {
 func (*WatchVolumesRequest) ProtoMessage() {}
 
 func (x *WatchVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[33]
+	mi := &file_crust_v1_crust_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2548,7 +2649,7 @@ func (x *WatchVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchVolumesRequest.ProtoReflect.Descriptor instead.
 func (*WatchVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{33}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *WatchVolumesRequest) GetSendExisting() bool {
@@ -2597,7 +2698,7 @@ type WatchVolumesResponse struct {
 
 func (x *WatchVolumesResponse) Reset() {
 	*x = WatchVolumesResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[34]
+	mi := &file_crust_v1_crust_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +2710,7 @@ func (x *WatchVolumesResponse) String() string {
 func (*WatchVolumesResponse) ProtoMessage() {}
 
 func (x *WatchVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[34]
+	mi := &file_crust_v1_crust_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +2723,7 @@ func (x *WatchVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchVolumesResponse.ProtoReflect.Descriptor instead.
 func (*WatchVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{34}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *WatchVolumesResponse) GetType() EventType {
@@ -2683,7 +2784,7 @@ type GetInfoRequest struct {
 
 func (x *GetInfoRequest) Reset() {
 	*x = GetInfoRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[35]
+	mi := &file_crust_v1_crust_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2695,7 +2796,7 @@ func (x *GetInfoRequest) String() string {
 func (*GetInfoRequest) ProtoMessage() {}
 
 func (x *GetInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[35]
+	mi := &file_crust_v1_crust_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2708,7 +2809,7 @@ func (x *GetInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetInfoRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{35}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{37}
 }
 
 // GetInfoResponse says what crustd speaks.
@@ -2743,6 +2844,7 @@ type GetInfoResponse struct {
 	//   - "node-holds": HoldForNode, ReleaseFromNode and ListNodeHolds are served, and the node's holds
 	//     count for the one-writer rule of deposits and claims; a deposit of a device that a sandbox holds
 	//     through another target is refused as its claim would be.
+	//   - "raw-device-check": CheckRawDevice is served.
 	//   - "handler-gone-release": the claims of a handler whose endpoint refuses connections are released
 	//     after a grace period (crustd --handler-grace).
 	Features      []string `protobuf:"bytes,4,rep,name=features,proto3" json:"features,omitempty"`
@@ -2752,7 +2854,7 @@ type GetInfoResponse struct {
 
 func (x *GetInfoResponse) Reset() {
 	*x = GetInfoResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[36]
+	mi := &file_crust_v1_crust_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2764,7 +2866,7 @@ func (x *GetInfoResponse) String() string {
 func (*GetInfoResponse) ProtoMessage() {}
 
 func (x *GetInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[36]
+	mi := &file_crust_v1_crust_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2777,7 +2879,7 @@ func (x *GetInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetInfoResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{36}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetInfoResponse) GetVersion() string {
@@ -2821,7 +2923,7 @@ type RuntimeHandlerServiceGetVolumeStatsRequest struct {
 
 func (x *RuntimeHandlerServiceGetVolumeStatsRequest) Reset() {
 	*x = RuntimeHandlerServiceGetVolumeStatsRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[37]
+	mi := &file_crust_v1_crust_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2833,7 +2935,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsRequest) String() string {
 func (*RuntimeHandlerServiceGetVolumeStatsRequest) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceGetVolumeStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[37]
+	mi := &file_crust_v1_crust_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2846,7 +2948,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsRequest) ProtoReflect() protoreflect
 
 // Deprecated: Use RuntimeHandlerServiceGetVolumeStatsRequest.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceGetVolumeStatsRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{37}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RuntimeHandlerServiceGetVolumeStatsRequest) GetVolumeTargetPath() string {
@@ -2876,7 +2978,7 @@ type RuntimeHandlerServiceGetVolumeStatsResponse struct {
 
 func (x *RuntimeHandlerServiceGetVolumeStatsResponse) Reset() {
 	*x = RuntimeHandlerServiceGetVolumeStatsResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[38]
+	mi := &file_crust_v1_crust_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2888,7 +2990,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsResponse) String() string {
 func (*RuntimeHandlerServiceGetVolumeStatsResponse) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceGetVolumeStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[38]
+	mi := &file_crust_v1_crust_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2901,7 +3003,7 @@ func (x *RuntimeHandlerServiceGetVolumeStatsResponse) ProtoReflect() protoreflec
 
 // Deprecated: Use RuntimeHandlerServiceGetVolumeStatsResponse.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceGetVolumeStatsResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{38}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RuntimeHandlerServiceGetVolumeStatsResponse) GetUsage() []*VolumeUsage {
@@ -2935,7 +3037,7 @@ type RuntimeHandlerServiceExpandVolumeRequest struct {
 
 func (x *RuntimeHandlerServiceExpandVolumeRequest) Reset() {
 	*x = RuntimeHandlerServiceExpandVolumeRequest{}
-	mi := &file_crust_v1_crust_proto_msgTypes[39]
+	mi := &file_crust_v1_crust_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2947,7 +3049,7 @@ func (x *RuntimeHandlerServiceExpandVolumeRequest) String() string {
 func (*RuntimeHandlerServiceExpandVolumeRequest) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceExpandVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[39]
+	mi := &file_crust_v1_crust_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2960,7 +3062,7 @@ func (x *RuntimeHandlerServiceExpandVolumeRequest) ProtoReflect() protoreflect.M
 
 // Deprecated: Use RuntimeHandlerServiceExpandVolumeRequest.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceExpandVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{39}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RuntimeHandlerServiceExpandVolumeRequest) GetVolumeTargetPath() string {
@@ -3002,7 +3104,7 @@ type RuntimeHandlerServiceExpandVolumeResponse struct {
 
 func (x *RuntimeHandlerServiceExpandVolumeResponse) Reset() {
 	*x = RuntimeHandlerServiceExpandVolumeResponse{}
-	mi := &file_crust_v1_crust_proto_msgTypes[40]
+	mi := &file_crust_v1_crust_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3014,7 +3116,7 @@ func (x *RuntimeHandlerServiceExpandVolumeResponse) String() string {
 func (*RuntimeHandlerServiceExpandVolumeResponse) ProtoMessage() {}
 
 func (x *RuntimeHandlerServiceExpandVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_crust_v1_crust_proto_msgTypes[40]
+	mi := &file_crust_v1_crust_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3027,7 +3129,7 @@ func (x *RuntimeHandlerServiceExpandVolumeResponse) ProtoReflect() protoreflect.
 
 // Deprecated: Use RuntimeHandlerServiceExpandVolumeResponse.ProtoReflect.Descriptor instead.
 func (*RuntimeHandlerServiceExpandVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_crust_v1_crust_proto_rawDescGZIP(), []int{40}
+	return file_crust_v1_crust_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RuntimeHandlerServiceExpandVolumeResponse) GetCapacityBytes() int64 {
@@ -3190,7 +3292,13 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05force\x18\x03 \x01(\bR\x05force\"\x17\n" +
-	"\x15ReleaseVolumeResponse\"y\n" +
+	"\x15ReleaseVolumeResponse\"\x83\x01\n" +
+	"\x15CheckRawDeviceRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12.\n" +
+	"\x06device\x18\x02 \x01(\v2\x16.crust.v1.DeviceNumberR\x06device\x12\x1b\n" +
+	"\tread_only\x18\x03 \x01(\bR\breadOnly\"\x18\n" +
+	"\x16CheckRawDeviceResponse\"y\n" +
 	"\x13WatchVolumesRequest\x12#\n" +
 	"\rsend_existing\x18\x01 \x01(\bR\fsendExisting\x12*\n" +
 	"\x0esince_revision\x18\x02 \x01(\x04H\x00R\rsinceRevision\x88\x01\x01B\x11\n" +
@@ -3270,11 +3378,12 @@ const file_crust_v1_crust_proto_rawDesc = "" +
 	"\fListProblems\x12\x1d.crust.v1.ListProblemsRequest\x1a\x1e.crust.v1.ListProblemsResponse\x12J\n" +
 	"\vHoldForNode\x12\x1c.crust.v1.HoldForNodeRequest\x1a\x1d.crust.v1.HoldForNodeResponse\x12V\n" +
 	"\x0fReleaseFromNode\x12 .crust.v1.ReleaseFromNodeRequest\x1a!.crust.v1.ReleaseFromNodeResponse\x12P\n" +
-	"\rListNodeHolds\x12\x1e.crust.v1.ListNodeHoldsRequest\x1a\x1f.crust.v1.ListNodeHoldsResponse2\xff\x01\n" +
+	"\rListNodeHolds\x12\x1e.crust.v1.ListNodeHoldsRequest\x1a\x1f.crust.v1.ListNodeHoldsResponse2\xd4\x02\n" +
 	"\x0eRuntimeService\x12J\n" +
 	"\vClaimVolume\x12\x1c.crust.v1.ClaimVolumeRequest\x1a\x1d.crust.v1.ClaimVolumeResponse\x12P\n" +
 	"\rReleaseVolume\x12\x1e.crust.v1.ReleaseVolumeRequest\x1a\x1f.crust.v1.ReleaseVolumeResponse\x12O\n" +
-	"\fWatchVolumes\x12\x1d.crust.v1.WatchVolumesRequest\x1a\x1e.crust.v1.WatchVolumesResponse0\x012M\n" +
+	"\fWatchVolumes\x12\x1d.crust.v1.WatchVolumesRequest\x1a\x1e.crust.v1.WatchVolumesResponse0\x01\x12S\n" +
+	"\x0eCheckRawDevice\x12\x1f.crust.v1.CheckRawDeviceRequest\x1a .crust.v1.CheckRawDeviceResponse2M\n" +
 	"\vInfoService\x12>\n" +
 	"\aGetInfo\x12\x18.crust.v1.GetInfoRequest\x1a\x19.crust.v1.GetInfoResponse2\x8f\x02\n" +
 	"\x15RuntimeHandlerService\x12}\n" +
@@ -3294,7 +3403,7 @@ func file_crust_v1_crust_proto_rawDescGZIP() []byte {
 }
 
 var file_crust_v1_crust_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_crust_v1_crust_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_crust_v1_crust_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_crust_v1_crust_proto_goTypes = []any{
 	(VolumeType)(0),                                     // 0: crust.v1.VolumeType
 	(VolumeMode)(0),                                     // 1: crust.v1.VolumeMode
@@ -3336,31 +3445,33 @@ var file_crust_v1_crust_proto_goTypes = []any{
 	(*ClaimVolumeResponse)(nil),                         // 37: crust.v1.ClaimVolumeResponse
 	(*ReleaseVolumeRequest)(nil),                        // 38: crust.v1.ReleaseVolumeRequest
 	(*ReleaseVolumeResponse)(nil),                       // 39: crust.v1.ReleaseVolumeResponse
-	(*WatchVolumesRequest)(nil),                         // 40: crust.v1.WatchVolumesRequest
-	(*WatchVolumesResponse)(nil),                        // 41: crust.v1.WatchVolumesResponse
-	(*GetInfoRequest)(nil),                              // 42: crust.v1.GetInfoRequest
-	(*GetInfoResponse)(nil),                             // 43: crust.v1.GetInfoResponse
-	(*RuntimeHandlerServiceGetVolumeStatsRequest)(nil),  // 44: crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
-	(*RuntimeHandlerServiceGetVolumeStatsResponse)(nil), // 45: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
-	(*RuntimeHandlerServiceExpandVolumeRequest)(nil),    // 46: crust.v1.RuntimeHandlerServiceExpandVolumeRequest
-	(*RuntimeHandlerServiceExpandVolumeResponse)(nil),   // 47: crust.v1.RuntimeHandlerServiceExpandVolumeResponse
-	nil,                           // 48: crust.v1.VolumeSpec.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 49: google.protobuf.Timestamp
+	(*CheckRawDeviceRequest)(nil),                       // 40: crust.v1.CheckRawDeviceRequest
+	(*CheckRawDeviceResponse)(nil),                      // 41: crust.v1.CheckRawDeviceResponse
+	(*WatchVolumesRequest)(nil),                         // 42: crust.v1.WatchVolumesRequest
+	(*WatchVolumesResponse)(nil),                        // 43: crust.v1.WatchVolumesResponse
+	(*GetInfoRequest)(nil),                              // 44: crust.v1.GetInfoRequest
+	(*GetInfoResponse)(nil),                             // 45: crust.v1.GetInfoResponse
+	(*RuntimeHandlerServiceGetVolumeStatsRequest)(nil),  // 46: crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
+	(*RuntimeHandlerServiceGetVolumeStatsResponse)(nil), // 47: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
+	(*RuntimeHandlerServiceExpandVolumeRequest)(nil),    // 48: crust.v1.RuntimeHandlerServiceExpandVolumeRequest
+	(*RuntimeHandlerServiceExpandVolumeResponse)(nil),   // 49: crust.v1.RuntimeHandlerServiceExpandVolumeResponse
+	nil,                           // 50: crust.v1.VolumeSpec.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 51: google.protobuf.Timestamp
 }
 var file_crust_v1_crust_proto_depIdxs = []int32{
 	0,  // 0: crust.v1.VolumeSpec.volume_type:type_name -> crust.v1.VolumeType
 	2,  // 1: crust.v1.VolumeSpec.supplemental_group_change_policy:type_name -> crust.v1.FSGroupChangePolicy
-	48, // 2: crust.v1.VolumeSpec.metadata:type_name -> crust.v1.VolumeSpec.MetadataEntry
+	50, // 2: crust.v1.VolumeSpec.metadata:type_name -> crust.v1.VolumeSpec.MetadataEntry
 	1,  // 3: crust.v1.VolumeSpec.volume_mode:type_name -> crust.v1.VolumeMode
 	7,  // 4: crust.v1.VolumeSpec.io_limits:type_name -> crust.v1.IOLimits
-	49, // 5: crust.v1.Claim.claim_time:type_name -> google.protobuf.Timestamp
+	51, // 5: crust.v1.Claim.claim_time:type_name -> google.protobuf.Timestamp
 	8,  // 6: crust.v1.Volume.spec:type_name -> crust.v1.VolumeSpec
 	9,  // 7: crust.v1.Volume.device_number:type_name -> crust.v1.DeviceNumber
-	49, // 8: crust.v1.Volume.stage_time:type_name -> google.protobuf.Timestamp
+	51, // 8: crust.v1.Volume.stage_time:type_name -> google.protobuf.Timestamp
 	10, // 9: crust.v1.Volume.claim:type_name -> crust.v1.Claim
-	49, // 10: crust.v1.Volume.unstage_time:type_name -> google.protobuf.Timestamp
+	51, // 10: crust.v1.Volume.unstage_time:type_name -> google.protobuf.Timestamp
 	12, // 11: crust.v1.Volume.node_hold:type_name -> crust.v1.NodeHold
-	49, // 12: crust.v1.NodeHold.hold_time:type_name -> google.protobuf.Timestamp
+	51, // 12: crust.v1.NodeHold.hold_time:type_name -> google.protobuf.Timestamp
 	12, // 13: crust.v1.HoldForNodeRequest.hold:type_name -> crust.v1.NodeHold
 	12, // 14: crust.v1.HoldForNodeResponse.hold:type_name -> crust.v1.NodeHold
 	12, // 15: crust.v1.ListNodeHoldsResponse.holds:type_name -> crust.v1.NodeHold
@@ -3375,49 +3486,52 @@ var file_crust_v1_crust_proto_depIdxs = []int32{
 	35, // 24: crust.v1.ListProblemsResponse.problems:type_name -> crust.v1.Problem
 	3,  // 25: crust.v1.Problem.kind:type_name -> crust.v1.ProblemKind
 	11, // 26: crust.v1.ClaimVolumeResponse.volume:type_name -> crust.v1.Volume
-	4,  // 27: crust.v1.WatchVolumesResponse.type:type_name -> crust.v1.EventType
-	11, // 28: crust.v1.WatchVolumesResponse.volume:type_name -> crust.v1.Volume
-	5,  // 29: crust.v1.WatchVolumesResponse.release_reason:type_name -> crust.v1.ReleaseReason
-	10, // 30: crust.v1.WatchVolumesResponse.released_claim:type_name -> crust.v1.Claim
-	28, // 31: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
-	29, // 32: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
-	19, // 33: crust.v1.VolumeService.StageVolume:input_type -> crust.v1.StageVolumeRequest
-	21, // 34: crust.v1.VolumeService.UnstageVolume:input_type -> crust.v1.UnstageVolumeRequest
-	23, // 35: crust.v1.VolumeService.GetVolume:input_type -> crust.v1.GetVolumeRequest
-	25, // 36: crust.v1.VolumeService.ListVolumes:input_type -> crust.v1.ListVolumesRequest
-	27, // 37: crust.v1.VolumeService.GetVolumeStats:input_type -> crust.v1.GetVolumeStatsRequest
-	31, // 38: crust.v1.VolumeService.ExpandVolume:input_type -> crust.v1.ExpandVolumeRequest
-	33, // 39: crust.v1.VolumeService.ListProblems:input_type -> crust.v1.ListProblemsRequest
-	13, // 40: crust.v1.VolumeService.HoldForNode:input_type -> crust.v1.HoldForNodeRequest
-	15, // 41: crust.v1.VolumeService.ReleaseFromNode:input_type -> crust.v1.ReleaseFromNodeRequest
-	17, // 42: crust.v1.VolumeService.ListNodeHolds:input_type -> crust.v1.ListNodeHoldsRequest
-	36, // 43: crust.v1.RuntimeService.ClaimVolume:input_type -> crust.v1.ClaimVolumeRequest
-	38, // 44: crust.v1.RuntimeService.ReleaseVolume:input_type -> crust.v1.ReleaseVolumeRequest
-	40, // 45: crust.v1.RuntimeService.WatchVolumes:input_type -> crust.v1.WatchVolumesRequest
-	42, // 46: crust.v1.InfoService.GetInfo:input_type -> crust.v1.GetInfoRequest
-	44, // 47: crust.v1.RuntimeHandlerService.GetVolumeStats:input_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
-	46, // 48: crust.v1.RuntimeHandlerService.ExpandVolume:input_type -> crust.v1.RuntimeHandlerServiceExpandVolumeRequest
-	20, // 49: crust.v1.VolumeService.StageVolume:output_type -> crust.v1.StageVolumeResponse
-	22, // 50: crust.v1.VolumeService.UnstageVolume:output_type -> crust.v1.UnstageVolumeResponse
-	24, // 51: crust.v1.VolumeService.GetVolume:output_type -> crust.v1.GetVolumeResponse
-	26, // 52: crust.v1.VolumeService.ListVolumes:output_type -> crust.v1.ListVolumesResponse
-	30, // 53: crust.v1.VolumeService.GetVolumeStats:output_type -> crust.v1.GetVolumeStatsResponse
-	32, // 54: crust.v1.VolumeService.ExpandVolume:output_type -> crust.v1.ExpandVolumeResponse
-	34, // 55: crust.v1.VolumeService.ListProblems:output_type -> crust.v1.ListProblemsResponse
-	14, // 56: crust.v1.VolumeService.HoldForNode:output_type -> crust.v1.HoldForNodeResponse
-	16, // 57: crust.v1.VolumeService.ReleaseFromNode:output_type -> crust.v1.ReleaseFromNodeResponse
-	18, // 58: crust.v1.VolumeService.ListNodeHolds:output_type -> crust.v1.ListNodeHoldsResponse
-	37, // 59: crust.v1.RuntimeService.ClaimVolume:output_type -> crust.v1.ClaimVolumeResponse
-	39, // 60: crust.v1.RuntimeService.ReleaseVolume:output_type -> crust.v1.ReleaseVolumeResponse
-	41, // 61: crust.v1.RuntimeService.WatchVolumes:output_type -> crust.v1.WatchVolumesResponse
-	43, // 62: crust.v1.InfoService.GetInfo:output_type -> crust.v1.GetInfoResponse
-	45, // 63: crust.v1.RuntimeHandlerService.GetVolumeStats:output_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
-	47, // 64: crust.v1.RuntimeHandlerService.ExpandVolume:output_type -> crust.v1.RuntimeHandlerServiceExpandVolumeResponse
-	49, // [49:65] is the sub-list for method output_type
-	33, // [33:49] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	9,  // 27: crust.v1.CheckRawDeviceRequest.device:type_name -> crust.v1.DeviceNumber
+	4,  // 28: crust.v1.WatchVolumesResponse.type:type_name -> crust.v1.EventType
+	11, // 29: crust.v1.WatchVolumesResponse.volume:type_name -> crust.v1.Volume
+	5,  // 30: crust.v1.WatchVolumesResponse.release_reason:type_name -> crust.v1.ReleaseReason
+	10, // 31: crust.v1.WatchVolumesResponse.released_claim:type_name -> crust.v1.Claim
+	28, // 32: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.usage:type_name -> crust.v1.VolumeUsage
+	29, // 33: crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse.volume_condition:type_name -> crust.v1.VolumeCondition
+	19, // 34: crust.v1.VolumeService.StageVolume:input_type -> crust.v1.StageVolumeRequest
+	21, // 35: crust.v1.VolumeService.UnstageVolume:input_type -> crust.v1.UnstageVolumeRequest
+	23, // 36: crust.v1.VolumeService.GetVolume:input_type -> crust.v1.GetVolumeRequest
+	25, // 37: crust.v1.VolumeService.ListVolumes:input_type -> crust.v1.ListVolumesRequest
+	27, // 38: crust.v1.VolumeService.GetVolumeStats:input_type -> crust.v1.GetVolumeStatsRequest
+	31, // 39: crust.v1.VolumeService.ExpandVolume:input_type -> crust.v1.ExpandVolumeRequest
+	33, // 40: crust.v1.VolumeService.ListProblems:input_type -> crust.v1.ListProblemsRequest
+	13, // 41: crust.v1.VolumeService.HoldForNode:input_type -> crust.v1.HoldForNodeRequest
+	15, // 42: crust.v1.VolumeService.ReleaseFromNode:input_type -> crust.v1.ReleaseFromNodeRequest
+	17, // 43: crust.v1.VolumeService.ListNodeHolds:input_type -> crust.v1.ListNodeHoldsRequest
+	36, // 44: crust.v1.RuntimeService.ClaimVolume:input_type -> crust.v1.ClaimVolumeRequest
+	38, // 45: crust.v1.RuntimeService.ReleaseVolume:input_type -> crust.v1.ReleaseVolumeRequest
+	42, // 46: crust.v1.RuntimeService.WatchVolumes:input_type -> crust.v1.WatchVolumesRequest
+	40, // 47: crust.v1.RuntimeService.CheckRawDevice:input_type -> crust.v1.CheckRawDeviceRequest
+	44, // 48: crust.v1.InfoService.GetInfo:input_type -> crust.v1.GetInfoRequest
+	46, // 49: crust.v1.RuntimeHandlerService.GetVolumeStats:input_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsRequest
+	48, // 50: crust.v1.RuntimeHandlerService.ExpandVolume:input_type -> crust.v1.RuntimeHandlerServiceExpandVolumeRequest
+	20, // 51: crust.v1.VolumeService.StageVolume:output_type -> crust.v1.StageVolumeResponse
+	22, // 52: crust.v1.VolumeService.UnstageVolume:output_type -> crust.v1.UnstageVolumeResponse
+	24, // 53: crust.v1.VolumeService.GetVolume:output_type -> crust.v1.GetVolumeResponse
+	26, // 54: crust.v1.VolumeService.ListVolumes:output_type -> crust.v1.ListVolumesResponse
+	30, // 55: crust.v1.VolumeService.GetVolumeStats:output_type -> crust.v1.GetVolumeStatsResponse
+	32, // 56: crust.v1.VolumeService.ExpandVolume:output_type -> crust.v1.ExpandVolumeResponse
+	34, // 57: crust.v1.VolumeService.ListProblems:output_type -> crust.v1.ListProblemsResponse
+	14, // 58: crust.v1.VolumeService.HoldForNode:output_type -> crust.v1.HoldForNodeResponse
+	16, // 59: crust.v1.VolumeService.ReleaseFromNode:output_type -> crust.v1.ReleaseFromNodeResponse
+	18, // 60: crust.v1.VolumeService.ListNodeHolds:output_type -> crust.v1.ListNodeHoldsResponse
+	37, // 61: crust.v1.RuntimeService.ClaimVolume:output_type -> crust.v1.ClaimVolumeResponse
+	39, // 62: crust.v1.RuntimeService.ReleaseVolume:output_type -> crust.v1.ReleaseVolumeResponse
+	43, // 63: crust.v1.RuntimeService.WatchVolumes:output_type -> crust.v1.WatchVolumesResponse
+	41, // 64: crust.v1.RuntimeService.CheckRawDevice:output_type -> crust.v1.CheckRawDeviceResponse
+	45, // 65: crust.v1.InfoService.GetInfo:output_type -> crust.v1.GetInfoResponse
+	47, // 66: crust.v1.RuntimeHandlerService.GetVolumeStats:output_type -> crust.v1.RuntimeHandlerServiceGetVolumeStatsResponse
+	49, // 67: crust.v1.RuntimeHandlerService.ExpandVolume:output_type -> crust.v1.RuntimeHandlerServiceExpandVolumeResponse
+	51, // [51:68] is the sub-list for method output_type
+	34, // [34:51] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_crust_v1_crust_proto_init() }
@@ -3426,14 +3540,14 @@ func file_crust_v1_crust_proto_init() {
 		return
 	}
 	file_crust_v1_crust_proto_msgTypes[1].OneofWrappers = []any{}
-	file_crust_v1_crust_proto_msgTypes[33].OneofWrappers = []any{}
+	file_crust_v1_crust_proto_msgTypes[35].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_crust_v1_crust_proto_rawDesc), len(file_crust_v1_crust_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   42,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -564,9 +564,10 @@ var VolumeService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	RuntimeService_ClaimVolume_FullMethodName   = "/crust.v1.RuntimeService/ClaimVolume"
-	RuntimeService_ReleaseVolume_FullMethodName = "/crust.v1.RuntimeService/ReleaseVolume"
-	RuntimeService_WatchVolumes_FullMethodName  = "/crust.v1.RuntimeService/WatchVolumes"
+	RuntimeService_ClaimVolume_FullMethodName    = "/crust.v1.RuntimeService/ClaimVolume"
+	RuntimeService_ReleaseVolume_FullMethodName  = "/crust.v1.RuntimeService/ReleaseVolume"
+	RuntimeService_WatchVolumes_FullMethodName   = "/crust.v1.RuntimeService/WatchVolumes"
+	RuntimeService_CheckRawDevice_FullMethodName = "/crust.v1.RuntimeService/CheckRawDevice"
 )
 
 // RuntimeServiceClient is the client API for RuntimeService service.
@@ -594,6 +595,14 @@ type RuntimeServiceClient interface {
 	// made since, or answers OUT_OF_RANGE, naming the oldest revision it can resume from, when it no longer
 	// keeps them (see WatchVolumesResponse.revision for what survives a restart).
 	WatchVolumes(ctx context.Context, in *WatchVolumesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchVolumesResponse], error)
+	// CheckRawDevice says whether a host block device may go into a sandbox as a raw device (a container's
+	// linux.devices: a raw block volume, which is never deferred, or a device a pod names): OK, or
+	// FAILED_PRECONDITION naming the holder while the host has the device mounted (or another name of its
+	// storage, or a device built on it), while the node holds it (HoldForNode), or while another sandbox
+	// holds a filesystem volume on it (a claim, a kept claim or a Kata claim), unless both sides are
+	// read-only. Raw devices shared between sandboxes stay allowed: what two sandboxes do with one raw
+	// device is theirs. It reserves nothing: a handler asks before each hot-plug.
+	CheckRawDevice(ctx context.Context, in *CheckRawDeviceRequest, opts ...grpc.CallOption) (*CheckRawDeviceResponse, error)
 }
 
 type runtimeServiceClient struct {
@@ -643,6 +652,16 @@ func (c *runtimeServiceClient) WatchVolumes(ctx context.Context, in *WatchVolume
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RuntimeService_WatchVolumesClient = grpc.ServerStreamingClient[WatchVolumesResponse]
 
+func (c *runtimeServiceClient) CheckRawDevice(ctx context.Context, in *CheckRawDeviceRequest, opts ...grpc.CallOption) (*CheckRawDeviceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckRawDeviceResponse)
+	err := c.cc.Invoke(ctx, RuntimeService_CheckRawDevice_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RuntimeServiceServer is the server API for RuntimeService service.
 // All implementations must embed UnimplementedRuntimeServiceServer
 // for forward compatibility.
@@ -668,6 +687,14 @@ type RuntimeServiceServer interface {
 	// made since, or answers OUT_OF_RANGE, naming the oldest revision it can resume from, when it no longer
 	// keeps them (see WatchVolumesResponse.revision for what survives a restart).
 	WatchVolumes(*WatchVolumesRequest, grpc.ServerStreamingServer[WatchVolumesResponse]) error
+	// CheckRawDevice says whether a host block device may go into a sandbox as a raw device (a container's
+	// linux.devices: a raw block volume, which is never deferred, or a device a pod names): OK, or
+	// FAILED_PRECONDITION naming the holder while the host has the device mounted (or another name of its
+	// storage, or a device built on it), while the node holds it (HoldForNode), or while another sandbox
+	// holds a filesystem volume on it (a claim, a kept claim or a Kata claim), unless both sides are
+	// read-only. Raw devices shared between sandboxes stay allowed: what two sandboxes do with one raw
+	// device is theirs. It reserves nothing: a handler asks before each hot-plug.
+	CheckRawDevice(context.Context, *CheckRawDeviceRequest) (*CheckRawDeviceResponse, error)
 	mustEmbedUnimplementedRuntimeServiceServer()
 }
 
@@ -686,6 +713,9 @@ func (UnimplementedRuntimeServiceServer) ReleaseVolume(context.Context, *Release
 }
 func (UnimplementedRuntimeServiceServer) WatchVolumes(*WatchVolumesRequest, grpc.ServerStreamingServer[WatchVolumesResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchVolumes not implemented")
+}
+func (UnimplementedRuntimeServiceServer) CheckRawDevice(context.Context, *CheckRawDeviceRequest) (*CheckRawDeviceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CheckRawDevice not implemented")
 }
 func (UnimplementedRuntimeServiceServer) mustEmbedUnimplementedRuntimeServiceServer() {}
 func (UnimplementedRuntimeServiceServer) testEmbeddedByValue()                        {}
@@ -755,6 +785,24 @@ func _RuntimeService_WatchVolumes_Handler(srv interface{}, stream grpc.ServerStr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RuntimeService_WatchVolumesServer = grpc.ServerStreamingServer[WatchVolumesResponse]
 
+func _RuntimeService_CheckRawDevice_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckRawDeviceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RuntimeServiceServer).CheckRawDevice(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RuntimeService_CheckRawDevice_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RuntimeServiceServer).CheckRawDevice(ctx, req.(*CheckRawDeviceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RuntimeService_ServiceDesc is the grpc.ServiceDesc for RuntimeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -769,6 +817,10 @@ var RuntimeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseVolume",
 			Handler:    _RuntimeService_ReleaseVolume_Handler,
+		},
+		{
+			MethodName: "CheckRawDevice",
+			Handler:    _RuntimeService_CheckRawDevice_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -14,6 +14,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"crust.dev/crust/api/crustd"
 	"crust.dev/crust/api/errdefs"
 	"crust.dev/crust/examples/microvm/agentproto/agentv1"
 )
@@ -108,7 +109,8 @@ func deviceReadOnly(spec *specs.Spec, d specs.LinuxDevice) bool {
 func diskOf(major, minor int64) string { return fmt.Sprintf("dev-%d-%d", major, minor) }
 
 // attachDevice adds container id to the users of host block device major:minor, attaching it first when
-// no container of the sandbox uses it: a node of it in the state directory (made, never followed), the
+// no container of the sandbox uses it, once crustd says the device may go to the sandbox (CheckRawDevice):
+// a node of it in the state directory (made, never followed), the
 // disk hot-plugged from that node, the disk's node made in the guest. On an error nothing new is held.
 func (s *sandbox) attachDevice(ctx context.Context, id string, major, minor int64, readOnly bool) (_ *hostDevice, err error) {
 	disk := diskOf(major, minor)
@@ -121,6 +123,15 @@ func (s *sandbox) attachDevice(ctx context.Context, id string, major, minor int6
 			dev.users = append(dev.users, id)
 		}
 		return dev, nil
+	}
+	// One writer per device: not a device the node has mounted or holds, nor one whose filesystem
+	// another sandbox holds (raw devices shared between sandboxes are theirs).
+	if err := s.crust.CheckRawDevice(ctx, s.id, uint32(major), uint32(minor), readOnly); err != nil { //nolint:gosec // device numbers fit
+		if errors.Is(err, errdefs.ErrUnimplemented) {
+			return nil, errdefs.Errorf(errdefs.ErrFailedPrecondition, "crustd cannot say whether the device is in use "+
+				"(it lacks the %q feature): upgrade crustd", crustd.FeatureRawDeviceCheck)
+		}
+		return nil, fmt.Errorf("crustd: %w", err)
 	}
 	dev := &hostDevice{disk: disk, node: filepath.Join(s.dir, devicesDir, disk), guestPath: path.Join(guestDevices, disk),
 		readOnly: readOnly, users: []string{id}}
