@@ -32,6 +32,7 @@ func NewCommand() *cobra.Command {
 	f.StringVar(&cfg.DefaultHandler, "default-runtime-handler", "", "the runtime handler of pods that name no RuntimeClass: the node's containerd default runtime (\"\": runc); with --kubeconfig, a pod without a RuntimeClass gets deferred volumes when it matches --microvm-handlers")
 	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig for pod and RuntimeClass look-ups (\"in-cluster\": the pod's service account); without it every volume whose context asks for deferral is deferred")
 	f.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory of the proxy's crash-safe records and private block paths")
+	f.StringVar(&cfg.StageKeyDir, "stage-key-dir", "", "directory on tmpfs that keeps the encryption keys of NodeStageVolume's secrets across restarts until unstage (\"\": <crust socket's directory>/csi-proxy-keys/<hash of --state-dir>); not on tmpfs, keys are kept in memory only")
 	f.StringVar(&cfg.NodeName, "node-name", "", "this node's name, for the pod informer (default $NODE_NAME)")
 	f.DurationVar(&cfg.PodWait, "pod-wait", cfg.PodWait, "how long a publish waits for its pod to appear in the cache before UNAVAILABLE")
 	f.DurationVar(&cfg.LockWait, "lock-wait", cfg.LockWait, "how long a call waits for another on the same path before ABORTED")

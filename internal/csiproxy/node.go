@@ -81,7 +81,9 @@ func (p *Proxy) NodeStageVolume(ctx context.Context, r *csi.NodeStageVolumeReque
 		return nil, err
 	}
 	if key != "" {
-		p.stageKeys.set(path, key)
+		if err := p.stageKeys.set(path, key); err != nil {
+			return nil, errdefs.Errorf(errdefs.ErrInternal, "%v", err)
+		}
 	}
 	return resp, nil
 }
@@ -99,10 +101,12 @@ func (p *Proxy) NodeUnstageVolume(ctx context.Context, r *csi.NodeUnstageVolumeR
 		if err != nil {
 			return nil, err
 		}
+		if err := p.stageKeys.forget(path); err != nil {
+			return nil, errdefs.Errorf(errdefs.ErrInternal, "%v", err)
+		}
 		if err := p.journal.Delete(KindStage, path); err != nil {
 			return nil, errdefs.Errorf(errdefs.ErrInternal, "forget stage of %s: %v", path, err)
 		}
-		p.stageKeys.forget(path)
 		return resp, nil
 	})
 }

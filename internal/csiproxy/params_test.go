@@ -7,12 +7,14 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -273,6 +275,64 @@ func TestNodeEncryption(t *testing.T) {
 		t.Errorf("the proxy's log names the target %v, holds a key %v", strings.Contains(logs.String(), target),
 			strings.Contains(logs.String(), key) || strings.Contains(logs.String(), stageKey))
 	}
+}
+
+// TestStageKeySurvivesRestart: the key given at stage is kept on tmpfs, so that a proxy restarted between
+// the stage and the publish gives it to the descriptor all the same; its record names the staging path
+// and lies nowhere but the key directory; after the unstage it is gone from there, and a proxy started
+// then has no key for the path.
+func TestStageKeySurvivesRestart(t *testing.T) {
+	e := newEnv(t)
+	run := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "crust-test", run).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(run, unix.MNT_DETACH) })
+	cfg := e.config()
+	cfg.StageKeyDir = filepath.Join(run, "keys")
+	_, cc, stop := runStoppableProxy(t, cfg, e.log, Deps{})
+	ctx := context.Background()
+	vol := e.createVolumeWith("pvc-key", 64<<20, map[string]string{DeferKey: "true", volume.EncryptionParamKey: "luks2"})
+	const uid = "0e0e0e0e-0000-4000-8000-0000000000a3"
+	staging, target := e.staging("pv-key"), e.target(uid, "pv-key")
+	volCtx := podContext(vol, "ns", "vm", uid)
+	key := testutil.RandomHex(t, 24)
+	if _, err := csi.NewNodeClient(cc).NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		VolumeCapability: xfsCap(""), VolumeContext: volCtx, Secrets: map[string]string{volume.EncryptionSecretKey: key}}); err != nil {
+		t.Fatal(err)
+	}
+	holding := func() []string {
+		var found []string
+		for _, root := range []string{run, e.root} {
+			_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+				if b, rerr := os.ReadFile(path); err == nil && !d.IsDir() && rerr == nil && bytes.Contains(b, []byte(key)) {
+					found = append(found, path)
+				}
+				return nil
+			})
+		}
+		return found
+	}
+	if h := holding(); len(h) != 1 || !strings.HasPrefix(h[0], cfg.StageKeyDir+"/") {
+		t.Fatalf("files holding the key after the stage: %v; want its record in %s alone", h, cfg.StageKeyDir)
+	}
+	stop()
+
+	_, cc, stop = runStoppableProxy(t, cfg, e.log, Deps{})
+	node := csi.NewNodeClient(cc)
+	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.GetVolumeId(), StagingTargetPath: staging,
+		TargetPath: target, VolumeCapability: xfsCap(""), VolumeContext: volCtx}); err != nil {
+		t.Fatalf("publish after a restart of the proxy: %v", err)
+	}
+	if claimedKey(t, e, target) != key {
+		t.Error("after a restart of the proxy, the handler is not given the stage's key")
+	}
+	unpublishUnstage(t, node, vol.GetVolumeId(), staging, target)
+	if h := holding(); len(h) != 0 {
+		t.Fatalf("files holding the key after the unstage: %v", h)
+	}
+	stop()
+	e.assertClean()
 }
 
 // claimedKey claims the volume at target for a sandbox, as a runtime handler does, and returns the

@@ -124,6 +124,14 @@ func startProxy(t testing.TB, cfg Config, log *slog.Logger) *grpc.ClientConn {
 // runProxy is startProxy with deps that returns the proxy too.
 func runProxy(t testing.TB, cfg Config, log *slog.Logger, deps Deps) (*Proxy, *grpc.ClientConn) {
 	t.Helper()
+	p, cc, _ := runStoppableProxy(t, cfg, log, deps)
+	return p, cc
+}
+
+// runStoppableProxy is runProxy that returns what stops the proxy (as a restart would) before the test
+// ends too.
+func runStoppableProxy(t testing.TB, cfg Config, log *slog.Logger, deps Deps) (*Proxy, *grpc.ClientConn, func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	p, err := New(ctx, cfg, log, deps)
 	if err != nil {
@@ -139,8 +147,9 @@ func runProxy(t testing.TB, cfg Config, log *slog.Logger, deps Deps) (*Proxy, *g
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cc.Close(); s.Stop(); p.Close(); cancel() })
-	return p, cc
+	stop := sync.OnceFunc(func() { _ = cc.Close(); s.Stop(); p.Close(); cancel() })
+	t.Cleanup(stop)
+	return p, cc, stop
 }
 
 // TestPassThrough: responses, errors (code, message, details), metadata and unknown services reach the

@@ -48,6 +48,9 @@ type Config struct {
 	Kubeconfig string
 	// StateDir holds the proxy's records and private block paths.
 	StateDir string
+	// StageKeyDir keeps the encryption keys of stages on tmpfs (see stageKeys); "" is a directory of the
+	// proxy's own beside crustd's socket.
+	StageKeyDir string
 	// NodeName restricts the pod informer to this node (needed with Kubeconfig).
 	NodeName string
 	// PodWait is how long a publish waits for a pod to appear in the cache before UNAVAILABLE.
@@ -105,7 +108,7 @@ type Proxy struct {
 	events   record.EventRecorder // nil without --kubeconfig
 	deferral client.Deferral
 	// stageKeys are the encryption keys NodeStageVolume gave, for the publishes that follow.
-	stageKeys stageKeys
+	stageKeys *stageKeys
 	mounter   *mount.SafeFormatAndMount
 	resizer   *mount.ResizeFs
 	codec     rawCodec
@@ -188,14 +191,22 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) (*Proxy, 
 		p.events = newRecorder(ctx, cs, cfg.NodeName)
 	}
 	p.deferral = deferral(p.pods, handlers, cfg.DefaultHandler, cfg.PodWait)
+	bootID, err := recordfile.ReadBootID()
+	if err != nil {
+		return nil, err
+	}
 	if p.journal == nil {
-		bootID, err := recordfile.ReadBootID()
-		if err != nil {
-			return nil, err
-		}
 		if p.journal, err = OpenJournal(cfg.StateDir, bootID, log); err != nil {
 			return nil, err
 		}
+	}
+	keyDir := cfg.StageKeyDir
+	if keyDir == "" {
+		keyDir = defaultStageKeyDir(cfg.CrustSocket, cfg.StateDir)
+	}
+	if p.stageKeys, err = openStageKeys(keyDir, bootID, log); err != nil {
+		p.journal.Close()
+		return nil, err
 	}
 	if p.driver, err = unixsocket.Dial(cfg.DriverAddress, nil, deps.DialOptions...); err != nil {
 		return nil, fmt.Errorf("--driver-address: %w", err)
@@ -219,6 +230,9 @@ func (p *Proxy) Close() {
 	}
 	if p.journal != nil {
 		p.journal.Close()
+	}
+	if p.stageKeys != nil {
+		p.stageKeys.close()
 	}
 }
 

@@ -142,19 +142,29 @@ func openState(dir, bootID string, log *slog.Logger) (*state, error) {
 		mu.Unlock()
 		return false, nil
 	}
-	d, report, err := recordfile.Open(dir, recordfile.Options{
+	d, err := openRecords("--state-dir", dir, recordfile.Options{
 		Version: recordVersion, Field: payloadField, BootID: bootID,
-		Records: "records", Extra: []string{"block"}, Holder: "crust-csi-proxy", Log: log,
-	}, check)
+		Records: "records", Extra: []string{"block"}, Log: log,
+	}, check, "state: damaged records were moved aside; what they recorded may need cleaning up by hand")
 	if err != nil {
-		return nil, fmt.Errorf("--state-dir: %w", err)
-	}
-	if len(report.Corrupt) > 0 {
-		log.Error("state: damaged records were moved aside; what they recorded may need cleaning up by hand",
-			"files", report.Corrupt)
+		return nil, err
 	}
 	s.dir = d
 	return s, nil
+}
+
+// openRecords opens the proxy's record directory dir, named by its flag in errors, with check (see
+// recordfile.Open), and logs the damaged records moved aside at Error with damaged.
+func openRecords(flag, dir string, opt recordfile.Options, check recordfile.Check, damaged string) (*recordfile.Dir, error) {
+	opt.Holder = "crust-csi-proxy"
+	d, report, err := recordfile.Open(dir, opt, check)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	if len(report.Corrupt) > 0 && opt.Log != nil {
+		opt.Log.Error(damaged, "files", report.Corrupt)
+	}
+	return d, nil
 }
 
 // decodeRecord verifies and decodes the bytes of one record file; a record of another boot is marked
