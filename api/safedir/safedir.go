@@ -610,6 +610,30 @@ func (d *Dir) Lstat(name string) (fs.FileInfo, error) {
 	return &fileInfo{name: name, st: st}, nil
 }
 
+// Readlink returns the target of the symbolic link name, without following it.
+func (d *Dir) Readlink(name string) (string, error) {
+	if err := checkName(name); err != nil {
+		return "", err
+	}
+	buf := make([]byte, unix.PathMax)
+	n, err := unix.Readlinkat(d.fd, name, buf)
+	if err != nil {
+		return "", pathErr("readlink", d.Join(name), err, false)
+	}
+	return string(buf[:n]), nil
+}
+
+// Symlink makes name a new symbolic link to target, which is stored as it is and never resolved here.
+func (d *Dir) Symlink(target, name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if err := unix.Symlinkat(target, d.fd, name); err != nil {
+		return pathErr("symlink", d.Join(name), err, false)
+	}
+	return nil
+}
+
 // openat opens name with openat2, never through a link and never outside d.
 func (d *Dir) openat(op, name string, flag int, perm uint32) (int, error) {
 	if err := checkName(name); err != nil {

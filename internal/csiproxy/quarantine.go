@@ -1,11 +1,18 @@
 package csiproxy
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
 	"crust.dev/crust/api/client"
@@ -58,8 +65,9 @@ func (p *Proxy) releaseTarget(rec *Record) error {
 // replaces nothing and follows no link, into <kubelet>/crust-quarantine/<pod uid>/ (each made mode 0700
 // when missing, and refused when a link or not a directory) under a new name made of volumeID and now
 // (quarantineName), and answers the path it now has. The quarantine lies in kubelet's root directory so
-// that it is on the target's filesystem; a target on another (EXDEV), or not of kubelet's shape, cannot be
-// moved.
+// that it is on the target's filesystem as a rule; a target on another (the pods' directory a mount of its
+// own: EXDEV) is copied, verified and removed instead (moveAcross). A target not of kubelet's shape cannot
+// be moved.
 func quarantineTarget(target, volumeID string, now time.Time) (string, error) {
 	t, ok := volume.ParseTargetPath(target)
 	if !ok {
@@ -90,7 +98,11 @@ func quarantineTarget(target, volumeID string, now time.Time) (string, error) {
 	}
 	defer func() { _ = parent.Close() }()
 	name := quarantineName(volumeID, now)
-	if err := parent.RenameNoReplace(filepath.Base(target), pod, name); err != nil {
+	err = parent.RenameNoReplace(filepath.Base(target), pod, name)
+	if errors.Is(err, unix.EXDEV) {
+		err = moveAcross(parent, filepath.Base(target), pod, name)
+	}
+	if err != nil {
 		return "", err
 	}
 	if err := pod.Sync(); err != nil {
@@ -131,4 +143,110 @@ func (p *Proxy) podOfTarget(target string) client.Pod {
 // podRef names pod as podEvent takes it.
 func podRef(pod Pod) client.Pod {
 	return client.Pod{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
+}
+
+// moveAcross moves the entry name of from, a directory, to the new name to of dir, on another filesystem:
+// it copies the tree (copyTree), makes the copy durable, then removes the original; a failure before the
+// removal removes the copy and leaves the original as it was.
+func moveAcross(from *safedir.Dir, name string, dir *safedir.Dir, to string) error {
+	src, err := from.OpenDir(name)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = src.Close() }()
+	dst, err := dir.MkdirOpen(to, 0o700)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = dst.Close() }()
+	if err := copyTree(src, dst); err != nil {
+		return errors.Join(fmt.Errorf("copy into the quarantine (across filesystems): %w", err), dir.RemoveAll(to))
+	}
+	if err := dir.Sync(); err != nil {
+		return errors.Join(err, dir.RemoveAll(to))
+	}
+	return from.RemoveAll(name)
+}
+
+// copyTree copies what src holds into dst, an empty directory: directories, regular files (bytes and
+// permission bits, each read back and compared by SHA-256 once durable) and symbolic links (as links,
+// never followed). Anything else (a device, a FIFO, a socket) is an error naming it. Nothing is opened
+// through a link.
+func copyTree(src, dst *safedir.Dir) error {
+	names, err := src.Names()
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		fi, err := src.Lstat(n)
+		if err != nil {
+			return err
+		}
+		switch {
+		case fi.IsDir():
+			err = copyDir(src, dst, n, fi.Mode().Perm())
+		case fi.Mode().IsRegular():
+			err = copyFile(src, dst, n, fi.Mode().Perm())
+		case fi.Mode()&fs.ModeSymlink != 0:
+			var to string
+			if to, err = src.Readlink(n); err == nil {
+				err = dst.Symlink(to, n)
+			}
+		default:
+			err = fmt.Errorf("%s is a %s, which cannot be copied", src.Join(n), safedir.Kind(fi.Mode()))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return dst.Sync()
+}
+
+// copyDir copies the directory name of src into dst (copyTree), with the permission bits perm and the
+// owner's access kept.
+func copyDir(src, dst *safedir.Dir, name string, perm fs.FileMode) error {
+	s, err := src.OpenDir(name)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = s.Close() }()
+	d, err := dst.MkdirOpen(name, perm|0o700)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = d.Close() }()
+	return copyTree(s, d)
+}
+
+// copyFile copies the regular file name of src into a new file of dst with mode perm, makes it durable,
+// and reads it back to compare it with what was read.
+func copyFile(src, dst *safedir.Dir, name string, perm fs.FileMode) error {
+	in, err := src.OpenFile(name, os.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = in.Close() }()
+	out, err := dst.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, perm)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = out.Close() }()
+	read := sha256.New()
+	if _, err := io.Copy(io.MultiWriter(out, read), in); err != nil {
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		return err
+	}
+	if _, err := out.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	written := sha256.New()
+	if _, err := io.Copy(written, out); err != nil {
+		return err
+	}
+	if !bytes.Equal(read.Sum(nil), written.Sum(nil)) {
+		return fmt.Errorf("%s: the copy reads back other bytes", dst.Join(name))
+	}
+	return nil
 }

@@ -86,9 +86,8 @@ func TestClearTarget(t *testing.T) {
 // do not keep it from being unpublished (they go with the target). A file in the target is data written
 // on the node's disk: unpublish moves the whole target, by a rename, into
 // <kubelet>/crust-quarantine/<pod uid>/<volume id>-<time> (each directory 0700), counts it, and goes on.
-// A mount point in the target, or a quarantine that is a link or on another filesystem, keeps the
-// refusal: FAILED_PRECONDITION naming the entry and why, and nothing changes (the descriptor, the record
-// and the file stay).
+// A mount point in the target, or a quarantine that is a link, keeps the refusal: FAILED_PRECONDITION
+// naming the entry and why, and nothing changes (the descriptor, the record and the file stay).
 func TestUnpublishQuarantinesTargetData(t *testing.T) {
 	e := newEnv(t)
 	p, cc := runProxy(t, e.config(), e.log, Deps{})
@@ -154,16 +153,8 @@ func TestUnpublishQuarantinesTargetData(t *testing.T) {
 	if names, _ := os.ReadDir(elsewhere); len(names) != 0 {
 		t.Errorf("the quarantine's link was followed: %s holds %v", elsewhere, names)
 	}
-	// The quarantine on another filesystem: a rename cannot move the target there, and nothing copies it.
+	// (A quarantine on another filesystem than the target: TestQuarantineAcrossFilesystems.)
 	if err := os.Remove(quarantine); err != nil {
-		t.Fatal(err)
-	}
-	mkdirs(t, e.kubelet, QuarantineDir)
-	if err := unix.Mount("tmpfs", quarantine, "tmpfs", 0, "size=64k"); err != nil {
-		t.Fatal(err)
-	}
-	refused(written, "a regular file", "cross-device")
-	if err := unix.Unmount(quarantine, 0); err != nil {
 		t.Fatal(err)
 	}
 
@@ -224,6 +215,71 @@ func TestQuarantineName(t *testing.T) {
 	} {
 		if got := quarantineName(id, at); got != want {
 			t.Errorf("quarantineName(%q) = %q, want %q", id, got, want)
+		}
+	}
+}
+
+// TestQuarantineAcrossFilesystems: a target whose pod directory is a filesystem of its own (a tmpfs
+// here) cannot be renamed into the quarantine (EXDEV); it is copied, verified and removed instead, its
+// files, directories and links (as links, never followed) all there. A target holding what cannot be
+// copied (a FIFO) is refused naming it, and left as it was, with nothing of it in the quarantine.
+func TestQuarantineAcrossFilesystems(t *testing.T) {
+	requireRoot(t)
+	kubelet := t.TempDir()
+	for _, uid := range []string{"pod-a", "pod-b"} {
+		target := filepath.Join(kubelet, "pods", uid, "volumes", "kubernetes.io~csi", "pv", "mount")
+		podDir := filepath.Join(kubelet, "pods", uid)
+		if err := os.MkdirAll(podDir, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mount("tmpfs", podDir, "tmpfs", 0, "size=4m"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(podDir, unix.MNT_DETACH) })
+		if err := os.MkdirAll(filepath.Join(target, "sub", "empty"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for name, data := range map[string]string{"written": "on the node's disk", "sub/deeper": "more"} {
+			if err := os.WriteFile(filepath.Join(target, name), []byte(data), 0o640); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Symlink("/etc/passwd", filepath.Join(target, "link")); err != nil {
+			t.Fatal(err)
+		}
+		if uid == "pod-b" {
+			if err := unix.Mkfifo(filepath.Join(target, "sub", "fifo"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := quarantineTarget(target, "vol-1", time.Now())
+			if err == nil || !strings.Contains(err.Error(), "fifo") {
+				t.Fatalf("quarantine of a target holding a FIFO: %v; want a refusal naming it", err)
+			}
+			if b, err := os.ReadFile(filepath.Join(target, "sub", "deeper")); err != nil || string(b) != "more" {
+				t.Fatalf("the refused target lost its data: %q, %v", b, err)
+			}
+			if left, _ := os.ReadDir(filepath.Join(kubelet, QuarantineDir, uid)); len(left) != 0 {
+				t.Fatalf("a refused copy left %v in the quarantine", left)
+			}
+			continue
+		}
+		dest, err := quarantineTarget(target, "vol-1", time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Lstat(target); !os.IsNotExist(err) {
+			t.Fatalf("the target is still there: %v", err)
+		}
+		for name, want := range map[string]string{"written": "on the node's disk", "sub/deeper": "more"} {
+			if b, err := os.ReadFile(filepath.Join(dest, name)); err != nil || string(b) != want {
+				t.Errorf("quarantined %s: %q, %v", name, b, err)
+			}
+		}
+		if to, err := os.Readlink(filepath.Join(dest, "link")); err != nil || to != "/etc/passwd" {
+			t.Errorf("quarantined link: %q, %v", to, err)
+		}
+		if fi, err := os.Stat(filepath.Join(dest, "sub", "empty")); err != nil || !fi.IsDir() {
+			t.Errorf("quarantined empty directory: %v", err)
 		}
 	}
 }
