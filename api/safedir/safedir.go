@@ -531,6 +531,18 @@ func (d *Dir) Remove(name string) error {
 	return nil
 }
 
+// RemoveEmptyDir deletes the directory name when it is empty; a directory that is not (ENOTEMPTY), or a
+// name that is not there, is an error.
+func (d *Dir) RemoveEmptyDir(name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(d.fd, name, unix.AT_REMOVEDIR); err != nil {
+		return pathErr("remove", d.Join(name), err, true)
+	}
+	return nil
+}
+
 // RemoveAll deletes the entry name and, for a directory, everything in it, never following a link. A
 // name that is not there is not an error.
 func (d *Dir) RemoveAll(name string) error {

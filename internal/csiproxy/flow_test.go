@@ -329,7 +329,7 @@ func TestFinalErrorUndoes(t *testing.T) {
 		t.Fatalf("target left after a refused publish: %v", err)
 	}
 	if err := promtestutil.GatherAndCompare(p.metrics.Registry, strings.NewReader(`
-# HELP crust_csi_proxy_publish_failures_total NodePublishVolume calls crust-csi-proxy deferred or mounted on the host that failed, by mode (deferred, host); each is also a VolumeDeferralFailed event on the pod.
+# HELP crust_csi_proxy_publish_failures_total NodePublishVolume calls crust-csi-proxy deferred or mounted on the host that failed, by mode (deferred, host); each is also a VolumeDeferralFailed event on the pod, or a VolumeHeldByAnotherPod event when another pod holds the volume.
 # TYPE crust_csi_proxy_publish_failures_total counter
 crust_csi_proxy_publish_failures_total{mode="deferred"} 1
 `), "crust_csi_proxy_publish_failures_total"); err != nil {

@@ -48,6 +48,11 @@ type Config struct {
 	Kubeconfig string
 	// StateDir holds the proxy's records and private block paths.
 	StateDir string
+	// KubeletDir is kubelet's root directory, which holds the quarantine (QuarantineDir).
+	KubeletDir string
+	// QuarantineMaxAge and QuarantineMaxBytes bound the quarantine (see pruneQuarantine); 0 is no bound.
+	QuarantineMaxAge   time.Duration
+	QuarantineMaxBytes int64
 	// StageKeyDir keeps the encryption keys of stages on tmpfs (see stageKeys); "" is a directory of the
 	// proxy's own beside crustd's socket.
 	StageKeyDir string
@@ -81,8 +86,11 @@ func Defaults() Config {
 	return Config{
 		CrustSocket: crustd.DefaultSocket,
 		StateDir:    DefaultStateDir,
-		PodWait:     2 * time.Second,
-		LockWait:    5 * time.Second,
+		KubeletDir:  "/var/lib/kubelet",
+		// A week to recover what a pod wrote, and 1 GiB of the node's disk at most.
+		QuarantineMaxAge: 7 * 24 * time.Hour, QuarantineMaxBytes: 1 << 30,
+		PodWait:  2 * time.Second,
+		LockWait: 5 * time.Second,
 		// The deferred targets' guard and the check for unconsumed volumes (guard.go, consume.go).
 		GuardTargets:       true,
 		UnconsumedInterval: 30 * time.Second,
@@ -115,6 +123,8 @@ type Proxy struct {
 	metrics   *metrics.Metrics
 	caps      driverCaps
 	consume   consumeCheck
+
+	pruneMu sync.Mutex // one pruneQuarantine at a time
 
 	nameMu     sync.Mutex
 	driverName string
@@ -271,6 +281,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, deps Deps) error {
 	if !cfg.Controller {
 		stopReconcile := p.startReconcile(ctx)
 		defer stopReconcile()
+		stopPrune := p.startPrune(ctx)
+		defer stopPrune()
 	}
 	if ip, ok := p.pods.(*informerPods); ok {
 		go func() {

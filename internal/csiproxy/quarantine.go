@@ -23,7 +23,8 @@ import (
 
 // QuarantineDir is the directory, in kubelet's root directory, into which the proxy moves the target of a
 // deferred volume that held data at NodeUnpublishVolume: <kubelet>/crust-quarantine/<pod uid>/<volume
-// id>-<UTC time>. Nothing removes it; what it holds is the pod's data, for an operator to look at.
+// id>-<UTC time>. What it holds is the pod's data, for an operator to look at, kept within the bounds
+// pruneQuarantine keeps.
 const QuarantineDir = "crust-quarantine"
 
 // releaseTarget readies the target of the deferred volume of rec for removal, so that unpublishing never
@@ -54,6 +55,9 @@ func (p *Proxy) releaseTarget(rec *Record) error {
 	p.log.Warn("a deferred volume's target held data written on the node's disk: moved it into the quarantine, and unpublishing",
 		"target", target, "volume_id", rec.VolumeID, "entry", entry, "what", what, "quarantine", dest)
 	p.metrics.TargetQuarantined()
+	if err := p.pruneQuarantine(time.Now()); err != nil {
+		p.log.Error("keep the quarantine within its bounds", "err", err)
+	}
 	p.podEvent(p.podOfTarget(target), corev1.EventTypeWarning, ReasonDataQuarantined,
 		"volume %s: its target path on the node held %s, %s: the pod's runtime wrote to the node's disk instead of the volume "+
 			"(it did not consume crust's descriptor). The target was moved to %s on node %s, so that the pod can terminate; "+

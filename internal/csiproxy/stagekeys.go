@@ -154,8 +154,11 @@ func (k *stageKeys) forget(path string) error {
 	return nil
 }
 
-// get returns the key given at the stage of path, if any.
+// get returns the key given at the stage of path, if any; a nil stageKeys holds none.
 func (k *stageKeys) get(path string) (string, bool) {
+	if k == nil {
+		return "", false
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	key, ok := k.m[path]

@@ -47,6 +47,9 @@ type Metrics struct {
 	// unpublish, and those no sandbox claims while their pod runs.
 	quarantined prometheus.Counter
 	unconsumed  prometheus.Gauge
+	// qBytes, qLimit and qPruned are the quarantine's size, its bound and the entries removed to keep it.
+	qBytes, qLimit prometheus.Gauge
+	qPruned        prometheus.Counter
 }
 
 // New returns a registry with the RPC metrics, crust_build_info and the Go and process collectors.
@@ -70,7 +73,7 @@ func New() *Metrics {
 	}, []string{"decision", "volume_mode"})
 	m.failed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "crust_csi_proxy_publish_failures_total",
-		Help: "NodePublishVolume calls crust-csi-proxy deferred or mounted on the host that failed, by mode (deferred, host); each is also a VolumeDeferralFailed event on the pod.",
+		Help: "NodePublishVolume calls crust-csi-proxy deferred or mounted on the host that failed, by mode (deferred, host); each is also a VolumeDeferralFailed event on the pod, or a VolumeHeldByAnotherPod event when another pod holds the volume.",
 	}, []string{"mode"})
 	m.hostStat = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "crust_stats_from_host_total",
@@ -80,6 +83,12 @@ func New() *Metrics {
 		Help: "Deferred volumes' target directories crust-csi-proxy moved into <kubelet>/crust-quarantine at NodeUnpublishVolume because they held data: a runtime wrote to the node's disk instead of the volume; each is also a VolumeDataQuarantined event on the pod."})
 	m.unconsumed = prometheus.NewGauge(prometheus.GaugeOpts{Name: "crust_csi_proxy_unconsumed_volumes",
 		Help: "Deferred volumes that no sandbox has claimed although their pod is Running (past --unconsumed-grace), as crust-csi-proxy last checked; each is also a VolumeNotConsumed event on the pod."})
+	m.qBytes = prometheus.NewGauge(prometheus.GaugeOpts{Name: "crust_csi_proxy_quarantine_bytes",
+		Help: "Bytes of the files in <kubelet>/crust-quarantine, as crust-csi-proxy last measured them."})
+	m.qLimit = prometheus.NewGauge(prometheus.GaugeOpts{Name: "crust_csi_proxy_quarantine_limit_bytes",
+		Help: "crust-csi-proxy's --quarantine-max-bytes: past it, the oldest quarantined targets are deleted."})
+	m.qPruned = prometheus.NewCounter(prometheus.CounterOpts{Name: "crust_csi_proxy_quarantine_pruned_total",
+		Help: "Quarantined targets crust-csi-proxy deleted to keep the quarantine within --quarantine-max-age and --quarantine-max-bytes."})
 	bi := version.Get()
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "crust_build_info",
@@ -87,7 +96,7 @@ func New() *Metrics {
 		ConstLabels: prometheus.Labels{"version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion},
 	})
 	build.Set(1)
-	m.Registry.MustRegister(m.grpc, m.gone, m.gc, m.decided, m.failed, m.hostStat, m.quarantined, m.unconsumed, build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.Registry.MustRegister(m.grpc, m.gone, m.gc, m.decided, m.failed, m.hostStat, m.quarantined, m.unconsumed, m.qBytes, m.qLimit, m.qPruned, build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -118,6 +127,14 @@ func (m *Metrics) PublishFailed(mode string) { m.failed.WithLabelValues(mode).In
 
 // TargetQuarantined counts one deferred volume's target that crust-csi-proxy moved into the quarantine.
 func (m *Metrics) TargetQuarantined() { m.quarantined.Inc() }
+
+// SetQuarantine sets the quarantine's size and its bound, in bytes, and counts pruned entries deleted to
+// keep it.
+func (m *Metrics) SetQuarantine(bytes, limit int64, pruned int) {
+	m.qBytes.Set(float64(bytes))
+	m.qLimit.Set(float64(limit))
+	m.qPruned.Add(float64(pruned))
+}
 
 // SetUnconsumedVolumes sets the number of deferred volumes no sandbox claims while their pod runs.
 func (m *Metrics) SetUnconsumedVolumes(n int) { m.unconsumed.Set(float64(n)) }

@@ -49,6 +49,7 @@ func TestShippedQueriesNameExportedMetrics(t *testing.T) {
 	m.CollectedGarbage(1)
 	m.TargetQuarantined()
 	m.SetUnconsumedVolumes(1)
+	m.SetQuarantine(1, 2, 1)
 	call := func(context.Context, any) (any, error) { return nil, nil }
 	if _, err := m.UnaryServerInterceptor()(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/crust.v1.VolumeService/GetVolume"}, call); err != nil {
 		t.Fatal(err)
