@@ -46,8 +46,10 @@ func (m *Manager) HandlerClaims() map[string]*crustv1.Claim {
 			claims[t] = c
 		}
 	}
-	for t, v := range m.kept {
-		claims[t] = v.GetClaim()
+	for t, v := range m.reserved {
+		if v.GetUnstageTime() != nil {
+			claims[t] = v.GetClaim()
+		}
 	}
 	return claims
 }

@@ -42,7 +42,7 @@ func (m *Manager) keep(ctx context.Context, old *crustv1.Volume) (*crustv1.Claim
 	}
 	m.commit(target, nil, crustv1.EventType_EVENT_TYPE_UNSTAGED, old)
 	m.mu.Lock()
-	m.keepRecord(target, kept, st)
+	m.reserveDevice(target, kept, st)
 	m.mu.Unlock()
 	m.log.Info("volume unstaged while claimed; its device stays reserved for the claim until it is released",
 		"target", target, "sandbox", old.GetClaim().GetSandboxId())
@@ -58,26 +58,40 @@ func (m *Manager) releaseKept(k *crustv1.Volume, reason crustv1.ReleaseReason, d
 	}
 	m.commitEvent(target, nil, &crustv1.WatchVolumesResponse{Type: crustv1.EventType_EVENT_TYPE_RELEASED, Volume: k,
 		ReleaseReason: reason, ReleasedClaim: k.GetClaim(), Detail: detail})
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.kept, target)
-	m.unindexDevice(target, k)
-	m.unhold(target)
+	m.unreserve(target, k)
 	return nil
 }
 
-// keepRecord records k, a record of keep's, with st, what its device writes to; m.mu is held for writing.
-func (m *Manager) keepRecord(target string, k *crustv1.Volume, st *hostdev.Storage) {
-	m.kept[target] = k
-	m.indexDevice(target, k)
+// reserveDevice records v, a record of keep's or of HoldForNode's at target, with st, what its device writes
+// to; m.mu is held for writing.
+func (m *Manager) reserveDevice(target string, v *crustv1.Volume, st *hostdev.Storage) {
+	m.reserved[target] = v
+	m.indexDevice(target, v)
 	m.hold(target, st)
+}
+
+// unreserve forgets v, the record reserveDevice made at target.
+func (m *Manager) unreserve(target string, v *crustv1.Volume) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.reserved, target)
+	m.unindexDevice(target, v)
+	m.unhold(target)
 }
 
 // keptAt returns the record of the claim kept at target, or nil.
 func (m *Manager) keptAt(target string) *crustv1.Volume {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return m.kept[target]
+	return keptOf(m.reserved[target])
+}
+
+// keptOf is v when it is a kept claim's record, else nil.
+func keptOf(v *crustv1.Volume) *crustv1.Volume {
+	if v.GetUnstageTime() == nil {
+		return nil
+	}
+	return v
 }
 
 // record returns target's descriptor, or else the record of its kept claim, or nil.
@@ -92,7 +106,7 @@ func (m *Manager) recordLocked(target string) *crustv1.Volume {
 	if v := m.vols[target]; v != nil {
 		return v
 	}
-	return m.kept[target]
+	return keptOf(m.reserved[target])
 }
 
 // storageAtStart is what v's device writes to (storageOf), or its device number alone when that cannot

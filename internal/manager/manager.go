@@ -101,15 +101,13 @@ type Manager struct {
 	// keys by each base of that storage (hostdev.Storage.Bases), for oneWriter.
 	held   map[string]*hostdev.Storage
 	byBase map[string]map[string]struct{}
-	// kept are the records of volumes unstaged while claimed (unstage_time set), by target: their claims
-	// outlive them (keep). They are in byDevice and held, not in vols.
-	kept map[string]*crustv1.Volume
-	// nodeHolds are the records of the node's holds on devices (NodeHold set), by target (see
+	// reserved are the records that are no descriptors but reserve a device, by target: the claims of
+	// volumes unstaged while claimed (unstage_time set: keep) and the node's holds (node_hold set:
 	// HoldForNode). They are in byDevice and held, not in vols.
-	nodeHolds map[string]*crustv1.Volume
-	rev       uint64
-	watchers  map[*Watcher]struct{}
-	revs      revisions // what is kept of rev, and what a watch resumes from
+	reserved map[string]*crustv1.Volume
+	rev      uint64
+	watchers map[*Watcher]struct{}
+	revs     revisions // what is kept of rev, and what a watch resumes from
 	// watchesEnded is set by EndWatches: crustd is stopping, and no watcher is kept.
 	watchesEnded bool
 
@@ -130,27 +128,22 @@ func Open(cfg Config, loaded Loaded) (*Manager, error) {
 		cfg.WatchHistory = DefaultWatchHistory
 	}
 	m := &Manager{
-		cfg:       cfg,
-		log:       cfg.Log,
-		locks:     keylock.New(cfg.LockWait),
-		vols:      map[string]*crustv1.Volume{},
-		order:     btree.NewOrderedG[string](32),
-		byDevice:  map[devID]map[string]struct{}{},
-		held:      map[string]*hostdev.Storage{},
-		byBase:    map[string]map[string]struct{}{},
-		kept:      map[string]*crustv1.Volume{},
-		nodeHolds: map[string]*crustv1.Volume{},
-		watchers:  map[*Watcher]struct{}{},
+		cfg:      cfg,
+		log:      cfg.Log,
+		locks:    keylock.New(cfg.LockWait),
+		vols:     map[string]*crustv1.Volume{},
+		order:    btree.NewOrderedG[string](32),
+		byDevice: map[devID]map[string]struct{}{},
+		held:     map[string]*hostdev.Storage{},
+		byBase:   map[string]map[string]struct{}{},
+		reserved: map[string]*crustv1.Volume{},
+		watchers: map[*Watcher]struct{}{},
 	}
 	staged := make([]*crustv1.Volume, 0, len(loaded.Volumes))
 	for _, v := range loaded.Volumes {
 		target := v.GetSpec().GetVolumeTargetPath()
-		if v.GetUnstageTime() != nil { // a claim kept after its volume was unstaged: no descriptor
-			m.keepRecord(target, v, m.storageAtStart(v))
-			continue
-		}
-		if v.GetNodeHold() != nil { // a hold of the node's: no descriptor
-			m.holdForNode(target, v, m.storageAtStart(v))
+		if v.GetUnstageTime() != nil || v.GetNodeHold() != nil { // a kept claim or a hold of the node's
+			m.reserveDevice(target, v, m.storageAtStart(v))
 			continue
 		}
 		staged = append(staged, v)
@@ -183,11 +176,7 @@ func Open(cfg Config, loaded Loaded) (*Manager, error) {
 // descriptor already held stays.
 func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1.Volume, error) {
 	v, err := m.cfg.Validator.Volume(spec)
-	if err != nil {
-		return nil, err
-	}
-	target := v.GetSpec().GetVolumeTargetPath()
-	unlock, err := m.locks.Lock(ctx, target)
+	target, unlock, err := m.lockChecked(ctx, v, err)
 	if err != nil {
 		return nil, err
 	}
@@ -433,6 +422,17 @@ func (m *Manager) claim(ctx context.Context, target string, c *crustv1.Claim, fo
 	m.hold(target, st)
 	m.mu.Unlock()
 	return v, nil
+}
+
+// lockChecked takes the lock of the target of v, a record a check made, unless the check failed with
+// checkErr, which it returns.
+func (m *Manager) lockChecked(ctx context.Context, v *crustv1.Volume, checkErr error) (target string, unlock func(), err error) {
+	if checkErr != nil {
+		return "", nil, checkErr
+	}
+	target = v.GetSpec().GetVolumeTargetPath()
+	unlock, err = m.locks.Lock(ctx, target)
+	return target, unlock, err
 }
 
 // storageOf is what v's device writes to (Devices), or its device number alone without Devices.

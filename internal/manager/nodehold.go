@@ -31,11 +31,7 @@ import (
 // ErrFailedPrecondition.
 func (m *Manager) HoldForNode(ctx context.Context, h *crustv1.NodeHold) (*crustv1.NodeHold, error) {
 	v, err := m.cfg.Validator.NodeHold(h)
-	if err != nil {
-		return nil, err
-	}
-	target := v.GetSpec().GetVolumeTargetPath()
-	unlock, err := m.locks.Lock(ctx, target)
+	target, unlock, err := m.lockChecked(ctx, v, err)
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +61,7 @@ func (m *Manager) HoldForNode(ctx context.Context, h *crustv1.NodeHold) (*crustv
 		return nil, errdefs.NoSpace(fmt.Errorf("store the node's hold on %q: %w", target, err))
 	}
 	m.mu.Lock()
-	m.holdForNode(target, v, st)
+	m.reserveDevice(target, v, st)
 	m.mu.Unlock()
 	m.log.Info("the node holds a device", "target", target, "device", v.GetResolvedBackingPath(),
 		"read_only", v.GetSpec().GetReadOnly(), "pod", podName(h.GetPodNamespace(), h.GetPodName(), h.GetPodUid()))
@@ -94,11 +90,7 @@ func (m *Manager) releaseFromNodeLocked(target string) error {
 	if err := m.cfg.Store.Delete(target); err != nil {
 		return fmt.Errorf("delete the node's hold on %q: %w", target, err)
 	}
-	m.mu.Lock()
-	delete(m.nodeHolds, target)
-	m.unindexDevice(target, old)
-	m.unhold(target)
-	m.mu.Unlock()
+	m.unreserve(target, old)
 	m.log.Info("the node no longer holds a device", "target", target, "device", old.GetResolvedBackingPath())
 	return nil
 }
@@ -107,9 +99,11 @@ func (m *Manager) releaseFromNodeLocked(target string) error {
 func (m *Manager) NodeHolds() []*crustv1.NodeHold {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	out := make([]*crustv1.NodeHold, 0, len(m.nodeHolds))
-	for _, t := range slices.Sorted(maps.Keys(m.nodeHolds)) {
-		out = append(out, m.nodeHolds[t].GetNodeHold())
+	var out []*crustv1.NodeHold
+	for _, t := range slices.Sorted(maps.Keys(m.reserved)) {
+		if h := m.reserved[t].GetNodeHold(); h != nil {
+			out = append(out, h)
+		}
 	}
 	return out
 }
@@ -119,8 +113,8 @@ func (m *Manager) nodeHoldTargets(prefix ...string) []string {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	var ts []string
-	for t := range m.nodeHolds {
-		if len(prefix) == 0 || strings.HasPrefix(t, prefix[0]) {
+	for t, v := range m.reserved {
+		if v.GetNodeHold() != nil && (len(prefix) == 0 || strings.HasPrefix(t, prefix[0])) {
 			ts = append(ts, t)
 		}
 	}
@@ -128,28 +122,23 @@ func (m *Manager) nodeHoldTargets(prefix ...string) []string {
 	return ts
 }
 
-// holdForNode records v, a hold of the node's at target, whose device writes to st; m.mu is held for
-// writing.
-func (m *Manager) holdForNode(target string, v *crustv1.Volume, st *hostdev.Storage) {
-	m.nodeHolds[target] = v
-	m.indexDevice(target, v)
-	m.hold(target, st)
-}
-
 // nodeHoldAt returns the record of the node's hold at target, or nil.
 func (m *Manager) nodeHoldAt(target string) *crustv1.Volume {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return m.nodeHolds[target]
+	if v := m.reserved[target]; v.GetNodeHold() != nil {
+		return v
+	}
+	return nil
 }
 
 // holdingLocked returns what is recorded at target: a descriptor, a kept claim or a hold of the node's,
 // or nil; m.mu is held.
 func (m *Manager) holdingLocked(target string) *crustv1.Volume {
-	if v := m.recordLocked(target); v != nil {
+	if v := m.vols[target]; v != nil {
 		return v
 	}
-	return m.nodeHolds[target]
+	return m.reserved[target]
 }
 
 // lockedStorage is what v's device writes to (storageOf), with its bases locked (lockStorage): the caller
