@@ -140,7 +140,11 @@ func TestExternalStorage(t *testing.T) {
 					t.Errorf("%s: %s: %s", s.State, s.name(), s.Failure.Message)
 				}
 			}
-			t.Logf("External Storage on %s (%s): %d passed, %d failed, %d skipped, in %s", fs, map[bool]string{true: "every spec", false: "CI's specs"}[all],
+			which := map[bool]string{true: "every spec", false: "CI's specs"}[all]
+			if focused != "" {
+				which = "the specs matching CRUST_CONFORMANCE_FOCUS"
+			}
+			t.Logf("External Storage on %s (%s): %d passed, %d failed, %d skipped, in %s", fs, which,
 				counts["passed"], run-counts["passed"]-counts["skipped"], counts["skipped"], time.Since(t0).Round(time.Second))
 			reasons := make([]string, 0, len(skips))
 			for r := range skips {
