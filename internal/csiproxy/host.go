@@ -163,9 +163,9 @@ func (p *Proxy) holdForNode(ctx context.Context, rec *Record, pod client.Pod) er
 
 // ReconcileHolds makes crustd's holds of the node agree with the proxy's host mounts, as it must at the
 // proxy's start, since crustd cannot tell a host mount that is gone: a hold at a target the proxy has no
-// host-mount record for ends (its publish was undone, or the proxy stopped between the hold and its
-// record), and every host-mount record of this boot with a device gets its hold again (a crustd that lost
-// it), each under its target's lock. A hold that crustd now refuses is logged at Error: the node mounts a
+// host-mount record for ends (its publish was undone), unless the target is a mount point all the same;
+// and every host-mount record of this boot with a device gets its hold again (a crustd that lost it),
+// each under its target's lock. A hold that crustd now refuses is logged at Error: the node mounts a
 // device a sandbox holds.
 func (p *Proxy) ReconcileHolds(ctx context.Context) error {
 	resp, err := p.crust.Volumes().ListNodeHolds(ctx, &crustv1.ListNodeHoldsRequest{})
@@ -183,6 +183,11 @@ func (p *Proxy) ReconcileHolds(ctx context.Context) error {
 		}
 		errs = append(errs, p.locked(ctx, KindPublish, t, func(rec *Record) error {
 			if isHost(rec) {
+				return nil
+			}
+			// A target mounted all the same (its record lost) keeps its hold: the node may still write.
+			if notMnt, err := p.mounter.IsLikelyNotMountPoint(t); err == nil && !notMnt {
+				p.log.Error("the node mounts a target the proxy has no record of; keeping crustd's hold on it", "target", t)
 				return nil
 			}
 			p.log.Info("ending a hold of the node's that no host mount of the proxy's stands for", "target", t)

@@ -118,34 +118,46 @@ func quarantineEntries(q *safedir.Dir) ([]quarantined, int64, error) {
 	var out []quarantined
 	var total int64
 	for _, uid := range pods {
-		pod, err := q.OpenDir(uid)
-		if errors.Is(err, safedir.ErrWrongType) {
-			continue
-		}
+		entries, err := podEntries(q, uid)
 		if err != nil {
 			return nil, 0, err
 		}
-		names, err := pod.Names()
-		for _, n := range names {
-			if err != nil {
-				break
-			}
-			var fi fs.FileInfo
-			if fi, err = pod.Lstat(n); err != nil {
-				break
-			}
-			e := quarantined{pod: uid, name: n, at: quarantineTime(n, fi.ModTime())}
-			if e.bytes, err = treeBytes(pod, n, fi); err == nil {
-				out = append(out, e)
-				total += e.bytes
-			}
-		}
-		if err = errors.Join(err, pod.Close()); err != nil {
-			return nil, 0, err
+		for _, e := range entries {
+			out = append(out, e)
+			total += e.bytes
 		}
 	}
 	slices.SortFunc(out, func(a, b quarantined) int { return a.at.Compare(b.at) })
 	return out, total, nil
+}
+
+// podEntries lists the quarantined targets of pod uid in q; an entry of q that is no directory holds none.
+func podEntries(q *safedir.Dir, uid string) ([]quarantined, error) {
+	pod, err := q.OpenDir(uid)
+	if errors.Is(err, safedir.ErrWrongType) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = pod.Close() }()
+	names, err := pod.Names()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]quarantined, 0, len(names))
+	for _, n := range names {
+		fi, err := pod.Lstat(n)
+		if err != nil {
+			return nil, err
+		}
+		e := quarantined{pod: uid, name: n, at: quarantineTime(n, fi.ModTime())}
+		if e.bytes, err = treeBytes(pod, n, fi); err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, nil
 }
 
 // quarantineTime is when the target called name was quarantined, as quarantineName wrote it, or else

@@ -176,7 +176,8 @@ func Open(cfg Config, loaded Loaded) (*Manager, error) {
 // descriptor already held stays.
 func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1.Volume, error) {
 	v, err := m.cfg.Validator.Volume(spec)
-	target, unlock, err := m.lockChecked(ctx, v, err)
+	target := v.GetSpec().GetVolumeTargetPath()
+	unlock, err := m.lockChecked(ctx, target, err)
 	if err != nil {
 		return nil, err
 	}
@@ -249,10 +250,7 @@ func (m *Manager) Stage(ctx context.Context, spec *crustv1.VolumeSpec) (*crustv1
 // of crust's that a claimed volume carries outlives it, and is returned (see keep); so is the claim kept
 // by an earlier unstage of target.
 func (m *Manager) Unstage(ctx context.Context, target string) (*crustv1.Claim, error) {
-	if err := m.cfg.Validator.TargetName("volume_target_path", target); err != nil {
-		return nil, err
-	}
-	unlock, err := m.locks.Lock(ctx, target)
+	unlock, err := m.lockChecked(ctx, target, m.cfg.Validator.TargetName("volume_target_path", target))
 	if err != nil {
 		return nil, err
 	}
@@ -424,15 +422,13 @@ func (m *Manager) claim(ctx context.Context, target string, c *crustv1.Claim, fo
 	return v, nil
 }
 
-// lockChecked takes the lock of the target of v, a record a check made, unless the check failed with
-// checkErr, which it returns.
-func (m *Manager) lockChecked(ctx context.Context, v *crustv1.Volume, checkErr error) (target string, unlock func(), err error) {
+// lockChecked takes target's lock, unless checkErr, the check of the request that names it, failed: it
+// returns that then.
+func (m *Manager) lockChecked(ctx context.Context, target string, checkErr error) (unlock func(), err error) {
 	if checkErr != nil {
-		return "", nil, checkErr
+		return nil, checkErr
 	}
-	target = v.GetSpec().GetVolumeTargetPath()
-	unlock, err = m.locks.Lock(ctx, target)
-	return target, unlock, err
+	return m.locks.Lock(ctx, target)
 }
 
 // storageOf is what v's device writes to (Devices), or its device number alone without Devices.
@@ -466,15 +462,11 @@ func (m *Manager) lockStorage(ctx context.Context, st *hostdev.Storage) (func(),
 // unclaimed volume is not an error; another sandbox's claim is ErrFailedPrecondition unless force is
 // set, which releases any claim. Watchers get EVENT_TYPE_RELEASED with the claim ended.
 func (m *Manager) Release(ctx context.Context, target, sandboxID string, force bool) error {
-	if err := m.cfg.Validator.TargetName("volume_target_path", target); err != nil {
-		return err
+	check := m.cfg.Validator.TargetName("volume_target_path", target)
+	if check == nil && (!force || sandboxID != "") {
+		check = m.cfg.Validator.SandboxID("sandbox_id", sandboxID)
 	}
-	if !force || sandboxID != "" {
-		if err := m.cfg.Validator.SandboxID("sandbox_id", sandboxID); err != nil {
-			return err
-		}
-	}
-	unlock, err := m.locks.Lock(ctx, target)
+	unlock, err := m.lockChecked(ctx, target, check)
 	if err != nil {
 		return err
 	}
@@ -825,7 +817,7 @@ func (m *Manager) CollectGarbage(ctx context.Context, podUIDs ...string) []strin
 	}
 	var targets []string
 	if len(podUIDs) == 0 {
-		targets = append(m.targets(), m.nodeHoldTargets()...)
+		targets = append(m.targets(), m.nodeHoldTargets("")...)
 	}
 	for _, uid := range slices.Compact(slices.Sorted(slices.Values(podUIDs))) {
 		targets = append(targets, m.targetsUnder(filepath.Join(pods, uid)+"/")...)

@@ -31,7 +31,8 @@ import (
 // ErrFailedPrecondition.
 func (m *Manager) HoldForNode(ctx context.Context, h *crustv1.NodeHold) (*crustv1.NodeHold, error) {
 	v, err := m.cfg.Validator.NodeHold(h)
-	target, unlock, err := m.lockChecked(ctx, v, err)
+	target := v.GetSpec().GetVolumeTargetPath()
+	unlock, err := m.lockChecked(ctx, target, err)
 	if err != nil {
 		return nil, err
 	}
@@ -70,10 +71,7 @@ func (m *Manager) HoldForNode(ctx context.Context, h *crustv1.NodeHold) (*crustv
 
 // ReleaseFromNode ends the node's hold at target; a target without one is not an error.
 func (m *Manager) ReleaseFromNode(ctx context.Context, target string) error {
-	if err := m.cfg.Validator.TargetName("volume_target_path", target); err != nil {
-		return err
-	}
-	unlock, err := m.locks.Lock(ctx, target)
+	unlock, err := m.lockChecked(ctx, target, m.cfg.Validator.TargetName("volume_target_path", target))
 	if err != nil {
 		return err
 	}
@@ -109,12 +107,12 @@ func (m *Manager) NodeHolds() []*crustv1.NodeHold {
 }
 
 // nodeHoldTargets returns the targets of the node's holds that start with prefix ("": all), in order.
-func (m *Manager) nodeHoldTargets(prefix ...string) []string {
+func (m *Manager) nodeHoldTargets(prefix string) []string {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	var ts []string
 	for t, v := range m.reserved {
-		if v.GetNodeHold() != nil && (len(prefix) == 0 || strings.HasPrefix(t, prefix[0])) {
+		if v.GetNodeHold() != nil && strings.HasPrefix(t, prefix) {
 			ts = append(ts, t)
 		}
 	}

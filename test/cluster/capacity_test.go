@@ -51,9 +51,7 @@ func TestCapacityAwareScheduling(t *testing.T) {
 		return err == nil && f < 3<<30, fmt.Errorf("free %d: %v", f, err)
 	})
 	t0 := time.Now()
-	if _, err := c.cs.CoreV1().Pods(ns).Create(ctx, podSpec("big", microVMClass, nil, ephemeral("4Gi")), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c.createPod(t, ns, podSpec("big", microVMClass, nil, ephemeral("4Gi")))
 	waitFor(t, 2*time.Minute, "the scheduler to refuse for storage", func() (bool, error) {
 		p, err := c.cs.CoreV1().Pods(ns).Get(ctx, "big", metav1.GetOptions{})
 		if err != nil {

@@ -137,9 +137,7 @@ func TestEncryptedVolume(t *testing.T) {
 		StringData: map[string]string{volume.EncryptionSecretKey: "other-" + key}}, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.cs.CoreV1().Pods(ns).Create(ctx, podSpec("vm2", microVMClass, nil, claimVolume("data", "data")), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c.createPod(t, ns, podSpec("vm2", microVMClass, nil, claimVolume("data", "data")))
 	t.Logf("pod given another key: %s", c.waitPodEvent(t, ns, "vm2", "Failed", "wrong key"))
 	c.deletePod(t, ns, "vm2")
 	if !bytes.Equal(testutil.ReadDevice(t, device), disk) {
@@ -147,9 +145,7 @@ func TestEncryptedVolume(t *testing.T) {
 	}
 
 	// A pod on the host would get the volume in the clear: refused.
-	if _, err := c.cs.CoreV1().Pods(ns).Create(ctx, podSpec("runc", runcClass, nil, claimVolume("data", "data")), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c.createPod(t, ns, podSpec("runc", runcClass, nil, claimVolume("data", "data")))
 	t.Logf("runc pod: %s", c.waitPodEvent(t, ns, "runc", "FailedMount", "runs on the host"))
 	if p, err := c.cs.CoreV1().Pods(ns).Get(ctx, "runc", metav1.GetOptions{}); err != nil || p.Status.Phase == corev1.PodRunning {
 		t.Fatalf("the runc pod runs with the encrypted volume: %v, %v", p.Status.Phase, err)

@@ -162,16 +162,23 @@ func claimVolume(name, claim string) corev1.Volume {
 	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}
 }
 
+// createPod creates the pod without waiting for it, and returns it as created.
+func (c *cluster) createPod(t *testing.T, ns string, p *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	p, err := c.cs.CoreV1().Pods(ns).Create(ctxT(t), p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // runPod creates the pod and waits until it runs.
 func (c *cluster) runPod(t *testing.T, ns string, p *corev1.Pod) *corev1.Pod {
 	t.Helper()
 	ctx := ctxT(t)
-	p, err := c.cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p = c.createPod(t, ns, p)
 	c.waitRunning(t, ns, p.Name)
-	p, err = c.cs.CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
+	p, err := c.cs.CoreV1().Pods(ns).Get(ctx, p.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

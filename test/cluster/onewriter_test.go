@@ -41,14 +41,6 @@ func (c *cluster) counter(t *testing.T, ns, pod string) int {
 	return n
 }
 
-// createPod creates a pod without waiting for it.
-func (c *cluster) createPod(t *testing.T, ns string, p *corev1.Pod) {
-	t.Helper()
-	if _, err := c.cs.CoreV1().Pods(ns).Create(ctxT(t), p, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestOneWriterOnTheNode: one ReadWriteOnce PVC of the deferring class, and pods of both runtimes on the
 // node. While microVM pod vm writes its counter, a runc pod and a second microVM pod naming the PVC are
 // refused with a FailedMount Event that names pod vm (and the proxy's VolumeHeldByAnotherPod before it),

@@ -363,9 +363,7 @@ func TestDeferralFailureIsAnEvent(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.cs.CoreV1().Pods(ns).Create(ctx, podSpec("vm", microVMClass, nil, claimVolume("data", "bad")), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c.createPod(t, ns, podSpec("vm", microVMClass, nil, claimVolume("data", "bad")))
 	msg := c.waitPodEvent(t, ns, "vm", "VolumeDeferralFailed", "(invalid argument)")
 	if !strings.Contains(msg, "mount_flags") || !strings.Contains(msg, "bind") {
 		t.Errorf("the failure event does not name the field and the option: %s", msg)
